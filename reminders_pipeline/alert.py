@@ -1,0 +1,75 @@
+"""The alert a reminder row becomes: payload and APNs headers, from the row alone.
+
+A row carries the item's whole window, so composing needs no source read. Clock times are shown in
+the device's last seen UTC offset: fine for "starts at 14:30" (an absolute instant rendered once),
+not for quiet hours, which would need an IANA zone to survive a DST change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any, Mapping
+
+from .rules import parse_rule
+from .sender import Notification
+from .times import unix_from_iso
+
+MAX_PAYLOAD_BYTES = 4096
+MAX_COLLAPSE_ID_BYTES = 64
+INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
+
+
+def local_clock(unix: float, tz_offset_seconds: int | None) -> str:
+    """``HH:MM`` in the device's offset, or UTC marked as such when the offset is unknown."""
+    if tz_offset_seconds is None:
+        return time.strftime("%H:%M UTC", time.gmtime(unix))
+    return time.strftime("%H:%M", time.gmtime(unix + tz_offset_seconds))
+
+
+def collapse_id(device_id: str, item_id: str) -> str:
+    """Per item (not per rule), so a later reminder for the same item replaces the earlier one."""
+    return hashlib.sha256(f"{device_id}\x00{item_id}".encode()).hexdigest()[:MAX_COLLAPSE_ID_BYTES]
+
+
+def _fit(payload: dict[str, Any]) -> dict[str, Any]:
+    """Truncate body, then title, until the payload fits APNs' 4 KB; never reject."""
+    alert = payload["aps"]["alert"]
+    for key in ("body", "title"):
+        while len(json.dumps(payload, separators=(",", ":")).encode()) > MAX_PAYLOAD_BYTES and alert.get(key):
+            excess = len(json.dumps(payload, separators=(",", ":")).encode()) - MAX_PAYLOAD_BYTES
+            keep = max(0, len(alert[key]) - max(excess, 1) - 1)
+            alert[key] = alert[key][:keep] + "…" if keep else ""
+    return payload
+
+
+def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", sound: str = "default") -> Notification:
+    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
+    rule = parse_rule(row["rule"])
+    starts = unix_from_iso(row["event_at"])
+    ends = unix_from_iso(row["expires_at"])
+    tz = row.get("last_tz_offset_seconds")
+    if row.get("body"):
+        body = row["body"]
+    elif rule.anchor == "expiry":
+        body = f"Ends at {local_clock(ends, tz)}"
+    else:
+        body = f"Starts at {local_clock(starts, tz)}"
+    payload = {
+        "aps": {
+            "alert": {"title": row["title"], "body": body},
+            "sound": sound,
+            "interruption-level": interruption_level,
+            "thread-id": str(row["item_id"])[:64],
+        },
+        "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": int(starts)},
+    }
+    return Notification(
+        row_id=int(row["id"]),
+        device_id=row["device_id"],
+        device_token=row["apns_token"],
+        payload=_fit(payload),
+        collapse_id=collapse_id(row["device_id"], row["item_id"]),
+        expiration=int(starts if rule.anchor == "start" else ends),
+    )

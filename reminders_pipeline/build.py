@@ -1,0 +1,194 @@
+"""The build half: compose each device's feed and make its queue rows match it.
+
+Slow and failure-prone by nature (N devices x M source reads), so: sources are read once per run
+however many devices share them, before any write transaction; a failed read is recorded and
+leaves that source's rows exactly as they were; everything else builds normally.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from . import ledger
+from .db import Database
+from .feed import Item
+from .rules import Rule, device_rules
+from .settings import Settings
+from .sources import SourceRead, SourceReader, distinct_sources
+from .times import iso_from_unix, now_utc, unix_from_iso
+
+WRITE_BATCH_DEVICES = 500
+
+
+@dataclass
+class BuildSummary:
+    now: str
+    devices_built: int = 0
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_voided: Counter = field(default_factory=Counter)
+    items_rejected: Counter = field(default_factory=Counter)
+    sources_read: int = 0
+    sources_failed: list[dict[str, str]] = field(default_factory=list)
+    oldest_built_at: str | None = None
+    duration_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "devices_built": self.devices_built,
+            "rows_inserted": self.rows_inserted,
+            "rows_updated": self.rows_updated,
+            "rows_voided": dict(self.rows_voided),
+            "items_rejected": dict(self.items_rejected),
+            "sources_read": self.sources_read,
+            "sources_failed": self.sources_failed,
+            "oldest_built_at": self.oldest_built_at,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
+
+
+@dataclass
+class DevicePlan:
+    """What one device's queue should hold, and what is known about its feed."""
+
+    wanted: dict[tuple[str, str], dict[str, Any]]
+    feed_items: dict[str, Item]  # namespaced id -> item, from sources read successfully
+    ok_sources: set[int]
+    subscribed: set[int]
+    rules: dict[str, Rule]
+
+
+def namespaced(source_id: int, item_id: str) -> str:
+    """Item ids are namespaced by source so two sources cannot collide."""
+    return f"{source_id}:{item_id}"
+
+
+def plan_device(
+    device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now_unix: float, horizon: int
+) -> DevicePlan:
+    rules = {r.name: r for r in device_rules(device["reminder_lead_seconds"], device["extra_rules"].split())}
+    plan = DevicePlan({}, {}, set(), set(subscribed), rules)
+    for source_id in plan.subscribed:
+        read = reads.get(source_id)
+        if read is None or not read.ok:
+            continue
+        plan.ok_sources.add(source_id)
+        for item in read.feed.items:  # type: ignore[union-attr]
+            item_id = namespaced(source_id, item.id)
+            plan.feed_items[item_id] = item
+            for rule in rules.values():
+                anchor = rule.anchor_unix(item.starts_at, item.expires_at)
+                send_after = anchor - rule.lead_seconds
+                if anchor <= now_unix or send_after > now_unix + horizon:
+                    continue
+                plan.wanted[(item_id, rule.name)] = {
+                    "device_id": device["id"],
+                    "source_id": source_id,
+                    "item_id": item_id,
+                    "rule": rule.name,
+                    "send_after": iso_from_unix(send_after),
+                    "event_at": iso_from_unix(item.starts_at),
+                    "expires_at": iso_from_unix(item.expires_at),
+                    "title": item.title,
+                    "body": item.body,
+                }
+    return plan
+
+
+def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
+    """Why a pending row no longer belongs, or None to leave it.
+
+    Rows of a source whose read failed are left alone: a failed read never voids. A row whose item is
+    still in the feed but has begun is left for the drain, which settles it with the true reason.
+    """
+    if row["rule"] not in plan.rules:
+        return "rule_removed"
+    if row["source_id"] not in plan.subscribed:
+        return "source_removed"
+    if row["source_id"] not in plan.ok_sources or (row["item_id"], row["rule"]) in plan.wanted:
+        return None
+    item = plan.feed_items.get(row["item_id"])
+    if item is None:
+        return "left_feed"
+    if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
+        return None
+    return "out_of_horizon"
+
+
+def build(
+    db: Database,
+    settings: Settings,
+    *,
+    device_ids: Sequence[str] | None = None,
+    chunks: Sequence[int] | None = None,
+    limit: int | None = None,
+    now: str | None = None,
+    reader: SourceReader | None = None,
+) -> BuildSummary:
+    """Build the queue for the selected devices (all if neither ids nor chunks), stalest first."""
+    started = time.perf_counter()
+    now = now or now_utc()
+    summary = BuildSummary(now=now)
+    reader = reader or SourceReader(settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency)
+    with db.read() as conn:
+        devices = ledger.select_build_devices(conn, device_ids=device_ids, chunks=chunks, limit=limit)
+        subs = ledger.subscriptions(conn, [d["id"] for d in devices])
+        urls = {sid: s["url"] for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
+
+    reads = reader.read_all(urls)
+    _record_reads(db, reads, now, summary)
+
+    now_unix = unix_from_iso(now)
+    for i in range(0, len(devices), WRITE_BATCH_DEVICES):
+        batch = devices[i : i + WRITE_BATCH_DEVICES]
+        with db.write() as conn:
+            _write_batch(conn, batch, subs, reads, now, now_unix, settings.horizon_seconds, summary)
+
+    if devices:
+        with db.read() as conn:
+            summary.oldest_built_at = ledger.oldest_built(conn, sorted({d["chunk"] for d in devices}))[1]
+    summary.duration_seconds = time.perf_counter() - started
+    return summary
+
+
+def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, summary: BuildSummary) -> None:
+    ok = [r for r in reads.values() if r.ok]
+    failed = [r for r in reads.values() if not r.ok]
+    summary.sources_read = len(reads)
+    summary.sources_failed = [{"url": r.url, "error": r.error or ""} for r in failed]
+    for r in ok:
+        summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
+    with db.write() as conn:
+        ledger.record_source_success(
+            conn,
+            [{"id": r.source_id, "items": len(r.feed.items), "rejected": sum(r.feed.rejected.values())} for r in ok],  # type: ignore[union-attr]
+            now,
+        )
+        ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
+
+
+def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]
+    ids = [d["id"] for d in batch]
+    plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now_unix, horizon) for d in batch}
+    existing = ledger.existing_rows(conn, ids)
+    existing_ids = {r["id"] for r in existing}
+
+    written = ledger.upsert_rows(conn, [row for p in plans.values() for row in p.wanted.values()], now)
+    summary.rows_inserted += len(written - existing_ids)
+    summary.rows_updated += len(written & existing_ids)
+
+    voids: dict[str, list[int]] = {}
+    for row in existing:
+        if row["status"] == "pending":
+            reason = void_reason(row, plans[row["device_id"]], now_unix)
+            if reason:
+                voids.setdefault(reason, []).append(row["id"])
+    for reason, row_ids in voids.items():
+        summary.rows_voided[reason] += ledger.void_rows(conn, row_ids, reason, now)
+
+    ledger.stamp_built(conn, ids, now)
+    summary.devices_built += len(ids)

@@ -1,0 +1,88 @@
+"""``reminders check``: the seed's two relationships, asserted as relationships, never as numbers.
+
+    full sweep period < min lead - margin          (else reminders never queue)
+    MAX_LATENESS_SECONDS > drain cadence + slack   (else late rows are dropped as too_late)
+
+Cadences come from the cron strings the schedules run on, so retuning one side alone fails here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from . import ledger
+from .db import Database
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    ok: bool
+    detail: str
+
+
+def sweep_period_seconds(settings: Settings, devices_per_chunk: Mapping[int, int]) -> int:
+    """Worst-case time for every device to be visited once.
+
+    A chunk is visited every ``ceil(chunk_count / chunks_per_tick)`` build ticks, and each visit
+    builds at most ``chunk_size`` of its stalest devices.
+    """
+    ticks_between_visits = -(-settings.chunk_count // settings.effective_chunks_per_tick)
+    biggest = max(devices_per_chunk.values(), default=0)
+    visits = max(1, -(-biggest // settings.chunk_size))
+    return settings.build_cadence_seconds * ticks_between_visits * visits
+
+
+def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead: int | None) -> list[Finding]:
+    drain, build = settings.drain_cadence_seconds, settings.build_cadence_seconds
+    period = sweep_period_seconds(settings, devices_per_chunk)
+    lead = settings.default_lead_seconds if min_lead is None else min_lead
+    budget = lead - settings.sweep_margin_seconds
+    return [
+        Finding(
+            "max_lateness_covers_drain_cadence",
+            settings.max_lateness_seconds > drain + settings.scheduler_slack_seconds,
+            f"MAX_LATENESS_SECONDS {settings.max_lateness_seconds} must exceed drain cadence {drain} + "
+            f"scheduler slack {settings.scheduler_slack_seconds}",
+        ),
+        Finding(
+            "sweep_period_within_lead",
+            period < budget,
+            f"full sweep period {period}s ({sum(devices_per_chunk.values())} devices, chunk size "
+            f"{settings.chunk_size}, build cadence {build}s) must be under min lead {lead}s - margin "
+            f"{settings.sweep_margin_seconds}s = {budget}s",
+        ),
+        Finding(
+            "horizon_covers_sweep",
+            settings.horizon_seconds > period + drain,
+            f"horizon {settings.horizon_seconds}s must exceed sweep period {period}s + drain cadence {drain}s, "
+            "so a row is queued before it comes due",
+        ),
+        Finding(
+            "stored_chunks_match_chunk_count",
+            max(devices_per_chunk, default=-1) < settings.chunk_count,
+            f"every device's stored chunk must be below REMINDERS_CHUNK_COUNT {settings.chunk_count} "
+            "(after changing it, run `reminders device rechunk`)",
+        ),
+        Finding(
+            "abandon_after_outlives_a_send",
+            settings.abandon_after_seconds > 2 * settings.send_timeout_seconds,
+            f"abandon-after {settings.abandon_after_seconds}s must exceed twice the send timeout "
+            f"{settings.send_timeout_seconds}s, so a live claim is never failed as abandoned",
+        ),
+        Finding(
+            "abandon_after_within_drain_cadence",
+            settings.abandon_after_seconds <= drain,
+            f"abandon-after {settings.abandon_after_seconds}s must not exceed the drain cadence {drain}s, so the "
+            "next tick settles a dead run's claims",
+        ),
+    ]
+
+
+def check(db: Database, settings: Settings) -> list[Finding]:
+    with db.read() as conn:
+        per_chunk = ledger.devices_per_chunk(conn)
+        min_lead = ledger.min_lead_seconds(conn)
+    return evaluate(settings, per_chunk, min_lead)

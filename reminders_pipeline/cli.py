@@ -1,0 +1,193 @@
+"""``reminders``: the command-line shell over the core. Bad arguments exit 2 and write nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import click
+
+from . import ledger, migrate
+from .build import build as run_build
+from .check import check as run_check
+from .db import Database
+from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device
+from .drain import drain as run_drain
+from .schema import OUTCOMES, STATUSES
+from .settings import Settings, SettingsError
+from .times import parse_when
+
+
+def _emit(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+class When(click.ParamType):
+    name = "TIME"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        try:
+            return parse_when(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Ctx:
+    def __init__(self) -> None:
+        try:
+            self.settings = Settings.from_env()
+        except SettingsError as exc:
+            raise click.UsageError(f"configuration: {exc}") from None
+        self._db: Database | None = None
+
+    @property
+    def db(self) -> Database:
+        if self._db is None:
+            self._db = Database(self.settings.database_url)
+        return self._db
+
+
+pass_ctx = click.make_pass_decorator(Ctx, ensure=True)
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO.")
+def main(verbose: bool) -> None:
+    """Reminders pipeline: build the notification queue from device feeds and drain it to APNs."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, stream=sys.stderr)
+
+
+@main.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@pass_ctx
+def db_upgrade(ctx: Ctx) -> None:
+    """Apply the packaged migrations (creates the SQLite file under ./var/ by default)."""
+    migrate.upgrade(ctx.db)
+    _emit({"database": ctx.db.engine.url.render_as_string(hide_password=True), "revision": migrate.current_revision(ctx.db)})
+
+
+@main.group()
+def device() -> None:
+    """Register, list and remove devices."""
+
+
+@device.command("put")
+@click.argument("device_id")
+@click.option("--apns-token", required=True, help="Hex APNs device token.")
+@click.option("--lead", type=click.IntRange(min=0), default=None, help="reminder_lead_seconds (default 3600).")
+@click.option("--rule", "rules", multiple=True, help="Extra rule, e.g. lead:0@expiry. Repeatable.")
+@click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
+@pass_ctx
+def device_put(ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...]) -> None:
+    """Create or replace a device: exactly these rules and sources."""
+    spec = DeviceSpec(device_id, apns_token, ctx.settings.default_lead_seconds if lead is None else lead, rules, sources)
+    try:
+        record = put_device(ctx.db, ctx.settings, spec)
+    except DeviceError as exc:
+        raise click.BadParameter(exc.message, param_hint=exc.field) from None
+    _emit(record.as_dict())
+
+
+@device.command("list")
+@pass_ctx
+def device_list(ctx: Ctx) -> None:
+    with ctx.db.read() as conn:
+        _emit([d.as_dict() for d in ledger.list_devices(conn)])
+
+
+@device.command("remove")
+@click.argument("device_id")
+@pass_ctx
+def device_remove(ctx: Ctx, device_id: str) -> None:
+    """Delete a device; its pending reminders are voided (device_removed)."""
+    voided = remove_device(ctx.db, device_id)
+    if voided is None:
+        raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
+    _emit({"removed": device_id, "rows_voided": voided})
+
+
+@device.command("rechunk")
+@pass_ctx
+def device_rechunk(ctx: Ctx) -> None:
+    """Recompute stored chunks after REMINDERS_CHUNK_COUNT changed."""
+    _emit({"devices_moved": rechunk(ctx.db, ctx.settings), "chunk_count": ctx.settings.chunk_count})
+
+
+@main.command("sources")
+@pass_ctx
+def sources_list(ctx: Ctx) -> None:
+    """Sources with their last read, last error and consecutive failures."""
+    with ctx.db.read() as conn:
+        _emit(ledger.list_sources(conn))
+
+
+@main.command("build")
+@click.option("--all", "all_devices", is_flag=True, help="Every device.")
+@click.option("--device", "device_ids", multiple=True, help="Only this device. Repeatable.")
+@click.option("--chunk", "chunks", multiple=True, type=click.IntRange(min=0), help="Only this chunk. Repeatable.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many stalest devices.")
+@click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
+@pass_ctx
+def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: tuple[int, ...], limit: int | None, now: str | None) -> None:
+    """Compose feeds and upsert queue rows; print one JSON summary."""
+    if sum(map(bool, (all_devices, device_ids, chunks))) != 1:
+        raise click.UsageError("give exactly one of --all, --device ID..., --chunk N...")
+    if any(c >= ctx.settings.chunk_count for c in chunks):
+        raise click.BadParameter(f"chunks are 0..{ctx.settings.chunk_count - 1}", param_hint="--chunk")
+    summary = run_build(
+        ctx.db, ctx.settings, device_ids=device_ids or None, chunks=chunks or None, limit=limit, now=now
+    )
+    _emit(summary.as_dict())
+
+
+@main.command("drain")
+@click.option("--id", "row_id", type=click.IntRange(min=1), default=None, help="Drain only this row, if due.")
+@click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
+@pass_ctx
+def drain_cmd(ctx: Ctx, row_id: int | None, now: str | None) -> None:
+    """Claim due rows, apply the send-time policy, send, settle; print one JSON summary."""
+    try:
+        summary = run_drain(ctx.db, ctx.settings, now=now, row_id=row_id)
+    except ValueError as exc:  # APNs credentials missing or unreadable: nothing was claimed
+        raise click.UsageError(str(exc)) from None
+    _emit(summary.as_dict())
+
+
+@main.group()
+def queue() -> None:
+    """Inspect notification_queue."""
+
+
+@queue.command("list")
+@click.option("--device", "device_id", default=None)
+@click.option("--status", type=click.Choice(STATUSES), default=None)
+@click.option("--outcome", type=click.Choice(OUTCOMES), default=None)
+@click.option("--limit", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default; kept for scripts).")
+@pass_ctx
+def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None, as_json: bool) -> None:
+    with ctx.db.read() as conn:
+        _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
+
+
+@main.command("check")
+@pass_ctx
+def check_cmd(ctx: Ctx) -> None:
+    """Assert the sweep-period and lateness relationships; exit 1 naming each broken one."""
+    findings = run_check(ctx.db, ctx.settings)
+    for f in findings:
+        click.echo(f"{'ok  ' if f.ok else 'FAIL'} {f.name}: {f.detail}")
+    broken = [f.name for f in findings if not f.ok]
+    if broken:
+        click.echo(f"broken: {', '.join(broken)}", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Device registration: validation and the stable chunk a device belongs to."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+from urllib.parse import urlparse
+
+from . import ledger
+from .db import Database
+from .rules import RuleError, parse_rule
+from .settings import Settings
+from .times import now_utc
+
+_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
+_DEVICE_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+MAX_SOURCES = 100
+
+
+class DeviceError(ValueError):
+    """Invalid registration; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    id: str
+    apns_token: str
+    reminder_lead_seconds: int = 3600
+    extra_rules: Sequence[str] = field(default_factory=tuple)
+    source_urls: Sequence[str] = field(default_factory=tuple)
+
+
+def chunk_of(device_id: str, chunk_count: int) -> int:
+    """Stable across processes and releases (unlike ``hash()``), uniform enough for partitions."""
+    digest = hashlib.blake2b(device_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % chunk_count
+
+
+def validate(spec: DeviceSpec) -> DeviceSpec:
+    if not isinstance(spec.id, str) or not _DEVICE_ID.match(spec.id):
+        raise DeviceError("id", "1-128 characters of letters, digits and . _ : @ -")
+    if not isinstance(spec.apns_token, str) or not _TOKEN.match(spec.apns_token):
+        raise DeviceError("apns_token", "hex string of 64 to 200 characters")
+    lead = spec.reminder_lead_seconds
+    if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
+        raise DeviceError("reminder_lead_seconds", "a whole number of seconds, 0 or more")
+    rules = []
+    for text in spec.extra_rules:
+        try:
+            rules.append(parse_rule(text).name)
+        except RuleError as exc:
+            raise DeviceError("rules", str(exc)) from None
+    if len(spec.source_urls) > MAX_SOURCES:
+        raise DeviceError("sources", f"at most {MAX_SOURCES} sources")
+    for url in spec.source_urls:
+        parsed = urlparse(url) if isinstance(url, str) else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise DeviceError("sources", f"not an http(s) URL: {url!r}")
+    return DeviceSpec(
+        spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls))
+    )
+
+
+def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | None = None) -> ledger.DeviceRecord:
+    """Create or replace a device with exactly these rules and sources. Raises ``DeviceError``."""
+    spec = validate(spec)
+    now = now or now_utc()
+    values = {
+        "id": spec.id,
+        "apns_token": spec.apns_token,
+        "reminder_lead_seconds": spec.reminder_lead_seconds,
+        "extra_rules": " ".join(spec.extra_rules),
+        "chunk": chunk_of(spec.id, settings.chunk_count),
+    }
+    with db.write() as conn:
+        ledger.upsert_device(conn, values, now)
+        ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now)
+        record = ledger.get_device(conn, spec.id)
+    assert record is not None
+    return record
+
+
+def remove_device(db: Database, device_id: str, now: str | None = None) -> int | None:
+    """Voids the device's pending rows (``device_removed``) and deletes it; None if unknown."""
+    with db.write() as conn:
+        return ledger.delete_device(conn, device_id, now or now_utc())
+
+
+def rechunk(db: Database, settings: Settings, now: str | None = None) -> int:
+    """Recompute every stored chunk after ``REMINDERS_CHUNK_COUNT`` changed."""
+    with db.write() as conn:
+        ids = [d.id for d in ledger.list_devices(conn)]
+        return ledger.set_chunks(conn, {i: chunk_of(i, settings.chunk_count) for i in ids}, now or now_utc())

@@ -1,0 +1,276 @@
+"""The drain half: fail abandoned claims, find due rows, claim each right before sending, settle.
+
+At most once: a row is sent only by the drainer whose claim (a compare-and-swap) returned it, and
+a claim left behind by a run that died mid-send is failed, never retried. The steps are separate
+functions so Dagster can run them as ops (``fail_abandoned`` -> ``find_due`` -> ``send_batch`` per
+batch) while the CLI and HTTP route run them in one call (``drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from . import ledger
+from .alert import compose
+from .db import Database
+from .policy import decide
+from .sender import Notification, SendResult, Sender, SenderFactory
+from .settings import Settings
+from .times import now_utc, shift, unix_from_iso
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], str]
+
+
+@dataclass
+class DrainSummary:
+    now: str
+    abandoned: int = 0
+    due: int = 0
+    claimed: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    details: Counter = field(default_factory=Counter)
+    lateness_seconds: list[float] = field(default_factory=list)
+    tokens_invalidated: int = 0
+    voided_by_token: int = 0
+    halted: str | None = None  # a configuration fault stopped claiming
+    duration_seconds: float = 0.0
+
+    def merge(self, other: "DrainSummary") -> "DrainSummary":
+        self.abandoned += other.abandoned
+        self.claimed += other.claimed
+        self.outcomes.update(other.outcomes)
+        self.details.update(other.details)
+        self.lateness_seconds.extend(other.lateness_seconds)
+        self.tokens_invalidated += other.tokens_invalidated
+        self.voided_by_token += other.voided_by_token
+        self.halted = self.halted or other.halted
+        return self
+
+    def lateness_percentiles(self) -> dict[str, float | None]:
+        values = sorted(self.lateness_seconds)
+        if not values:
+            return {"p50": None, "p95": None, "p99": None, "max": None}
+
+        def pct(p: float) -> float:
+            return round(values[min(len(values) - 1, int(p * len(values)))], 3)
+
+        return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "max": round(values[-1], 3)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "abandoned": self.abandoned,
+            "due": self.due,
+            "claimed": self.claimed,
+            "outcomes": dict(self.outcomes),
+            "details": dict(self.details),
+            "lateness_seconds": self.lateness_percentiles(),
+            "tokens_invalidated": self.tokens_invalidated,
+            "voided_by_token": self.voided_by_token,
+            "halted": self.halted,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
+
+
+def clock_for(now: str | None) -> Clock:
+    """A fixed clock for ``--now`` and tests, else the real one."""
+    return (lambda: now) if now else now_utc
+
+
+def new_claimer() -> str:
+    return f"drain-{uuid.uuid4().hex[:16]}"
+
+
+def default_sender_factory(settings: Settings) -> SenderFactory:
+    """APNs when enabled (credentials checked now, before any claim); no sender at all in a dry run."""
+    if not settings.enabled:
+
+        def refuse() -> Sender:
+            raise RuntimeError("REMINDERS_ENABLED is not 'true': a dry run never connects to APNs")
+
+        return refuse
+    from .apns import apns_sender_factory
+
+    return apns_sender_factory(settings)
+
+
+def fail_abandoned(db: Database, settings: Settings, now: str | None = None) -> int:
+    now = now or now_utc()
+    with db.write() as conn:
+        n = ledger.fail_abandoned(conn, shift(now, -settings.abandon_after_seconds), now)
+    if n:
+        log.warning("failed %d abandoned claim(s) older than %ss; they will not be retried", n, settings.abandon_after_seconds)
+    return n
+
+
+def find_due(db: Database, now: str | None = None, row_id: int | None = None, limit: int | None = None) -> list[int]:
+    with db.read() as conn:
+        return ledger.due_ids(conn, now or now_utc(), row_id=row_id, limit=limit)
+
+
+def batches_of(ids: Sequence[int], batch_size: int, max_batches: int) -> list[list[int]]:
+    """Split due ids into at most ``max_batches`` batches of roughly ``batch_size`` (bounded fan-out)."""
+    if not ids:
+        return []
+    count = min(max_batches, -(-len(ids) // batch_size))
+    size = -(-len(ids) // count)
+    return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
+
+
+def send_batch(
+    db: Database,
+    settings: Settings,
+    ids: Sequence[int],
+    sender_factory: SenderFactory,
+    *,
+    now: str | None = None,
+    claimer: str | None = None,
+) -> DrainSummary:
+    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer))
+
+
+async def send_batch_async(
+    db: Database,
+    settings: Settings,
+    ids: Sequence[int],
+    sender_factory: SenderFactory,
+    *,
+    now: str | None = None,
+    claimer: str | None = None,
+) -> DrainSummary:
+    """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send."""
+    clock = clock_for(now)
+    claimer = claimer or new_claimer()
+    summary = DrainSummary(now=clock())
+    sender: Sender | None = None
+    try:
+        for i in range(0, len(ids), settings.claim_batch_size):
+            if summary.halted:
+                break
+            slice_ = ids[i : i + settings.claim_batch_size]
+            claim_time = clock()
+            with db.write() as conn:
+                rows = ledger.claim(conn, slice_, claim_time, claimer)
+            summary.claimed += len(rows)
+            if not rows:
+                continue
+            plan = _decide_all(rows, claim_time, settings)
+            results: list[SendResult] = []
+            if plan.to_send:
+                sender = sender or sender_factory()
+                results = await _send(sender, plan.to_send)
+            _settle(db, rows, plan, results, clock, claimer, summary)
+    finally:
+        if sender is not None:
+            await sender.aclose()
+    return summary
+
+
+@dataclass
+class _Plan:
+    settlements: list[dict[str, Any]]
+    to_send: list[Notification]
+    payloads: dict[int, str]
+
+
+def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Plan:
+    plan = _Plan([], [], {})
+    for row in rows:
+        decision = decide(row, now, settings)
+        if decision in ("send", "disabled"):
+            if not row["apns_token"] or row["token_invalid_at"]:
+                plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
+                continue
+            note = compose(row, settings.interruption_level)
+            plan.payloads[row["id"]] = json.dumps(
+                {"payload": note.payload, "collapse_id": note.collapse_id, "expiration": note.expiration}, separators=(",", ":")
+            )
+            if decision == "send":
+                plan.to_send.append(note)
+                continue
+        plan.settlements.append({"id": row["id"], "outcome": decision, "payload": plan.payloads.get(row["id"])})
+    return plan
+
+
+async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
+    try:
+        return await sender.send_many(notes)
+    except Exception as exc:  # a sender bug must still settle every claimed row (failed, not retried)
+        log.exception("sender raised; %d claimed row(s) settle failed", len(notes))
+        return [SendResult(n.row_id, False, reason=f"sender_error:{type(exc).__name__}") for n in notes]
+
+
+def _settle(db, rows, plan: _Plan, results, clock: Clock, claimer: str, summary: DrainSummary) -> None:  # type: ignore[no-untyped-def]
+    by_id = {r["id"]: r for r in rows}
+    done = clock()
+    answered = set()
+    settlements = list(plan.settlements)
+    dead_tokens: list[tuple[dict[str, Any], SendResult]] = []
+    for res in results:
+        answered.add(res.row_id)
+        row = by_id[res.row_id]
+        settlements.append(
+            {
+                "id": res.row_id,
+                "outcome": "sent" if res.ok else "failed",
+                "outcome_detail": None if res.ok else (res.reason or f"http {res.status}"),
+                "payload": plan.payloads.get(res.row_id),
+                "apns_id": res.apns_id,
+                "sent_at": done if res.ok else None,
+            }
+        )
+        if res.ok:
+            summary.lateness_seconds.append(unix_from_iso(done) - unix_from_iso(row["send_after"]))
+        if res.token_invalid:
+            dead_tokens.append((row, res))
+        if res.config_fault and not summary.halted:
+            summary.halted = res.reason or f"http {res.status}"
+            log.error("APNs configuration fault (%s): stopped claiming; remaining rows stay pending", summary.halted)
+    for note in plan.to_send:  # a sender that lost a result must not leave a row claimed
+        if note.row_id not in answered:
+            settlements.append({"id": note.row_id, "outcome": "failed", "outcome_detail": "no_result"})
+    with db.write() as conn:
+        settled = ledger.settle(conn, settlements, claimer, done)
+        for row, res in dead_tokens:
+            voided = ledger.mark_token_invalid(
+                conn, row["device_id"], row["apns_token"], res.token_invalid_at or done, res.reason or "invalid", done
+            )
+            summary.voided_by_token += voided
+            summary.tokens_invalidated += 1
+    if settled != len(settlements):
+        log.error("settled %d of %d claimed rows; the rest were failed as abandoned meanwhile", settled, len(settlements))
+    for s in settlements:
+        summary.outcomes[s["outcome"]] += 1
+        if s.get("outcome_detail"):
+            summary.details[f"{s['outcome']}:{s['outcome_detail']}"] += 1
+
+
+def drain(
+    db: Database,
+    settings: Settings,
+    sender_factory: SenderFactory | None = None,
+    *,
+    now: str | None = None,
+    row_id: int | None = None,
+) -> DrainSummary:
+    """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``)."""
+    started = time.perf_counter()
+    factory = sender_factory or default_sender_factory(settings)  # fails fast before any claim
+    clock = clock_for(now)
+    summary = DrainSummary(now=clock())
+    summary.abandoned = fail_abandoned(db, settings, clock())
+    ids = find_due(db, clock(), row_id=row_id)
+    summary.due = len(ids)
+    claimer = new_claimer()
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer))
+    summary.duration_seconds = time.perf_counter() - started
+    return summary

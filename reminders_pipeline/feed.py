@@ -1,0 +1,101 @@
+"""Items of a source feed: validation of the wire format (Unix seconds) item by item.
+
+A malformed item is rejected with a reason and counted; the rest of the feed still counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .times import MAX_UNIX
+
+MAX_ID_LENGTH = 256
+MAX_TITLE_LENGTH = 256
+MAX_BODY_LENGTH = 2048
+MIN_PLAUSIBLE_UNIX = 946684800  # 2000-01-01: anything earlier is a unit or epoch mistake
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    title: str
+    body: str | None
+    starts_at: int  # Unix seconds
+    expires_at: int  # Unix seconds, at least starts_at + 1
+
+
+@dataclass
+class ParsedFeed:
+    items: list[Item] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)
+
+
+class FeedError(ValueError):
+    """The whole feed is unusable (not JSON, no ``items`` list): the source read failed."""
+
+
+def _unix(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def validate_item(raw: Any) -> Item | str:
+    """An ``Item``, or the reason it is rejected."""
+    if not isinstance(raw, dict):
+        return "not_an_object"
+    item_id, title, body = raw.get("id"), raw.get("title"), raw.get("body")
+    if not isinstance(item_id, str) or not item_id.strip():
+        return "missing_id"
+    if len(item_id) > MAX_ID_LENGTH:
+        return "id_too_long"
+    if not isinstance(title, str) or not title.strip():
+        return "missing_title"
+    if len(title) > MAX_TITLE_LENGTH:
+        return "title_too_long"
+    if body is not None and not isinstance(body, str):
+        return "bad_body"
+    if isinstance(body, str) and len(body) > MAX_BODY_LENGTH:
+        return "body_too_long"
+    starts, expires = _unix(raw.get("startsAt")), _unix(raw.get("expiresAt"))
+    if starts is None:
+        return "bad_starts_at"
+    if expires is None:
+        return "bad_expires_at"
+    if not (MIN_PLAUSIBLE_UNIX <= starts <= MAX_UNIX and MIN_PLAUSIBLE_UNIX <= expires <= MAX_UNIX):
+        return "time_out_of_range"
+    if expires < starts + 1:
+        return "expires_not_after_start"
+    return Item(item_id, title, body or None, starts, expires)
+
+
+def parse_items(raw_items: Any) -> ParsedFeed:
+    if not isinstance(raw_items, list):
+        raise FeedError("'items' is not a list")
+    feed = ParsedFeed()
+    seen: set[str] = set()
+    for raw in raw_items:
+        checked = validate_item(raw)
+        if isinstance(checked, str):
+            feed.rejected[checked] += 1
+        elif checked.id in seen:
+            feed.rejected["duplicate_id"] += 1
+        else:
+            seen.add(checked.id)
+            feed.items.append(checked)
+    return feed
+
+
+def parse_json_feed(body: bytes) -> ParsedFeed:
+    """The JSON source protocol: ``{"items": [{"id", "title", "body"?, "startsAt", "expiresAt"}]}``."""
+    import json
+
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FeedError(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or "items" not in doc:
+        raise FeedError("JSON has no 'items'")
+    return parse_items(doc["items"])

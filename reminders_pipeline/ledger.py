@@ -1,0 +1,543 @@
+"""Every SQL statement the project runs against the ledger, built in one place.
+
+Shells (Dagster, HTTP, CLI) and the core's orchestration modules call these functions with a
+connection from ``Database.write()``/``read()``; nothing else writes SQL. No statement computes a
+time: every stored time arrives as a bound parameter made by ``reminders_pipeline.times``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, literal, literal_column, null, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from .schema import device_sources, devices, notification_queue as q, sources
+
+# Literal, not bound: the partial indexes are defined on these exact predicates.
+PENDING = literal_column("'pending'")
+CLAIMED = literal_column("'claimed'")
+SETTLED = literal_column("'settled'")
+
+# Sized under SQLite's 32,766 bound-parameter limit with room for the other parameters.
+IN_LIST_MAX = 10_000
+
+
+def _batches(seq: Sequence[Any], size: int = IN_LIST_MAX) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
+
+
+def _insert(conn: Connection):  # type: ignore[no-untyped-def]
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+# ---------------------------------------------------------------- devices and sources
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    id: str
+    apns_token: str
+    reminder_lead_seconds: int
+    extra_rules: tuple[str, ...]
+    source_urls: tuple[str, ...]
+    chunk: int
+    last_tz_offset_seconds: int | None
+    reminders_built_at: str | None
+    token_invalid_at: str | None
+    token_invalid_reason: str | None
+    created_at: str
+    updated_at: str
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
+        return d
+
+
+def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None:
+    """Create or replace a device's registration. A newly registered token clears the invalid marker."""
+    ins = _insert(conn)(devices).values(**values, created_at=now, updated_at=now)
+    token_changed = devices.c.apns_token.is_distinct_from(ins.excluded.apns_token)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[devices.c.id],
+        set_={
+            "apns_token": ins.excluded.apns_token,
+            "reminder_lead_seconds": ins.excluded.reminder_lead_seconds,
+            "extra_rules": ins.excluded.extra_rules,
+            "chunk": ins.excluded.chunk,
+            "updated_at": ins.excluded.updated_at,
+            "token_invalid_at": _case_keep(token_changed, None, devices.c.token_invalid_at),
+            "token_invalid_reason": _case_keep(token_changed, None, devices.c.token_invalid_reason),
+        },
+    )
+    conn.execute(stmt)
+
+
+def _case_keep(cond, new, old):  # type: ignore[no-untyped-def]
+    return case((cond, null() if new is None else new), else_=old)
+
+
+def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now: str) -> None:
+    """Make the device subscribe to exactly ``urls``, creating sources on first use."""
+    if urls:
+        ins = _insert(conn)(sources)
+        conn.execute(ins.on_conflict_do_nothing(index_elements=[sources.c.url]), [{"url": u, "created_at": now} for u in urls])
+    wanted = select(sources.c.id).where(sources.c.url.in_(list(urls))) if urls else None
+    drop = delete(device_sources).where(device_sources.c.device_id == device_id)
+    if wanted is not None:
+        drop = drop.where(device_sources.c.source_id.not_in(wanted))
+    conn.execute(drop)
+    if urls:
+        ins = _insert(conn)(device_sources).from_select(
+            ["device_id", "source_id"],
+            select(literal(device_id).label("device_id"), sources.c.id).where(sources.c.url.in_(list(urls))),
+        )
+        conn.execute(ins.on_conflict_do_nothing())
+
+
+def set_chunks(conn: Connection, chunk_of: Mapping[str, int], now: str) -> int:
+    """Rewrite stored chunks (after the chunk count changes); returns rows changed."""
+    stmt = (
+        update(devices)
+        .where(devices.c.id == bindparam("b_id"), devices.c.chunk != bindparam("b_chunk"))
+        .values(chunk=bindparam("b_chunk"), updated_at=now)
+    )
+    rows = [{"b_id": k, "b_chunk": v} for k, v in chunk_of.items()]
+    return conn.execute(stmt, rows).rowcount if rows else 0
+
+
+def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
+    stmt = select(devices).order_by(devices.c.id)
+    if where is not None:
+        stmt = stmt.where(where)
+    rows = conn.execute(stmt).mappings().all()
+    urls: dict[str, list[str]] = {r["id"]: [] for r in rows}
+    if rows:
+        for ids in _batches(list(urls)):
+            sub = (
+                select(device_sources.c.device_id, sources.c.url)
+                .join(sources, sources.c.id == device_sources.c.source_id)
+                .where(device_sources.c.device_id.in_(ids))
+                .order_by(sources.c.url)
+            )
+            for dev, url in conn.execute(sub):
+                urls[dev].append(url)
+    return [
+        DeviceRecord(
+            id=r["id"],
+            apns_token=r["apns_token"],
+            reminder_lead_seconds=r["reminder_lead_seconds"],
+            extra_rules=tuple(r["extra_rules"].split()),
+            source_urls=tuple(urls[r["id"]]),
+            chunk=r["chunk"],
+            last_tz_offset_seconds=r["last_tz_offset_seconds"],
+            reminders_built_at=r["reminders_built_at"],
+            token_invalid_at=r["token_invalid_at"],
+            token_invalid_reason=r["token_invalid_reason"],
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+        )
+        for r in rows
+    ]
+
+
+def get_device(conn: Connection, device_id: str) -> DeviceRecord | None:
+    found = _device_records(conn, devices.c.id == device_id)
+    return found[0] if found else None
+
+
+def list_devices(conn: Connection) -> list[DeviceRecord]:
+    return _device_records(conn)
+
+
+def delete_device(conn: Connection, device_id: str, now: str) -> int | None:
+    """Void the device's pending rows and delete it. Returns rows voided, or None if it did not exist."""
+    if conn.execute(select(devices.c.id).where(devices.c.id == device_id)).first() is None:
+        return None
+    voided = void_pending_of_device(conn, device_id, "device_removed", now)
+    conn.execute(delete(devices).where(devices.c.id == device_id))
+    return voided
+
+
+def select_build_devices(
+    conn: Connection,
+    *,
+    device_ids: Sequence[str] | None = None,
+    chunks: Sequence[int] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Devices to build, stalest ``reminders_built_at`` first (never built first); dead tokens skipped."""
+    stmt = (
+        select(
+            devices.c.id,
+            devices.c.reminder_lead_seconds,
+            devices.c.extra_rules,
+            devices.c.reminders_built_at,
+            devices.c.chunk,
+        )
+        .where(devices.c.token_invalid_at.is_(None))
+        .order_by(devices.c.reminders_built_at.asc().nulls_first(), devices.c.id)
+    )
+    if device_ids is not None:
+        stmt = stmt.where(devices.c.id.in_(list(device_ids)))
+    if chunks is not None:
+        stmt = stmt.where(devices.c.chunk.in_(list(chunks)))
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def subscriptions(conn: Connection, device_ids: Sequence[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {d: [] for d in device_ids}
+    for ids in _batches(list(device_ids)):
+        stmt = select(device_sources.c.device_id, device_sources.c.source_id).where(device_sources.c.device_id.in_(ids))
+        for dev, src in conn.execute(stmt):
+            out[dev].append(src)
+    return out
+
+
+def sources_by_id(conn: Connection, source_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    ids = sorted(set(source_ids))
+    out: dict[int, dict[str, Any]] = {}
+    for batch in _batches(ids):
+        for r in conn.execute(select(sources).where(sources.c.id.in_(batch))).mappings():
+            out[r["id"]] = dict(r)
+    return out
+
+
+def list_sources(conn: Connection) -> list[dict[str, Any]]:
+    subs = (
+        select(device_sources.c.source_id, func.count().label("n"))
+        .group_by(device_sources.c.source_id)
+        .subquery()
+    )
+    stmt = (
+        select(sources, func.coalesce(subs.c.n, 0).label("subscribers"))
+        .outerjoin(subs, subs.c.source_id == sources.c.id)
+        .order_by(sources.c.id)
+    )
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: str) -> None:
+    """``results``: ``{"id", "items", "rejected"}`` per source read successfully."""
+    if not results:
+        return
+    stmt = (
+        update(sources)
+        .where(sources.c.id == bindparam("b_id"))
+        .values(
+            last_read_at=now,
+            last_success_at=now,
+            consecutive_failures=0,
+            last_item_count=bindparam("b_items"),
+            last_rejected_count=bindparam("b_rejected"),
+        )
+    )
+    conn.execute(stmt, [{"b_id": r["id"], "b_items": r["items"], "b_rejected": r["rejected"]} for r in results])
+
+
+def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: str) -> None:
+    """``failures``: ``{"id", "error"}`` per source whose read failed. Its rows are left alone."""
+    if not failures:
+        return
+    stmt = (
+        update(sources)
+        .where(sources.c.id == bindparam("b_id"))
+        .values(
+            last_read_at=now,
+            last_error_at=now,
+            last_error=bindparam("b_error"),
+            consecutive_failures=sources.c.consecutive_failures + 1,
+        )
+    )
+    conn.execute(stmt, [{"b_id": f["id"], "b_error": f["error"]} for f in failures])
+
+
+def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
+    for ids in _batches(list(device_ids)):
+        conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
+
+
+def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int) -> bool:
+    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read."""
+    stmt = (
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.last_tz_offset_seconds.is_distinct_from(offset_seconds))
+        .values(last_tz_offset_seconds=offset_seconds)
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str) -> int:
+    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows."""
+    marked = conn.execute(
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None))
+        .values(token_invalid_at=at, token_invalid_reason=reason, updated_at=now)
+    ).rowcount
+    if not marked:
+        return 0
+    return void_pending_of_device(conn, device_id, "unregistered" if reason == "Unregistered" else "token_invalid", now)
+
+
+# ---------------------------------------------------------------- building the queue
+
+
+def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Every queue row of these devices (any status): the basis for insert/update counts and voiding."""
+    out: list[dict[str, Any]] = []
+    cols = (q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status)
+    for ids in _batches(list(device_ids)):
+        out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
+    return out
+
+
+def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -> set[int]:
+    """Insert or refresh one row per (device, item, rule); returns the ids actually written.
+
+    A pending row is rewritten only when something about the item changed (an unchanged item writes
+    nothing). A voided row comes back to pending (its item returned). A row that was settled in any
+    other way comes back only if its ``send_after`` moved: the item was rescheduled and the new time
+    deserves its own reminder; the same ``send_after`` is never delivered twice. A claimed row is in
+    flight and is not touched.
+    """
+    if not rows:
+        return set()
+    ins = _insert(conn)(q)
+    ex = ins.excluded
+    changed = or_(
+        q.c.send_after != ex.send_after,
+        q.c.event_at != ex.event_at,
+        q.c.expires_at != ex.expires_at,
+        q.c.title != ex.title,
+        q.c.body.is_distinct_from(ex.body),
+        q.c.source_id.is_distinct_from(ex.source_id),
+    )
+    revive = {
+        c: None
+        for c in ("outcome", "outcome_detail", "payload", "apns_id", "claimed_by", "claimed_at", "settled_at", "sent_at")
+    }
+    stmt = ins.on_conflict_do_update(
+        index_elements=[q.c.device_id, q.c.item_id, q.c.rule],
+        set_={
+            "source_id": ex.source_id,
+            "send_after": ex.send_after,
+            "event_at": ex.event_at,
+            "expires_at": ex.expires_at,
+            "title": ex.title,
+            "body": ex.body,
+            "status": PENDING,
+            "updated_at": ex.updated_at,
+            **revive,
+        },
+        where=or_(
+            and_(q.c.status == PENDING, changed),
+            and_(q.c.status == SETTLED, q.c.outcome == "voided"),
+            and_(q.c.status == SETTLED, q.c.send_after != ex.send_after),
+        ),
+    ).returning(q.c.id)
+    params = [{**r, "status": "pending", "created_at": now, "updated_at": now} for r in rows]
+    return {row[0] for row in conn.execute(stmt, params)}
+
+
+def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
+    """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ..."""
+    n = 0
+    for batch in _batches(sorted(ids)):
+        n += conn.execute(
+            update(q)
+            .where(q.c.id.in_(batch), q.c.status == PENDING)
+            .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+        ).rowcount
+    return n
+
+
+def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: str) -> int:
+    return conn.execute(
+        update(q)
+        .where(q.c.device_id == device_id, q.c.status == PENDING)
+        .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+    ).rowcount
+
+
+# ---------------------------------------------------------------- draining the queue
+
+
+def fail_abandoned(conn: Connection, cutoff: str, now: str) -> int:
+    """Claims older than ``cutoff`` belong to a run that died mid-send: failed, never retried."""
+    return conn.execute(
+        update(q)
+        .where(q.c.status == CLAIMED, q.c.claimed_at < cutoff)
+        .values(status="settled", outcome="failed", outcome_detail="abandoned", settled_at=now, updated_at=now)
+    ).rowcount
+
+
+def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
+    """The due predicate: pending and ``send_after`` has passed. Plain text comparison."""
+    stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now).order_by(q.c.send_after, q.c.id)
+    if row_id is not None:
+        stmt = stmt.where(q.c.id == row_id)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(conn.scalars(stmt))
+
+
+def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[dict[str, Any]]:
+    """The compare-and-swap. A row is this caller's to send iff it comes back.
+
+    On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
+    never deadlock and never wait on each other; the status and due re-check happens under the lock.
+    """
+    if not ids:
+        return []
+    target = select(q.c.id).where(q.c.id.in_(sorted(ids)), q.c.status == PENDING, q.c.send_after <= now)
+    if conn.dialect.name == "postgresql":
+        target = target.order_by(q.c.id).with_for_update(skip_locked=True)
+    claimed = conn.execute(
+        update(q)
+        .where(q.c.id.in_(target.scalar_subquery()), q.c.status == PENDING)
+        .values(status="claimed", claimed_at=now, claimed_by=claimer, updated_at=now)
+        .returning(*q.c)
+    ).mappings().all()
+    if not claimed:
+        return []
+    dev_ids = sorted({r["device_id"] for r in claimed})
+    dev = {
+        r["id"]: r
+        for r in conn.execute(
+            select(devices.c.id, devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at).where(
+                devices.c.id.in_(dev_ids)
+            )
+        ).mappings()
+    }
+    out = []
+    for r in claimed:
+        d = dev.get(r["device_id"])
+        out.append(
+            {
+                **r,
+                "apns_token": d["apns_token"] if d else None,
+                "last_tz_offset_seconds": d["last_tz_offset_seconds"] if d else None,
+                "token_invalid_at": d["token_invalid_at"] if d else None,
+            }
+        )
+    return out
+
+
+def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+    """Settle claimed rows; only the claimer's own claims (a swept abandoned claim stays failed).
+
+    Each settlement: ``id, outcome, outcome_detail, payload, apns_id, sent_at``.
+    """
+    if not settlements:
+        return 0
+    stmt = (
+        update(q)
+        .where(q.c.id == bindparam("b_id"), q.c.status == CLAIMED, q.c.claimed_by == bindparam("b_claimer"))
+        .values(
+            status="settled",
+            outcome=bindparam("b_outcome"),
+            outcome_detail=bindparam("b_detail"),
+            payload=bindparam("b_payload"),
+            apns_id=bindparam("b_apns_id"),
+            sent_at=bindparam("b_sent_at"),
+            settled_at=now,
+            updated_at=now,
+        )
+    )
+    params = [
+        {
+            "b_id": s["id"],
+            "b_claimer": claimer,
+            "b_outcome": s["outcome"],
+            "b_detail": s.get("outcome_detail"),
+            "b_payload": s.get("payload"),
+            "b_apns_id": s.get("apns_id"),
+            "b_sent_at": s.get("sent_at"),
+        }
+        for s in settlements
+    ]
+    return conn.execute(stmt, params).rowcount
+
+
+# ---------------------------------------------------------------- reading the ledger
+
+
+QUEUE_COLUMNS = [c.name for c in q.c]
+
+
+def list_queue(
+    conn: Connection,
+    *,
+    device_id: str | None = None,
+    status: str | None = None,
+    outcome: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    stmt = select(q).order_by(q.c.send_after, q.c.id)
+    if device_id is not None:
+        stmt = stmt.where(q.c.device_id == device_id)
+    if status is not None:
+        stmt = stmt.where(q.c.status == status)
+    if outcome is not None:
+        stmt = stmt.where(q.c.outcome == outcome)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
+    r = conn.execute(select(q).where(q.c.id == row_id)).mappings().first()
+    return dict(r) if r else None
+
+
+def queue_counts(conn: Connection) -> dict[tuple[str, str | None], int]:
+    stmt = select(q.c.status, q.c.outcome, func.count()).group_by(q.c.status, q.c.outcome)
+    return {(s, o): n for s, o, n in conn.execute(stmt)}
+
+
+def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, str | None]:
+    """(devices never built, oldest ``reminders_built_at`` among the rest), live tokens only."""
+    live = devices.c.token_invalid_at.is_(None)
+    if chunks is not None:
+        live = and_(live, devices.c.chunk.in_(list(chunks)))
+    never = conn.scalar(select(func.count()).where(live, devices.c.reminders_built_at.is_(None)))
+    oldest = conn.scalar(select(func.min(devices.c.reminders_built_at)).where(live))
+    return int(never or 0), oldest
+
+
+def devices_per_chunk(conn: Connection) -> dict[int, int]:
+    stmt = select(devices.c.chunk, func.count()).where(devices.c.token_invalid_at.is_(None)).group_by(devices.c.chunk)
+    return {c: n for c, n in conn.execute(stmt)}
+
+
+def stalest_chunks(conn: Connection, limit: int | None = None) -> list[int]:
+    """Chunks ordered by their oldest build (never-built devices first)."""
+    oldest = func.min(func.coalesce(devices.c.reminders_built_at, ""))
+    stmt = (
+        select(devices.c.chunk)
+        .where(devices.c.token_invalid_at.is_(None))
+        .group_by(devices.c.chunk)
+        .order_by(oldest, devices.c.chunk)
+    )
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(conn.scalars(stmt))
+
+
+def min_lead_seconds(conn: Connection) -> int | None:
+    return conn.scalar(select(func.min(devices.c.reminder_lead_seconds)).where(devices.c.token_invalid_at.is_(None)))
+
+
+def oldest_due_pending(conn: Connection, now: str) -> str | None:
+    return conn.scalar(select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now))
+
+
+def prune_settled(conn: Connection, before: str, limit: int) -> int:
+    """Delete up to ``limit`` rows settled before ``before``; call repeatedly to prune in batches."""
+    victims = select(q.c.id).where(q.c.status == SETTLED, q.c.settled_at < before).order_by(q.c.settled_at).limit(limit)
+    return conn.execute(delete(q).where(q.c.id.in_(victims.scalar_subquery()))).rowcount

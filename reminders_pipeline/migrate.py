@@ -1,0 +1,31 @@
+"""Apply the packaged Alembic migrations (``reminders db upgrade``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+
+from .db import Database
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def _config(connection) -> Config:  # type: ignore[no-untyped-def]
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def upgrade(db: Database, revision: str = "head") -> None:
+    with db.engine.begin() as conn:
+        command.upgrade(_config(conn), revision)
+
+
+def current_revision(db: Database) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with db.engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

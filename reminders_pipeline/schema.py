@@ -1,0 +1,157 @@
+"""The tables, defined once. The migrations create them; ``ledger`` is the only module that queries them.
+
+Time columns are ``IsoTime``: text in the fixed ``YYYY-MM-DDTHH:MM:SS.mmmZ`` format, with
+``COLLATE "C"`` on PostgreSQL so their order never depends on a locale, and a CHECK that rejects any
+other shape (a ``datetime()`` value with a space instead of ``T`` fails loudly instead of sorting
+wrong).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects import postgresql
+
+metadata = MetaData()
+
+IsoTime = Text().with_variant(postgresql.TEXT(collation="C"), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
+RowId = BigInteger().with_variant(Integer(), "sqlite")
+
+STATUSES = ("pending", "claimed", "settled")
+OUTCOMES = ("sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late")
+
+
+def iso_check(column: str, nullable: bool = True) -> CheckConstraint:
+    shape = f"(length({column}) = 24 AND substr({column}, 11, 1) = 'T' AND substr({column}, 24, 1) = 'Z')"
+    expr = f"{column} IS NULL OR {shape}" if nullable else shape
+    return CheckConstraint(expr, name=f"ck_{column}_iso")
+
+
+devices = Table(
+    "devices",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("apns_token", Text, nullable=False),
+    Column("reminder_lead_seconds", Integer, nullable=False, server_default=text("3600")),
+    Column("extra_rules", Text, nullable=False, server_default=text("''")),  # space-separated rules
+    Column("last_tz_offset_seconds", Integer),
+    Column("reminders_built_at", IsoTime),
+    Column("chunk", Integer, nullable=False),
+    Column("token_invalid_at", IsoTime),  # set when APNs says the token is dead; builds skip it
+    Column("token_invalid_reason", Text),
+    Column("created_at", IsoTime, nullable=False),
+    Column("updated_at", IsoTime, nullable=False),
+    iso_check("reminders_built_at"),
+    iso_check("token_invalid_at"),
+    iso_check("created_at", False),
+    iso_check("updated_at", False),
+    CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
+    Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
+    Index("ix_devices_built", "reminders_built_at"),
+)
+
+sources = Table(
+    "sources",
+    metadata,
+    Column("id", RowId, primary_key=True, autoincrement=True),
+    Column("url", Text, nullable=False, unique=True),
+    Column("kind", Text, nullable=False, server_default=text("'json'")),
+    Column("last_read_at", IsoTime),
+    Column("last_success_at", IsoTime),
+    Column("last_error_at", IsoTime),
+    Column("last_error", Text),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("last_item_count", Integer),
+    Column("last_rejected_count", Integer),
+    Column("created_at", IsoTime, nullable=False),
+    iso_check("last_read_at"),
+    iso_check("last_success_at"),
+    iso_check("last_error_at"),
+    iso_check("created_at", False),
+)
+
+device_sources = Table(
+    "device_sources",
+    metadata,
+    Column("device_id", Text, ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
+    Column("source_id", RowId, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False),
+    PrimaryKeyConstraint("device_id", "source_id"),
+    Index("ix_device_sources_source", "source_id"),
+)
+
+# device_id is deliberately not a foreign key: removing a device voids its pending rows and keeps
+# the ledger of what was sent.
+notification_queue = Table(
+    "notification_queue",
+    metadata,
+    Column("id", RowId, primary_key=True, autoincrement=True),
+    Column("device_id", Text, nullable=False),
+    Column("source_id", RowId),
+    Column("item_id", Text, nullable=False),
+    Column("rule", Text, nullable=False),
+    Column("send_after", IsoTime, nullable=False),
+    Column("event_at", IsoTime, nullable=False),
+    Column("expires_at", IsoTime, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("body", Text),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("outcome", Text),
+    Column("outcome_detail", Text),
+    Column("payload", Text),  # JSON of what was sent, or would have been (dry run)
+    Column("apns_id", Text),
+    Column("claimed_by", Text),
+    Column("claimed_at", IsoTime),
+    Column("settled_at", IsoTime),
+    Column("sent_at", IsoTime),
+    Column("created_at", IsoTime, nullable=False),
+    Column("updated_at", IsoTime, nullable=False),
+    UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
+    CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
+    CheckConstraint(
+        "outcome IS NULL OR outcome IN ('sent', 'failed', 'voided', 'disabled', "
+        "'event_started', 'event_expired', 'too_late')",
+        name="ck_queue_outcome",
+    ),
+    CheckConstraint("(status = 'settled') = (outcome IS NOT NULL)", name="ck_queue_settled_has_outcome"),
+    iso_check("send_after", False),
+    iso_check("event_at", False),
+    iso_check("expires_at", False),
+    iso_check("claimed_at"),
+    iso_check("settled_at"),
+    iso_check("sent_at"),
+    iso_check("created_at", False),
+    iso_check("updated_at", False),
+    # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.
+    Index(
+        "ix_queue_due",
+        "send_after",
+        "id",
+        sqlite_where=text("status = 'pending'"),
+        postgresql_where=text("status = 'pending'"),
+    ),
+    Index(
+        "ix_queue_claimed",
+        "claimed_at",
+        sqlite_where=text("status = 'claimed'"),
+        postgresql_where=text("status = 'claimed'"),
+    ),
+    Index(
+        "ix_queue_settled",
+        "settled_at",
+        sqlite_where=text("status = 'settled'"),
+        postgresql_where=text("status = 'settled'"),
+    ),
+)

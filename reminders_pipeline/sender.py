@@ -1,0 +1,79 @@
+"""What the drain hands a push provider, and what it gets back.
+
+The drain builds a sender inside its running event loop (``SenderFactory``), because aioapns binds
+its connection pool to the loop that exists when it is constructed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class Notification:
+    row_id: int
+    device_id: str
+    device_token: str
+    payload: dict
+    collapse_id: str  # apns-collapse-id: a later alert for the same item replaces the earlier one
+    expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
+    priority: int = 10
+    push_type: str = "alert"
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """One answer. ``ok`` settles the row ``sent``; anything else settles it ``failed`` with ``reason``."""
+
+    row_id: int
+    ok: bool
+    reason: str | None = None  # APNs reason ("Unregistered"), or a transport error ("timeout")
+    status: int | None = None  # HTTP status, when there was one
+    apns_id: str | None = None
+    token_invalid: bool = False  # stop sending to this token (410, BadDeviceToken, ...)
+    token_invalid_at: str | None = None  # stored time; APNs' timestamp for 410
+    config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
+
+
+class Sender(Protocol):
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        """Send each notification once (never retried here); one result per notification, any order."""
+
+    async def aclose(self) -> None: ...
+
+
+SenderFactory = Callable[[], Sender]
+
+
+@dataclass
+class RecordingSender:
+    """Records what it would send; answers from a script keyed by device token (default: 200).
+
+    Used by tests and by anything that wants a sender without a network. ``sent`` outlives the
+    event loop, so a test can inspect it after the drain returns.
+    """
+
+    script: dict[str, SendResult | Callable[[Notification], SendResult]] = field(default_factory=dict)
+    sent: list[Notification] = field(default_factory=list)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        results = []
+        for n in notifications:
+            self.sent.append(n)
+            scripted = self.script.get(n.device_token)
+            if scripted is None:
+                results.append(SendResult(n.row_id, True, status=200, apns_id=f"recorded-{next(self._ids)}"))
+            elif callable(scripted):
+                results.append(scripted(n))
+            else:
+                results.append(SendResult(n.row_id, **{k: v for k, v in vars(scripted).items() if k != "row_id"}))
+        return results
+
+    async def aclose(self) -> None:
+        return None
+
+    def factory(self) -> SenderFactory:
+        return lambda: self

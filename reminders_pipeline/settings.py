@@ -1,0 +1,148 @@
+"""The one module that reads the environment.
+
+Everything else receives a ``Settings`` value, so tests and shells can build one explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+from .cadence import CronError, cron_cadence_seconds
+
+DEFAULT_DATABASE_PATH = Path("var") / "reminders.sqlite3"
+
+
+class SettingsError(ValueError):
+    """A configuration value that cannot be used; the message names the variable."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{DEFAULT_DATABASE_PATH}"
+
+
+def normalize_database_url(url: str) -> str:
+    """``postgresql://`` and ``postgres://`` mean psycopg 3 here."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = field(default_factory=default_database_url)
+    enabled: bool = False
+    token: str | None = None
+    max_lateness_seconds: int = 1800
+    build_cron: str = "0,15,30,45 * * * *"
+    drain_cron: str = "5,20,35,50 * * * *"
+    scheduler_slack_seconds: int = 300
+    chunk_count: int = 16
+    chunk_size: int = 1000
+    chunks_per_tick: int = 0  # 0 = all chunks every tick
+    sweep_margin_seconds: int = 600
+    horizon_seconds: int = 86400
+    abandon_after_seconds: int = 600
+    send_timeout_seconds: int = 10
+    drain_batch_size: int = 500
+    drain_max_batches: int = 40
+    claim_batch_size: int = 100
+    source_timeout_seconds: float = 10.0
+    source_max_bytes: int = 5_000_000
+    source_concurrency: int = 32
+    default_lead_seconds: int = 3600
+    alert_webhook_url: str | None = None
+    apns_key_file: str | None = None
+    apns_key_id: str | None = None
+    apns_team_id: str | None = None
+    apns_topic: str | None = None
+    apns_environment: str = "production"  # or "sandbox"
+    apns_url: str | None = None  # https://host:port: a proxy or a local mock instead of Apple
+    apns_ca_file: str | None = None  # CA bundle that signs apns_url's certificate
+    apns_concurrency: int = 200  # in-flight sends per drain process
+    interruption_level: str = "time-sensitive"
+
+    @property
+    def build_cadence_seconds(self) -> int:
+        return cron_cadence_seconds(self.build_cron)
+
+    @property
+    def drain_cadence_seconds(self) -> int:
+        return cron_cadence_seconds(self.drain_cron)
+
+    @property
+    def effective_chunks_per_tick(self) -> int:
+        return self.chunks_per_tick or self.chunk_count
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def with_(self, **changes: object) -> "Settings":
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        s = cls(
+            database_url=normalize_database_url(env.get("REMINDERS_DATABASE_URL") or default_database_url()),
+            # Exactly "true" sends; anything else is a dry run (the seed's contract).
+            enabled=env.get("REMINDERS_ENABLED") == "true",
+            token=env.get("REMINDERS_TOKEN") or None,
+            max_lateness_seconds=_int(env, "REMINDERS_MAX_LATENESS_SECONDS", 1800, 1),
+            build_cron=env.get("REMINDERS_BUILD_CRON") or cls.build_cron,
+            drain_cron=env.get("REMINDERS_DRAIN_CRON") or cls.drain_cron,
+            scheduler_slack_seconds=_int(env, "REMINDERS_SCHEDULER_SLACK_SECONDS", 300),
+            chunk_count=_int(env, "REMINDERS_CHUNK_COUNT", 16, 1),
+            chunk_size=_int(env, "REMINDERS_CHUNK_SIZE", 1000, 1),
+            chunks_per_tick=_int(env, "REMINDERS_CHUNKS_PER_TICK", 0),
+            sweep_margin_seconds=_int(env, "REMINDERS_SWEEP_MARGIN_SECONDS", 600),
+            horizon_seconds=_int(env, "REMINDERS_HORIZON_SECONDS", 86400, 1),
+            abandon_after_seconds=_int(env, "REMINDERS_ABANDON_AFTER_SECONDS", 600, 1),
+            send_timeout_seconds=_int(env, "REMINDERS_SEND_TIMEOUT_SECONDS", 10, 1),
+            drain_batch_size=_int(env, "REMINDERS_DRAIN_BATCH_SIZE", 500, 1),
+            drain_max_batches=_int(env, "REMINDERS_DRAIN_MAX_BATCHES", 40, 1),
+            claim_batch_size=_int(env, "REMINDERS_CLAIM_BATCH_SIZE", 100, 1),
+            source_timeout_seconds=float(_int(env, "REMINDERS_SOURCE_TIMEOUT_SECONDS", 10, 1)),
+            source_max_bytes=_int(env, "REMINDERS_SOURCE_MAX_BYTES", 5_000_000, 1),
+            source_concurrency=_int(env, "REMINDERS_SOURCE_CONCURRENCY", 32, 1),
+            default_lead_seconds=_int(env, "REMINDERS_DEFAULT_LEAD_SECONDS", 3600),
+            alert_webhook_url=env.get("REMINDERS_ALERT_WEBHOOK_URL") or None,
+            apns_key_file=env.get("REMINDERS_APNS_KEY_FILE") or None,
+            apns_key_id=env.get("REMINDERS_APNS_KEY_ID") or None,
+            apns_team_id=env.get("REMINDERS_APNS_TEAM_ID") or None,
+            apns_topic=env.get("REMINDERS_APNS_TOPIC") or None,
+            apns_environment=env.get("REMINDERS_APNS_ENVIRONMENT") or "production",
+            apns_url=env.get("REMINDERS_APNS_URL") or None,
+            apns_ca_file=env.get("REMINDERS_APNS_CA_FILE") or None,
+            apns_concurrency=_int(env, "REMINDERS_APNS_CONCURRENCY", 200, 1),
+            interruption_level=env.get("REMINDERS_INTERRUPTION_LEVEL") or "time-sensitive",
+        )
+        if s.apns_environment not in ("production", "sandbox"):
+            raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")
+        if s.interruption_level not in ("passive", "active", "time-sensitive", "critical"):
+            raise SettingsError("REMINDERS_INTERRUPTION_LEVEL must be passive, active, time-sensitive or critical")
+        for name, cron in (("REMINDERS_BUILD_CRON", s.build_cron), ("REMINDERS_DRAIN_CRON", s.drain_cron)):
+            try:
+                cron_cadence_seconds(cron)
+            except CronError as exc:
+                raise SettingsError(f"{name}: {exc}") from None
+        if s.chunks_per_tick > s.chunk_count:
+            raise SettingsError("REMINDERS_CHUNKS_PER_TICK must not exceed REMINDERS_CHUNK_COUNT")
+        return s

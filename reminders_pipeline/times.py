@@ -1,0 +1,68 @@
+"""The only place stored times are made.
+
+Every stored time is ISO-8601 UTC text exactly like JavaScript's ``Date.toISOString()``:
+``2026-09-10T08:30:00.000Z``. Fixed width and zero padded, so text order is chronological order
+and SQL compares times as plain strings. The ``T`` is load-bearing: SQLite's ``datetime()`` emits a
+space, which sorts below ``T`` and would silently break the due predicate. Never compute a stored
+time in SQL; write it through these helpers.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+ISO_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+
+# Years outside 1970..9999 cannot be written fixed-width (or are not plausible event times).
+MIN_UNIX = 0
+MAX_UNIX = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def iso_from_unix(seconds: float) -> str:
+    """Unix seconds (wire format) -> stored ISO text, millisecond precision."""
+    millis = round(seconds * 1000)
+    if not MIN_UNIX * 1000 <= millis <= MAX_UNIX * 1000 + 999:
+        raise ValueError(f"unix time {seconds!r} is outside 1970..9999")
+    whole, ms = divmod(millis, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
+
+
+def unix_from_iso(text: str) -> float:
+    """Stored ISO text -> Unix seconds. Used only at the point of arithmetic (lateness guards)."""
+    if not ISO_PATTERN.match(text):
+        raise ValueError(f"not a stored time (YYYY-MM-DDTHH:MM:SS.mmmZ): {text!r}")
+    dt = datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    return dt.timestamp() + int(text[20:23]) / 1000
+
+
+def now_utc() -> str:
+    """The current time as stored text."""
+    return iso_from_unix(time.time())
+
+
+def shift(text: str, seconds: float) -> str:
+    """A stored time moved by ``seconds`` (negative for earlier)."""
+    return iso_from_unix(unix_from_iso(text) + seconds)
+
+
+def parse_when(value: str) -> str:
+    """A user-supplied instant (ISO-8601 with an offset or ``Z``, or Unix seconds) -> stored text.
+
+    Naive ISO times are refused: an instant without a zone is ambiguous.
+    """
+    value = value.strip()
+    if re.fullmatch(r"-?\d+(\.\d+)?", value):
+        return iso_from_unix(float(value))
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"not an ISO-8601 time or Unix seconds: {value!r}") from None
+    if dt.tzinfo is None:
+        raise ValueError(f"time {value!r} has no UTC offset; add Z or +HH:MM")
+    return iso_from_unix(dt.timestamp())
+
+
+def is_stored_time(text: object) -> bool:
+    return isinstance(text, str) and bool(ISO_PATTERN.match(text))

@@ -1,0 +1,38 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reminders_pipeline import ledger
+from reminders_pipeline.db import Database
+from reminders_pipeline.devices import DeviceSpec, put_device
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+NOW = "2026-09-10T08:00:00.000Z"
+NOW_S = int(unix_from_iso(NOW))
+TOKEN = "ab" * 32
+
+
+def item(item_id: str, starts_in: int, duration: int = 1800, title: str | None = None, **extra: Any) -> dict[str, Any]:
+    """A wire-format item starting ``starts_in`` seconds after NOW."""
+    return {"id": item_id, "title": title or f"Event {item_id}", "startsAt": NOW_S + starts_in, "expiresAt": NOW_S + starts_in + duration, **extra}
+
+
+def device(db: Database, settings: Settings, device_id: str = "dev-1", *, sources: list[str], lead: int = 3600, rules: tuple[str, ...] = (), token: str = TOKEN) -> None:
+    put_device(db, settings, DeviceSpec(device_id, token, lead, rules, tuple(sources)), now=NOW)
+
+
+def rows(db: Database, **filters: Any) -> list[dict[str, Any]]:
+    with db.read() as conn:
+        return ledger.list_queue(conn, **filters)
+
+
+def by_key(db: Database) -> dict[tuple[str, str], dict[str, Any]]:
+    """Queue rows keyed by (raw item id, rule), dropping the source namespace."""
+    return {(r["item_id"].split(":", 1)[1], r["rule"]): r for r in rows(db)}
+
+
+def at(offset: int) -> str:
+    return iso_from_unix(NOW_S + offset)

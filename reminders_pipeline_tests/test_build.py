@@ -1,0 +1,300 @@
+"""Build semantics on SQLite and PostgreSQL, with sources served over real HTTP."""
+
+from __future__ import annotations
+
+import json
+
+from reminders_pipeline import ledger
+from reminders_pipeline.build import build
+from reminders_pipeline.times import iso_from_unix
+
+from .http_sources import Route
+from .support import NOW, NOW_S, at, by_key, device, item, rows
+
+
+def test_one_row_per_future_item_and_rule_with_exact_send_after(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e1", 7200), item("e2", 90_000 - 1)])
+    device(db, settings, sources=[url], lead=3600, rules=("lead:0@expiry", "lead:90"))
+    summary = build(db, settings, now=NOW)
+    got = by_key(db)
+    assert summary.devices_built == 1 and summary.rows_inserted == len(got)
+    assert got[("e1", "lead:3600")]["send_after"] == at(3600)
+    assert got[("e1", "lead:90")]["send_after"] == at(7200 - 90)
+    assert got[("e1", "lead:0@expiry")]["send_after"] == at(7200 + 1800)
+    assert got[("e1", "lead:3600")]["event_at"] == at(7200)
+    assert got[("e1", "lead:3600")]["expires_at"] == at(9000)
+    # e2's start lead is 86399 - 3600 ahead: inside the 24 h horizon; its expiry rule is beyond it.
+    assert ("e2", "lead:3600") in got and ("e2", "lead:0@expiry") not in got
+    assert all(r["status"] == "pending" for r in got.values())
+
+
+def test_arbitrary_leads_are_not_quantized(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e1", 5000)])
+    device(db, settings, sources=[url], lead=1, rules=("lead:4999", "lead:1234"))
+    build(db, settings, now=NOW)
+    got = by_key(db)
+    assert {k[1]: v["send_after"] for k, v in got.items()} == {
+        "lead:1": at(4999),
+        "lead:4999": at(1),
+        "lead:1234": at(5000 - 1234),
+    }
+
+
+def test_horizon_bounds_what_is_queued(db, settings, feeds):
+    horizon = settings.horizon_seconds
+    url = feeds.items("/a.json", [item("inside", horizon + 3600), item("outside", horizon + 3601)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    assert set(by_key(db)) == {("inside", "lead:3600")}
+
+
+def test_started_and_expired_items_are_not_queued(db, settings, feeds):
+    url = feeds.items(
+        "/a.json",
+        [item("started", -60, 600), item("over", -3600, 60), item("future", 600)],
+    )
+    device(db, settings, sources=[url], rules=("lead:0@expiry",))
+    build(db, settings, now=NOW)
+    # 'started' still gets its expiry reminder (it has not expired); 'over' gets nothing.
+    assert set(by_key(db)) == {("started", "lead:0@expiry"), ("future", "lead:3600"), ("future", "lead:0@expiry")}
+
+
+def test_event_published_late_is_queued_already_due(db, settings, feeds):
+    url = feeds.items("/a.json", [item("soon", 600)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    assert by_key(db)[("soon", "lead:3600")]["send_after"] == at(600 - 3600)
+
+
+def test_instantaneous_one_second_item(db, settings, feeds):
+    url = feeds.items("/a.json", [{"id": "blink", "title": "Blink", "startsAt": NOW_S + 100, "expiresAt": NOW_S + 101}])
+    device(db, settings, sources=[url], lead=0, rules=("lead:0@expiry",))
+    build(db, settings, now=NOW)
+    got = by_key(db)
+    assert got[("blink", "lead:0")]["send_after"] == at(100)
+    assert got[("blink", "lead:0@expiry")]["send_after"] == at(101)
+
+
+def test_unchanged_item_writes_nothing_changed_item_updates(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e1", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    before = by_key(db)[("e1", "lead:3600")]
+    again = build(db, settings, now=at(60))
+    assert (again.rows_inserted, again.rows_updated) == (0, 0)
+    assert by_key(db)[("e1", "lead:3600")]["updated_at"] == before["updated_at"]
+
+    feeds.items("/a.json", [item("e1", 9000, title="Moved")])
+    moved = build(db, settings, now=at(120))
+    row = by_key(db)[("e1", "lead:3600")]
+    assert (moved.rows_inserted, moved.rows_updated) == (0, 1)
+    assert row["id"] == before["id"] and row["send_after"] == at(9000 - 3600) and row["title"] == "Moved"
+
+
+def test_item_that_leaves_the_feed_voids_its_pending_row(db, settings, feeds):
+    url = feeds.items("/a.json", [item("keep", 7200), item("cancelled", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item("keep", 7200)])
+    summary = build(db, settings, now=at(60))
+    got = by_key(db)
+    assert summary.rows_voided == {"left_feed": 1}
+    assert got[("cancelled", "lead:3600")]["outcome"] == "voided"
+    assert got[("cancelled", "lead:3600")]["outcome_detail"] == "left_feed"
+    assert got[("keep", "lead:3600")]["status"] == "pending"
+
+
+def test_item_that_returns_to_the_feed_is_queued_again(db, settings, feeds):
+    url = feeds.items("/a.json", [item("flaky", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [])
+    build(db, settings, now=at(60))
+    feeds.items("/a.json", [item("flaky", 7200)])
+    build(db, settings, now=at(120))
+    row = by_key(db)[("flaky", "lead:3600")]
+    assert row["status"] == "pending" and row["outcome"] is None
+
+
+def test_failed_source_read_voids_nothing_and_others_still_build(db, settings, feeds):
+    good = feeds.items("/good.json", [item("g", 7200)])
+    bad = feeds.items("/bad.json", [item("b", 7200)])
+    device(db, settings, "d1", sources=[good, bad])
+    device(db, settings, "d2", sources=[good])
+    build(db, settings, now=NOW)
+    assert len(rows(db)) == 3
+
+    feeds.fail("/bad.json", 500)
+    feeds.items("/good.json", [item("g", 7200), item("g2", 7300)])
+    summary = build(db, settings, now=at(60))
+    assert summary.sources_failed == [{"url": bad, "error": "http 500"}]
+    assert summary.rows_voided == {} and summary.rows_inserted == 2
+    assert {r["status"] for r in rows(db)} == {"pending"}
+    with db.read() as conn:
+        src = {s["url"]: s for s in ledger.list_sources(conn)}
+    assert src[bad]["consecutive_failures"] == 1 and src[bad]["last_error"] == "http 500"
+    assert src[good]["consecutive_failures"] == 0 and src[good]["last_success_at"] == at(60)
+
+
+def test_each_failure_kind_leaves_rows_alone(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    settings = settings.with_(source_timeout_seconds=0.5, source_max_bytes=1000)
+    for route in [
+        Route(404, b"gone"),
+        Route(200, b"not json"),
+        Route(200, b'{"no_items": []}'),
+        Route(200, json.dumps({"items": "nope"}).encode()),
+        Route(200, b'{"items": []}', delay=2.0),
+        Route(200, json.dumps({"items": [item(f"x{i}", 7200) for i in range(50)]}).encode()),
+    ]:
+        feeds.set("/a.json", route)
+        summary = build(db, settings, now=at(60))
+        assert len(summary.sources_failed) == 1, route
+        assert [r["status"] for r in rows(db)] == ["pending"], route
+
+
+def test_shared_source_is_read_once_per_build(db, settings, feeds):
+    url = feeds.items("/shared.json", [item("e", 7200)])
+    for i in range(5):
+        device(db, settings, f"d{i}", sources=[url])
+    summary = build(db, settings, now=NOW)
+    assert feeds.hits["/shared.json"] == 1 and summary.sources_read == 1
+    assert len(rows(db)) == 5
+
+
+def test_item_ids_are_namespaced_by_source(db, settings, feeds):
+    a = feeds.items("/a.json", [item("same", 7200, title="From A")])
+    b = feeds.items("/b.json", [item("same", 7200, title="From B")])
+    device(db, settings, sources=[a, b])
+    build(db, settings, now=NOW)
+    assert sorted(r["title"] for r in rows(db)) == ["From A", "From B"]
+
+
+def test_malformed_items_are_rejected_with_reasons_and_the_rest_queue(db, settings, feeds):
+    url = feeds.items(
+        "/a.json",
+        [
+            item("ok", 7200),
+            {"title": "no id", "startsAt": NOW_S + 7200, "expiresAt": NOW_S + 7300},
+            item("backwards", 7200, duration=0),
+            item("strtime", 7200) | {"startsAt": "soon"},
+            item("float", 7200) | {"startsAt": NOW_S + 7200.5},
+            item("bool", 7200) | {"expiresAt": True},
+            item("ms", 7200) | {"startsAt": (NOW_S + 7200) * 1000, "expiresAt": (NOW_S + 7300) * 1000},
+            item("ok", 7300),
+            item("long", 7200, title="x" * 1000),
+            "not an object",
+        ],
+    )
+    device(db, settings, sources=[url])
+    summary = build(db, settings, now=NOW)
+    assert set(by_key(db)) == {("ok", "lead:3600")}
+    assert summary.items_rejected == {
+        "missing_id": 1,
+        "expires_not_after_start": 1,
+        "bad_starts_at": 2,
+        "bad_expires_at": 1,
+        "time_out_of_range": 1,
+        "duplicate_id": 1,
+        "title_too_long": 1,
+        "not_an_object": 1,
+    }
+
+
+def test_rule_change_voids_removed_rule_and_queues_new_one(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url], rules=("lead:600",))
+    build(db, settings, now=NOW)
+    device(db, settings, sources=[url], rules=("lead:0@expiry",))
+    summary = build(db, settings, now=at(60))
+    got = by_key(db)
+    assert summary.rows_voided == {"rule_removed": 1}
+    assert got[("e", "lead:600")]["outcome_detail"] == "rule_removed"
+    assert got[("e", "lead:0@expiry")]["status"] == "pending"
+    assert got[("e", "lead:3600")]["status"] == "pending"
+
+
+def test_unsubscribed_source_voids_its_rows(db, settings, feeds):
+    a = feeds.items("/a.json", [item("a", 7200)])
+    b = feeds.items("/b.json", [item("b", 7200)])
+    device(db, settings, sources=[a, b])
+    build(db, settings, now=NOW)
+    device(db, settings, sources=[a])
+    summary = build(db, settings, now=at(60))
+    assert summary.rows_voided == {"source_removed": 1}
+
+
+def test_rescheduled_beyond_horizon_voids_until_it_comes_back(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    far = settings.horizon_seconds + 7200
+    feeds.items("/a.json", [item("e", far)])
+    summary = build(db, settings, now=at(60))
+    assert summary.rows_voided == {"out_of_horizon": 1}
+    later = far - settings.horizon_seconds
+    build(db, settings, now=at(later))
+    row = by_key(db)[("e", "lead:3600")]
+    assert row["status"] == "pending" and row["send_after"] == at(far - 3600)
+
+
+def test_sent_row_is_not_requeued_unless_rescheduled(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    row = by_key(db)[("e", "lead:3600")]
+    with db.write() as conn:
+        ledger.claim(conn, [row["id"]], at(3600), "t")
+        ledger.settle(conn, [{"id": row["id"], "outcome": "sent", "sent_at": at(3600)}], "t", at(3600))
+    build(db, settings, now=at(3700))
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"  # same time: never twice
+    feeds.items("/a.json", [item("e", 14400)])
+    build(db, settings, now=at(3800))
+    moved = by_key(db)[("e", "lead:3600")]
+    assert moved["status"] == "pending" and moved["send_after"] == at(14400 - 3600)
+
+
+def test_stalest_first_with_a_limit_and_built_at_stamped(db, settings, feeds):
+    url = feeds.items("/a.json", [])
+    for i in range(4):
+        device(db, settings, f"d{i}", sources=[url])
+    build(db, settings, device_ids=["d0", "d1"], now=NOW)
+    summary = build(db, settings, limit=2, now=at(60))
+    with db.read() as conn:
+        built = {d.id: d.reminders_built_at for d in ledger.list_devices(conn)}
+    assert summary.devices_built == 2
+    assert built == {"d0": NOW, "d1": NOW, "d2": at(60), "d3": at(60)}
+
+
+def test_build_by_chunk(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    for i in range(20):
+        device(db, settings, f"d{i}", sources=[url])
+    with db.read() as conn:
+        chunks = {d.id: d.chunk for d in ledger.list_devices(conn)}
+    target = chunks["d0"]
+    summary = build(db, settings, chunks=[target], now=NOW)
+    assert summary.devices_built == sum(1 for c in chunks.values() if c == target)
+    assert {r["device_id"] for r in rows(db)} == {d for d, c in chunks.items() if c == target}
+
+
+def test_lead_across_a_dst_change_is_absolute(db, settings, feeds):
+    # Europe/Berlin leaves DST at 2026-10-25 01:00 UTC; an event at 01:30 UTC with a 2 h lead
+    # is reminded at 23:30 UTC the day before: 7200 s earlier, whatever the wall clocks say.
+    start = 1792891800  # 2026-10-25T01:30:00Z
+    url = feeds.items("/a.json", [{"id": "dst", "title": "DST", "startsAt": start, "expiresAt": start + 3600}])
+    device(db, settings, sources=[url], lead=7200)
+    build(db, settings, now="2026-10-24T20:00:00.000Z")
+    assert by_key(db)[("dst", "lead:7200")]["send_after"] == iso_from_unix(start - 7200) == "2026-10-24T23:30:00.000Z"
+
+
+def test_device_with_dead_token_is_skipped(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    with db.write() as conn:
+        ledger.mark_token_invalid(conn, "dev-1", "ab" * 32, NOW, "Unregistered", NOW)
+    assert build(db, settings, now=NOW).devices_built == 0
+    device(db, settings, sources=[url], token="cd" * 32)  # registers again
+    assert build(db, settings, now=NOW).devices_built == 1

@@ -1,0 +1,124 @@
+"""The CLI a newcomer follows in the README, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from reminders_pipeline.cli import main
+
+from .support import NOW, NOW_S, TOKEN, at, item
+
+
+@pytest.fixture
+def cli(db_url):
+    runner = CliRunner()
+    env = {"REMINDERS_DATABASE_URL": db_url, "REMINDERS_ENABLED": "false"}
+
+    def run(*args: str, code: int = 0, **extra_env: str):
+        result = runner.invoke(main, list(args), env={**env, **extra_env}, catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return run
+
+
+def test_newcomer_flow_dry_run(cli, feeds):
+    url = feeds.items("/feed.json", [item("standup", 3600 + 300), item("retro", 7200)])
+    cli("db", "upgrade")
+    put = json.loads(cli("device", "put", "phone-1", "--apns-token", TOKEN, "--lead", "3600", "--rule", "lead:0@expiry", "--source", url).output)
+    assert put["extra_rules"] == ["lead:0@expiry"] and put["source_urls"] == [url]
+    built = json.loads(cli("build", "--all", "--now", NOW).output)
+    assert built["rows_inserted"] == 4 and built["devices_built"] == 1
+    queued = json.loads(cli("queue", "list", "--json").output)
+    assert {r["status"] for r in queued} == {"pending"} and len(queued) == 4
+    drained = json.loads(cli("drain", "--now", str(NOW_S + 3600 + 400)).output)
+    assert drained["outcomes"] == {"event_started": 1, "disabled": 1}
+    settled = json.loads(cli("queue", "list", "--status", "settled").output)
+    assert [(r["item_id"].split(":")[1], r["outcome"]) for r in settled] == [("standup", "event_started"), ("retro", "disabled")]
+    devices = json.loads(cli("device", "list").output)
+    assert devices[0]["reminders_built_at"] == NOW
+    removed = json.loads(cli("device", "remove", "phone-1").output)
+    assert removed == {"removed": "phone-1", "rows_voided": 2}
+
+
+def test_drain_single_row_by_id(cli, feeds):
+    url = feeds.items("/feed.json", [item("a", 3600), item("b", 3600)])
+    cli("device", "put", "p", "--apns-token", TOKEN, "--source", url)
+    cli("build", "--device", "p", "--now", NOW)
+    first = json.loads(cli("queue", "list").output)[0]
+    out = json.loads(cli("drain", "--id", str(first["id"]), "--now", at(0)).output)
+    assert out["claimed"] == 1
+    assert [r["status"] for r in json.loads(cli("queue", "list").output)] == ["settled", "pending"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["device", "put", "p", "--apns-token", "xyz"], "apns_token"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--rule", "lead:-1"], "negative"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--rule", "lead:5@end"], "unknown anchor"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--lead", "-5"], "--lead"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--source", "ftp://x/y"], "http(s)"),
+        (["device", "put", "bad id!", "--apns-token", TOKEN], "id"),
+        (["build"], "exactly one of"),
+        (["build", "--all", "--now", "yesterday"], "not an ISO-8601"),
+        (["build", "--all", "--now", "2026-09-10T08:00:00"], "no UTC offset"),
+        (["build", "--chunk", "99"], "chunks are"),
+        (["drain", "--id", "0"], "--id"),
+        (["queue", "list", "--status", "lost"], "lost"),
+        (["device", "remove", "ghost"], "no device"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message_and_write_nothing(cli, args, message):
+    result = cli(*args, code=2)
+    assert message in result.output
+    assert json.loads(cli("device", "list").output) == []
+    assert json.loads(cli("queue", "list").output) == []
+
+
+def test_bad_configuration_exits_2(cli):
+    result = cli("device", "list", code=2, REMINDERS_MAX_LATENESS_SECONDS="soon")
+    assert "REMINDERS_MAX_LATENESS_SECONDS" in result.output
+
+
+def test_check_passes_on_defaults_and_names_each_broken_relationship(cli):
+    ok = cli("check")
+    assert "FAIL" not in ok.output
+    broken = cli("check", code=1, REMINDERS_MAX_LATENESS_SECONDS="900", REMINDERS_DRAIN_CRON="*/30 * * * *")
+    assert "FAIL max_lateness_covers_drain_cadence" in broken.output
+    assert "broken: max_lateness_covers_drain_cadence" in broken.output
+
+
+def test_check_fails_when_the_sweep_cannot_keep_up(cli):
+    for i in range(30):
+        cli("device", "put", f"d{i}", "--apns-token", TOKEN, REMINDERS_CHUNK_COUNT="1")
+    out = cli("check", code=1, REMINDERS_CHUNK_COUNT="1", REMINDERS_CHUNK_SIZE="5")
+    assert "FAIL sweep_period_within_lead" in out.output  # 6 visits x 15 min > 60 - 10 min
+    assert "FAIL" not in cli("check", REMINDERS_CHUNK_COUNT="1", REMINDERS_CHUNK_SIZE="10").output
+
+
+def test_check_notices_chunks_stored_under_another_chunk_count(cli):
+    for i in range(30):
+        cli("device", "put", f"d{i}", "--apns-token", TOKEN)
+    out = cli("check", code=1, REMINDERS_CHUNK_COUNT="2")
+    assert "FAIL stored_chunks_match_chunk_count" in out.output
+    moved = json.loads(cli("device", "rechunk", REMINDERS_CHUNK_COUNT="2").output)
+    assert moved["devices_moved"] > 0
+    cli("check", REMINDERS_CHUNK_COUNT="2")
+
+
+def test_the_installed_entry_point_runs(tmp_path: Path):
+    exe = Path(sys.executable).with_name("reminders")
+    env = {**os.environ, "REMINDERS_DATABASE_URL": f"sqlite:///{tmp_path}/x.sqlite3"}
+    out = subprocess.run([str(exe), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["revision"] == "0001"
+    bad = subprocess.run([str(exe), "drain", "--now", "nope"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "not an ISO-8601" in bad.stderr

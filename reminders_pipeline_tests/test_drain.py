@@ -1,0 +1,271 @@
+"""Drain semantics on SQLite and PostgreSQL with the recording sender (no APNs requests)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import pytest
+
+from reminders_pipeline import ledger
+from reminders_pipeline.build import build
+from reminders_pipeline.db import Database
+from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch
+from reminders_pipeline.sender import RecordingSender, SendResult
+
+from .support import NOW, TOKEN, at, by_key, device, item, rows
+
+
+@pytest.fixture
+def live(settings):
+    return settings.with_(enabled=True)
+
+
+def queue_one(db, settings, feeds, starts_in=7200, **kw):
+    url = feeds.items("/a.json", [item("e", starts_in)])
+    device(db, settings, sources=[url], **kw)
+    build(db, settings, now=NOW)
+    return by_key(db)
+
+
+def test_due_predicate_is_send_after_passed_and_pending(db, settings, feeds):
+    got = queue_one(db, settings, feeds)
+    row_id = got[("e", "lead:3600")]["id"]
+    assert find_due(db, at(3599)) == []
+    assert find_due(db, "2026-09-10T08:59:59.999Z") == []
+    assert find_due(db, at(3600)) == [row_id]
+    assert find_due(db, at(5000)) == [row_id]
+
+
+def test_due_not_windowed_a_skipped_tick_recovers(db, live, feeds):
+    queue_one(db, live, feeds)
+    sender = RecordingSender()
+    # No drain at the due time; the next one, 20 minutes late, still sends it.
+    summary = drain(db, live, sender.factory(), now=at(3600 + 1200))
+    assert summary.outcomes == {"sent": 1}
+    assert summary.lateness_seconds == [1200.0]
+
+
+def test_sent_row_is_settled_with_sent_at_and_apns_id(db, live, feeds):
+    queue_one(db, live, feeds)
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(3605))
+    (row,) = rows(db)
+    assert (row["status"], row["outcome"], row["sent_at"], row["claimed_at"]) == ("settled", "sent", at(3605), at(3605))
+    assert row["apns_id"] == "recorded-1"
+    (note,) = sender.sent
+    assert note.device_token == TOKEN and note.payload["aps"]["alert"]["title"] == "Event e"
+    assert note.expiration == int(__import__("reminders_pipeline.times", fromlist=["x"]).unix_from_iso(at(7200)))
+    assert json.loads(row["payload"])["payload"] == note.payload
+
+
+def test_a_second_drain_sends_nothing(db, live, feeds):
+    queue_one(db, live, feeds)
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(3605))
+    again = drain(db, live, sender.factory(), now=at(3610))
+    assert again.claimed == 0 and len(sender.sent) == 1
+
+
+def test_dry_run_settles_disabled_with_what_would_have_been_sent(db, settings, feeds):
+    queue_one(db, settings, feeds)
+    summary = drain(db, settings, now=at(3605))  # enabled=False: no sender is even built
+    (row,) = rows(db)
+    assert summary.outcomes == {"disabled": 1}
+    assert row["outcome"] == "disabled" and row["sent_at"] is None
+    assert json.loads(row["payload"])["payload"]["aps"]["alert"]["title"] == "Event e"
+
+
+@pytest.mark.parametrize(
+    "drain_at, rule, expected",
+    [
+        (7200 + 10, "lead:600", "event_started"),
+        (7200 + 1800, "lead:600", "event_expired"),
+        (3600 + 1801, "lead:3600", "too_late"),
+        (7200 + 1800 + 60, "lead:0@expiry", "sent"),
+        (7200 + 60, "lead:0", "sent"),
+    ],
+)
+def test_send_time_policy_through_the_drain(db, live, feeds, drain_at, rule, expected):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    lead = int(rule.split(":")[1].split("@")[0])
+    extra = (rule,) if "@" in rule else ()
+    device(db, live, sources=[url], lead=lead if not extra else 3600, rules=extra)
+    build(db, live, now=NOW)
+    target = by_key(db)[("e", rule)]
+    drain(db, live, RecordingSender().factory(), now=at(drain_at), row_id=target["id"])
+    assert by_key(db)[("e", rule)]["outcome"] == expected
+
+
+def test_drain_by_row_id_touches_only_that_row(db, live, feeds):
+    url = feeds.items("/a.json", [item("a", 7200), item("b", 7200)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    got = by_key(db)
+    sender = RecordingSender()
+    summary = drain(db, live, sender.factory(), now=at(3600), row_id=got[("a", "lead:3600")]["id"])
+    assert summary.outcomes == {"sent": 1}
+    assert by_key(db)[("b", "lead:3600")]["status"] == "pending"
+    # Not due yet: nothing happens.
+    assert drain(db, live, sender.factory(), now=at(10), row_id=got[("b", "lead:3600")]["id"]).claimed == 0
+
+
+def test_single_claim_delivery_across_threads(db_url, live, feeds):
+    url = feeds.items("/a.json", [item(f"e{i}", 7200 + i) for i in range(300)])
+    first = Database(db_url)
+    device(first, live, sources=[url])
+    build(first, live, now=NOW)
+    ids = find_due(first, at(4000))
+    assert len(ids) == 300
+    senders = [RecordingSender() for _ in range(4)]
+    barrier = threading.Barrier(4)
+    errors = []
+
+    def run(sender):
+        db = Database(db_url)
+        try:
+            barrier.wait()
+            send_batch(db, live.with_(claim_batch_size=25), list(reversed(ids)) if sender is senders[1] else ids, sender.factory(), now=at(4000))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            db.dispose()
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in senders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    sent_ids = Counter(n.row_id for s in senders for n in s.sent)
+    assert set(sent_ids) == set(ids) and max(sent_ids.values()) == 1
+    assert {r["outcome"] for r in rows(first)} == {"sent"}
+    first.dispose()
+
+
+def test_claim_returns_only_rows_that_are_mine(db, live, feeds):
+    got = queue_one(db, live, feeds)
+    row_id = got[("e", "lead:3600")]["id"]
+    with db.write() as conn:
+        assert [r["id"] for r in ledger.claim(conn, [row_id], at(3600), "a")] == [row_id]
+    with db.write() as conn:
+        assert ledger.claim(conn, [row_id], at(3600), "b") == []
+    with db.write() as conn:  # b cannot settle a's claim
+        assert ledger.settle(conn, [{"id": row_id, "outcome": "sent"}], "b", at(3601)) == 0
+
+
+def test_abandoned_claim_is_failed_never_retried(db, live, feeds):
+    got = queue_one(db, live, feeds)
+    row_id = got[("e", "lead:3600")]["id"]
+    with db.write() as conn:
+        ledger.claim(conn, [row_id], at(3600), "died")
+    assert fail_abandoned(db, live, at(3600 + live.abandon_after_seconds)) == 0  # not yet
+    assert fail_abandoned(db, live, at(3600 + live.abandon_after_seconds + 1)) == 1
+    sender = RecordingSender()
+    summary = drain(db, live, sender.factory(), now=at(3600 + 2000))
+    row = by_key(db)[("e", "lead:3600")]
+    assert (row["outcome"], row["outcome_detail"]) == ("failed", "abandoned")
+    assert sender.sent == [] and summary.claimed == 0
+    with db.write() as conn:  # the dead run, if it wakes, cannot overwrite the verdict
+        assert ledger.settle(conn, [{"id": row_id, "outcome": "sent"}], "died", at(9000)) == 0
+    build(db, live, now=at(3600 + 2100))  # and the build does not revive it
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "failed"
+
+
+def test_cancellation_before_the_drain_means_nothing_is_sent(db, live, feeds):
+    queue_one(db, live, feeds)
+    feeds.items("/a.json", [])
+    build(db, live, now=at(60))
+    sender = RecordingSender()
+    summary = drain(db, live, sender.factory(), now=at(3600))
+    assert sender.sent == [] and summary.claimed == 0
+    assert by_key(db)[("e", "lead:3600")]["outcome_detail"] == "left_feed"
+
+
+def test_failed_send_settles_failed_with_reason(db, live, feeds):
+    queue_one(db, live, feeds)
+    sender = RecordingSender(script={TOKEN: SendResult(0, False, reason="InternalServerError", status=500)})
+    summary = drain(db, live, sender.factory(), now=at(3600))
+    row = by_key(db)[("e", "lead:3600")]
+    assert (row["outcome"], row["outcome_detail"]) == ("failed", "InternalServerError")
+    assert summary.details == {"failed:InternalServerError": 1}
+    assert drain(db, live, sender.factory(), now=at(3700)).claimed == 0  # never retried
+
+
+def test_dead_token_marks_device_and_voids_its_other_rows(db, live, feeds):
+    url = feeds.items("/a.json", [item("now", 3600), item("later", 7200)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    sender = RecordingSender(
+        script={TOKEN: SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(5))}
+    )
+    summary = drain(db, live, sender.factory(), now=at(0))
+    got = by_key(db)
+    assert got[("now", "lead:3600")]["outcome"] == "failed"
+    assert (got[("later", "lead:3600")]["outcome"], got[("later", "lead:3600")]["outcome_detail"]) == ("voided", "unregistered")
+    assert summary.tokens_invalidated == 1 and summary.voided_by_token == 1
+    with db.read() as conn:
+        dev = ledger.get_device(conn, "dev-1")
+    assert dev.token_invalid_at == at(5) and dev.token_invalid_reason == "Unregistered"
+
+
+def test_config_fault_stops_claiming_and_leaves_the_rest_pending(db, live, feeds):
+    url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(10)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    sender = RecordingSender(script={TOKEN: SendResult(0, False, reason="InvalidProviderToken", status=403, config_fault=True)})
+    summary = drain(db, live.with_(claim_batch_size=3), sender.factory(), now=at(0))
+    assert summary.halted == "InvalidProviderToken"
+    assert summary.claimed == 3 and summary.outcomes == {"failed": 3}
+    assert Counter(r["status"] for r in rows(db)) == {"settled": 3, "pending": 7}
+
+
+def test_sender_that_raises_still_settles_every_claimed_row(db, live, feeds):
+    queue_one(db, live, feeds)
+
+    class Broken(RecordingSender):
+        async def send_many(self, notifications):
+            raise RuntimeError("bug")
+
+    drain(db, live, Broken().factory(), now=at(3600))
+    row = by_key(db)[("e", "lead:3600")]
+    assert (row["outcome"], row["outcome_detail"]) == ("failed", "sender_error:RuntimeError")
+
+
+def test_every_claimed_row_is_settled_with_mixed_outcomes(db, live, feeds):
+    url = feeds.items("/a.json", [item("started", 600), item("ok", 3600), item("late", 5500), item("now", 4500)])
+    device(db, live, sources=[url], lead=600, rules=("lead:3600", "lead:0@expiry"))
+    build(db, live, now=NOW)
+    summary = drain(db, live, RecordingSender().factory(), now=at(4000))
+    outcomes = {(r["item_id"].split(":")[1], r["rule"]): r["outcome"] for r in rows(db)}
+    assert outcomes == {
+        ("started", "lead:600"): "event_expired",
+        ("started", "lead:3600"): "event_expired",
+        ("started", "lead:0@expiry"): "sent",
+        ("ok", "lead:600"): "event_started",
+        ("ok", "lead:3600"): "event_started",
+        ("ok", "lead:0@expiry"): None,
+        ("late", "lead:3600"): "too_late",
+        ("late", "lead:600"): None,
+        ("late", "lead:0@expiry"): None,
+        ("now", "lead:3600"): "too_late",
+        ("now", "lead:600"): "sent",
+        ("now", "lead:0@expiry"): None,
+    }
+    assert summary.claimed == sum(1 for o in outcomes.values() if o)
+    assert {r["status"] for r in rows(db) if r["outcome"] is None} == {"pending"}
+
+
+def test_batches_are_bounded():
+    assert batches_of([], 10, 5) == []
+    assert [len(b) for b in batches_of(list(range(25)), 10, 5)] == [9, 9, 7]
+    big = batches_of(list(range(10_000)), 100, 40)
+    assert len(big) == 40 and sum(map(len, big)) == 10_000
+
+
+def test_apns_credentials_missing_fail_fast_before_any_claim(db, live, feeds):
+    queue_one(db, live, feeds)
+    with pytest.raises(ValueError, match="REMINDERS_APNS_KEY_FILE"):
+        drain(db, live, now=at(3600))
+    assert {r["status"] for r in rows(db)} == {"pending"}

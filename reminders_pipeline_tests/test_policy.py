@@ -1,0 +1,47 @@
+"""The send-time policy table from the README, one row per case."""
+
+import pytest
+
+from reminders_pipeline.policy import decide
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import iso_from_unix
+
+T = 1_789_000_000  # an event start
+LIVE = Settings(enabled=True, max_lateness_seconds=1800)
+DRY = Settings(enabled=False, max_lateness_seconds=1800)
+
+
+def row(rule: str, send_after: int, start: int = T, end: int = T + 1800) -> dict:
+    return {"rule": rule, "send_after": iso_from_unix(send_after), "event_at": iso_from_unix(start), "expires_at": iso_from_unix(end)}
+
+
+@pytest.mark.parametrize(
+    "case, r, now, settings, expected",
+    [
+        ("on time", row("lead:3600", T - 3600), T - 3600, LIVE, "send"),
+        ("late but within the cap", row("lead:3600", T - 3600), T - 3600 + 1800, LIVE, "send"),
+        ("past the lateness cap", row("lead:7200", T - 7200), T - 7200 + 1801, LIVE, "too_late"),
+        ("event started", row("lead:600", T - 600), T, LIVE, "event_started"),
+        ("event started, even in a dry run", row("lead:600", T - 600), T + 5, DRY, "event_started"),
+        ("event over beats started", row("lead:600", T - 600), T + 1800, LIVE, "event_expired"),
+        ("lead 0 at start is deliverable", row("lead:0", T), T + 60, LIVE, "send"),
+        ("lead 0 at start, event over", row("lead:0", T, end=T + 30), T + 60, LIVE, "event_expired"),
+        ("lead 0 at start, too late", row("lead:0", T, end=T + 7200), T + 1801, LIVE, "too_late"),
+        ("lead:0@expiry is deliverable", row("lead:0@expiry", T + 1800), T + 1800 + 300, LIVE, "send"),
+        ("lead:0@expiry too late", row("lead:0@expiry", T + 1800), T + 1800 + 1801, LIVE, "too_late"),
+        ("expiry rule with lead, before the end", row("lead:300@expiry", T + 1500), T + 1600, LIVE, "send"),
+        ("expiry rule with lead, after the end", row("lead:300@expiry", T + 1500), T + 1800, LIVE, "event_expired"),
+        ("expiry rule ignores the start", row("lead:300@expiry", T + 1500), T + 1500, LIVE, "send"),
+        ("one-second item, lead 0", row("lead:0", T, end=T + 1), T, LIVE, "send"),
+        ("one-second item, a second later", row("lead:0", T, end=T + 1), T + 1, LIVE, "event_expired"),
+        ("disabled: would have sent", row("lead:3600", T - 3600), T - 3500, DRY, "disabled"),
+        ("disabled: too late still reported", row("lead:7200", T - 7200), T - 7200 + 1801, DRY, "too_late"),
+    ],
+)
+def test_policy_table(case, r, now, settings, expected):
+    assert decide(r, iso_from_unix(now), settings) == expected, case
+
+
+def test_enabled_only_when_exactly_true():
+    for value, enabled in [("true", True), ("TRUE", False), ("1", False), ("yes", False), ("", False)]:
+        assert Settings.from_env({"REMINDERS_ENABLED": value}).enabled is enabled

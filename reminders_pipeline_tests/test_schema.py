@@ -1,0 +1,81 @@
+"""The migrations build exactly the schema the code queries, and the schema defends the time format."""
+
+from __future__ import annotations
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import insert, text
+from sqlalchemy.exc import IntegrityError
+
+from reminders_pipeline.db import Database
+from reminders_pipeline.schema import metadata, notification_queue
+
+from .support import NOW
+
+
+def test_migrations_match_the_table_definitions(db):
+    with db.engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": False})
+        diffs = compare_metadata(ctx, metadata)
+    # Alembic cannot read partial-index predicates back from SQLite/PostgreSQL reliably; compare the rest.
+    assert [d for d in diffs if not (isinstance(d, tuple) and d[0] in ("add_index", "remove_index"))] == []
+
+
+def _queue_row(**over):
+    row = dict(
+        device_id="d", item_id="1:x", rule="lead:60", send_after=NOW, event_at=NOW, expires_at=NOW,
+        title="t", status="pending", created_at=NOW, updated_at=NOW,
+    )
+    row.update(over)
+    return row
+
+
+@pytest.mark.parametrize("bad", ["2026-09-10 08:00:00.000Z", "2026-09-10T08:00:00Z", "2026-09-10T08:00:00.000+00:00", "1789000000"])
+def test_a_time_in_any_other_shape_is_refused_by_the_database(db, bad):
+    with pytest.raises(IntegrityError):
+        with db.write() as conn:
+            conn.execute(insert(notification_queue).values(**_queue_row(send_after=bad)))
+
+
+def test_settled_rows_must_have_an_outcome(db):
+    with pytest.raises(IntegrityError):
+        with db.write() as conn:
+            conn.execute(insert(notification_queue).values(**_queue_row(status="settled")))
+
+
+def test_one_row_per_device_item_rule(db):
+    with db.write() as conn:
+        conn.execute(insert(notification_queue).values(**_queue_row()))
+    with pytest.raises(IntegrityError):
+        with db.write() as conn:
+            conn.execute(insert(notification_queue).values(**_queue_row()))
+
+
+def test_the_due_query_uses_the_partial_index(db):
+    with db.write() as conn:
+        conn.execute(insert(notification_queue), [_queue_row(item_id=f"1:{i}") for i in range(200)])
+    with db.read() as conn:
+        if db.dialect == "sqlite":
+            plan = " ".join(str(r) for r in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= ? ORDER BY send_after, id",
+                (NOW,),
+            ))
+        else:
+            conn.execute(text("SET LOCAL enable_seqscan = off"))
+            plan = " ".join(r[0] for r in conn.execute(text(
+                "EXPLAIN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= :now ORDER BY send_after, id"
+            ), {"now": NOW}))
+    assert "ix_queue_due" in plan
+
+
+def test_time_columns_are_collate_c_on_postgresql(postgres_url):
+    """SQLite compares text bytewise already; PostgreSQL must not use a locale's order."""
+    db = Database(postgres_url)
+    with db.read() as conn:
+        collations = dict(conn.execute(text(
+            "SELECT column_name, collation_name FROM information_schema.columns "
+            "WHERE table_name = 'notification_queue' AND column_name IN ('send_after', 'claimed_at', 'event_at')"
+        )).all())
+    db.dispose()
+    assert collations == {"send_after": "C", "claimed_at": "C", "event_at": "C"}
