@@ -147,19 +147,26 @@ async def send_batch_async(
     now: str | None = None,
     claimer: str | None = None,
 ) -> DrainSummary:
-    """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send."""
+    """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
+
+    A slice's settlement is committed in the same transaction as the next slice's claim: one commit
+    per slice instead of two, and still every claim is durable before its send goes out.
+    """
     clock = clock_for(now)
     claimer = claimer or new_claimer()
     summary = DrainSummary(now=clock())
     sender: Sender | None = None
+    unsettled: _Settlement | None = None
     try:
         for i in range(0, len(ids), settings.claim_batch_size):
             if summary.halted:
                 break
-            slice_ = ids[i : i + settings.claim_batch_size]
             claim_time = clock()
             with db.write() as conn:
-                rows = ledger.claim(conn, slice_, claim_time, claimer)
+                if unsettled:
+                    _write_settlement(conn, unsettled, claimer, summary)
+                    unsettled = None
+                rows = ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
             summary.claimed += len(rows)
             if not rows:
                 continue
@@ -168,8 +175,11 @@ async def send_batch_async(
             if plan.to_send:
                 sender = sender or sender_factory()
                 results = await _send(sender, plan.to_send)
-            _settle(db, rows, plan, results, clock, claimer, summary)
+            unsettled = _settlement(rows, plan, results, clock(), summary)
     finally:
+        if unsettled:
+            with db.write() as conn:
+                _write_settlement(conn, unsettled, claimer, summary)
         if sender is not None:
             await sender.aclose()
     return summary
@@ -180,6 +190,13 @@ class _Plan:
     settlements: list[dict[str, Any]]
     to_send: list[Notification]
     payloads: dict[int, str]
+
+
+@dataclass
+class _Settlement:
+    at: str
+    rows: list[dict[str, Any]]
+    dead_tokens: list[tuple[dict[str, Any], SendResult]]
 
 
 def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Plan:
@@ -209,16 +226,14 @@ async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
         return [SendResult(n.row_id, False, reason=f"sender_error:{type(exc).__name__}") for n in notes]
 
 
-def _settle(db, rows, plan: _Plan, results, clock: Clock, claimer: str, summary: DrainSummary) -> None:  # type: ignore[no-untyped-def]
+def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary) -> _Settlement:  # type: ignore[no-untyped-def]
     by_id = {r["id"]: r for r in rows}
-    done = clock()
+    out = _Settlement(done, list(plan.settlements), [])
     answered = set()
-    settlements = list(plan.settlements)
-    dead_tokens: list[tuple[dict[str, Any], SendResult]] = []
     for res in results:
         answered.add(res.row_id)
         row = by_id[res.row_id]
-        settlements.append(
+        out.rows.append(
             {
                 "id": res.row_id,
                 "outcome": "sent" if res.ok else "failed",
@@ -231,27 +246,29 @@ def _settle(db, rows, plan: _Plan, results, clock: Clock, claimer: str, summary:
         if res.ok:
             summary.lateness_seconds.append(unix_from_iso(done) - unix_from_iso(row["send_after"]))
         if res.token_invalid:
-            dead_tokens.append((row, res))
+            out.dead_tokens.append((row, res))
         if res.config_fault and not summary.halted:
             summary.halted = res.reason or f"http {res.status}"
             log.error("APNs configuration fault (%s): stopped claiming; remaining rows stay pending", summary.halted)
     for note in plan.to_send:  # a sender that lost a result must not leave a row claimed
         if note.row_id not in answered:
-            settlements.append({"id": note.row_id, "outcome": "failed", "outcome_detail": "no_result"})
-    with db.write() as conn:
-        settled = ledger.settle(conn, settlements, claimer, done)
-        for row, res in dead_tokens:
-            voided = ledger.mark_token_invalid(
-                conn, row["device_id"], row["apns_token"], res.token_invalid_at or done, res.reason or "invalid", done
-            )
-            summary.voided_by_token += voided
-            summary.tokens_invalidated += 1
-    if settled != len(settlements):
-        log.error("settled %d of %d claimed rows; the rest were failed as abandoned meanwhile", settled, len(settlements))
-    for s in settlements:
-        summary.outcomes[s["outcome"]] += 1
-        if s.get("outcome_detail"):
-            summary.details[f"{s['outcome']}:{s['outcome_detail']}"] += 1
+            out.rows.append({"id": note.row_id, "outcome": "failed", "outcome_detail": "no_result"})
+    return out
+
+
+def _write_settlement(conn, s: _Settlement, claimer: str, summary: DrainSummary) -> None:  # type: ignore[no-untyped-def]
+    settled = ledger.settle(conn, s.rows, claimer, s.at)
+    for row, res in s.dead_tokens:
+        summary.voided_by_token += ledger.mark_token_invalid(
+            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at
+        )
+        summary.tokens_invalidated += 1
+    if settled != len(s.rows):
+        log.error("settled %d of %d claimed rows; the rest were failed as abandoned meanwhile", settled, len(s.rows))
+    for r in s.rows:
+        summary.outcomes[r["outcome"]] += 1
+        if r.get("outcome_detail"):
+            summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
 
 
 def drain(

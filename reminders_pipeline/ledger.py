@@ -7,10 +7,11 @@ time: every stored time arrives as a bound parameter made by ``reminders_pipelin
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, and_, bindparam, case, delete, func, literal, literal_column, null, or_, select, update
+from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import device_sources, devices, notification_queue as q, sources
@@ -296,7 +297,39 @@ def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str,
     return out
 
 
-def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -> set[int]:
+UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body")
+
+# The whole batch travels as one JSON parameter, unpacked by the database (json_to_recordset /
+# json_each): one statement and one round trip per batch, several times faster than executemany.
+_UPSERT_ROWS_SOURCE = {
+    "postgresql": (
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(device_id text, source_id bigint, "
+        "item_id text, rule text, send_after text, event_at text, expires_at text, title text, body text)"
+    ),
+    "sqlite": (
+        "SELECT " + ", ".join(f"json_extract(value, '$.{c}')" for c in UPSERT_COLUMNS) + " FROM json_each(:rows) WHERE true"
+    ),
+}
+
+_UPSERT = """
+INSERT INTO notification_queue AS q
+    (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, status, created_at, updated_at)
+SELECT r.*, 'pending', :now, :now FROM ({rows}) AS r WHERE true  -- WHERE: SQLite's upsert parse needs it
+ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
+    source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
+    expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
+    outcome = NULL, outcome_detail = NULL, payload = NULL, apns_id = NULL, claimed_by = NULL,
+    claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
+WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
+        OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
+        OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id))
+   OR (q.status = 'settled' AND q.outcome = 'voided')
+   OR (q.status = 'settled' AND q.send_after <> excluded.send_after)
+RETURNING id
+"""
+
+
+def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, batch: int = 2000) -> set[int]:
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
@@ -305,43 +338,18 @@ def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -
     deserves its own reminder; the same ``send_after`` is never delivered twice. A claimed row is in
     flight and is not touched.
     """
-    if not rows:
-        return set()
-    ins = _insert(conn)(q)
-    ex = ins.excluded
-    changed = or_(
-        q.c.send_after != ex.send_after,
-        q.c.event_at != ex.event_at,
-        q.c.expires_at != ex.expires_at,
-        q.c.title != ex.title,
-        q.c.body.is_distinct_from(ex.body),
-        q.c.source_id.is_distinct_from(ex.source_id),
+    dialect = conn.dialect.name
+    stmt = text(
+        _UPSERT.format(
+            rows=_UPSERT_ROWS_SOURCE[dialect],
+            distinct="IS DISTINCT FROM" if dialect == "postgresql" else "IS NOT",
+        )
     )
-    revive = {
-        c: None
-        for c in ("outcome", "outcome_detail", "payload", "apns_id", "claimed_by", "claimed_at", "settled_at", "sent_at")
-    }
-    stmt = ins.on_conflict_do_update(
-        index_elements=[q.c.device_id, q.c.item_id, q.c.rule],
-        set_={
-            "source_id": ex.source_id,
-            "send_after": ex.send_after,
-            "event_at": ex.event_at,
-            "expires_at": ex.expires_at,
-            "title": ex.title,
-            "body": ex.body,
-            "status": PENDING,
-            "updated_at": ex.updated_at,
-            **revive,
-        },
-        where=or_(
-            and_(q.c.status == PENDING, changed),
-            and_(q.c.status == SETTLED, q.c.outcome == "voided"),
-            and_(q.c.status == SETTLED, q.c.send_after != ex.send_after),
-        ),
-    ).returning(q.c.id)
-    params = [{**r, "status": "pending", "created_at": now, "updated_at": now} for r in rows]
-    return {row[0] for row in conn.execute(stmt, params)}
+    written: set[int] = set()
+    for part in _batches(list(rows), batch):
+        payload = json.dumps([{c: r[c] for c in UPSERT_COLUMNS} for r in part], separators=(",", ":"))
+        written.update(row[0] for row in conn.execute(stmt, {"rows": payload, "now": now}))
+    return written
 
 
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
@@ -390,78 +398,69 @@ def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[
     """The compare-and-swap. A row is this caller's to send iff it comes back.
 
     On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
-    never deadlock and never wait on each other; the status and due re-check happens under the lock.
+    never deadlock and never wait on each other; the status and due check runs on the locked,
+    latest row version.
     """
     if not ids:
         return []
-    target = select(q.c.id).where(q.c.id.in_(sorted(ids)), q.c.status == PENDING, q.c.send_after <= now)
+    ids = sorted(ids)
     if conn.dialect.name == "postgresql":
-        target = target.order_by(q.c.id).with_for_update(skip_locked=True)
-    claimed = conn.execute(
+        # Lock by primary key only: a status predicate here would steer the planner onto the
+        # partial due index and scan every pending row for each claim.
+        id_array = bindparam("claim_ids", value=ids, type_=postgresql.ARRAY(BigInteger))
+        target: Any = (
+            select(q.c.id).where(q.c.id == any_(id_array)).order_by(q.c.id).with_for_update(skip_locked=True).scalar_subquery()
+        )
+    else:
+        target = ids
+    claim_stmt = (
         update(q)
-        .where(q.c.id.in_(target.scalar_subquery()), q.c.status == PENDING)
+        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now)
         .values(status="claimed", claimed_at=now, claimed_by=claimer, updated_at=now)
         .returning(*q.c)
-    ).mappings().all()
+    )
+    device_cols = (devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at)
+    if conn.dialect.name == "postgresql":  # one round trip: the UPDATE as a CTE joined to devices
+        c = claim_stmt.cte("claimed")
+        stmt = select(c, *device_cols).outerjoin(devices, devices.c.id == c.c.device_id)
+        return [dict(r) for r in conn.execute(stmt).mappings()]
+    claimed = conn.execute(claim_stmt).mappings().all()
     if not claimed:
         return []
     dev_ids = sorted({r["device_id"] for r in claimed})
-    dev = {
-        r["id"]: r
-        for r in conn.execute(
-            select(devices.c.id, devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at).where(
-                devices.c.id.in_(dev_ids)
-            )
-        ).mappings()
-    }
-    out = []
-    for r in claimed:
-        d = dev.get(r["device_id"])
-        out.append(
-            {
-                **r,
-                "apns_token": d["apns_token"] if d else None,
-                "last_tz_offset_seconds": d["last_tz_offset_seconds"] if d else None,
-                "token_invalid_at": d["token_invalid_at"] if d else None,
-            }
-        )
-    return out
+    dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *device_cols).where(devices.c.id.in_(dev_ids))).mappings()}
+    empty = {"apns_token": None, "last_tz_offset_seconds": None, "token_invalid_at": None}
+    return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
+
+
+SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "apns_id", "sent_at")
+
+_SETTLE_ROWS_SOURCE = {
+    "postgresql": (
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome text, "
+        "outcome_detail text, payload text, apns_id text, sent_at text)"
+    ),
+    "sqlite": "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS) + " FROM json_each(:rows)",
+}
+
+_SETTLE = """
+UPDATE notification_queue AS q SET status = 'settled', outcome = r.outcome, outcome_detail = r.outcome_detail,
+    payload = r.payload, apns_id = r.apns_id, sent_at = r.sent_at, settled_at = :now, updated_at = :now
+FROM ({rows}) AS r
+WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
+"""
 
 
 def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
-    """Settle claimed rows; only the claimer's own claims (a swept abandoned claim stays failed).
+    """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
 
-    Each settlement: ``id, outcome, outcome_detail, payload, apns_id, sent_at``.
+    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, apns_id, sent_at``.
     """
     if not settlements:
         return 0
-    stmt = (
-        update(q)
-        .where(q.c.id == bindparam("b_id"), q.c.status == CLAIMED, q.c.claimed_by == bindparam("b_claimer"))
-        .values(
-            status="settled",
-            outcome=bindparam("b_outcome"),
-            outcome_detail=bindparam("b_detail"),
-            payload=bindparam("b_payload"),
-            apns_id=bindparam("b_apns_id"),
-            sent_at=bindparam("b_sent_at"),
-            settled_at=now,
-            updated_at=now,
-        )
-    )
-    params = [
-        {
-            "b_id": s["id"],
-            "b_claimer": claimer,
-            "b_outcome": s["outcome"],
-            "b_detail": s.get("outcome_detail"),
-            "b_payload": s.get("payload"),
-            "b_apns_id": s.get("apns_id"),
-            "b_sent_at": s.get("sent_at"),
-        }
-        for s in settlements
-    ]
-    return conn.execute(stmt, params).rowcount
+    stmt = text(_SETTLE.format(rows=_SETTLE_ROWS_SOURCE[conn.dialect.name]))
+    payload = json.dumps([{c: s.get(c) for c in SETTLE_FIELDS} for s in settlements], separators=(",", ":"))
+    return conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).rowcount
 
 
 # ---------------------------------------------------------------- reading the ledger
