@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from . import ledger
+from .alerts import raise_alert
 from .db import Database
 from .feed import Item
 from .rules import Rule, device_rules
 from .settings import Settings
-from .sources import SourceRead, SourceReader, distinct_sources
-from .times import iso_from_unix, now_utc, unix_from_iso
+from .sources import SourceRead, SourceReader, SourceState, distinct_sources
+from .times import iso_from_unix, now_utc, shift, unix_from_iso
 
 WRITE_BATCH_DEVICES = 500
 
@@ -33,6 +34,8 @@ class BuildSummary:
     items_rejected: Counter = field(default_factory=Counter)
     sources_read: int = 0
     sources_failed: list[dict[str, str]] = field(default_factory=list)
+    sources_not_modified: int = 0
+    sources_alerted: list[str] = field(default_factory=list)
     oldest_built_at: str | None = None
     duration_seconds: float = 0.0
 
@@ -46,6 +49,8 @@ class BuildSummary:
             "items_rejected": dict(self.items_rejected),
             "sources_read": self.sources_read,
             "sources_failed": self.sources_failed,
+            "sources_not_modified": self.sources_not_modified,
+            "sources_alerted": self.sources_alerted,
             "oldest_built_at": self.oldest_built_at,
             "duration_seconds": round(self.duration_seconds, 3),
         }
@@ -78,6 +83,7 @@ def plan_device(
             continue
         plan.ok_sources.add(source_id)
         for item in read.feed.items:  # type: ignore[union-attr]
+            item = item.for_offset(device.get("last_tz_offset_seconds"))
             item_id = namespaced(source_id, item.id)
             plan.feed_items[item_id] = item
             for rule in rules.values():
@@ -133,14 +139,14 @@ def build(
     started = time.perf_counter()
     now = now or now_utc()
     summary = BuildSummary(now=now)
-    reader = reader or SourceReader(settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency)
+    reader = reader or make_reader(settings)
     with db.read() as conn:
         devices = ledger.select_build_devices(conn, device_ids=device_ids, chunks=chunks, limit=limit)
         subs = ledger.subscriptions(conn, [d["id"] for d in devices])
-        urls = {sid: s["url"] for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
+        states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
 
-    reads = reader.read_all(urls)
-    _record_reads(db, reads, now, summary)
+    reads = reader.read_all(states, read_window(devices, now, settings.horizon_seconds))
+    _record_reads(db, reads, now, summary, settings)
 
     now_unix = unix_from_iso(now)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
@@ -155,20 +161,58 @@ def build(
     return summary
 
 
-def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, summary: BuildSummary) -> None:
+def make_reader(settings: Settings) -> SourceReader:
+    return SourceReader(
+        settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host
+    )
+
+
+def source_state(row: dict[str, Any]) -> SourceState:
+    return SourceState(row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"])
+
+
+def read_window(devices: Sequence[dict[str, Any]], now: str, horizon: int) -> tuple[int, int]:
+    """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
+    longest = max(
+        (r.lead_seconds for d in devices for r in device_rules(d["reminder_lead_seconds"], d["extra_rules"].split())),
+        default=0,
+    )
+    start = int(unix_from_iso(now))
+    return start, start + horizon + longest
+
+
+def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, summary: BuildSummary, settings: Settings) -> None:
     ok = [r for r in reads.values() if r.ok]
     failed = [r for r in reads.values() if not r.ok]
     summary.sources_read = len(reads)
+    summary.sources_not_modified = sum(1 for r in ok if r.not_modified)
     summary.sources_failed = [{"url": r.url, "error": r.error or ""} for r in failed]
     for r in ok:
         summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
+    successes = [
+        {
+            "id": r.source_id,
+            "items": len(r.feed.items),  # type: ignore[union-attr]
+            "rejected": sum(r.feed.rejected.values()),  # type: ignore[union-attr]
+            "etag": r.etag,
+            "last_modified": r.last_modified,
+            "feed_cache": None if r.not_modified or not (r.etag or r.last_modified) else r.feed.to_json(),  # type: ignore[union-attr]
+            "cache_until": r.cache_until,
+        }
+        for r in ok
+    ]
     with db.write() as conn:
-        ledger.record_source_success(
-            conn,
-            [{"id": r.source_id, "items": len(r.feed.items), "rejected": sum(r.feed.rejected.values())} for r in ok],  # type: ignore[union-attr]
-            now,
-        )
+        ledger.record_source_success(conn, successes, now)
         ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
+        long_failing = ledger.claim_source_alerts(conn, shift(now, -settings.source_alert_after_seconds), now)
+    for src in long_failing:
+        summary.sources_alerted.append(src["url"])
+        raise_alert(
+            settings,
+            "Source failing",
+            f"{src['url']} has failed every read since {src['failing_since']} "
+            f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
+        )
 
 
 def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]
@@ -192,3 +236,41 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> N
 
     ledger.stamp_built(conn, ids, now)
     summary.devices_built += len(ids)
+
+
+@dataclass
+class ComposedFeed:
+    """A device's feed as the widget sees it: item bounds stay Unix seconds (the wire contract)."""
+
+    device_id: str
+    items: list[dict[str, Any]]
+    sources_failed: list[dict[str, str]]
+
+
+def compose_feed(db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None) -> ComposedFeed | None:
+    """Read the device's sources now and merge their items, soonest first; None for an unknown device."""
+    with db.read() as conn:
+        record = ledger.get_device(conn, device_id)
+        if record is None:
+            return None
+        subs = ledger.subscriptions(conn, [device_id])[device_id]
+        states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, subs).items()}
+    reader = reader or make_reader(settings)
+    now = now_utc()
+    window = read_window([{"reminder_lead_seconds": record.reminder_lead_seconds, "extra_rules": " ".join(record.extra_rules)}], now, settings.horizon_seconds)
+    reads = reader.read_all(states, window)
+    items = [
+        {
+            "id": namespaced(read.source_id, item.id),
+            "title": item.title,
+            "body": item.body,
+            "startsAt": item.starts_at,
+            "expiresAt": item.expires_at,
+        }
+        for read in reads.values()
+        if read.ok
+        for item in (i.for_offset(record.last_tz_offset_seconds) for i in read.feed.items)  # type: ignore[union-attr]
+    ]
+    items.sort(key=lambda i: (i["startsAt"], i["id"]))
+    failed = [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+    return ComposedFeed(device_id, items, failed)

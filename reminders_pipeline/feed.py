@@ -5,6 +5,7 @@ A malformed item is rejected with a reason and counted; the rest of the feed sti
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,12 +25,39 @@ class Item:
     body: str | None
     starts_at: int  # Unix seconds
     expires_at: int  # Unix seconds, at least starts_at + 1
+    floating: bool = False  # local wall time read as UTC (iCalendar floating/all-day): shifted per device
+
+    def floating_copy(self) -> "Item":
+        return Item(self.id, self.title, self.body, self.starts_at, self.expires_at, True)
+
+    def for_offset(self, tz_offset_seconds: int | None) -> "Item":
+        """Fixed to a device's UTC offset; unknown offset reads floating times as UTC."""
+        if not self.floating or not tz_offset_seconds:
+            return self
+        shift = tz_offset_seconds
+        return Item(self.id, self.title, self.body, self.starts_at - shift, self.expires_at - shift)
+
+    def to_json(self) -> list[Any]:
+        return [self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> "Item":
+        return cls(*data)
 
 
 @dataclass
 class ParsedFeed:
     items: list[Item] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
+
+    def to_json(self) -> str:
+        """The cache kept beside a source's ETag, reused on 304 without parsing."""
+        return json.dumps({"items": [i.to_json() for i in self.items], "rejected": dict(self.rejected)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ParsedFeed":
+        doc = json.loads(text)
+        return cls([Item.from_json(i) for i in doc["items"]], Counter(doc["rejected"]))
 
 
 class FeedError(ValueError):
@@ -90,8 +118,6 @@ def parse_items(raw_items: Any) -> ParsedFeed:
 
 def parse_json_feed(body: bytes) -> ParsedFeed:
     """The JSON source protocol: ``{"items": [{"id", "title", "body"?, "startsAt", "expiresAt"}]}``."""
-    import json
-
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -176,6 +176,7 @@ def select_build_devices(
             devices.c.id,
             devices.c.reminder_lead_seconds,
             devices.c.extra_rules,
+            devices.c.last_tz_offset_seconds,
             devices.c.reminders_built_at,
             devices.c.chunk,
         )
@@ -224,7 +225,8 @@ def list_sources(conn: Connection) -> list[dict[str, Any]]:
 
 
 def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: str) -> None:
-    """``results``: ``{"id", "items", "rejected"}`` per source read successfully."""
+    """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until"}``
+    per source read successfully. ``feed_cache`` None (a 304) keeps the cached feed as it is."""
     if not results:
         return
     stmt = (
@@ -234,11 +236,32 @@ def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]]
             last_read_at=now,
             last_success_at=now,
             consecutive_failures=0,
+            failing_since=None,
+            alerted_at=None,
+            last_error=None,
             last_item_count=bindparam("b_items"),
             last_rejected_count=bindparam("b_rejected"),
+            etag=bindparam("b_etag"),
+            last_modified=bindparam("b_last_modified"),
+            feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
+            cache_until=func.coalesce(bindparam("b_cache_until"), sources.c.cache_until),
         )
     )
-    conn.execute(stmt, [{"b_id": r["id"], "b_items": r["items"], "b_rejected": r["rejected"]} for r in results])
+    conn.execute(
+        stmt,
+        [
+            {
+                "b_id": r["id"],
+                "b_items": r["items"],
+                "b_rejected": r["rejected"],
+                "b_etag": r.get("etag"),
+                "b_last_modified": r.get("last_modified"),
+                "b_feed_cache": r.get("feed_cache"),
+                "b_cache_until": r.get("cache_until"),
+            }
+            for r in results
+        ],
+    )
 
 
 def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: str) -> None:
@@ -253,9 +276,22 @@ def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]
             last_error_at=now,
             last_error=bindparam("b_error"),
             consecutive_failures=sources.c.consecutive_failures + 1,
+            failing_since=func.coalesce(sources.c.failing_since, now),
         )
     )
     conn.execute(stmt, [{"b_id": f["id"], "b_error": f["error"]} for f in failures])
+
+
+def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list[dict[str, Any]]:
+    """Sources failing since before ``failing_before`` and not yet alerted; marks them alerted (once per streak)."""
+    due = select(sources.c.id).where(sources.c.failing_since < failing_before, sources.c.alerted_at.is_(None))
+    rows = conn.execute(
+        update(sources)
+        .where(sources.c.id.in_(due.scalar_subquery()))
+        .values(alerted_at=now)
+        .returning(sources.c.id, sources.c.url, sources.c.failing_since, sources.c.last_error, sources.c.consecutive_failures)
+    ).mappings()
+    return [dict(r) for r in rows]
 
 
 def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:

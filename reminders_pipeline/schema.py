@@ -77,6 +77,16 @@ sources = Table(
     Column("last_item_count", Integer),
     Column("last_rejected_count", Integer),
     Column("created_at", IsoTime, nullable=False),
+    # Conditional GET: validators and the parsed feed a 304 reuses without parsing.
+    Column("etag", Text),
+    Column("last_modified", Text),
+    Column("feed_cache", Text),
+    Column("cache_until", IsoTime),  # an iCalendar cache covers occurrences up to here only
+    Column("failing_since", IsoTime),
+    Column("alerted_at", IsoTime),
+    iso_check("cache_until"),
+    iso_check("failing_since"),
+    iso_check("alerted_at"),
     iso_check("last_read_at"),
     iso_check("last_success_at"),
     iso_check("last_error_at"),

@@ -66,6 +66,8 @@ class Settings:
     source_timeout_seconds: float = 10.0
     source_max_bytes: int = 5_000_000
     source_concurrency: int = 32
+    source_per_host: int = 8
+    source_alert_after_seconds: int = 3600
     default_lead_seconds: int = 3600
     alert_webhook_url: str | None = None
     apns_key_file: str | None = None
@@ -122,6 +124,8 @@ class Settings:
             source_timeout_seconds=float(_int(env, "REMINDERS_SOURCE_TIMEOUT_SECONDS", 10, 1)),
             source_max_bytes=_int(env, "REMINDERS_SOURCE_MAX_BYTES", 5_000_000, 1),
             source_concurrency=_int(env, "REMINDERS_SOURCE_CONCURRENCY", 32, 1),
+            source_per_host=_int(env, "REMINDERS_SOURCE_PER_HOST", 8, 1),
+            source_alert_after_seconds=_int(env, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS", 3600, 1),
             default_lead_seconds=_int(env, "REMINDERS_DEFAULT_LEAD_SECONDS", 3600),
             alert_webhook_url=env.get("REMINDERS_ALERT_WEBHOOK_URL") or None,
             apns_key_file=env.get("REMINDERS_APNS_KEY_FILE") or None,

@@ -1,18 +1,40 @@
 """Reading sources: each distinct source once per build, concurrently, failures isolated.
 
-A failed read is a value (``SourceRead.error``), never an exception into the build: the build
-must go on for the other sources and devices, and must not void anything the failed source owns.
+A failed read is a value (``SourceRead.error``), never an exception into the build: the build goes
+on for the other sources and devices, and does not void anything the failed source owns.
+
+Reads are bounded overall and per host, with connect/read timeouts, a body cap, gzip and at most 3
+redirects (httpx). A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
+``304 Not Modified`` reuses the parsed feed without parsing. A URL answering ``text/calendar``
+(or whose body starts ``BEGIN:VCALENDAR``, or a ``webcal://`` URL) is read as iCalendar.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping
+from urllib.parse import urlsplit
 
 import httpx
 
 from .feed import FeedError, ParsedFeed, parse_json_feed
+from .ics import parse_ics_feed
+from .times import iso_from_unix, unix_from_iso
+
+ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """What the ledger remembers of a source between builds."""
+
+    url: str
+    etag: str | None = None
+    last_modified: str | None = None
+    feed_cache: str | None = None
+    cache_until: str | None = None  # iCalendar caches cover occurrences up to here only
 
 
 @dataclass(frozen=True)
@@ -21,42 +43,77 @@ class SourceRead:
     url: str
     feed: ParsedFeed | None = None
     error: str | None = None
+    not_modified: bool = False
+    etag: str | None = None
+    last_modified: str | None = None
+    cache_until: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.feed is not None
 
 
-class SourceReader:
-    """Reads JSON sources over HTTP with bounded concurrency, timeouts and a body size cap."""
+def fetch_url(url: str) -> str:
+    return "https://" + url[len("webcal://") :] if url.startswith("webcal://") else url
 
-    def __init__(self, timeout: float = 10.0, max_bytes: int = 5_000_000, concurrency: int = 32) -> None:
+
+def is_calendar(url: str, content_type: str, body: bytes) -> bool:
+    return url.startswith("webcal://") or "calendar" in content_type.lower() or body.lstrip()[:15].upper() == b"BEGIN:VCALENDAR"
+
+
+class SourceReader:
+    """Reads JSON and iCalendar sources over HTTP; see the module docstring for the bounds."""
+
+    def __init__(
+        self, timeout: float = 10.0, max_bytes: int = 5_000_000, concurrency: int = 32, per_host: int = 8
+    ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.concurrency = concurrency
+        self.per_host = per_host
 
-    def read_all(self, sources: Mapping[int, str]) -> dict[int, SourceRead]:
-        """``{source_id: url}`` -> ``{source_id: SourceRead}``; blocking wrapper for sync callers."""
-        return asyncio.run(self.read_all_async(sources))
+    def read_all(self, sources: Mapping[int, SourceState | str], window: tuple[int, int] | None = None) -> dict[int, SourceRead]:
+        """Blocking wrapper for sync callers (the build, the CLI)."""
+        return asyncio.run(self.read_all_async(sources, window))
 
-    async def read_all_async(self, sources: Mapping[int, str]) -> dict[int, SourceRead]:
+    async def read_all_async(
+        self, sources: Mapping[int, SourceState | str], window: tuple[int, int] | None = None
+    ) -> dict[int, SourceRead]:
+        """``window``: (start, end) Unix seconds of the occurrences the caller needs from calendars."""
         if not sources:
             return {}
+        states = {sid: s if isinstance(s, SourceState) else SourceState(s) for sid, s in sources.items()}
         limit = asyncio.Semaphore(self.concurrency)
+        hosts: dict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(self.per_host))
         timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0))
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=True, max_redirects=3) as client:
 
-            async def one(source_id: int, url: str) -> SourceRead:
-                async with limit:
-                    return await self._read(client, source_id, url)
+            async def one(source_id: int, state: SourceState) -> SourceRead:
+                async with limit, hosts[urlsplit(fetch_url(state.url)).netloc]:
+                    return await self._read(client, source_id, state, window)
 
-            reads = await asyncio.gather(*(one(i, u) for i, u in sources.items()))
+            reads = await asyncio.gather(*(one(i, s) for i, s in states.items()))
         return {r.source_id: r for r in reads}
 
-    async def _read(self, client: httpx.AsyncClient, source_id: int, url: str) -> SourceRead:
+    async def _read(
+        self, client: httpx.AsyncClient, source_id: int, state: SourceState, window: tuple[int, int] | None
+    ) -> SourceRead:
+        url = state.url
+        headers = {"Accept": "application/json, text/calendar;q=0.9"}
+        cached = self._usable_cache(state, window)
+        if cached is not None:
+            if state.etag:
+                headers["If-None-Match"] = state.etag
+            if state.last_modified:
+                headers["If-Modified-Since"] = state.last_modified
         try:
-            async with client.stream("GET", url, headers={"Accept": "application/json"}) as resp:
+            async with client.stream("GET", fetch_url(url), headers=headers) as resp:
+                if resp.status_code == 304 and cached is not None:
+                    return SourceRead(
+                        source_id, url, feed=cached, not_modified=True, etag=state.etag,
+                        last_modified=state.last_modified, cache_until=state.cache_until,
+                    )
                 if resp.status_code != 200:
                     return SourceRead(source_id, url, error=f"http {resp.status_code}")
                 body = bytearray()
@@ -64,13 +121,39 @@ class SourceReader:
                     body += chunk
                     if len(body) > self.max_bytes:
                         return SourceRead(source_id, url, error=f"body larger than {self.max_bytes} bytes")
-            return SourceRead(source_id, url, feed=parse_json_feed(bytes(body)))
+                content_type = resp.headers.get("content-type", "")
+                etag, last_modified = resp.headers.get("etag"), resp.headers.get("last-modified")
+            if is_calendar(url, content_type, bytes(body)):
+                start, end = window or _default_window()
+                until = end + ICS_CACHE_SLACK_SECONDS
+                feed = parse_ics_feed(bytes(body), start, until)
+                return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
+            return SourceRead(source_id, url, feed=parse_json_feed(bytes(body)), etag=etag, last_modified=last_modified)
         except FeedError as exc:
             return SourceRead(source_id, url, error=f"malformed feed: {exc}")
         except httpx.TimeoutException:
             return SourceRead(source_id, url, error="timeout")
         except (httpx.HTTPError, OSError) as exc:
             return SourceRead(source_id, url, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    @staticmethod
+    def _usable_cache(state: SourceState, window: tuple[int, int] | None) -> ParsedFeed | None:
+        """The cached feed, if it covers what this read needs (a calendar cache ends somewhere)."""
+        if not state.feed_cache or not (state.etag or state.last_modified):
+            return None
+        if state.cache_until is not None and (window is None or unix_from_iso(state.cache_until) < window[1]):
+            return None
+        try:
+            return ParsedFeed.from_json(state.feed_cache)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _default_window() -> tuple[int, int]:
+    import time
+
+    now = int(time.time())
+    return now, now + 86400
 
 
 def distinct_sources(subscriptions: Mapping[str, Iterable[int]]) -> set[int]:

@@ -1,16 +1,18 @@
-"""A real HTTP server for source feeds, run in a thread by the tests.
+"""A real HTTP server for source feeds (and alert webhooks), run in a thread by the tests.
 
-Each path answers with a scripted JSON document, status, raw body or delay, and counts its reads,
-so tests can prove a shared source is read once and that failures leave rows alone.
+Each path answers with a scripted body, status, headers or delay; the server counts reads, keeps
+request headers, honours ``If-None-Match`` when a route has an ETag, measures how many requests
+were in flight at once, and records POSTed bodies (a webhook receiver).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -21,12 +23,20 @@ class Route:
     body: bytes = b'{"items": []}'
     delay: float = 0.0
     content_type: str = "application/json"
+    etag: str | None = None
+    gzip: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class FeedServer:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         self.hits: Counter = Counter()
+        self.not_modified: Counter = Counter()
+        self.request_headers: dict[str, list[dict[str, str]]] = defaultdict(list)
+        self.posts: dict[str, list[Any]] = defaultdict(list)
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         server = self
 
@@ -36,17 +46,53 @@ class FeedServer:
             def do_GET(self) -> None:  # noqa: N802
                 with server._lock:
                     server.hits[self.path] += 1
+                    server.request_headers[self.path].append(dict(self.headers))
                     route = server.routes.get(self.path, Route(404, b"not found", content_type="text/plain"))
-                if route.delay:
-                    time.sleep(route.delay)
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
-                    self.send_response(route.status)
-                    self.send_header("Content-Type", route.content_type)
-                    self.send_header("Content-Length", str(len(route.body)))
-                    self.end_headers()
-                    self.wfile.write(route.body)
+                    if route.delay:
+                        time.sleep(route.delay)
+                    self._answer(route)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def _answer(self, route: Route) -> None:
+                if route.etag and self.headers.get("If-None-Match") == route.etag:
+                    with server._lock:
+                        server.not_modified[self.path] += 1
+                    self.send_response(304)
+                    self.send_header("ETag", route.etag)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = gzip.compress(route.body) if route.gzip else route.body
+                self.send_response(route.status)
+                self.send_header("Content-Type", route.content_type)
+                self.send_header("Content-Length", str(len(body)))
+                if route.etag:
+                    self.send_header("ETag", route.etag)
+                if route.gzip:
+                    self.send_header("Content-Encoding", "gzip")
+                for k, v in route.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(length)
+                try:
+                    doc: Any = json.loads(raw)
+                except ValueError:
+                    doc = raw
+                with server._lock:
+                    server.posts[self.path].append(doc)
+                    route = server.routes.get(self.path, Route(200, b"ok", content_type="text/plain"))
+                self._answer(route)
 
             def log_message(self, *args: Any) -> None:
                 return None
@@ -70,9 +116,13 @@ class FeedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def items(self, path: str, items: list[dict[str, Any]]) -> str:
+    def items(self, path: str, items: list[dict[str, Any]], **route: Any) -> str:
         """Serve ``{"items": items}`` at ``path``; returns its URL."""
-        return self.set(path, Route(body=json.dumps({"items": items}).encode()))
+        return self.set(path, Route(body=json.dumps({"items": items}).encode(), **route))
+
+    def calendar(self, path: str, ics: str | bytes, **route: Any) -> str:
+        body = ics.encode() if isinstance(ics, str) else ics
+        return self.set(path, Route(body=body, content_type="text/calendar; charset=utf-8", **route))
 
     def set(self, path: str, route: Route) -> str:
         with self._lock:
@@ -81,3 +131,6 @@ class FeedServer:
 
     def fail(self, path: str, status: int = 500) -> str:
         return self.set(path, Route(status, b"boom", content_type="text/plain"))
+
+    def redirect(self, path: str, to: str) -> str:
+        return self.set(path, Route(302, b"", content_type="text/plain", headers={"Location": to}))

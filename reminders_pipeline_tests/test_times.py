@@ -83,8 +83,8 @@ def _code_strings_and_names(tree: ast.AST) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             found.append((node.lineno, node.value))
-        elif isinstance(node, ast.Attribute):
-            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and re.fullmatch(r"[\w.]+", ast.unparse(node)):
+            found.append((node.lineno, ast.unparse(node) + "("))
     return found
 
 

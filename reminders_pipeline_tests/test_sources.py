@@ -1,0 +1,203 @@
+"""Sources at scale: iCalendar, conditional GET, bounds, failure isolation and alerts."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import icalendar
+import recurring_ical_events
+
+from reminders_pipeline import ledger
+from reminders_pipeline.build import build
+from reminders_pipeline.sources import SourceReader, SourceState
+from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+from .calendars import ALL_DAY, CANCELLED, FLOATING, UTC_EVENT, WEEKLY, calendar
+from .http_sources import Route
+from .support import device, rows
+
+NOW = "2026-10-18T12:00:00.000Z"
+NOW_S = int(unix_from_iso(NOW))
+DAYS = 86400
+
+
+def queued(db) -> dict[tuple[str, str], dict]:
+    return {(r["item_id"].split(":", 1)[1], r["rule"]): r for r in rows(db) if r["status"] == "pending"}
+
+
+def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> list[tuple[str, str]]:
+    """What recurring_ical_events itself says, independently of the project's mapping."""
+    cal = icalendar.Calendar.from_ical(ics)
+    lo, hi = datetime.fromtimestamp(NOW_S, timezone.utc), datetime.fromtimestamp(until, timezone.utc)
+    out = []
+    for ev in recurring_ical_events.of(cal).between(lo, hi):
+        if str(ev.get("STATUS", "")).upper() == "CANCELLED":
+            continue
+        start = ev["DTSTART"].dt
+        if isinstance(start, datetime) and start.tzinfo:
+            s = int(start.timestamp())
+        else:
+            naive = start if isinstance(start, datetime) else datetime(start.year, start.month, start.day)
+            s = int(naive.replace(tzinfo=timezone.utc).timestamp()) - offset
+        if s > NOW_S and s - lead <= NOW_S + 40 * DAYS:
+            out.append((str(ev["SUMMARY"]), iso_from_unix(s - lead)))
+    return sorted(out)
+
+
+def test_calendar_occurrences_match_recurring_ical_events(db, settings, feeds):
+    ics = calendar(WEEKLY, ALL_DAY, CANCELLED, UTC_EVENT)
+    url = feeds.calendar("/cal.ics", ics)
+    settings = settings.with_(horizon_seconds=40 * DAYS)
+    device(db, settings, sources=[url], lead=900)
+    summary = build(db, settings, now=NOW)
+    assert summary.sources_failed == []
+    got = sorted((r["title"], r["send_after"]) for r in queued(db).values())
+    assert got == expected_send_afters(ics, 900, NOW_S + 40 * DAYS + 900)
+    titles = [t for t, _ in got]
+    assert titles.count("Weekly sync") == 3  # 19 Oct, 26 Oct, 23 Nov: 9 Nov deleted, 16 Nov cancelled
+    assert "Called off" not in titles and "Weekly sync (moved)" in titles
+
+
+def test_dst_is_honoured_through_vtimezone(db, settings, feeds):
+    url = feeds.calendar("/cal.ics", calendar(WEEKLY))
+    device(db, settings.with_(horizon_seconds=40 * DAYS), sources=[url], lead=600)
+    build(db, settings.with_(horizon_seconds=40 * DAYS), now=NOW)
+    by_start = sorted(r["event_at"] for r in queued(db).values())
+    # 09:00 in Berlin is 07:00Z in summer time and 08:00Z after the 25 October change.
+    assert by_start[:2] == ["2026-10-19T07:00:00.000Z", "2026-10-26T08:00:00.000Z"]
+
+
+def test_occurrence_ids_are_stable_so_a_move_updates_and_a_delete_voids(db, settings, feeds):
+    settings = settings.with_(horizon_seconds=40 * DAYS)
+    single = """BEGIN:VEVENT
+UID:w@x
+DTSTART:20261020T090000Z
+DURATION:PT30M
+RRULE:FREQ=WEEKLY;COUNT=3
+SUMMARY:Standup
+END:VEVENT"""
+    url = feeds.calendar("/cal.ics", calendar(single))
+    device(db, settings, sources=[url], lead=600)
+    build(db, settings, now=NOW)
+    before = queued(db)
+    assert len(before) == 3
+    moved = single + """
+BEGIN:VEVENT
+UID:w@x
+RECURRENCE-ID:20261027T090000Z
+DTSTART:20261027T100000Z
+DURATION:PT30M
+SUMMARY:Standup (late)
+END:VEVENT"""
+    feeds.calendar("/cal.ics", calendar(moved.replace("COUNT=3", "COUNT=3\nEXDATE:20261103T090000Z")))
+    summary = build(db, settings, now=iso_from_unix(NOW_S + 60))
+    after = queued(db)
+    key = ("w@x/20261027T090000Z", "lead:600")
+    assert after[key]["id"] == before[key]["id"] and after[key]["send_after"] == "2026-10-27T09:50:00.000Z"
+    assert summary.rows_updated == 1 and summary.rows_voided == {"left_feed": 1}
+    assert ("w@x/20261103T090000Z", "lead:600") not in after
+
+
+def test_floating_and_all_day_use_the_device_offset(db, settings, feeds):
+    settings = settings.with_(horizon_seconds=40 * DAYS)
+    url = feeds.calendar("/cal.ics", calendar(FLOATING, ALL_DAY))
+    device(db, settings, "east", sources=[url], lead=3600)
+    device(db, settings, "utc", sources=[url], lead=3600)
+    with db.write() as conn:
+        ledger.store_tz_offset(conn, "east", 2 * 3600)
+    build(db, settings, now=NOW)
+    got = {(r["device_id"], r["title"]): r["event_at"] for r in rows(db)}
+    assert got[("east", "Dinner")] == "2026-10-28T16:00:00.000Z"  # 18:00 at UTC+2
+    assert got[("utc", "Dinner")] == "2026-10-28T18:00:00.000Z"  # unknown offset: read as UTC
+    assert got[("east", "Holiday")] == "2026-10-26T22:00:00.000Z"  # local midnight
+    assert got[("utc", "Holiday")] == "2026-10-27T00:00:00.000Z"
+
+
+def test_garbage_calendar_fails_the_source_only(db, settings, feeds):
+    good = feeds.items("/good.json", [])
+    bad = feeds.set("/bad.ics", Route(body=b"BEGIN:VCALENDAR\r\nthis is not\r\n", content_type="text/calendar"))
+    device(db, settings, sources=[good, bad])
+    summary = build(db, settings, now=NOW)
+    assert [f["url"] for f in summary.sources_failed] == [bad]
+    assert summary.sources_failed[0]["error"].startswith("malformed feed")
+
+
+def test_conditional_get_reuses_the_parsed_feed_on_304(db, settings, feeds):
+    items = [{"id": "e", "title": "E", "startsAt": NOW_S + 7200, "expiresAt": NOW_S + 9000}]
+    url = feeds.items("/a.json", items, etag='"v1"')
+    device(db, settings, sources=[url])
+    first = build(db, settings, now=NOW)
+    second = build(db, settings, now=iso_from_unix(NOW_S + 60))
+    assert (first.sources_not_modified, second.sources_not_modified) == (0, 1)
+    assert feeds.request_headers["/a.json"][1].get("If-None-Match") == '"v1"'
+    assert feeds.not_modified["/a.json"] == 1
+    assert second.rows_voided == {} and [r["status"] for r in rows(db)] == ["pending"]
+    feeds.items("/a.json", [], etag='"v2"')  # changed: a full read, the item leaves
+    third = build(db, settings, now=iso_from_unix(NOW_S + 120))
+    assert third.sources_not_modified == 0 and third.rows_voided == {"left_feed": 1}
+
+
+def test_calendar_304_is_reused_only_while_its_expansion_covers_the_window(feeds):
+    url = feeds.calendar("/cal.ics", calendar(UTC_EVENT), etag='"c1"')
+    reader = SourceReader(timeout=5)
+    first = reader.read_all({1: url}, (NOW_S, NOW_S + DAYS))[1]
+    assert first.ok and first.cache_until == iso_from_unix(NOW_S + 2 * DAYS)
+    state = SourceState(url, first.etag, None, first.feed.to_json(), first.cache_until)
+    assert reader.read_all({1: state}, (NOW_S, NOW_S + DAYS))[1].not_modified
+    beyond = reader.read_all({1: state}, (NOW_S, NOW_S + 3 * DAYS))[1]
+    assert beyond.ok and not beyond.not_modified  # the cache ends too early: read in full
+
+
+def test_gzip_and_a_single_redirect_are_followed_but_not_a_chain(feeds):
+    feeds.items("/z.json", [{"id": "e", "title": "E", "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120}], gzip=True)
+    feeds.redirect("/moved.json", "/z.json")
+    for i in range(5):
+        feeds.redirect(f"/loop{i}.json", f"/loop{i + 1}.json")
+    reads = SourceReader(timeout=5).read_all({1: feeds.url("/z.json"), 2: feeds.url("/moved.json"), 3: feeds.url("/loop0.json")})
+    assert len(reads[1].feed.items) == 1 and len(reads[2].feed.items) == 1
+    assert not reads[3].ok and "TooManyRedirects" in reads[3].error
+
+
+def test_reads_are_bounded_per_host(feeds):
+    for i in range(8):
+        feeds.set(f"/s{i}.json", Route(delay=0.2))
+    reads = SourceReader(timeout=5, concurrency=32, per_host=2).read_all({i: feeds.url(f"/s{i}.json") for i in range(8)})
+    assert all(r.ok for r in reads.values())
+    assert feeds.max_in_flight == 2
+
+
+def test_body_cap_fails_the_source(feeds):
+    feeds.items("/big.json", [{"id": str(i), "title": "x" * 100, "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120} for i in range(100)])
+    read = SourceReader(timeout=5, max_bytes=2000).read_all({1: feeds.url("/big.json")})[1]
+    assert not read.ok and "larger than 2000" in read.error
+
+
+def test_a_source_failing_longer_than_the_limit_alerts_once_per_streak(db, settings, feeds):
+    hook = feeds.url("/hook")
+    settings = settings.with_(alert_webhook_url=hook, source_alert_after_seconds=1800)
+    url = feeds.fail("/down.json", 503)
+    device(db, settings, sources=[url])
+    for minutes in (0, 15, 30, 45, 60):
+        build(db, settings, now=iso_from_unix(NOW_S + minutes * 60))
+    assert len(feeds.posts["/hook"]) == 1
+    assert url in feeds.posts["/hook"][0]["text"] and "Source failing" in feeds.posts["/hook"][0]["text"]
+    with db.read() as conn:
+        (src,) = ledger.list_sources(conn)
+    assert src["consecutive_failures"] == 5 and src["failing_since"] == NOW
+    feeds.items("/down.json", [])
+    build(db, settings, now=iso_from_unix(NOW_S + 75 * 60))  # recovers: the streak ends
+    feeds.fail("/down.json", 503)
+    for minutes in (90, 105, 120, 135):
+        build(db, settings, now=iso_from_unix(NOW_S + minutes * 60))
+    assert len(feeds.posts["/hook"]) == 2
+
+
+def test_source_state_is_visible(db, settings, feeds):
+    ok = feeds.items("/ok.json", [{"id": "a", "title": "A", "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120}, {"id": "bad"}])
+    device(db, settings, sources=[ok])
+    build(db, settings, now=NOW)
+    with db.read() as conn:
+        (src,) = ledger.list_sources(conn)
+    assert (src["last_item_count"], src["last_rejected_count"], src["subscribers"]) == (1, 1, 1)
+    assert json.loads(src["feed_cache"] or "null") is None  # no validators, nothing cached
