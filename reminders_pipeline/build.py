@@ -125,6 +125,23 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     return "out_of_horizon"
 
 
+_COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body")
+
+
+def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+    """Rows the upsert would leave alone anyway; skipping them spares the database the conflict checks.
+
+    Only a shortcut: the upsert's own WHERE clause stays the authority when rows race.
+    """
+    if current is None:
+        return False
+    if current["status"] == "claimed":
+        return True
+    if current["status"] == "pending":
+        return all(current[c] == wanted[c] for c in _COMPARED)
+    return current["outcome"] != "voided" and current["send_after"] == wanted["send_after"]
+
+
 def build(
     db: Database,
     settings: Settings,
@@ -220,8 +237,15 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> N
     plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now_unix, horizon) for d in batch}
     existing = ledger.existing_rows(conn, ids)
     existing_ids = {r["id"] for r in existing}
+    by_key = {(r["device_id"], r["item_id"], r["rule"]): r for r in existing}
 
-    written = ledger.upsert_rows(conn, [row for p in plans.values() for row in p.wanted.values()], now)
+    candidates = [
+        row
+        for p in plans.values()
+        for row in p.wanted.values()
+        if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row)
+    ]
+    written = ledger.upsert_rows(conn, candidates, now)
     summary.rows_inserted += len(written - existing_ids)
     summary.rows_updated += len(written & existing_ids)
 

@@ -327,7 +327,10 @@ def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, re
 def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str, Any]]:
     """Every queue row of these devices (any status): the basis for insert/update counts and voiding."""
     out: list[dict[str, Any]] = []
-    cols = (q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status)
+    cols = (
+        q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status, q.c.outcome,
+        q.c.send_after, q.c.event_at, q.c.expires_at, q.c.title, q.c.body,
+    )
     for ids in _batches(list(device_ids)):
         out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timezone
+from functools import lru_cache
 
 ISO_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 
@@ -22,9 +23,20 @@ MAX_UNIX = 253402300799  # 9999-12-31T23:59:59Z
 
 def iso_from_unix(seconds: float) -> str:
     """Unix seconds (wire format) -> stored ISO text, millisecond precision."""
-    millis = round(seconds * 1000)
+    if type(seconds) is int:
+        return _iso_from_whole_seconds(seconds)
+    return _iso_from_millis(round(seconds * 1000))
+
+
+@lru_cache(maxsize=1 << 16)
+def _iso_from_whole_seconds(seconds: int) -> str:
+    """Cached: a build formats the same item times once per subscriber of a shared source."""
+    return _iso_from_millis(seconds * 1000)
+
+
+def _iso_from_millis(millis: int) -> str:
     if not MIN_UNIX * 1000 <= millis <= MAX_UNIX * 1000 + 999:
-        raise ValueError(f"unix time {seconds!r} is outside 1970..9999")
+        raise ValueError(f"unix time {millis / 1000!r} is outside 1970..9999")
     whole, ms = divmod(millis, 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 

@@ -42,6 +42,7 @@ class FeedServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go in two writes: no 40 ms delayed-ACK stall
 
             def do_GET(self) -> None:  # noqa: N802
                 with server._lock:

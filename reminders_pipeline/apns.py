@@ -1,0 +1,501 @@
+"""The APNs sender: aioapns 4.0 with token auth, plus what aioapns lacks for at-most-once reminders.
+
+aioapns does the HTTP/2 work. Around it this module adds, each for a reason found by running it
+against the mock APNs (reminders_pipeline_tests/mock_apns.py):
+
+* one provider JWT for every connection, sender and process: aioapns signs one per connection,
+  and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
+* a correct stream-count semaphore: aioapns' caps the count at the *old* bound when APNs raises
+  MAX_CONCURRENT_STREAMS from 1 after the first valid token, leaving ~2 usable streams;
+* HTTP/2 flow control: aioapns fails (and leaks a half-open stream) instead of waiting when a
+  burst spends the connection window;
+* the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies;
+* a shielded response timeout: aioapns has none, and a plain ``wait_for`` breaks the connection;
+* no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import re
+import ssl
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
+
+from aioapns import APNs, NotificationRequest, PushType
+from aioapns.common import NotificationResult
+from aioapns.connection import (
+    APNsDevelopmentClientProtocol,
+    APNsProductionClientProtocol,
+    APNsTLSClientProtocol,
+    AuthorizationHeaderProvider,
+    ChannelPool,
+)
+from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from h2.connection import H2Connection
+from h2.events import RemoteSettingsChanged, WindowUpdated
+
+from .sender import Notification, SenderFactory, SendResult
+from .settings import Settings
+from .times import iso_from_unix
+
+REQUIRED = (
+    ("apns_key_file", "REMINDERS_APNS_KEY_FILE"),
+    ("apns_key_id", "REMINDERS_APNS_KEY_ID"),
+    ("apns_team_id", "REMINDERS_APNS_TEAM_ID"),
+    ("apns_topic", "REMINDERS_APNS_TOPIC"),
+)
+TOKEN_INVALID_REASONS = frozenset({"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"})
+# 403 is always about our credentials; these other answers fail every send of the run alike.
+CONFIG_FAULT_REASONS = frozenset({"TopicDisallowed", "BadTopic", "MissingTopic", "TooManyProviderTokenUpdates"})
+DEVICE_TOKEN = re.compile(r"[0-9a-fA-F]{16,400}")
+TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
+TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
+CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
+
+
+class ApnsConfigError(ValueError):
+    """APNs settings that cannot work; the message names the environment variable."""
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def validate_apns_settings(settings: Settings) -> None:
+    """Fail before any row is claimed, naming the variable, rather than on the first send."""
+    for field_name, variable in REQUIRED:
+        if not getattr(settings, field_name):
+            raise ApnsConfigError(f"{variable} is not set (required when REMINDERS_ENABLED=true)")
+    load_signing_key(settings.apns_key_file)  # type: ignore[arg-type]
+    endpoint(settings)
+    ssl_context(settings)
+
+
+def read_key_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApnsConfigError(f"REMINDERS_APNS_KEY_FILE {path!r} is not readable: {exc}") from None
+
+
+def load_signing_key(path: str) -> ec.EllipticCurvePrivateKey:
+    """The .p8 key; APNs takes only EC P-256 (ES256)."""
+    text = read_key_text(path)
+    try:
+        key = serialization.load_pem_private_key(text.encode(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise ApnsConfigError(f"REMINDERS_APNS_KEY_FILE {path!r} is not a PEM private key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise ApnsConfigError(f"REMINDERS_APNS_KEY_FILE {path!r} is not an EC P-256 key (an APNs .p8 key)")
+    return key
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    base: type[APNsTLSClientProtocol]
+
+
+def endpoint(settings: Settings) -> Endpoint:
+    """Apple's production or sandbox host, or REMINDERS_APNS_URL (a proxy or a mock)."""
+    if not settings.apns_url:
+        base = APNsDevelopmentClientProtocol if settings.apns_environment == "sandbox" else APNsProductionClientProtocol
+        return Endpoint(base.APNS_SERVER, base.APNS_PORT, base)
+    url = urlsplit(settings.apns_url)
+    try:
+        port = url.port or 443
+    except ValueError:
+        port = 0
+    if url.scheme != "https" or not url.hostname or not port or url.path not in ("", "/"):
+        raise ApnsConfigError(f"REMINDERS_APNS_URL must look like https://host:port, got {settings.apns_url!r}")
+    return Endpoint(url.hostname, port, APNsProductionClientProtocol)
+
+
+def ssl_context(settings: Settings) -> ssl.SSLContext:
+    """System trust, or REMINDERS_APNS_CA_FILE's (token auth ignores aioapns' no_cert_validation)."""
+    try:
+        ctx = ssl.create_default_context(cafile=settings.apns_ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ApnsConfigError(f"REMINDERS_APNS_CA_FILE {settings.apns_ca_file!r} is not a readable CA bundle: {exc}") from None
+    ctx.set_alpn_protocols(["h2"])
+    return ctx
+
+
+# -- the provider token ----------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class ProviderToken(AuthorizationHeaderProvider):
+    """One ES256 provider JWT per key and 30-minute window, the same in every process.
+
+    ``iat`` is the start of the current window and the signature is deterministic (RFC 6979), so
+    every connection, every sender and every drain run signs the identical token: it changes
+    exactly once per window, inside Apple's 20-60 minute rule, whatever the run cadence.
+    """
+
+    REFRESH_SECONDS = 30 * 60
+    SKEW_SECONDS = 120  # iat a little in the past, so a clock ahead of Apple's is not "in the future"
+
+    def __init__(self, key: ec.EllipticCurvePrivateKey, key_id: str, team_id: str, clock: Callable[[], float] = time.time) -> None:
+        self.key = key
+        self.key_id = key_id
+        self.team_id = team_id
+        self.clock = clock
+        self._iat: int | None = None
+        self._header = ""
+
+    def issued_at(self) -> int:
+        window = self.REFRESH_SECONDS
+        return int((self.clock() - self.SKEW_SECONDS) // window) * window
+
+    def get_header(self) -> str:
+        iat = self.issued_at()
+        if iat != self._iat:
+            self._header = f"bearer {self.sign(iat)}"
+            self._iat = iat
+        return self._header
+
+    def sign(self, iat: int) -> str:
+        header = _b64(json.dumps({"alg": "ES256", "kid": self.key_id}, separators=(",", ":")).encode())
+        claims = _b64(json.dumps({"iss": self.team_id, "iat": iat}, separators=(",", ":")).encode())
+        signing_input = f"{header}.{claims}".encode()
+        r, s = decode_dss_signature(self.key.sign(signing_input, _ecdsa()))
+        return f"{header}.{claims}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+def _ecdsa() -> ec.ECDSA:
+    try:
+        return ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
+    except (TypeError, UnsupportedAlgorithm):  # cryptography < 43 or OpenSSL < 3.2: shared per process only
+        return ec.ECDSA(hashes.SHA256())
+
+
+# -- aioapns patches -------------------------------------------------------------------------
+
+
+class StreamSlots(ChannelPool):
+    """aioapns' stream semaphore with a correct ``bound`` setter.
+
+    aioapns raises the bound by calling ``release()`` while the old bound still caps the count, so
+    1 -> 1000 with a stream in flight leaves 2 usable streams on that connection for good.
+    """
+
+    @property
+    def bound(self) -> int:
+        return self._bound_value
+
+    @bound.setter
+    def bound(self, new_bound: int) -> None:
+        self._value += new_bound - self._bound_value
+        self._bound_value = new_bound
+        for _ in range(len(self._waiters or ())):
+            if self._value <= 0:
+                break
+            self._wake_up_next()
+
+
+@dataclass(frozen=True)
+class Wire:
+    """What this module puts on the wire instead of aioapns' choice."""
+
+    expiration: str
+    body: bytes
+
+
+class WireH2Connection(H2Connection):
+    """The h2 connection under aioapns, patched where aioapns' own code gets the wire wrong.
+
+    * The exact ``apns-expiration`` and a compact body, found by ``apns-id``: aioapns computes
+      ``now + ttl`` when it sends, and serialises with spaces (bigger than the 4 KB the payload
+      was fitted to). Both happen inside one aioapns method; h2 is the smallest place to fix them.
+    * Flow control: aioapns sends HEADERS, then DATA, and if the connection window is spent it
+      raises FlowControlError in between, leaking a half-open stream on both ends. A burst of a
+      few hundred requests spends the default 64 KB window, so each request first reserves room
+      for its body (``reserve_window``) and waits for a WINDOW_UPDATE when there is none.
+    """
+
+    def __init__(self, wire: dict[str, Wire]) -> None:
+        super().__init__()
+        self._wire = wire
+        self._bodies: dict[int, bytes] = {}
+        self._stream_requests: dict[int, str] = {}
+        self._reserved: dict[str, int] = {}
+        self._reserved_total = 0
+        self._window_moved: asyncio.Event | None = None
+        self._closed: BaseException | None = None
+
+    def body_size(self, request: NotificationRequest) -> int:
+        wire = self._wire.get(request.notification_id)
+        if wire is not None:
+            return len(wire.body)
+        return len(json.dumps(request.message, ensure_ascii=False).encode())
+
+    async def reserve_window(self, apns_id: str, size: int) -> None:
+        while self._closed is None and self.outbound_flow_control_window - self._reserved_total < size:
+            if self._window_moved is None:
+                self._window_moved = asyncio.Event()
+            self._window_moved.clear()
+            await self._window_moved.wait()
+        if self._closed is not None:
+            raise ConnectionClosed(str(self._closed))
+        self._reserved[apns_id] = size
+        self._reserved_total += size
+
+    def release_window(self, apns_id: str) -> None:
+        self._reserved_total -= self._reserved.pop(apns_id, 0)
+        self._wake()
+
+    def closed(self, exc: BaseException) -> None:
+        self._closed = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._window_moved is not None:
+            self._window_moved.set()
+
+    def receive_data(self, data: Any) -> list[Any]:
+        events = super().receive_data(data)
+        if any(isinstance(e, (WindowUpdated, RemoteSettingsChanged)) for e in events):
+            self._wake()
+        return events
+
+    def send_headers(self, stream_id: int, headers: Any, *args: Any, **kwargs: Any) -> None:
+        apns_id = next((v for k, v in headers if k == "apns-id"), None)
+        wire = self._wire.pop(apns_id, None) if apns_id else None
+        if wire is not None:
+            headers = [(k, v) for k, v in headers if k != "apns-expiration"] + [("apns-expiration", wire.expiration)]
+            self._bodies[stream_id] = wire.body
+        if apns_id:
+            self._stream_requests[stream_id] = apns_id
+        super().send_headers(stream_id, headers, *args, **kwargs)
+
+    def send_data(self, stream_id: int, data: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().send_data(stream_id, self._bodies.pop(stream_id, data), *args, **kwargs)
+        finally:
+            self.release_window(self._stream_requests.pop(stream_id, ""))
+
+
+def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire]) -> type[APNsTLSClientProtocol]:
+    """aioapns' connection class for ``where``, with the shared token and the patches above."""
+
+    class ReminderApnsProtocol(where.base):  # type: ignore[misc, valid-type]
+        APNS_SERVER = where.host
+        APNS_PORT = where.port
+        INACTIVITY_TIME = CONNECTION_IDLE_SECONDS
+        conn: WireH2Connection
+
+        def __init__(self, apns_topic: str, loop: Any = None, on_connection_lost: Any = None, auth_provider: Any = None) -> None:
+            super().__init__(apns_topic, loop, on_connection_lost, token)
+            self.conn = WireH2Connection(wire)
+            # Apple allows one stream until it has seen a valid token; start there instead of
+            # bursting before its SETTINGS arrive.
+            self.free_channels = StreamSlots(1)
+
+        async def send_notification(self, request: NotificationRequest) -> NotificationResult:
+            await self.conn.reserve_window(request.notification_id, self.conn.body_size(request))
+            try:
+                return await super().send_notification(request)
+            finally:
+                self.conn.release_window(request.notification_id)  # no-op once its DATA went out
+
+        def on_stream_ended(self, stream_id: int) -> None:
+            self.request_streams.pop(stream_id, None)  # aioapns keeps it forever after a 200
+            super().on_stream_ended(stream_id)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.conn.closed(exc or ConnectionError("connection closed"))
+            super().connection_lost(exc)
+
+    return ReminderApnsProtocol
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+def result_from_apns(row_id: int, answer: NotificationResult) -> SendResult:
+    """APNs' answer as a SendResult; the table is spelled out in test_apns_sender.py."""
+    status = int(answer.status) if str(answer.status).isdigit() else None
+    if status == 200:
+        return SendResult(row_id, True, status=200, apns_id=answer.notification_id)
+    reason = answer.description or f"HTTP {answer.status}"
+    invalid_at = None
+    if status == 410 and answer.timestamp is not None:
+        invalid_at = _stored_time_from_ms(answer.timestamp)
+    return SendResult(
+        row_id,
+        False,
+        reason=reason,
+        status=status,
+        apns_id=answer.notification_id,
+        token_invalid=status == 410 or reason in TOKEN_INVALID_REASONS,
+        token_invalid_at=invalid_at,
+        config_fault=status == 403 or reason in CONFIG_FAULT_REASONS,
+    )
+
+
+def _stored_time_from_ms(timestamp: Any) -> str | None:
+    try:
+        return iso_from_unix(int(timestamp) / 1000)
+    except (TypeError, ValueError):
+        return None
+
+
+def result_from_error(row_id: int, exc: BaseException) -> SendResult:
+    return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
+
+
+def wire_for(n: Notification, now: float) -> Wire:
+    """APNs' ``0`` means "try once, do not store": the right thing for an already stale alert."""
+    expiration = n.expiration if n.expiration > now else 0
+    body = json.dumps(n.payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return Wire(str(expiration), body)
+
+
+# -- the sender ------------------------------------------------------------------------------
+
+
+def default_max_connections(concurrency: int) -> int:
+    """One connection carries ~1000 streams once APNs trusts the token; a second adds resilience."""
+    return max(1, min(8, math.ceil(concurrency / 100)))
+
+
+class AioApnsSender:
+    """The drain's Sender on aioapns. Build it inside the running loop (aioapns binds to it)."""
+
+    def __init__(self, settings: Settings, *, max_connections: int | None = None, clock: Callable[[], float] = time.time) -> None:
+        validate_apns_settings(settings)
+        self.settings = settings
+        self.clock = clock
+        key_text = read_key_text(settings.apns_key_file)  # type: ignore[arg-type]
+        self.token = ProviderToken(load_signing_key(settings.apns_key_file), settings.apns_key_id, settings.apns_team_id, clock)  # type: ignore[arg-type]
+        self._wire: dict[str, Wire] = {}
+        self._slots = asyncio.Semaphore(settings.apns_concurrency)
+        self._tasks: dict[asyncio.Task[NotificationResult], str] = {}  # -> notification id
+        self.apns = APNs(
+            key=key_text,  # aioapns 4.0 wants the PEM text, not the path
+            key_id=settings.apns_key_id,
+            team_id=settings.apns_team_id,
+            topic=settings.apns_topic,
+            max_connections=max_connections or default_max_connections(settings.apns_concurrency),
+            max_connection_attempts=1,
+            use_sandbox=settings.apns_environment == "sandbox",
+            ssl_context=ssl_context(settings),
+            err_func=_ignore_error,
+        )
+        self.apns.pool.protocol_class = protocol_class(endpoint(settings), self.token, self._wire)
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        """One result per notification, in order. The first goes alone while no connection is open.
+
+        APNs allows one stream per connection until it has seen a valid token; sending one first
+        lets that connection be raised, instead of a burst opening every connection the pool may.
+        """
+        pending = list(notifications)
+        results: list[SendResult] = []
+        if pending and not self._has_open_connection():
+            results.append(await self.send_one(pending.pop(0)))
+        results.extend(await asyncio.gather(*(self.send_one(n) for n in pending)))
+        return results
+
+    def _has_open_connection(self) -> bool:
+        return any(c.free_channels.bound > 1 for c in self.apns.pool.connections)
+
+    async def send_one(self, n: Notification) -> SendResult:
+        """Once, within the concurrency bound and the timeout; never raises for a failed send."""
+        if not DEVICE_TOKEN.fullmatch(n.device_token):
+            # APNs tokens are hex; anything else would break the :path or the h2 headers.
+            return SendResult(n.row_id, False, reason="BadDeviceToken", token_invalid=True)
+        try:
+            request = self._request(n)
+        except (TypeError, ValueError) as exc:  # payload not JSON, unknown push type
+            return SendResult(n.row_id, False, reason=f"invalid:{type(exc).__name__}")
+        async with self._slots:
+            task = self._start(request)
+            try:
+                answer = await asyncio.wait_for(asyncio.shield(task), self.settings.send_timeout_seconds)
+            except TimeoutError:
+                return SendResult(n.row_id, False, reason=self._abandon(task, request))
+            except MaxAttemptsExceeded as exc:
+                return result_from_error(n.row_id, exc)
+            except Exception as exc:  # noqa: BLE001 - any failure inside aioapns/h2 is a failed send
+                return result_from_error(n.row_id, exc)
+        return result_from_apns(n.row_id, answer)
+
+    def _request(self, n: Notification) -> NotificationRequest:
+        request = NotificationRequest(
+            device_token=n.device_token,
+            message=n.payload,
+            notification_id=str(uuid.uuid4()),
+            time_to_live=0,  # makes aioapns emit the header; WireH2Connection sets its value
+            priority=n.priority,
+            collapse_key=n.collapse_id,
+            push_type=PushType(n.push_type),
+        )
+        self._wire[request.notification_id] = wire_for(n, self.clock())
+        return request
+
+    def _start(self, request: NotificationRequest) -> asyncio.Task[NotificationResult]:
+        task = asyncio.ensure_future(self.apns.send_notification(request))
+        self._tasks[task] = request.notification_id
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[NotificationResult]) -> None:
+        self._wire.pop(self._tasks.pop(task, ""), None)
+        if not task.cancelled():
+            task.exception()  # retrieved: an abandoned send's error is not "never retrieved"
+
+    def _abandon(self, task: asyncio.Task[NotificationResult], request: NotificationRequest) -> str:
+        """A send not yet on the wire is cancelled (safe); one on the wire is left to finish.
+
+        Cancelling a request aioapns has sent would make its late answer raise inside the
+        connection and fail every other request on it.
+        """
+        if request.notification_id in self._wire:
+            task.cancel()
+            return TIMEOUT_NOT_SENT
+        return TIMEOUT
+
+    async def aclose(self) -> None:
+        """Close connections; sends still waiting for an answer end as transport failures."""
+        for task, notification_id in list(self._tasks.items()):
+            if notification_id in self._wire:
+                task.cancel()
+        self.apns.pool.close()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+        for task in pending:
+            task.cancel()
+        await self._connections_closed(timeout=1.0)
+
+    async def _connections_closed(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.apns.pool.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+
+async def _ignore_error(request: NotificationRequest, result: NotificationResult) -> None:
+    """aioapns logs every non-200 at ERROR; the drain records each answer in the ledger instead."""
+
+
+def apns_sender_factory(settings: Settings) -> SenderFactory:
+    """Validates now (no loop needed); the sender itself is built when the drain calls the factory."""
+    validate_apns_settings(settings)
+    return lambda: AioApnsSender(settings)

@@ -1,0 +1,618 @@
+"""A faithful mock of Apple's APNs provider API: HTTP/2 over TLS on raw ``h2`` + asyncio.
+
+Why raw h2: hypercorn (and so Starlette) ends every response with an empty DATA frame, and aioapns
+runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
+
+* 200: HEADERS with END_STREAM, no body, always with ``apns-id`` (the request's, echoed).
+* error: ``:status`` + ``apns-id``, then one DATA frame ``{"reason": ...}`` (410 adds ``timestamp``, ms).
+* checks ``:path /3/device/<hex token>``, ``apns-topic``, the ES256 provider JWT (``kid``, ``iss``,
+  ``iat`` under an hour old, signature by the test key), header formats and the 4096-byte payload.
+* each connection starts at MAX_CONCURRENT_STREAMS=1 and raises it after the first valid token.
+* h2's default 64 KB receive window is kept (Apple does not document its own), so a client that
+  ignores flow control fails here instead of in production.
+
+It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
+benchmark script can all use it. Keys and certificates are generated when it is created; nothing
+secret lives in the repository. ``python -m reminders_pipeline_tests.mock_apns`` runs one in its
+own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import ssl
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+import trustme
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset
+from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
+from h2.settings import SettingCodes, Settings
+
+MAX_PAYLOAD_BYTES = 4096
+TOKEN_MAX_AGE_SECONDS = 3600
+PATH = re.compile(r"^/3/device/(?P<token>[^/]*)$")
+HEX_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
+PUSH_TYPES = {"alert", "background", "voip", "complication", "fileprovider", "mdm", "liveactivity", "location", "pushtotalk", "widgets", "controls"}
+
+
+def write_p8_key(path: Path) -> ec.EllipticCurvePrivateKey:
+    """A fresh EC P-256 key written as Apple's ``AuthKey_*.p8`` (PKCS#8 PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    path.write_bytes(pem)
+    return key
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How the mock answers one request that passed validation."""
+
+    status: int = 200
+    reason: str | None = None
+    timestamp_ms: int | None = None  # 410 only; default "now"
+    delay: float = 0.0  # seconds before answering
+    drop_connection: bool = False  # abort the TCP connection instead of answering
+    omit_apns_id: bool = False  # a broken server: aioapns cannot match the answer to its request
+
+
+@dataclass
+class _Scripted:
+    answer: Answer
+    times: int | None  # None = every time
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    connection_id: int
+    stream_id: int
+    method: str
+    path: str
+    token: str
+    headers: dict[str, str]
+    body: bytes
+    payload: Any  # parsed JSON, or None when the body is not JSON
+    jwt: str | None
+    status: int | None  # what the mock answered; None if it dropped the connection
+    reason: str | None
+    received_at: float
+
+
+@dataclass
+class _Stream:
+    headers: dict[str, str]
+    body: bytearray = field(default_factory=bytearray)
+    received_at: float = field(default_factory=time.time)
+
+
+class _ApnsConnection(asyncio.Protocol):
+    """One client connection: h2 framing, stream bookkeeping and the SETTINGS ramp."""
+
+    def __init__(self, server: "MockApns", connection_id: int) -> None:
+        self.server = server
+        self.id = connection_id
+        self.transport: asyncio.Transport | None = None
+        self.conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+        # Leave MAX_CONCURRENT_STREAMS out of h2's first SETTINGS so h2 enforces the advertised
+        # limit only once the client has acknowledged it, as RFC 9113 allows a client to assume.
+        self.conn.local_settings = Settings(
+            client=False, initial_values={SettingCodes.MAX_HEADER_LIST_SIZE: H2Connection.DEFAULT_MAX_HEADER_LIST_SIZE}
+        )
+        self.streams: dict[int, _Stream] = {}
+        self.raised = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server._opened(self)
+        self.conn.initiate_connection()
+        self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.initial_max_streams})
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._closed(self)
+        for _ in self.streams:
+            self.server._finished()
+        self.streams.clear()
+
+    def flush(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except TooManyStreamsError:
+            self.server._violation()
+            self._hang_up()
+            return
+        except ProtocolError:
+            self._hang_up()
+            return
+        for event in events:
+            self._on_event(event)
+        self.flush()
+
+    def _hang_up(self) -> None:
+        self.flush()  # the GOAWAY h2 queued
+        if self.transport is not None:
+            self.transport.close()
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, RequestReceived):
+            self.streams[event.stream_id] = _Stream(dict(event.headers))
+            self.server._started()
+        elif isinstance(event, DataReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.body += event.data
+            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, StreamEnded):
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                self._on_request(event.stream_id, stream)
+        elif isinstance(event, StreamReset):
+            if self.streams.pop(event.stream_id, None) is not None:
+                self.server._finished()
+        elif isinstance(event, ConnectionTerminated):
+            if self.transport is not None:
+                self.transport.close()
+
+    def _on_request(self, stream_id: int, stream: _Stream) -> None:
+        answer, token_ok = self.server._judge(stream)
+        if token_ok and not self.raised:
+            self.raised = True
+            self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.raised_max_streams})
+        self.server._record(self, stream_id, stream, answer)
+        if answer.drop_connection:
+            if self.transport is not None:
+                self.transport.abort()
+        elif answer.delay > 0:
+            asyncio.get_running_loop().call_later(answer.delay, self._answer, stream_id, stream, answer)
+        else:
+            self._answer(stream_id, stream, answer)
+
+    def _answer(self, stream_id: int, stream: _Stream, answer: Answer) -> None:
+        if self.streams.pop(stream_id, None) is None:
+            return  # reset by the client or the connection is gone
+        self.server._finished()
+        if self.transport is None or self.transport.is_closing():
+            return
+        apns_id = stream.headers.get("apns-id") or str(uuid.uuid4()).upper()
+        headers = [(":status", str(answer.status))]
+        if not answer.omit_apns_id:
+            headers.append(("apns-id", apns_id))
+        try:
+            if answer.status == 200:
+                self.conn.send_headers(stream_id, headers, end_stream=True)
+            else:
+                headers.append(("content-type", "application/json"))
+                self.conn.send_headers(stream_id, headers)
+                self.conn.send_data(stream_id, _error_body(answer), end_stream=True)
+        except (StreamClosedError, ProtocolError):
+            return
+        self.flush()
+
+
+def _error_body(answer: Answer) -> bytes:
+    body: dict[str, Any] = {"reason": answer.reason or "BadRequest"}
+    if answer.status == 410:
+        body["timestamp"] = answer.timestamp_ms if answer.timestamp_ms is not None else int(time.time() * 1000)
+    return json.dumps(body).encode()
+
+
+class MockApns:
+    """An APNs look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
+
+    Defaults answer 200. ``script(token, ...)`` sets the answer for one device token (optionally
+    only ``times`` times); ``script_default(...)`` for all others. Everything it saw is in
+    ``requests``; ``jwts_seen`` lists distinct provider tokens in order of first use;
+    ``max_in_flight`` is the most requests open at once across all connections.
+    """
+
+    def __init__(
+        self,
+        *,
+        key_id: str = "MOCKKEY001",
+        team_id: str = "MOCKTEAM01",
+        topics: tuple[str, ...] = ("com.example.reminders",),
+        workdir: str | Path | None = None,
+        initial_max_streams: int = 1,
+        raised_max_streams: int = 1000,
+        min_token_refresh_seconds: float | None = None,
+    ) -> None:
+        self.key_id = key_id
+        self.team_id = team_id
+        self.topics = topics
+        self.initial_max_streams = initial_max_streams
+        self.raised_max_streams = raised_max_streams
+        # Apple answers 429 TooManyProviderTokenUpdates when the token changes too often; None = off.
+        self.min_token_refresh_seconds = min_token_refresh_seconds
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="mock-apns-"))
+        self.key_file = self.workdir / f"AuthKey_{key_id}.p8"
+        self.public_key = write_p8_key(self.key_file).public_key()
+        self._ca = trustme.CA()
+        self.ca_file = self.workdir / "mock-apns-ca.pem"
+        self._ca.cert_pem.write_to_path(str(self.ca_file))
+        self._lock = threading.Lock()
+        self._reset_state()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_ApnsConnection] = set()
+        self.host = "127.0.0.1"
+        self.port = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> tuple[str, int]:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._thread = threading.Thread(target=loop.run_forever, name="mock-apns", daemon=True)
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(self._listen(), loop).result(timeout=10)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.host, self.port
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        ids = iter(range(1, 1 << 62))
+        return await asyncio.get_running_loop().create_server(
+            lambda: _ApnsConnection(self, next(ids)), self.host, 0, ssl=self._server_context()
+        )
+
+    def _server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._ca.issue_cert(self.host, "localhost").configure_cert(ctx)
+        ctx.set_alpn_protocols(["h2"])
+        return ctx
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+        loop.close()
+        self._loop = None
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for connection in list(self._connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        await asyncio.sleep(0)
+
+    def __enter__(self) -> "MockApns":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def drop_all_connections(self) -> None:
+        """Abort every open connection, as a network failure would."""
+        assert self._loop is not None
+
+        def abort() -> None:
+            for connection in list(self._connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
+
+        self._loop.call_soon_threadsafe(abort)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    @property
+    def topic(self) -> str:
+        return self.topics[0]
+
+    def apns_settings(self) -> dict[str, Any]:
+        """``Settings`` fields pointing a sender at this mock: ``Settings().with_(**mock.apns_settings())``."""
+        return {
+            "apns_key_file": str(self.key_file),
+            "apns_key_id": self.key_id,
+            "apns_team_id": self.team_id,
+            "apns_topic": self.topic,
+            "apns_url": self.url,
+            "apns_ca_file": str(self.ca_file),
+        }
+
+    def env(self) -> dict[str, str]:
+        """The same as environment variables, for a process that reads ``Settings.from_env``."""
+        return {f"REMINDERS_{name.upper()}": value for name, value in self.apns_settings().items()}
+
+    def script(self, token: str, *, times: int | None = None, **answer: Any) -> None:
+        """Answer requests for ``token`` with ``Answer(**answer)`` (``times`` times, or always)."""
+        with self._lock:
+            self._scripts[token.lower()] = _Scripted(Answer(**answer), times)
+
+    def script_default(self, **answer: Any) -> None:
+        with self._lock:
+            self._default = Answer(**answer)
+
+    def reset(self) -> None:
+        """Forget requests, scripts and counters; open connections stay open."""
+        with self._lock:
+            self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._scripts: dict[str, _Scripted] = {}
+        self._default = Answer()
+        self._requests: list[RecordedRequest] = []
+        self._jwts: list[str] = []
+        self._jwt_first_seen: dict[str, float] = {}
+        self._verified: dict[str, dict[str, Any]] = {}
+        # Streams still open from before a reset stay counted, so the counter never goes negative.
+        self._in_flight = getattr(self, "_in_flight", 0)
+        self.max_in_flight = self._in_flight
+        self.connections_opened = 0
+        self.stream_limit_violations = 0
+
+    # -- observations ----------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def jwts_seen(self) -> list[str]:
+        with self._lock:
+            return list(self._jwts)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self._requests) >= count:
+                break
+            time.sleep(0.005)
+        return self.requests
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no connection is open (clients closed theirs); True if it got there."""
+        deadline = time.monotonic() + timeout
+        while self._connections or self._in_flight:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": len(self._requests),
+                "statuses": dict(Counter(r.status for r in self._requests)),
+                "connections_opened": self.connections_opened,
+                "open_connections": len(self._connections),
+                "max_in_flight": self.max_in_flight,
+                "distinct_jwts": len(self._jwts),
+                "stream_limit_violations": self.stream_limit_violations,
+            }
+
+    # -- called from the server thread -----------------------------------------------------
+
+    def _opened(self, connection: _ApnsConnection) -> None:
+        self._connections.add(connection)
+        with self._lock:
+            self.connections_opened += 1
+
+    def _closed(self, connection: _ApnsConnection) -> None:
+        self._connections.discard(connection)
+
+    def _violation(self) -> None:
+        with self._lock:
+            self.stream_limit_violations += 1
+
+    def _started(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def _record(self, connection: _ApnsConnection, stream_id: int, stream: _Stream, answer: Answer) -> None:
+        headers = stream.headers
+        match = PATH.match(headers.get(":path", ""))
+        body = bytes(stream.body)
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        auth = headers.get("authorization", "")
+        record = RecordedRequest(
+            connection_id=connection.id,
+            stream_id=stream_id,
+            method=headers.get(":method", ""),
+            path=headers.get(":path", ""),
+            token=match["token"] if match else "",
+            headers={k: v for k, v in headers.items()},
+            body=body,
+            payload=payload,
+            jwt=auth[len("bearer "):] if auth.startswith("bearer ") else None,
+            status=None if answer.drop_connection else answer.status,
+            reason=answer.reason,
+            received_at=stream.received_at,
+        )
+        with self._lock:
+            self._requests.append(record)
+
+    def _judge(self, stream: _Stream) -> tuple[Answer, bool]:
+        """APNs' checks in roughly APNs' order; the bool says whether the provider token was valid."""
+        h = stream.headers
+        if h.get(":method") != "POST":
+            return Answer(405, "MethodNotAllowed"), False
+        match = PATH.match(h.get(":path", ""))
+        if not match:
+            return Answer(404, "BadPath"), False
+        if not match["token"]:
+            return Answer(400, "MissingDeviceToken"), False
+        if not HEX_TOKEN.match(match["token"]):
+            return Answer(400, "BadDeviceToken"), False
+        if not h.get("apns-topic"):
+            return Answer(400, "MissingTopic"), False
+        auth_error = self._check_provider_token(h.get("authorization"))
+        if auth_error is not None:
+            return auth_error, False
+        problem = self._check_headers(h) or self._check_body(bytes(stream.body))
+        if problem is not None:
+            return problem, True
+        return self._scripted(match["token"].lower()), True
+
+    def _check_provider_token(self, authorization: str | None) -> Answer | None:
+        if not authorization:
+            return Answer(403, "MissingProviderToken")
+        if not authorization.startswith("bearer "):
+            return Answer(403, "InvalidProviderToken")
+        token = authorization[len("bearer "):]
+        claims = self._verify(token)
+        if claims is None:
+            return Answer(403, "InvalidProviderToken")
+        age = time.time() - claims["iat"]
+        if age > TOKEN_MAX_AGE_SECONDS:
+            return Answer(403, "ExpiredProviderToken")
+        if age < -60:
+            return Answer(403, "InvalidProviderToken")
+        return self._note_token(token)
+
+    def _verify(self, token: str) -> dict[str, Any] | None:
+        with self._lock:
+            cached = self._verified.get(token)
+        if cached is not None:
+            return cached
+        try:
+            if jwt.get_unverified_header(token).get("kid") != self.key_id:
+                return None
+            claims = jwt.decode(
+                token,
+                self.public_key,
+                algorithms=["ES256"],
+                issuer=self.team_id,
+                options={"require": ["iss", "iat"], "verify_iat": False},
+            )
+        except jwt.PyJWTError:
+            return None
+        if not isinstance(claims.get("iat"), int):
+            return None
+        with self._lock:
+            self._verified[token] = claims
+        return claims
+
+    def _note_token(self, token: str) -> Answer | None:
+        now = time.time()
+        with self._lock:
+            if token in self._jwt_first_seen:
+                return None
+            previous = self._jwts[-1] if self._jwts else None
+            self._jwts.append(token)
+            self._jwt_first_seen[token] = now
+            limit = self.min_token_refresh_seconds
+            if previous is not None and limit is not None and now - self._jwt_first_seen[previous] < limit:
+                return Answer(429, "TooManyProviderTokenUpdates")
+        return None
+
+    def _check_headers(self, h: dict[str, str]) -> Answer | None:
+        if h["apns-topic"] not in self.topics:
+            return Answer(400, "TopicDisallowed")
+        if "apns-push-type" in h and h["apns-push-type"] not in PUSH_TYPES:
+            return Answer(400, "InvalidPushType")
+        if "apns-priority" in h and h["apns-priority"] not in ("1", "5", "10"):
+            return Answer(400, "BadPriority")
+        if "apns-expiration" in h and not re.fullmatch(r"\d+", h["apns-expiration"]):
+            return Answer(400, "BadExpirationDate")
+        if len(h.get("apns-collapse-id", "").encode()) > 64:
+            return Answer(400, "BadCollapseId")
+        if "apns-id" in h and not _is_uuid(h["apns-id"]):
+            return Answer(400, "BadMessageId")
+        return None
+
+    @staticmethod
+    def _check_body(body: bytes) -> Answer | None:
+        if not body:
+            return Answer(400, "PayloadEmpty")
+        if len(body) > MAX_PAYLOAD_BYTES:
+            return Answer(413, "PayloadTooLarge")
+        return None
+
+    def _scripted(self, token: str) -> Answer:
+        with self._lock:
+            scripted = self._scripts.get(token)
+            if scripted is None:
+                return self._default
+            if scripted.times is not None:
+                scripted.times -= 1
+                if scripted.times <= 0:
+                    del self._scripts[token]
+            return scripted.answer
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return len(value) == 36
+
+
+def _serve_stdio(mock: MockApns) -> None:
+    """Line protocol for a parent process (the benchmark): ``stats``, ``reset``, ``stop``."""
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "stats":
+            print(json.dumps(mock.stats()), flush=True)
+        elif command == "reset":
+            mock.reset()
+            print(json.dumps({"ok": True}), flush=True)
+        elif command == "stop":
+            break
+
+
+def main() -> None:
+    with MockApns() as mock:
+        info = {
+            "host": mock.host,
+            "port": mock.port,
+            "url": mock.url,
+            "ca_file": str(mock.ca_file),
+            "key_file": str(mock.key_file),
+            "key_id": mock.key_id,
+            "team_id": mock.team_id,
+            "topic": mock.topic,
+            "env": mock.env(),
+        }
+        print(json.dumps(info), flush=True)
+        _serve_stdio(mock)
+
+
+if __name__ == "__main__":
+    main()
+

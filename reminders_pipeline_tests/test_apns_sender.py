@@ -1,0 +1,497 @@
+"""AioApnsSender driving the real aioapns client against the mock APNs (HTTP/2, TLS, ES256 JWT).
+
+Every scenario runs in its own ``asyncio.run`` and builds the sender inside that loop, as the
+drain does; each is bounded by ``asyncio.wait_for`` so a hang fails the test instead of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, TypeVar
+
+import jwt
+import pytest
+from aioapns.common import NotificationResult
+from aioapns.connection import ChannelPool
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from reminders_pipeline.apns import (
+    TIMEOUT,
+    TIMEOUT_NOT_SENT,
+    ApnsConfigError,
+    AioApnsSender,
+    ProviderToken,
+    StreamSlots,
+    apns_sender_factory,
+    load_signing_key,
+    result_from_apns,
+    validate_apns_settings,
+)
+from reminders_pipeline.sender import Notification, SendResult
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import iso_from_unix
+
+from .mock_apns import MockApns, write_p8_key
+
+T = TypeVar("T")
+SCENARIO_LIMIT_SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockApns]:
+    with MockApns(workdir=tmp_path_factory.mktemp("mock-apns")) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def fresh_mock(mock: MockApns) -> Iterator[None]:
+    mock.drop_all_connections()
+    assert mock.wait_idle(), "the mock kept connections from an earlier test"
+    mock.reset()
+    yield
+    mock.raised_max_streams = 1000
+    mock.min_token_refresh_seconds = None
+
+
+@pytest.fixture
+def settings(mock: MockApns) -> Settings:
+    return Settings().with_(**mock.apns_settings(), send_timeout_seconds=2, apns_concurrency=20)
+
+
+def token(i: int) -> str:
+    return f"{i:064x}"
+
+
+def note(i: int, *, device_token: str | None = None, expiration: int | None = None, payload: dict | None = None) -> Notification:
+    return Notification(
+        row_id=i,
+        device_id=f"device-{i}",
+        device_token=device_token or token(i),
+        payload=payload or {"aps": {"alert": {"title": f"Event {i}", "body": "Starts at 14:30"}}},
+        collapse_id=f"collapse-{i}",
+        expiration=expiration if expiration is not None else int(time.time()) + 3600,
+    )
+
+
+def run(scenario: Callable[[], Awaitable[T]]) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(scenario(), SCENARIO_LIMIT_SECONDS)
+
+    return asyncio.run(bounded())
+
+
+def send(settings: Settings, notifications: list[Notification], **sender_args: Any) -> list[SendResult]:
+    """One sender, built inside the loop, one send_many, closed."""
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings, **sender_args)
+        try:
+            return await sender.send_many(notifications)
+        finally:
+            await sender.aclose()
+
+    return run(scenario)
+
+
+def by_row(results: list[SendResult]) -> dict[int, SendResult]:
+    return {r.row_id: r for r in results}
+
+
+# -- success and what goes on the wire ---------------------------------------------------------
+
+
+def test_200_answers_ok_and_keeps_the_apns_id(mock: MockApns, settings: Settings) -> None:
+    [result] = send(settings, [note(1)])
+    [request] = mock.requests
+    assert result == SendResult(1, True, status=200, apns_id=request.headers["apns-id"])
+
+
+def test_request_carries_alert_headers_topic_token_and_compact_payload(mock: MockApns, settings: Settings) -> None:
+    n = note(7, expiration=int(time.time()) + 5400)
+    send(settings, [n])
+    [request] = mock.requests
+    assert request.path == f"/3/device/{n.device_token}"
+    assert request.headers["apns-push-type"] == "alert"
+    assert request.headers["apns-priority"] == "10"
+    assert request.headers["apns-collapse-id"] == n.collapse_id
+    assert request.headers["apns-expiration"] == str(n.expiration)
+    assert request.headers["apns-topic"] == mock.topic
+    assert request.payload == n.payload
+    assert b", " not in request.body and b": " not in request.body
+
+
+def test_expiration_already_past_is_sent_as_zero(mock: MockApns, settings: Settings) -> None:
+    [result] = send(settings, [note(1, expiration=int(time.time()) - 60)])
+    assert result.ok
+    assert mock.requests[0].headers["apns-expiration"] == "0"
+
+
+def test_payload_fitted_to_4kb_compact_is_not_inflated_by_spaces(mock: MockApns, settings: Settings) -> None:
+    payload = {"aps": {"alert": {"title": "t", "body": "b"}}, "n": [0] * 1800}  # ~3.6 KB compact, ~5.4 KB spaced
+    [result] = send(settings, [note(1, payload=payload)])
+    assert result.ok
+    assert len(mock.requests[0].body) <= 4096
+
+
+def test_payload_over_4kb_is_413(settings: Settings) -> None:
+    [result] = send(settings, [note(1, payload={"aps": {"alert": "x" * 5000}})])
+    assert (result.ok, result.status, result.reason, result.token_invalid, result.config_fault) == (
+        False, 413, "PayloadTooLarge", False, False,
+    )
+
+
+# -- the answer table ---------------------------------------------------------------------------
+
+ANSWERS = [
+    # status, reason, token_invalid, config_fault
+    (400, "BadDeviceToken", True, False),
+    (400, "DeviceTokenNotForTopic", True, False),
+    (403, "InvalidProviderToken", False, True),
+    (403, "ExpiredProviderToken", False, True),
+    (403, "MissingProviderToken", False, True),
+    (400, "TopicDisallowed", False, True),
+    (400, "BadTopic", False, True),
+    (429, "TooManyRequests", False, False),
+    (500, "InternalServerError", False, False),
+    (503, "ServiceUnavailable", False, False),
+]
+
+
+@pytest.mark.parametrize(("status", "reason", "token_invalid", "config_fault"), ANSWERS)
+def test_error_answers_map_to_results(
+    mock: MockApns, settings: Settings, status: int, reason: str, token_invalid: bool, config_fault: bool
+) -> None:
+    mock.script(token(2), status=status, reason=reason)
+    results = by_row(send(settings, [note(1), note(2)]))
+    result = results[2]
+    assert (result.ok, result.status, result.reason) == (False, status, reason)
+    assert (result.token_invalid, result.token_invalid_at, result.config_fault) == (token_invalid, None, config_fault)
+    assert result.apns_id == mock.requests[-1].headers["apns-id"]
+    assert results[1].ok
+
+
+def test_410_unregistered_marks_the_token_with_apns_timestamp(mock: MockApns, settings: Settings) -> None:
+    mock.script(token(1), status=410, reason="Unregistered", timestamp_ms=1_790_000_000_123)
+    [result] = send(settings, [note(1)])
+    assert (result.ok, result.status, result.reason, result.token_invalid) == (False, 410, "Unregistered", True)
+    assert result.token_invalid_at == iso_from_unix(1_790_000_000.123) == "2026-09-21T14:13:20.123Z"
+    assert not result.config_fault
+
+
+def test_each_notification_is_sent_once_even_when_it_fails(mock: MockApns, settings: Settings) -> None:
+    for i, status in ((2, 500), (3, 503), (4, 429)):
+        mock.script(token(i), status=status, reason="x")
+    send(settings, [note(i) for i in range(1, 5)])
+    assert sorted(r.token for r in mock.requests) == sorted(token(i) for i in range(1, 5))
+
+
+# -- real checks by the mock (no script) --------------------------------------------------------
+
+
+def test_key_apns_does_not_know_is_a_config_fault(settings: Settings, tmp_path: Path) -> None:
+    other_key = tmp_path / "AuthKey_OTHER.p8"
+    write_p8_key(other_key)
+    [result] = send(settings.with_(apns_key_file=str(other_key)), [note(1)])
+    assert (result.status, result.reason, result.config_fault) == (403, "InvalidProviderToken", True)
+
+
+def test_wrong_key_id_is_a_config_fault(settings: Settings) -> None:
+    [result] = send(settings.with_(apns_key_id="WRONGKEY01"), [note(1)])
+    assert (result.status, result.reason, result.config_fault) == (403, "InvalidProviderToken", True)
+
+
+def test_topic_of_another_app_is_a_config_fault(settings: Settings) -> None:
+    [result] = send(settings.with_(apns_topic="com.example.other"), [note(1)])
+    assert (result.status, result.reason, result.config_fault) == (400, "TopicDisallowed", True)
+
+
+def test_device_token_apns_rejects_is_invalid(settings: Settings) -> None:
+    [result] = send(settings, [note(1, device_token="ab" * 20)])  # hex, but shorter than any APNs token
+    assert (result.status, result.reason, result.token_invalid, result.config_fault) == (400, "BadDeviceToken", True, False)
+
+
+def test_token_that_is_not_hex_is_invalid_without_a_request(mock: MockApns, settings: Settings) -> None:
+    results = by_row(send(settings, [note(1, device_token="not a token\n"), note(2)]))
+    assert results[1] == SendResult(1, False, reason="BadDeviceToken", token_invalid=True)
+    assert results[2].ok
+    assert [r.token for r in mock.requests] == [token(2)]
+
+
+def test_unserialisable_payload_fails_that_row_only(settings: Settings) -> None:
+    results = by_row(send(settings, [note(1, payload={"aps": {"alert": object()}}), note(2)]))
+    assert results[1] == SendResult(1, False, reason="invalid:TypeError")
+    assert results[2].ok
+
+
+# -- timeouts and transport failures ------------------------------------------------------------
+
+
+def test_late_answer_times_out_without_breaking_the_connection(mock: MockApns, settings: Settings) -> None:
+    """A plain wait_for would cancel aioapns' future and its late answer would kill the connection."""
+    mock.script(token(2), delay=1.5)
+    settings = settings.with_(send_timeout_seconds=1)
+
+    async def scenario() -> tuple[list[SendResult], list[SendResult]]:
+        sender = AioApnsSender(settings)
+        try:
+            first = await sender.send_many([note(1), note(2), note(3), note(4)])
+            await asyncio.sleep(0.8)  # the late answer to 2 arrives meanwhile
+            return first, await sender.send_many([note(5), note(6)])
+        finally:
+            await sender.aclose()
+
+    first, later = run(scenario)
+    results = by_row(first + later)
+    assert results[2] == SendResult(2, False, reason=TIMEOUT)
+    assert all(results[i].ok for i in (1, 3, 4, 5, 6))
+    assert mock.connections_opened == 1
+    assert len({r.connection_id for r in mock.requests}) == 1
+
+
+def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: MockApns, settings: Settings) -> None:
+    """aioapns matches answers by apns-id; without one the request would wait forever."""
+    mock.script(token(2), omit_apns_id=True)
+    settings = settings.with_(send_timeout_seconds=1)
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings)
+        try:
+            first = await sender.send_many([note(1), note(2)])
+            return first + await sender.send_many([note(3)])
+        finally:
+            await sender.aclose()
+
+    results = by_row(run(scenario))
+    assert results[2].reason == TIMEOUT and not results[2].ok
+    assert results[1].ok and results[3].ok
+    assert mock.connections_opened == 1
+
+
+def test_dropped_connection_fails_the_send_once_and_the_next_send_reconnects(mock: MockApns, settings: Settings) -> None:
+    mock.script(token(2), drop_connection=True)
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings)
+        try:
+            first = await sender.send_many([note(1), note(2)])
+            return first + await sender.send_many([note(3)])
+        finally:
+            await sender.aclose()
+
+    results = by_row(run(scenario))
+    assert results[2] == SendResult(2, False, reason="transport:MaxAttemptsExceeded")
+    assert results[1].ok and results[3].ok
+    assert [r.token for r in mock.requests].count(token(2)) == 1  # aioapns did not resend it
+    assert mock.connections_opened == 2
+
+
+def test_send_still_waiting_for_a_stream_at_the_timeout_is_never_sent(mock: MockApns, settings: Settings) -> None:
+    """A timed-out send that never left is cancelled, so it cannot arrive after being failed."""
+    mock.raised_max_streams = 1  # one stream per connection, one connection: 3 waits behind 2
+    mock.script(token(2), delay=1.5)
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings.with_(send_timeout_seconds=1), max_connections=1)
+        try:
+            return await sender.send_many([note(1), note(2), note(3)])
+        finally:
+            await sender.aclose()
+
+    results = by_row(run(scenario))
+    assert results[1].ok
+    assert results[2] == SendResult(2, False, reason=TIMEOUT)
+    assert results[3] == SendResult(3, False, reason=TIMEOUT_NOT_SENT)
+    time.sleep(0.2)
+    assert token(3) not in {r.token for r in mock.requests}
+
+
+def test_burst_beyond_the_flow_control_window_waits_instead_of_failing(mock: MockApns, settings: Settings) -> None:
+    """200 bodies of ~1 KB spend h2's default 64 KB connection window several times over."""
+    payload = {"aps": {"alert": {"title": "t", "body": "x" * 1000}}}
+    results = send(settings.with_(apns_concurrency=200), [note(i, payload=payload) for i in range(200)])
+    assert all(r.ok for r in results)
+    assert mock.connections_opened == 1
+    assert len(mock.requests) == 200
+
+
+def test_unreachable_endpoint_is_a_transport_failure(settings: Settings) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    [result] = send(settings.with_(apns_url=f"https://127.0.0.1:{port}"), [note(1)])
+    assert result == SendResult(1, False, reason="transport:MaxAttemptsExceeded")
+
+
+def test_aclose_with_a_send_still_awaiting_its_answer_returns_promptly(mock: MockApns, settings: Settings) -> None:
+    mock.script(token(2), delay=5)
+    settings = settings.with_(send_timeout_seconds=1)
+
+    async def scenario() -> float:
+        sender = AioApnsSender(settings)
+        await sender.send_many([note(1), note(2)])
+        started = time.monotonic()
+        await sender.aclose()
+        return time.monotonic() - started
+
+    assert run(scenario) < 2.5
+
+
+# -- concurrency, connections, the shared provider token ----------------------------------------
+
+
+def test_in_flight_sends_are_bounded_by_apns_concurrency(mock: MockApns, settings: Settings) -> None:
+    mock.script_default(delay=0.1)
+    results = send(settings.with_(apns_concurrency=4), [note(i) for i in range(24)])
+    assert all(r.ok for r in results)
+    assert mock.max_in_flight == 4
+    assert mock.stream_limit_violations == 0
+
+
+def test_a_burst_uses_one_connection_raised_after_the_first_answer(mock: MockApns, settings: Settings) -> None:
+    results = send(settings.with_(apns_concurrency=200), [note(i) for i in range(300)])
+    assert all(r.ok for r in results)
+    assert mock.connections_opened == 1
+    assert mock.stream_limit_violations == 0
+
+
+def test_one_provider_token_across_connections_and_senders(mock: MockApns, settings: Settings) -> None:
+    mock.raised_max_streams = 1  # every connection stays at one stream, so the pool opens several
+    mock.script_default(delay=0.1)
+    results = send(settings.with_(apns_concurrency=6), [note(i) for i in range(12)], max_connections=3)
+    results += send(settings, [note(99)])  # another run, as the next drain tick would be
+    assert all(r.ok for r in results)
+    assert mock.connections_opened >= 4
+    assert len(mock.jwts_seen) == 1
+    assert mock.stream_limit_violations == 0
+
+
+def test_token_churn_is_answered_429_by_apns_but_not_provoked(mock: MockApns, settings: Settings) -> None:
+    mock.min_token_refresh_seconds = 20 * 60
+    first = send(settings, [note(1)])
+    second = send(settings, [note(2)])  # a later run signs the same token
+    assert first[0].ok and second[0].ok
+    # A token from another window (still valid, 30 min older) is a change APNs refuses this soon.
+    [churned] = send(settings, [note(3)], clock=lambda: time.time() - ProviderToken.REFRESH_SECONDS)
+    assert (churned.status, churned.reason, churned.config_fault) == (429, "TooManyProviderTokenUpdates", True)
+
+
+def test_provider_token_is_stable_within_a_window_and_refreshed_after(tmp_path: Path) -> None:
+    key_file = tmp_path / "AuthKey_TEST.p8"
+    public = write_p8_key(key_file).public_key()
+    window_start = 1_790_000_000 // ProviderToken.REFRESH_SECONDS * ProviderToken.REFRESH_SECONDS
+    now = [window_start + ProviderToken.SKEW_SECONDS + 10.0]
+    provider = ProviderToken(load_signing_key(str(key_file)), "KEYID12345", "TEAM123456", clock=lambda: now[0])
+    other = ProviderToken(load_signing_key(str(key_file)), "KEYID12345", "TEAM123456", clock=lambda: now[0])
+    header = provider.get_header()
+    assert header == other.get_header()  # deterministic: every process signs the same token
+    claims = jwt.decode(header.removeprefix("bearer "), public, algorithms=["ES256"], options={"verify_iat": False})
+    assert claims["iss"] == "TEAM123456"
+    assert jwt.get_unverified_header(header.removeprefix("bearer "))["kid"] == "KEYID12345"
+    assert claims["iat"] == window_start  # in the past by at least the skew allowance
+    now[0] += 60
+    assert provider.get_header() == header
+    now[0] += ProviderToken.REFRESH_SECONDS
+    assert provider.get_header() != header
+
+
+# -- aioapns' stream semaphore ------------------------------------------------------------------
+
+
+def _capacity(slots: ChannelPool) -> int:
+    return slots._value  # streams that can open now
+
+
+def test_stream_slots_raise_to_the_full_new_limit_with_a_stream_in_flight() -> None:
+    async def scenario() -> tuple[int, int]:
+        ours, theirs = StreamSlots(1), ChannelPool(1)
+        await ours.acquire()
+        await theirs.acquire()
+        ours.bound = theirs.bound = 1000
+        return _capacity(ours), _capacity(theirs)
+
+    ours, theirs = run(scenario)
+    assert ours == 999
+    assert theirs == 1  # aioapns 4.0's own setter: the reason StreamSlots exists
+
+
+def test_stream_slots_lower_and_raise_keep_the_count() -> None:
+    async def scenario() -> list[int]:
+        slots = StreamSlots(1000)
+        for _ in range(3):
+            await slots.acquire()
+        slots.bound = 1
+        lowered = _capacity(slots)
+        slots.bound = 500
+        raised = _capacity(slots)
+        slots.release()
+        return [lowered, raised, _capacity(slots)]
+
+    assert run(scenario) == [-2, 497, 498]
+
+
+# -- mapping corner cases -----------------------------------------------------------------------
+
+
+def test_410_without_a_usable_timestamp_still_invalidates_the_token() -> None:
+    result = result_from_apns(5, NotificationResult("id", "410", "Unregistered", timestamp="garbage"))
+    assert (result.token_invalid, result.token_invalid_at) == (True, None)
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "variable"),
+    [
+        ("apns_key_file", "REMINDERS_APNS_KEY_FILE"),
+        ("apns_key_id", "REMINDERS_APNS_KEY_ID"),
+        ("apns_team_id", "REMINDERS_APNS_TEAM_ID"),
+        ("apns_topic", "REMINDERS_APNS_TOPIC"),
+    ],
+)
+def test_missing_setting_names_its_variable(settings: Settings, field: str, variable: str) -> None:
+    with pytest.raises(ApnsConfigError, match=variable):
+        validate_apns_settings(settings.with_(**{field: None}))
+    with pytest.raises(ApnsConfigError, match=variable):
+        apns_sender_factory(settings.with_(**{field: None}))
+
+
+def test_unreadable_or_wrong_key_file_names_the_variable(settings: Settings, tmp_path: Path) -> None:
+    not_pem = tmp_path / "key.p8"
+    not_pem.write_text("not a key")
+    rsa_key = tmp_path / "rsa.p8"
+    rsa_key.write_bytes(
+        rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    for path in (tmp_path / "missing.p8", tmp_path, not_pem, rsa_key):
+        with pytest.raises(ApnsConfigError, match="REMINDERS_APNS_KEY_FILE"):
+            validate_apns_settings(settings.with_(apns_key_file=str(path)))
+
+
+def test_bad_url_or_ca_file_names_the_variable(settings: Settings, tmp_path: Path) -> None:
+    for url in ("http://127.0.0.1:443", "https://:443", "https://host:notaport", "https://host/3/device"):
+        with pytest.raises(ApnsConfigError, match="REMINDERS_APNS_URL"):
+            validate_apns_settings(settings.with_(apns_url=url))
+    with pytest.raises(ApnsConfigError, match="REMINDERS_APNS_CA_FILE"):
+        validate_apns_settings(settings.with_(apns_ca_file=str(tmp_path / "missing.pem")))
+
+
+def test_valid_settings_pass_and_the_factory_builds_inside_the_loop(mock: MockApns, settings: Settings) -> None:
+    validate_apns_settings(settings)
+    factory = apns_sender_factory(settings)
+
+    async def scenario() -> list[SendResult]:
+        sender = factory()
+        try:
+            return await sender.send_many([note(1)])
+        finally:
+            await sender.aclose()
+
+    assert run(scenario)[0].ok
