@@ -6,7 +6,7 @@ Open-source Dagster has no alert policies of its own, so this is where alerts le
 
 An alert must never break what raised it: a webhook that is down, slow or rejects the message is
 logged and the caller carries on (the log line has already recorded the alert).
-(Not to be confused with ``alert.py``, which composes the push notification a reminder becomes.)
+(The push notification a reminder becomes is composed in ``notification.py``.)
 """
 
 from __future__ import annotations

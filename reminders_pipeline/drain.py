@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import ledger
-from .alert import compose
+from .alerts import raise_alert
+from .notification import compose
 from .db import Database
 from .policy import decide
 from .sender import Notification, SendResult, Sender, SenderFactory
@@ -182,6 +183,15 @@ async def send_batch_async(
                 _write_settlement(conn, unsettled, claimer, summary)
         if sender is not None:
             await sender.aclose()
+    if summary.halted:
+        raise_alert(
+            settings,
+            "APNs configuration fault: drain stopped claiming",
+            f"APNs answered {summary.halted}: the credentials, key id, team or topic are wrong, not the row. "
+            "Rows not yet claimed stay pending for the next drain.",
+            claimer=claimer,
+            failed=summary.outcomes.get("failed", 0),
+        )
     return summary
 
 

@@ -1,4 +1,4 @@
-"""The alert a reminder row becomes: payload and APNs headers, from the row alone.
+"""The push notification a reminder row becomes: payload and APNs headers, from the row alone.
 
 A row carries the item's whole window, so composing needs no source read. Clock times are shown in
 the device's last seen UTC offset: fine for "starts at 14:30" (an absolute instant rendered once),

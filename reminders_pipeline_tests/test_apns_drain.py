@@ -1,0 +1,158 @@
+"""What each APNs answer does to the ledger: the drain, the real aioapns sender and the mock APNs.
+
+Every row of the README's APNs table, on SQLite and PostgreSQL. Times are real (the sender sets
+``apns-expiration`` from the wall clock), so items start shortly after the real now.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Iterator
+
+import pytest
+
+from reminders_pipeline import ledger
+from reminders_pipeline.build import build
+from reminders_pipeline.drain import default_sender_factory, drain
+from reminders_pipeline.times import now_utc, unix_from_iso
+
+from .mock_apns import MockApns
+from .support import device, rows
+
+TOKENS = [f"{i:064x}" for i in range(1, 9)]
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockApns]:
+    with MockApns(workdir=tmp_path_factory.mktemp("mock-apns")) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def fresh_mock(mock: MockApns) -> Iterator[None]:
+    mock.drop_all_connections()
+    mock.wait_idle()
+    mock.reset()
+    yield
+
+
+@pytest.fixture
+def live(settings, mock):
+    return settings.with_(enabled=True, send_timeout_seconds=2, **mock.apns_settings())
+
+
+def queue(db, settings, feeds, *, devices=1, items=1, starts_in=1200, lead=1800):
+    """Devices each with ``items`` due rows (send_after 10 minutes ago, event in 20 minutes)."""
+    now = int(unix_from_iso(now_utc()))
+    url = feeds.items("/a.json", [{"id": f"e{i}", "title": f"Event {i}", "startsAt": now + starts_in + i, "expiresAt": now + starts_in + 1800} for i in range(items)])
+    for d in range(devices):
+        device(db, settings, f"dev-{d}", sources=[url], lead=lead, token=TOKENS[d])
+    build(db, settings)
+    return now
+
+
+def run_drain(db, settings):
+    return drain(db, settings, default_sender_factory(settings))
+
+
+def test_200_sends_once_with_the_right_headers_and_stores_the_apns_id(db, live, feeds, mock):
+    now = queue(db, live, feeds, items=3)
+    summary = run_drain(db, live)
+    assert summary.outcomes == {"sent": 3}
+    requests = mock.requests
+    assert len(requests) == 3 and Counter(r.token for r in requests) == {TOKENS[0]: 3}
+    settled = {r["id"]: r for r in rows(db)}
+    for req in requests:
+        assert req.headers["apns-push-type"] == "alert" and req.headers["apns-priority"] == "10"
+        assert req.headers["apns-topic"] == mock.topic
+        assert len(req.headers["apns-collapse-id"].encode()) <= 64
+        assert int(req.headers["apns-expiration"]) in range(now + 1200, now + 1203)  # the event's start
+        assert req.payload["aps"]["interruption-level"] == "time-sensitive"
+    stored = sorted(r["apns_id"] for r in settled.values())
+    assert stored == sorted(r.headers["apns-id"] for r in requests)  # the id APNs echoed back
+    assert {r["outcome"] for r in settled.values()} == {"sent"}
+    assert run_drain(db, live).claimed == 0 and len(mock.requests) == 3  # never twice
+
+
+@pytest.mark.parametrize("status, reason", [(410, "Unregistered"), (400, "BadDeviceToken"), (400, "DeviceTokenNotForTopic")])
+def test_dead_token_fails_the_row_marks_the_device_and_voids_its_other_rows(db, live, feeds, mock, status, reason):
+    queue(db, live, feeds, items=1, devices=2)
+    feeds_url = feeds.url("/a.json")
+    ts_ms = 1_800_000_000_123
+    mock.script(TOKENS[0], status=status, reason=reason, timestamp_ms=ts_ms if status == 410 else None)
+    # dev-0 also has a reminder that is not due yet: the dead token must void it.
+    device(db, live, "dev-0", sources=[feeds_url], lead=1800, rules=("lead:60",), token=TOKENS[0])
+    build(db, live)
+    summary = run_drain(db, live)
+    dev0 = {r["rule"]: r for r in rows(db, device_id="dev-0")}
+    assert (dev0["lead:1800"]["outcome"], dev0["lead:1800"]["outcome_detail"]) == ("failed", reason)
+    assert (dev0["lead:60"]["outcome"], dev0["lead:60"]["outcome_detail"]) == ("voided", "unregistered" if status == 410 else "token_invalid")
+    assert [r["outcome"] for r in rows(db, device_id="dev-1")] == ["sent"]
+    with db.read() as conn:
+        record = ledger.get_device(conn, "dev-0")
+    assert record.token_invalid_reason == reason
+    if status == 410:
+        assert record.token_invalid_at == "2027-01-15T08:00:00.123Z"
+    assert summary.tokens_invalidated == 1
+    assert build(db, live).devices_built == 1  # dev-0 is skipped until it registers again
+    device(db, live, "dev-0", sources=[feeds_url], lead=1800, token=TOKENS[5])
+    assert build(db, live).devices_built == 2
+
+
+@pytest.mark.parametrize(
+    "status, reason",
+    [(403, "InvalidProviderToken"), (403, "ExpiredProviderToken"), (403, "MissingProviderToken"), (400, "TopicDisallowed"), (400, "BadTopic")],
+)
+def test_configuration_fault_stops_claiming_and_alerts(db, live, feeds, mock, status, reason):
+    hook = feeds.url("/hook")
+    live = live.with_(alert_webhook_url=hook, claim_batch_size=2)
+    queue(db, live, feeds, items=6)
+    mock.script_default(status=status, reason=reason)
+    summary = run_drain(db, live)
+    assert summary.halted == reason
+    statuses = Counter((r["status"], r["outcome"]) for r in rows(db))
+    assert statuses == {("settled", "failed"): 2, ("pending", None): 4}
+    assert len(feeds.posts["/hook"]) == 1 and reason in feeds.posts["/hook"][0]["text"]
+    mock.script_default(status=200)
+    assert run_drain(db, live).outcomes == {"sent": 4}  # the next tick, credentials fixed
+
+
+@pytest.mark.parametrize(
+    "answer, detail",
+    [
+        ({"status": 429, "reason": "TooManyRequests"}, "TooManyRequests"),
+        ({"status": 500, "reason": "InternalServerError"}, "InternalServerError"),
+        ({"status": 503, "reason": "ServiceUnavailable"}, "ServiceUnavailable"),
+        ({"delay": 3.0}, "timeout"),
+        ({"drop_connection": True}, "transport:"),
+    ],
+)
+def test_transient_answers_fail_the_row_and_it_is_never_sent_again(db, live, feeds, mock, answer, detail):
+    queue(db, live, feeds, items=1)
+    mock.script(TOKENS[0], **answer)
+    run_drain(db, live)
+    (row,) = rows(db)
+    assert row["outcome"] == "failed" and row["outcome_detail"].startswith(detail)
+    mock.script(TOKENS[0], status=200)
+    run_drain(db, live)
+    assert len([r for r in mock.requests if r.token == TOKENS[0]]) == 1
+    assert rows(db)[0]["outcome"] == "failed"
+
+
+def test_dry_run_never_connects_and_records_the_payload(db, settings, feeds, mock):
+    dry = settings.with_(**mock.apns_settings())  # enabled=False, credentials present
+    queue(db, dry, feeds, items=2)
+    summary = run_drain(db, dry)
+    assert summary.outcomes == {"disabled": 2}
+    assert mock.stats()["connections_opened"] == 0 and mock.requests == []
+    payload = json.loads(rows(db)[0]["payload"])
+    assert payload["payload"]["aps"]["alert"]["title"].startswith("Event")
+
+
+def test_many_devices_all_delivered_exactly_once(db, live, feeds, mock):
+    queue(db, live.with_(claim_batch_size=7), feeds, items=40, devices=5)
+    summary = run_drain(db, live.with_(claim_batch_size=7))
+    assert summary.outcomes == {"sent": 200}
+    sent = Counter((r.token, r.payload["reminder"]["item_id"]) for r in mock.requests)
+    assert len(sent) == 200 and set(sent.values()) == {1}
