@@ -150,37 +150,56 @@ async def send_batch_async(
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
-    A slice's settlement is committed in the same transaction as the next slice's claim: one commit
-    per slice instead of two, and still every claim is durable before its send goes out.
+    Slices are pipelined: the next slice is claimed while earlier ones are on the wire, up to enough
+    slices to fill ``apns_concurrency``. The first slice goes alone, so a configuration fault
+    (wrong key, topic) stops the run after one slice instead of a window of them. Settlements that
+    have come back are committed in the same transaction as the next claim: one commit per slice.
     """
     clock = clock_for(now)
     claimer = claimer or new_claimer()
     summary = DrainSummary(now=clock())
+    window = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
     sender: Sender | None = None
-    unsettled: _Settlement | None = None
+    in_flight: set[asyncio.Task[_Settlement]] = set()
+    returned: list[_Settlement] = []
+
+    async def dispatch(rows: list[dict[str, Any]], plan: _Plan) -> _Settlement:
+        results = await _send(sender, plan.to_send) if plan.to_send else []  # type: ignore[arg-type]
+        return _settlement(rows, plan, results, clock(), summary)
+
+    async def collect(until: int) -> None:
+        nonlocal in_flight
+        while len(in_flight) > until:
+            done, in_flight = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            returned.extend(t.result() for t in done)
+
     try:
-        for i in range(0, len(ids), settings.claim_batch_size):
+        for n, i in enumerate(range(0, len(ids), settings.claim_batch_size)):
+            await collect(0 if n == 1 else window - 1)
             if summary.halted:
                 break
             claim_time = clock()
             with db.write() as conn:
-                if unsettled:
-                    _write_settlement(conn, unsettled, claimer, summary)
-                    unsettled = None
+                for done in returned:
+                    _write_settlement(conn, done, claimer, summary)
+                returned.clear()
                 rows = ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
             summary.claimed += len(rows)
             if not rows:
                 continue
             plan = _decide_all(rows, claim_time, settings)
-            results: list[SendResult] = []
-            if plan.to_send:
-                sender = sender or sender_factory()
-                results = await _send(sender, plan.to_send)
-            unsettled = _settlement(rows, plan, results, clock(), summary)
+            if plan.to_send and sender is None:
+                sender = sender_factory()
+            in_flight.add(asyncio.ensure_future(dispatch(rows, plan)))
+        await collect(0)
     finally:
-        if unsettled:
+        if in_flight:  # only after an error: let what is on the wire answer, then settle it
+            done, _ = await asyncio.wait(in_flight)
+            returned.extend(t.result() for t in done if not t.cancelled() and t.exception() is None)
+        if returned:
             with db.write() as conn:
-                _write_settlement(conn, unsettled, claimer, summary)
+                for done in returned:
+                    _write_settlement(conn, done, claimer, summary)
         if sender is not None:
             await sender.aclose()
     if summary.halted:

@@ -1,0 +1,79 @@
+"""The full drain (abandoned sweep, due query, claim, policy, send over HTTP/2, settle) against the
+mock APNs, beside raw aioapns sending the same number of notifications to the same mock in the
+same run, on SQLite and PostgreSQL.
+
+    .venv/bin/python bench/bench_drain.py [--n 5000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_apns_raw import MockHandle, notifications, send_raw  # noqa: E402
+from bench_ledger import T0, fresh, load_due  # noqa: E402
+
+from reminders_pipeline.drain import default_sender_factory, drain  # noqa: E402
+from reminders_pipeline.times import iso_from_unix  # noqa: E402
+
+
+def full_drain(mock: MockHandle, kind: str, n: int, concurrency: int) -> dict:
+    db, close = fresh(kind)
+    try:
+        ids = load_due(db, n)
+        settings = mock.settings(concurrency).with_(database_url=db.url, enabled=True, max_lateness_seconds=10**9)
+        mock.reset()
+        started = time.perf_counter()
+        summary = drain(db, settings, default_sender_factory(settings), now=iso_from_unix(T0 + 7210))
+        elapsed = time.perf_counter() - started
+        assert summary.outcomes == {"sent": len(ids)}, summary.as_dict()
+        assert mock.stats()["requests"] == len(ids)
+        return {"sends_per_s": round(len(ids) / elapsed, 1), "seconds": round(elapsed, 3)}
+    finally:
+        close()
+
+
+def raw(mock: MockHandle, n: int, concurrency: int) -> dict:
+    mock.reset()
+    elapsed, ok = asyncio.run(send_raw(mock, notifications(n), concurrency))
+    assert ok == n
+    return {"sends_per_s": round(n / elapsed, 1), "seconds": round(elapsed, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=5000)
+    parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    mock = MockHandle(in_process=False)
+    runs: dict[str, list[dict]] = {"raw_aioapns": [], "drain_sqlite": [], "drain_postgresql": []}
+    try:
+        for _ in range(args.rounds):  # interleaved, so drift on the machine hits all alike
+            runs["raw_aioapns"].append(raw(mock, args.n, args.concurrency))
+            runs["drain_sqlite"].append(full_drain(mock, "sqlite", args.n, args.concurrency))
+            runs["drain_postgresql"].append(full_drain(mock, "postgresql", args.n, args.concurrency))
+    finally:
+        mock.close()
+    medians = {k: statistics.median(r["sends_per_s"] for r in v) for k, v in runs.items()}
+    print(json.dumps({
+        "n": args.n,
+        "concurrency": args.concurrency,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "median_sends_per_s": medians,
+        "ratio_to_raw": {k: round(v / medians["raw_aioapns"], 2) for k, v in medians.items() if k != "raw_aioapns"},
+        "runs": runs,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
