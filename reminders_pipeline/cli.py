@@ -176,6 +176,17 @@ def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str
         _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
 
 
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0 for all).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@pass_ctx
+def serve_cmd(ctx: Ctx, host: str, port: int) -> None:
+    """Serve the HTTP routes (build/drain, device API, widget feed, /healthz, /metrics) under uvicorn."""
+    from .http.serve import serve  # imported here: the other commands do not need uvicorn/starlette
+
+    serve(host, port, ctx.settings)
+
+
 @main.command("check")
 @pass_ctx
 def check_cmd(ctx: Ctx) -> None:

@@ -10,12 +10,12 @@ from urllib.parse import urlparse
 
 from . import ledger
 from .db import Database
-from .rules import RuleError, parse_rule
+from .rules import MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
 from .times import now_utc
 
-_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
-_DEVICE_ID = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
+APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
+DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 MAX_SOURCES = 100
 
 
@@ -43,14 +43,25 @@ def chunk_of(device_id: str, chunk_count: int) -> int:
     return int.from_bytes(digest, "big") % chunk_count
 
 
+def _is_source_url(url: object) -> bool:
+    if not isinstance(url, str) or len(url) > 2048 or any(ord(c) < 33 for c in url):
+        return False
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        return False
+    return parsed.scheme in ("http", "https", "webcal") and bool(parsed.hostname)
+
+
 def validate(spec: DeviceSpec) -> DeviceSpec:
-    if not isinstance(spec.id, str) or not _DEVICE_ID.match(spec.id):
+    if not isinstance(spec.id, str) or not DEVICE_ID_PATTERN.fullmatch(spec.id):
         raise DeviceError("id", "1-128 characters of letters, digits and . _ : @ -")
-    if not isinstance(spec.apns_token, str) or not _TOKEN.match(spec.apns_token):
+    if not isinstance(spec.apns_token, str) or not APNS_TOKEN_PATTERN.fullmatch(spec.apns_token):
         raise DeviceError("apns_token", "hex string of 64 to 200 characters")
     lead = spec.reminder_lead_seconds
-    if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
-        raise DeviceError("reminder_lead_seconds", "a whole number of seconds, 0 or more")
+    if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead <= MAX_LEAD_SECONDS:
+        raise DeviceError("reminder_lead_seconds", f"a whole number of seconds from 0 to {MAX_LEAD_SECONDS}")
     rules = []
     for text in spec.extra_rules:
         try:
@@ -60,9 +71,8 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     if len(spec.source_urls) > MAX_SOURCES:
         raise DeviceError("sources", f"at most {MAX_SOURCES} sources")
     for url in spec.source_urls:
-        parsed = urlparse(url) if isinstance(url, str) else None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise DeviceError("sources", f"not an http(s) URL: {url!r}")
+        if not _is_source_url(url):
+            raise DeviceError("sources", f"not an http(s) or webcal URL: {url!r}")
     return DeviceSpec(
         spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls))
     )

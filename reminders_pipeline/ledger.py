@@ -528,6 +528,11 @@ def list_queue(
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+def ping(conn: Connection) -> None:
+    """One primary-key lookup on the queue: the database answers and the schema is there."""
+    conn.execute(select(q.c.id).where(q.c.id == 0)).first()
+
+
 def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
     r = conn.execute(select(q).where(q.c.id == row_id)).mappings().first()
     return dict(r) if r else None

@@ -133,7 +133,7 @@ class SourceReader:
             return SourceRead(source_id, url, error=f"malformed feed: {exc}")
         except httpx.TimeoutException:
             return SourceRead(source_id, url, error="timeout")
-        except (httpx.HTTPError, OSError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
             return SourceRead(source_id, url, error=f"{type(exc).__name__}: {exc}"[:500])
 
     @staticmethod

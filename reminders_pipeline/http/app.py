@@ -1,0 +1,436 @@
+"""Routes, authentication and request parsing for the HTTP shell.
+
+Every answer is JSON (``/metrics`` aside). A request the app cannot use is a 4xx whose body names
+what is wrong (``field`` for a validation error), never a 500: the shell checks shapes and ranges
+before the core sees a value, because the core trusts its typed callers (the CLI, Dagster) and a
+value it was never meant to see (a 20-digit id, a NUL byte, a lead longer than the epoch) would
+surface as a database error.
+
+Core calls block (source reads and sends run ``asyncio.run`` inside), so each runs in Starlette's
+threadpool; the event loop only parses and answers.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from urllib.parse import urlsplit
+
+import httpx
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .. import ledger
+from ..build import build as run_build
+from ..build import ComposedFeed, compose_feed
+from ..db import Database
+from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN  # the core's own patterns, so the two cannot drift
+from ..devices import MAX_SOURCES, DeviceError, DeviceSpec, put_device, remove_device
+from ..drain import default_sender_factory
+from ..drain import drain as run_drain
+from ..rules import MAX_LEAD_SECONDS
+from ..sender import SenderFactory
+from ..settings import Settings
+from ..times import iso_from_unix, parse_when, unix_from_iso
+from .metrics import Metrics, first_line
+from .openapi import (
+    MAX_BODY_BYTES,
+    MAX_EXTRA_RULES,
+    MAX_NOW_UNIX,
+    MAX_ROW_ID,
+    MAX_TZ_OFFSET_SECONDS,
+    MAX_URL_LENGTH,
+    MIN_NOW_UNIX,
+    document,
+)
+
+log = logging.getLogger(__name__)
+
+ROW_ID_TEXT = re.compile(r"[0-9]{1,19}")
+TZ_TEXT = re.compile(r"-?[0-9]{1,6}")
+DEVICE_ERROR_FIELDS = {"rules": "extra_rules", "sources": "source_urls"}  # DeviceError names -> body keys
+DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls"}
+BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class ApiError(Exception):
+    """Any answer but success: a status, a stable ``error`` code, a message, and the field at fault."""
+
+    def __init__(self, status: int, error: str, detail: str, field: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail, self.field, self.headers = status, error, detail, field, headers
+
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {"error": self.error, "detail": self.detail}
+        if self.field is not None:
+            body["field"] = self.field
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def invalid(field: str, detail: str) -> ApiError:
+    return ApiError(422, "invalid", detail, field)
+
+
+def no_device(device_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"no device {device_id!r}")
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request, *, required: bool) -> dict[str, Any] | None:
+    """The body as a JSON object; ``None`` for an empty optional body. Bounded by ``MAX_BODY_BYTES``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, "too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, "too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
+    if not body.strip():
+        if required:
+            raise invalid("body", "a JSON object body is required")
+        return None
+    try:
+        doc = json.loads(bytes(body), parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, "malformed_json", f"the body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise invalid("body", "must be a JSON object")
+    return doc
+
+
+def only_keys(doc: dict[str, Any], allowed: Iterable[str]) -> None:
+    """Unknown keys are refused: a misspelt optional field would otherwise be silently ignored."""
+    unknown = sorted(set(doc) - set(allowed))
+    if unknown:
+        raise invalid(unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}")
+
+
+def whole(value: Any, field: str, minimum: int, maximum: int) -> int:
+    """JSON Schema's integer: ``3600.0`` is one too, so an integral float is accepted."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise invalid(field, f"a whole number from {minimum} to {maximum}")
+    return value
+
+
+def parse_now(value: Any) -> str | None:
+    """Optional ``now`` (ISO-8601 with a zone, or Unix seconds): pretend it is then, like ``--now``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise invalid("now", "ISO-8601 with a zone (2026-09-10T08:30:00Z) or Unix seconds")
+    bounds = f"from {iso_from_unix(MIN_NOW_UNIX)} to {iso_from_unix(MAX_NOW_UNIX)}"
+    if not isinstance(value, str) and not MIN_NOW_UNIX <= value <= MAX_NOW_UNIX:  # NaN fails this too
+        raise invalid("now", f"Unix seconds {bounds}")
+    try:
+        now = parse_when(str(value))
+    except (ValueError, OverflowError) as exc:
+        raise invalid("now", str(exc)) from None
+    if not MIN_NOW_UNIX <= unix_from_iso(now) <= MAX_NOW_UNIX:
+        raise invalid("now", f"a time {bounds}")
+    return now
+
+
+def valid_device_id(device_id: Any) -> bool:
+    return isinstance(device_id, str) and DEVICE_ID_PATTERN.fullmatch(device_id) is not None
+
+
+def string_list(value: Any, field: str, most: int) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise invalid(field, "a list of strings")
+    if len(value) > most:
+        raise invalid(field, f"at most {most} entries")
+    return value
+
+
+def check_url(url: str) -> None:
+    """A URL the source reader can fetch at all; scheme and host are the core's ``validate``.
+
+    Printable ASCII only (an IRI must be percent-encoded): a NUL or control character cannot be
+    stored in PostgreSQL text, and an unparseable URL would fail every build that reads it.
+    """
+    if len(url) > MAX_URL_LENGTH or not all(0x21 <= ord(c) < 0x7F for c in url):
+        raise invalid("source_urls", f"not a URL of printable ASCII up to {MAX_URL_LENGTH} characters: {url[:100]!r}")
+    try:
+        urlsplit(url).port  # noqa: B018 - raises ValueError for a bad or out-of-range port
+        httpx.URL(url)
+    except (ValueError, httpx.InvalidURL) as exc:
+        raise invalid("source_urls", f"not a usable URL: {url[:100]!r} ({exc})") from None
+
+
+def device_spec(device_id: str, doc: dict[str, Any], settings: Settings) -> DeviceSpec:
+    """The PUT body as a ``DeviceSpec``; the core's ``validate`` still has the last word."""
+    only_keys(doc, DEVICE_BODY_KEYS)
+    if not valid_device_id(device_id):
+        raise invalid("id", "1-128 characters of letters, digits and . _ : @ -")
+    token = doc.get("apns_token")
+    if not isinstance(token, str) or APNS_TOKEN_PATTERN.fullmatch(token) is None:
+        raise invalid("apns_token", "required: a hex string of 64 to 200 characters")
+    lead = doc.get("reminder_lead_seconds")
+    lead = settings.default_lead_seconds if lead is None else whole(lead, "reminder_lead_seconds", 0, MAX_LEAD_SECONDS)
+    rules = string_list(doc.get("extra_rules"), "extra_rules", MAX_EXTRA_RULES)
+    urls = string_list(doc.get("source_urls"), "source_urls", MAX_SOURCES)
+    for url in urls:
+        check_url(url)
+    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls))
+
+
+def parse_row_id(request: Request, doc: dict[str, Any]) -> int | None:
+    """``?id=`` or the body's ``id`` (both only if they agree); None means sweep every due row."""
+    texts = request.query_params.getlist("id")
+    if len(texts) > 1:
+        raise invalid("id", "give one id")
+    from_query = None
+    if texts:
+        if not ROW_ID_TEXT.fullmatch(texts[0]) or not 1 <= int(texts[0]) <= MAX_ROW_ID:
+            raise invalid("id", f"a queue row id: a whole number from 1 to {MAX_ROW_ID}")
+        from_query = int(texts[0])
+    from_body = None if doc.get("id") is None else whole(doc["id"], "id", 1, MAX_ROW_ID)
+    if from_query is not None and from_body is not None and from_query != from_body:
+        raise invalid("id", "the query and the body name different rows")
+    return from_query if from_query is not None else from_body
+
+
+def parse_tz(request: Request) -> int | None:
+    texts = request.query_params.getlist("tz")
+    if not texts:
+        return None
+    if len(texts) > 1 or not TZ_TEXT.fullmatch(texts[0]) or abs(int(texts[0])) > MAX_TZ_OFFSET_SECONDS:
+        raise invalid("tz", f"the widget's UTC offset in seconds, -{MAX_TZ_OFFSET_SECONDS} to {MAX_TZ_OFFSET_SECONDS}")
+    return int(texts[0])
+
+
+# ---------------------------------------------------------------- the routes
+
+
+class Api:
+    """The endpoints, bound to one settings value, one database and one metrics registry."""
+
+    def __init__(self, settings: Settings, db: Database, sender_factory: SenderFactory | None, metrics: Metrics) -> None:
+        self.settings = settings
+        self.db = db
+        self.sender_factory = sender_factory
+        self.metrics = metrics
+        self.token = settings.token.encode("utf-8") if settings.token else None
+        self.openapi = document(settings)
+
+    def check_auth(self, request: Request) -> None:
+        """Unset token: every protected route is closed. Compared in constant time."""
+        if self.token is None:
+            raise ApiError(401, "unauthorized", "REMINDERS_TOKEN is not set: protected routes are closed", headers=BEARER_CHALLENGE)
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        given = credentials.strip().encode("latin-1")  # header text is latin-1 decoded: these are the raw bytes
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token):
+            raise ApiError(401, "unauthorized", "missing or wrong 'Authorization: Bearer' token", headers=BEARER_CHALLENGE)
+
+    def protected(self, endpoint: Endpoint) -> Endpoint:
+        """Authentication before anything else: an unauthenticated body is never parsed."""
+
+        async def guarded(request: Request) -> Response:
+            self.check_auth(request)
+            return await endpoint(request)
+
+        guarded.__name__ = endpoint.__name__
+        return guarded
+
+    # -- open routes
+
+    async def healthz(self, request: Request) -> Response:
+        """Open, for load balancers: proves a connection and the migrated schema."""
+        try:
+            await run_in_threadpool(self._probe)
+        except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
+            log.warning("health check failed: %s: %s", type(exc).__name__, first_line(exc))
+            return JSONResponse({"status": "unavailable", "database": self.db.dialect, "detail": type(exc).__name__}, 503)
+        return JSONResponse({"status": "ok", "database": self.db.dialect})
+
+    def _probe(self) -> None:
+        with self.db.read() as conn:
+            ledger.ping(conn)
+
+    async def metrics_text(self, request: Request) -> Response:
+        body = await run_in_threadpool(self.metrics.render)
+        return Response(body, headers={"Content-Type": self.metrics.content_type})
+
+    async def openapi_json(self, request: Request) -> Response:
+        return JSONResponse(self.openapi)
+
+    # -- internal: what the crons do
+
+    async def build(self, request: Request) -> Response:
+        """``{}`` every device; ``{"device_id"}`` the immediate rebuild; ``{"chunk"}`` one partition."""
+        doc = await read_json(request, required=False) or {}
+        only_keys(doc, ("device_id", "chunk", "now"))
+        now = parse_now(doc.get("now"))
+        if "device_id" in doc and "chunk" in doc:
+            raise invalid("chunk", "give device_id or chunk, not both")
+        device_id, chunk = doc.get("device_id"), doc.get("chunk")
+        kwargs: dict[str, Any] = {}
+        if device_id is not None:
+            if not valid_device_id(device_id):
+                raise invalid("device_id", "1-128 characters of letters, digits and . _ : @ -")
+            if await run_in_threadpool(self._device, device_id) is None:
+                raise no_device(device_id)
+            kwargs = {"device_ids": [device_id]}
+        elif chunk is not None:
+            # Exactly what the Dagster asset does for one partition.
+            kwargs = {"chunks": [whole(chunk, "chunk", 0, self.settings.chunk_count - 1)], "limit": self.settings.chunk_size}
+        summary = await run_in_threadpool(lambda: run_build(self.db, self.settings, now=now, **kwargs))
+        return JSONResponse(summary.as_dict())
+
+    async def drain(self, request: Request) -> Response:
+        """Every due row, or just ``id`` if it is due; a second call for the same row sends nothing."""
+        doc = await read_json(request, required=False) or {}
+        only_keys(doc, ("id", "now"))
+        row_id = parse_row_id(request, doc)
+        now = parse_now(doc.get("now"))
+        factory = self.sender_factory
+        if factory is None:
+            try:  # APNs credentials are checked here, before anything is claimed
+                factory = await run_in_threadpool(default_sender_factory, self.settings)
+            except ValueError as exc:
+                raise ApiError(503, "sender_unavailable", str(exc)) from None
+        summary = await run_in_threadpool(lambda: run_drain(self.db, self.settings, factory, now=now, row_id=row_id))
+        self.metrics.observe_drain(summary)
+        return JSONResponse(summary.as_dict())
+
+    # -- the device API
+
+    def _device(self, device_id: str) -> ledger.DeviceRecord | None:
+        with self.db.read() as conn:
+            return ledger.get_device(conn, device_id)
+
+    async def device(self, request: Request) -> Response:
+        """One route for the three methods, so a 405 lists them all in ``Allow``."""
+        handler = {"PUT": self.put_device, "DELETE": self.delete_device}.get(request.method, self.get_device)
+        return await handler(request)
+
+    async def get_device(self, request: Request) -> Response:
+        device_id = request.path_params["device_id"]
+        record = await run_in_threadpool(self._device, device_id) if valid_device_id(device_id) else None
+        if record is None:
+            raise no_device(device_id)
+        return JSONResponse(record.as_dict())
+
+    async def put_device(self, request: Request) -> Response:
+        """Create or replace: exactly these rules and sources; omitted optional fields take defaults."""
+        device_id = request.path_params["device_id"]
+        spec = device_spec(device_id, await read_json(request, required=True) or {}, self.settings)
+        try:
+            record = await run_in_threadpool(put_device, self.db, self.settings, spec)
+        except DeviceError as exc:
+            raise invalid(DEVICE_ERROR_FIELDS.get(exc.field, exc.field), exc.message) from None
+        return JSONResponse(record.as_dict())
+
+    async def delete_device(self, request: Request) -> Response:
+        """Voids the device's pending rows (``device_removed``); the ledger keeps what was sent."""
+        device_id = request.path_params["device_id"]
+        voided = await run_in_threadpool(remove_device, self.db, device_id) if valid_device_id(device_id) else None
+        if voided is None:
+            raise no_device(device_id)
+        return JSONResponse({"device_id": device_id, "rows_voided": voided})
+
+    # -- the widget's feed
+
+    async def feed(self, request: Request) -> Response:
+        """The composed feed, item bounds in Unix seconds (the wire contract), soonest first."""
+        device_id = request.path_params["device_id"]
+        tz = parse_tz(request)
+        composed = await run_in_threadpool(self._feed, device_id, tz) if valid_device_id(device_id) else None
+        if composed is None:
+            raise no_device(device_id)
+        return JSONResponse({"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed})
+
+    def _feed(self, device_id: str, tz: int | None) -> ComposedFeed | None:
+        record = self._device(device_id)
+        if record is None:
+            return None
+        if tz is not None and tz != record.last_tz_offset_seconds:
+            self._store_tz(device_id, tz)  # before composing: floating calendar times use the offset
+        return compose_feed(self.db, self.settings, device_id)
+
+    def _store_tz(self, device_id: str, tz: int) -> None:
+        """Conditional (only a changed offset reaches here, and the UPDATE re-checks) and best-effort."""
+        try:
+            with self.db.write() as conn:
+                ledger.store_tz_offset(conn, device_id, tz)
+        except Exception as exc:  # noqa: BLE001 - the seed: it can never fail a feed request
+            self.metrics.tz_write_failed()
+            log.warning("could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc))
+
+    # -- wiring
+
+    def routes(self) -> list[Route]:
+        p = self.protected
+        return [
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/metrics", self.metrics_text, methods=["GET"]),
+            Route("/openapi.json", self.openapi_json, methods=["GET"]),
+            Route("/internal/reminders/build", p(self.build), methods=["POST"]),
+            Route("/internal/reminders/drain", p(self.drain), methods=["POST"]),
+            Route("/v1/devices/{device_id}", p(self.device), methods=["GET", "PUT", "DELETE"]),
+            Route("/v1/devices/{device_id}/feed", p(self.feed), methods=["GET"]),
+        ]
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (no route) and 405 (wrong method) as JSON, keeping ``Allow``."""
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    body = {"error": codes.get(exc.status_code, "http_error"), "detail": exc.detail}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: JSON like every other answer. Starlette re-raises afterwards, so the server logs it."""
+    return JSONResponse({"error": "internal", "detail": "internal error; see the server log"}, status_code=500)
+
+
+def create_app(settings: Settings, db: Database | None = None, sender_factory: SenderFactory | None = None) -> Starlette:
+    """The app. ``db``: share an engine (tests); otherwise one is made and disposed at shutdown.
+
+    ``sender_factory``: replaces APNs (tests pass ``RecordingSender().factory()``); by default the
+    drain route builds the APNs sender per call, checking credentials before it claims anything.
+    """
+    owned = db is None
+    database = db if db is not None else Database(settings.database_url)
+    api = Api(settings, database, sender_factory, Metrics(database))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if owned:
+            database.dispose()
+
+    app = Starlette(
+        routes=api.routes(),
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.state.api = api
+    return app

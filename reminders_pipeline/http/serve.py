@@ -1,0 +1,54 @@
+"""Run the HTTP app under uvicorn: ``reminders serve --host --port`` calls ``serve``.
+
+One worker process: the drain counters and lateness histogram on ``/metrics`` live in the process
+that ran the drains, and a second worker would split them. Concurrency comes from the threadpool
+the core calls run in; more capacity means more instances behind a balancer, each scraped.
+
+``python -m reminders_pipeline.http.serve --host H --port P`` does the same without the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from ..settings import Settings, SettingsError
+from .app import create_app
+
+
+def serve(host: str, port: int, settings: Settings, *, log_level: str = "info") -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn finishes in-flight requests, then the engine is disposed."""
+    if not settings.token:
+        logging.getLogger(__name__).warning("REMINDERS_TOKEN is not set: every protected route answers 401")
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        workers=1,
+        lifespan="on",
+        proxy_headers=False,  # no client IP is used for anything; do not trust forwarded headers
+        server_header=False,
+        timeout_graceful_shutdown=30,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m reminders_pipeline.http.serve", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"configuration: {exc}", file=sys.stderr)
+        sys.exit(2)
+    serve(args.host, args.port, settings, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()
