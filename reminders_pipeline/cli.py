@@ -176,6 +176,16 @@ def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str
         _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
 
 
+@main.command("prune")
+@click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
+@pass_ctx
+def prune_cmd(ctx: Ctx, now: str | None) -> None:
+    """Delete rows settled longer ago than REMINDERS_RETENTION_SECONDS, in small batches."""
+    from .retention import prune
+
+    _emit({"deleted": prune(ctx.db, ctx.settings, now=now), "retention_seconds": ctx.settings.retention_seconds})
+
+
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0 for all).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)

@@ -70,6 +70,8 @@ class Settings:
     source_alert_after_seconds: int = 3600
     default_lead_seconds: int = 3600
     alert_webhook_url: str | None = None
+    retention_seconds: int = 7 * 86400
+    prune_batch_size: int = 5000
     apns_key_file: str | None = None
     apns_key_id: str | None = None
     apns_team_id: str | None = None
@@ -128,6 +130,8 @@ class Settings:
             source_alert_after_seconds=_int(env, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS", 3600, 1),
             default_lead_seconds=_int(env, "REMINDERS_DEFAULT_LEAD_SECONDS", 3600),
             alert_webhook_url=env.get("REMINDERS_ALERT_WEBHOOK_URL") or None,
+            retention_seconds=_int(env, "REMINDERS_RETENTION_SECONDS", 7 * 86400, 3600),
+            prune_batch_size=_int(env, "REMINDERS_PRUNE_BATCH_SIZE", 5000, 1),
             apns_key_file=env.get("REMINDERS_APNS_KEY_FILE") or None,
             apns_key_id=env.get("REMINDERS_APNS_KEY_ID") or None,
             apns_team_id=env.get("REMINDERS_APNS_TEAM_ID") or None,

@@ -123,3 +123,15 @@ def test_the_installed_entry_point_runs(tmp_path: Path):
     assert json.loads(out.stdout)["revision"] == migrate.head_revision()
     bad = subprocess.run([str(exe), "drain", "--now", "nope"], env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "not an ISO-8601" in bad.stderr
+
+
+def test_prune_deletes_only_rows_settled_before_the_retention(cli, feeds):
+    url = feeds.items("/feed.json", [item("a", 3600), item("b", 7200), item("c", 90_000)])
+    cli("device", "put", "p", "--apns-token", TOKEN, "--source", url)
+    cli("build", "--all", "--now", NOW)
+    cli("drain", "--now", at(0))  # a settles (disabled)
+    cli("drain", "--now", at(3600))  # b settles an hour later
+    out = json.loads(cli("prune", "--now", at(7 * 86400 + 1800)).output)
+    assert out == {"deleted": 1, "retention_seconds": 7 * 86400}
+    left = json.loads(cli("queue", "list").output)
+    assert sorted(r["item_id"].split(":")[1] for r in left) == ["b", "c"]
