@@ -151,8 +151,13 @@ def build(
     limit: int | None = None,
     now: str | None = None,
     reader: SourceReader | None = None,
+    read_cache: dict[int, SourceRead] | None = None,
 ) -> BuildSummary:
-    """Build the queue for the selected devices (all if neither ids nor chunks), stalest first."""
+    """Build the queue for the selected devices (all if neither ids nor chunks), stalest first.
+
+    ``read_cache``: reads already made in this run (one Dagster run building several chunks passes
+    the same dict to each call), so a source shared across chunks is still read once per run.
+    """
     started = time.perf_counter()
     now = now or now_utc()
     summary = BuildSummary(now=now)
@@ -162,8 +167,14 @@ def build(
         subs = ledger.subscriptions(conn, [d["id"] for d in devices])
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
 
-    reads = reader.read_all(states, read_window(devices, now, settings.horizon_seconds))
-    _record_reads(db, reads, now, summary, settings)
+    window = read_window(devices, now, settings.horizon_seconds)
+    cache = read_cache if read_cache is not None else {}
+    missing = {sid: st for sid, st in states.items() if not _covers(cache.get(sid), window)}
+    fresh = reader.read_all(missing, window)
+    cache.update(fresh)
+    reads = {sid: cache[sid] for sid in states}
+    summary.sources_alerted = [s["url"] for s in _record_reads(db, fresh, now, settings)]
+    _summarize_reads(reads, summary)
 
     now_unix = unix_from_iso(now)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
@@ -198,14 +209,26 @@ def read_window(devices: Sequence[dict[str, Any]], now: str, horizon: int) -> tu
     return start, start + horizon + longest
 
 
-def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, summary: BuildSummary, settings: Settings) -> None:
+def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
+    """A read made earlier in this run serves this build too, unless its calendar expansion ends too soon."""
+    return read is not None and (read.cache_until is None or unix_from_iso(read.cache_until) >= window[1])
+
+
+def _summarize_reads(reads: dict[int, SourceRead], summary: BuildSummary) -> None:
+    summary.sources_read = len(reads)
+    summary.sources_not_modified = sum(1 for r in reads.values() if r.not_modified)
+    summary.sources_failed = [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+    for r in reads.values():
+        if r.ok:
+            summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
+
+
+def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings: Settings) -> list[dict[str, Any]]:
+    """Store each source's outcome; returns the sources that just crossed the failure-alert limit."""
+    if not reads:
+        return []
     ok = [r for r in reads.values() if r.ok]
     failed = [r for r in reads.values() if not r.ok]
-    summary.sources_read = len(reads)
-    summary.sources_not_modified = sum(1 for r in ok if r.not_modified)
-    summary.sources_failed = [{"url": r.url, "error": r.error or ""} for r in failed]
-    for r in ok:
-        summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
     successes = [
         {
             "id": r.source_id,
@@ -223,13 +246,13 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, summary:
         ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
         long_failing = ledger.claim_source_alerts(conn, shift(now, -settings.source_alert_after_seconds), now)
     for src in long_failing:
-        summary.sources_alerted.append(src["url"])
         raise_alert(
             settings,
             "Source failing",
             f"{src['url']} has failed every read since {src['failing_since']} "
             f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
         )
+    return long_failing
 
 
 def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]

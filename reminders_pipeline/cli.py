@@ -176,6 +176,34 @@ def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str
         _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
 
 
+@main.command("dev", context_settings={"ignore_unknown_options": True})
+@click.option("--port", "ui_port", type=int, default=3000, show_default=True, help="Dagster UI port.")
+@click.option("--demo-port", type=int, default=8765, show_default=True, help="Port of the local demo source.")
+@click.argument("dagster_args", nargs=-1, type=click.UNPROCESSED)
+def dev_cmd(ui_port: int, demo_port: int, dagster_args: tuple[str, ...]) -> None:
+    """The whole pipeline in `dagster dev`: ledger and Dagster home under ./var/, a demo source and device, dry run."""
+    from pathlib import Path
+
+    from .demo import run_dev
+
+    try:
+        sys.exit(run_dev(Path.cwd(), ui_port, demo_port, dagster_args))
+    except SettingsError as exc:
+        raise click.UsageError(f"configuration: {exc}") from None
+
+
+@main.command("demo")
+@click.option("--demo-port", type=int, default=8765, show_default=True)
+def demo_cmd(demo_port: int) -> None:
+    """Serve the demo source and register the demo device (no Dagster) until Ctrl-C."""
+    from .demo import serve_demo
+
+    try:
+        serve_demo(demo_port)
+    except SettingsError as exc:
+        raise click.UsageError(f"configuration: {exc}") from None
+
+
 @main.command("prune")
 @click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
 @pass_ctx

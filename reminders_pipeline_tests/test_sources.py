@@ -201,3 +201,16 @@ def test_source_state_is_visible(db, settings, feeds):
         (src,) = ledger.list_sources(conn)
     assert (src["last_item_count"], src["last_rejected_count"], src["subscribers"]) == (1, 1, 1)
     assert json.loads(src["feed_cache"] or "null") is None  # no validators, nothing cached
+
+
+def test_a_read_cache_shares_reads_across_builds_of_one_run(db, settings, feeds):
+    url = feeds.items("/shared.json", [{"id": "e", "title": "E", "startsAt": NOW_S + 7200, "expiresAt": NOW_S + 9000}])
+    for i in range(12):
+        device(db, settings, f"d{i}", sources=[url])
+    with db.read() as conn:
+        chunks = sorted({d.chunk for d in ledger.list_devices(conn)})
+    assert len(chunks) > 1
+    cache: dict = {}
+    summaries = [build(db, settings, chunks=[c], now=NOW, read_cache=cache) for c in chunks]
+    assert feeds.hits["/shared.json"] == 1
+    assert all(s.sources_read == 1 for s in summaries) and len(rows(db)) == 12

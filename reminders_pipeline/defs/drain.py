@@ -1,0 +1,129 @@
+"""The drain half as a Dagster job: fail abandoned claims -> find due rows -> send per batch -> summary.
+
+The fan-out is to a bounded number of batches (``REMINDERS_DRAIN_MAX_BATCHES``, tens), never to rows:
+each mapped step costs about 9 Dagster events, so a run's events grow with batches, not with due rows
+(docs/dagster.md has the measurement). Inside a batch the core claims each claim-sized slice
+immediately before dispatching it, so overlapping drains and repeated triggers stay harmless.
+"""
+
+from typing import Any, Optional
+
+import dagster as dg
+
+from reminders_pipeline import drain as core
+from reminders_pipeline.drain import DrainSummary
+from reminders_pipeline.schema import OUTCOMES
+from reminders_pipeline.times import now_utc
+
+from .build import LOAD_SETTINGS, RUN_KIND_TAG
+from .resources import AlertingResource, LedgerResource, SenderResource
+
+
+class FindDueConfig(dg.Config):
+    """``row_id`` drains just that row if it is due: the seed's exact-time trigger by row id."""
+
+    row_id: Optional[int] = None
+
+
+@dg.op(description="Fail claims left by a run that died mid-send: at most once, never retried.")
+def fail_abandoned(context: dg.OpExecutionContext, ledger: LedgerResource) -> int:
+    with ledger.open() as db:
+        return core.fail_abandoned(db, ledger.settings())
+
+
+@dg.op(
+    out={"due": dg.Out(int), "batches": dg.DynamicOut(list)},
+    description="Due = pending and send_after has passed; split into at most REMINDERS_DRAIN_MAX_BATCHES batches.",
+)
+def find_due(context: dg.OpExecutionContext, config: FindDueConfig, ledger: LedgerResource, abandoned: int) -> Any:
+    settings = ledger.settings()
+    with ledger.open() as db:
+        ids = core.find_due(db, row_id=config.row_id)
+    yield dg.Output(len(ids), "due")
+    for i, batch in enumerate(core.batches_of(ids, settings.drain_batch_size, settings.drain_max_batches)):
+        yield dg.DynamicOutput(batch, output_name="batches", mapping_key=f"batch_{i:03d}")
+
+
+# The batches of one run execute in this process one after another (in-process executor). Once a
+# batch halts on an APNs configuration fault, the later ones must not each probe APNs again: every
+# probe fails the rows it claimed and raises another alert. Keyed by run id; emptied by summarize.
+_halted_runs: dict[str, str] = {}
+
+
+@dg.op(description="Claim each slice of the batch right before sending it; decide, send, settle.")
+async def send_batch(
+    context: dg.OpExecutionContext,
+    ledger: LedgerResource,
+    sender: SenderResource,
+    alerting: AlertingResource,
+    batch: list,
+) -> DrainSummary:
+    halted = _halted_runs.get(context.run_id)
+    if halted:
+        context.log.warning(f"skipped: an earlier batch halted on an APNs configuration fault ({halted})")
+        return DrainSummary(now=now_utc(), halted=halted)
+    settings = alerting.apply(sender.apply(ledger.settings()))  # the core alerts on APNs faults itself
+    factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
+    claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
+    with ledger.open() as db:
+        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer)
+    if summary.halted:
+        _halted_runs[context.run_id] = summary.halted
+    return summary
+
+
+def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
+    """Counts per outcome (every outcome, zeros included, so plots line up) and lateness percentiles."""
+    meta: dict[str, Any] = {
+        "due": summary.due,
+        "claimed": summary.claimed,
+        "abandoned_failed": summary.abandoned,
+        "batches": batches,
+        **{f"outcome_{o}": summary.outcomes.get(o, 0) for o in OUTCOMES},
+        "outcome_details": dg.MetadataValue.json(dict(summary.details)),
+        "tokens_invalidated": summary.tokens_invalidated,
+        "voided_by_token": summary.voided_by_token,
+    }
+    for name, value in summary.lateness_percentiles().items():
+        if value is not None:
+            meta[f"lateness_{name}_seconds"] = value
+    if summary.halted:
+        meta["halted"] = summary.halted
+    return meta
+
+
+@dg.op(description="Counts per outcome and lateness percentiles of the whole run.")
+def summarize(
+    context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list
+) -> dict[str, Any]:
+    _halted_runs.pop(context.run_id, None)
+    summary = DrainSummary(now=now_utc(), abandoned=abandoned, due=due)
+    for part in summaries:
+        summary.merge(part)
+    meta = summary_metadata(summary, len(summaries))
+    context.log.info(f"drain: {summary.as_dict()}")
+    if summary.halted:  # the core has alerted; a red run is what the UI should show for it
+        raise dg.Failure(f"APNs configuration fault ({summary.halted}); remaining rows stay pending", metadata=meta)
+    context.add_output_metadata(meta)
+    return summary.as_dict()
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    tags={RUN_KIND_TAG: "drain", "dagster/max_runtime": LOAD_SETTINGS.max_lateness_seconds},
+    description="Claim every due row (or the one row_id) and send it; at most once.",
+)
+def drain_job() -> None:
+    abandoned = fail_abandoned()
+    due, batches = find_due(abandoned)
+    summarize(abandoned, due, batches.map(send_batch).collect())
+
+
+drain_schedule = dg.ScheduleDefinition(
+    name="drain_schedule",
+    job=drain_job,
+    cron_schedule=LOAD_SETTINGS.drain_cron,
+    execution_timezone="UTC",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Drain on its own cadence (REMINDERS_DRAIN_CRON); lateness is bounded by it plus slack.",
+)

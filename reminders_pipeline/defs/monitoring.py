@@ -1,0 +1,210 @@
+"""Watching the two invariants: a sensor on the oldest ``reminders_built_at``, two asset checks, and
+an alert for every failed run. All alerts go through ``reminders_pipeline.alerts``.
+
+Missing the sweep period does not make reminders late: they never queue. So the sensor watches the
+oldest build, requests a catch-up build of the stale chunks (run keys bound it to one request per
+chunk range per build cadence), and alerts only on transitions (breached, recovered), keeping the
+last state in its cursor. The checks put the same numbers on the asset page, plotted over time, and
+alert on their own transitions (the previous evaluation is in the instance).
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+from dagster._core.storage.asset_check_execution_record import (  # no public name in 1.13
+    AssetCheckExecutionRecordStatus as CheckStatus,
+)
+
+from reminders_pipeline import ledger as ledger_sql
+from reminders_pipeline.check import sweep_period_seconds
+from reminders_pipeline.db import Database
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import now_utc, unix_from_iso
+
+from .build import RANGE_END_TAG, RANGE_START_TAG, build_job, build_requests, builds_in_flight, notification_queue
+from .resources import AlertingResource, LedgerResource
+
+CATCH_UP_TAG = "reminders/trigger"
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    """The seed's ``full sweep period < lead time - margin``, measured instead of predicted."""
+
+    now: str
+    oldest_built_at: str | None  # among devices built at least once (live tokens only)
+    never_built: int
+    budget_seconds: int  # min lead - margin
+    sweep_period_seconds: int  # what the configuration promises for today's device count
+
+    @property
+    def age_seconds(self) -> float:
+        return 0.0 if self.oldest_built_at is None else unix_from_iso(self.now) - unix_from_iso(self.oldest_built_at)
+
+    @property
+    def breached(self) -> bool:
+        return self.age_seconds >= self.budget_seconds
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "oldest_reminders_built_at": self.oldest_built_at,
+            "oldest_build_age_seconds": round(self.age_seconds, 1),
+            "budget_seconds": self.budget_seconds,
+            "sweep_period_seconds": self.sweep_period_seconds,
+            "never_built_devices": self.never_built,
+        }
+
+
+def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
+    with db.read() as conn:
+        never, oldest = ledger_sql.oldest_built(conn)
+        per_chunk = ledger_sql.devices_per_chunk(conn)
+        min_lead = ledger_sql.min_lead_seconds(conn)
+    lead = settings.default_lead_seconds if min_lead is None else min_lead
+    return SweepStatus(now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk))
+
+
+def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
+    """Chunks holding a never-built device or one older than the budget, stalest first."""
+    stale = []
+    with db.read() as conn:
+        for chunk in ledger_sql.stalest_chunks(conn):
+            never, oldest = ledger_sql.oldest_built(conn, [chunk])
+            age = 0.0 if oldest is None else unix_from_iso(status.now) - unix_from_iso(oldest)
+            if not never and age < status.budget_seconds:
+                break  # ordered stalest first: every later chunk is fresher
+            stale.append(chunk)
+    return stale
+
+
+def transition(was_ok: bool, ok: bool) -> str | None:
+    """"breached" or "recovered" when the state changed, else None: alerts fire on changes only."""
+    if was_ok and not ok:
+        return "breached"
+    if ok and not was_ok:
+        return "recovered"
+    return None
+
+
+@dg.sensor(
+    name="sweep_period_sensor",
+    job=build_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Oldest reminders_built_at vs min lead - margin: catch-up build and a transition alert.",
+)
+def sweep_period_sensor(
+    context: dg.SensorEvaluationContext, ledger: LedgerResource, alerting: AlertingResource
+) -> dg.SensorResult:
+    settings = ledger.settings()
+    now = now_utc()
+    with ledger.open() as db:
+        status = sweep_status(db, settings, now)
+        chunks = stale_chunks(db, status) if status.breached or status.never_built else []
+    was_ok = not json.loads(context.cursor or "{}").get("breached", False)
+    change = transition(was_ok, not status.breached)
+    if change:
+        title = "sweep-period invariant breached" if change == "breached" else "sweep-period invariant recovered"
+        detail = (
+            "devices are not rebuilt within min lead - margin: their reminders may never queue"
+            if change == "breached"
+            else "every device has been rebuilt within min lead - margin again"
+        )
+        alerting.alert(settings, title, detail, **status.fields(), stale_chunks=chunks or None)
+    requests: list[dg.RunRequest] = []
+    if chunks and not builds_in_flight(context.instance):
+        bucket = int(unix_from_iso(now) // settings.build_cadence_seconds)  # one retry per build cadence
+        requests = build_requests(chunks, run_key=f"catch-up:{bucket}", **{CATCH_UP_TAG: "catch-up"})
+    return dg.SensorResult(run_requests=requests, cursor=json.dumps({"breached": status.breached}))
+
+
+def previous_passed(context: dg.AssetCheckExecutionContext, name: str) -> bool:
+    """Whether this check's last completed evaluation passed (True when there is none)."""
+    key = dg.AssetCheckKey(notification_queue.key, name)
+    done = {CheckStatus.SUCCEEDED, CheckStatus.FAILED}  # this evaluation's own record is still PLANNED
+    history = context.instance.event_log_storage.get_asset_check_execution_history(key, limit=1, status=done)
+    return not history or history[0].status == CheckStatus.SUCCEEDED
+
+
+def check_result(
+    context: dg.AssetCheckExecutionContext,
+    alerting: AlertingResource,
+    settings: Settings,
+    name: str,
+    passed: bool,
+    detail: str,
+    metadata: dict[str, Any],
+) -> dg.AssetCheckResult:
+    change = transition(previous_passed(context, name), passed)
+    if change:
+        alerting.alert(settings, f"check {name} {'failed' if change == 'breached' else 'passes again'}", detail, **metadata)
+    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata, description=detail)
+
+
+@dg.asset_check(asset=notification_queue, name="sweep_period_invariant", blocking=False)
+def sweep_period_invariant(
+    context: dg.AssetCheckExecutionContext, ledger: LedgerResource, alerting: AlertingResource
+) -> dg.AssetCheckResult:
+    """Oldest build age < min lead - margin: otherwise some device's reminders never queue."""
+    settings = ledger.settings()
+    with ledger.open() as db:
+        status = sweep_status(db, settings, now_utc())
+    metadata = {k: v for k, v in status.fields().items() if v is not None}
+    detail = f"oldest build is {status.age_seconds:.0f}s old; budget (min lead - margin) is {status.budget_seconds}s"
+    return check_result(context, alerting, settings, "sweep_period_invariant", not status.breached, detail, metadata)
+
+
+@dg.asset_check(asset=notification_queue, name="drain_backlog", blocking=False)
+def drain_backlog(
+    context: dg.AssetCheckExecutionContext, ledger: LedgerResource, alerting: AlertingResource
+) -> dg.AssetCheckResult:
+    """Oldest due pending row's age < MAX_LATENESS_SECONDS: otherwise due rows settle too_late."""
+    settings = ledger.settings()
+    now = now_utc()
+    with ledger.open() as db, db.read() as conn:
+        oldest = ledger_sql.oldest_due_pending(conn, now)
+    age = 0.0 if oldest is None else unix_from_iso(now) - unix_from_iso(oldest)
+    metadata = {
+        "oldest_due_age_seconds": round(age, 1),
+        "max_lateness_seconds": settings.max_lateness_seconds,
+        "drain_cadence_seconds": settings.drain_cadence_seconds,
+    }
+    if oldest:
+        metadata["oldest_due_send_after"] = oldest
+    detail = f"oldest due pending row waits {age:.0f}s; MAX_LATENESS_SECONDS is {settings.max_lateness_seconds}s"
+    return check_result(context, alerting, settings, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata)
+
+
+queue_checks_schedule = dg.ScheduleDefinition(
+    name="queue_checks_schedule",
+    # Five minutes after each default drain tick, so drain_backlog sees what the drain left.
+    cron_schedule="10,25,40,55 * * * *",
+    execution_timezone="UTC",
+    target=dg.AssetSelection.checks_for_assets(notification_queue),
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Evaluate sweep_period_invariant and drain_backlog.",
+)
+
+
+@dg.run_failure_sensor(
+    name="run_failure_alert",
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Alert on every failed build, drain or check run.",
+)
+def run_failure_alert(context: dg.RunFailureSensorContext, ledger: LedgerResource, alerting: AlertingResource) -> None:
+    run = context.dagster_run
+    alerting.alert(
+        ledger.settings(),
+        f"run failed: {run.job_name}",
+        context.failure_event.message or "",
+        run_id=run.run_id,
+        partition=run.tags.get("dagster/partition"),
+        chunks=_range(run.tags),
+    )
+
+
+def _range(tags: Any) -> str | None:
+    start, end = tags.get(RANGE_START_TAG), tags.get(RANGE_END_TAG)
+    return f"{start}...{end}" if start else None

@@ -1,0 +1,66 @@
+"""All definitions load, ``dagster definitions validate`` passes, and both instance files are valid."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+from dagster._core.instance.config import dagster_instance_config
+
+from reminders_pipeline.definitions import defs
+from reminders_pipeline.demo import DEV_INSTANCE_YAML
+from reminders_pipeline.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_all_definitions_load():
+    loaded = defs()
+    repo = loaded.get_repository_def()
+    assert {"build_notification_queue", "drain_job"} <= set(repo.job_names)
+    assert {s.name for s in repo.schedule_defs} == {"build_schedule", "drain_schedule", "queue_checks_schedule"}
+    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert"}
+    assert set(loaded.resources or {}) == {"ledger", "sender", "sources", "alerting"}
+    queue = repo.assets_defs_by_key[dg.AssetKey("notification_queue")]
+    assert queue.partitions_def.get_partition_keys() == [f"{c:03d}" for c in range(Settings().chunk_count)]
+    checks = {key.name for key in repo.asset_graph.asset_check_keys}
+    assert checks == {"sweep_period_invariant", "drain_backlog"}
+
+
+def test_schedules_run_on_the_crons_reminders_check_reads():
+    """``reminders check`` derives both cadences from these same Settings fields."""
+    repo = defs().get_repository_def()
+    settings = Settings.from_env()
+    assert repo.get_schedule_def("build_schedule").cron_schedule == settings.build_cron
+    assert repo.get_schedule_def("drain_schedule").cron_schedule == settings.drain_cron
+    assert all(s.execution_timezone == "UTC" for s in repo.schedule_defs)
+
+
+def test_dagster_definitions_validate_on_the_workspace(tmp_path):
+    (tmp_path / "dagster.yaml").write_text("")  # not the repository's production instance file
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", str(ROOT / "workspace.yaml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Validation successful for code location reminders_pipeline" in done.stderr + done.stdout
+
+
+def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):
+    prod, _ = dagster_instance_config(str(ROOT))  # validated against the instance schema; env kept unresolved
+    assert prod["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_POSTGRES_URL"}
+    limits = {(l["key"], l.get("value")): l["limit"] for l in prod["concurrency"]["runs"]["tag_concurrency_limits"]}
+    assert limits[("reminders/kind", "build")] > limits[("reminders/kind", "drain")]
+    assert prod["run_monitoring"]["enabled"] and prod["retention"]["sensor"]["purge_after_days"]["skipped"] == 7
+
+    (tmp_path / "dagster.yaml").write_text(DEV_INSTANCE_YAML)
+    dev, _ = dagster_instance_config(str(tmp_path))
+    assert "storage" not in dev  # SQLite under DAGSTER_HOME
