@@ -11,6 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from reminders_pipeline import defs as defs_package
+from reminders_pipeline.defs.executors import job_executor
+from reminders_pipeline.settings import Settings
 
 
 @dg.definitions
@@ -23,4 +25,6 @@ def defs() -> dg.Definitions:
         tree = dg.ComponentTree.from_module(defs_module=defs_package, project_root=Path(__file__).parent.parent)
         # In process for every job, including the implicit one behind UI materializations and
         # backfills: the default multiprocess executor spawns a process per step (~2.6 CPU-s each).
-        return dg.Definitions.merge(tree.build_defs(), dg.Definitions(executor=dg.in_process_executor))
+        # REMINDERS_DAGSTER_EXECUTOR moves steps onto Celery or Kubernetes (deploy/).
+        executor = job_executor(Settings.from_env().dagster_executor)
+        return dg.Definitions.merge(tree.build_defs(), dg.Definitions(executor=executor))

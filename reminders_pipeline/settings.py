@@ -70,6 +70,8 @@ class Settings:
     source_alert_after_seconds: int = 3600
     default_lead_seconds: int = 3600
     alert_webhook_url: str | None = None
+    dagster_executor: str = "in_process"  # in_process | multiprocess | celery | k8s_job (deploy/)
+    build_chunks_per_run: int = 0  # 0 = each build tick is one run; 1 = one run per chunk (K8s pods)
     retention_seconds: int = 7 * 86400
     prune_batch_size: int = 5000
     apns_key_file: str | None = None
@@ -130,6 +132,8 @@ class Settings:
             source_alert_after_seconds=_int(env, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS", 3600, 1),
             default_lead_seconds=_int(env, "REMINDERS_DEFAULT_LEAD_SECONDS", 3600),
             alert_webhook_url=env.get("REMINDERS_ALERT_WEBHOOK_URL") or None,
+            dagster_executor=env.get("REMINDERS_DAGSTER_EXECUTOR") or "in_process",
+            build_chunks_per_run=_int(env, "REMINDERS_BUILD_CHUNKS_PER_RUN", 0),
             retention_seconds=_int(env, "REMINDERS_RETENTION_SECONDS", 7 * 86400, 3600),
             prune_batch_size=_int(env, "REMINDERS_PRUNE_BATCH_SIZE", 5000, 1),
             apns_key_file=env.get("REMINDERS_APNS_KEY_FILE") or None,
@@ -144,6 +148,8 @@ class Settings:
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")
+        if s.dagster_executor not in ("in_process", "multiprocess", "celery", "k8s_job"):
+            raise SettingsError("REMINDERS_DAGSTER_EXECUTOR must be in_process, multiprocess, celery or k8s_job")
         if s.interruption_level not in ("passive", "active", "time-sensitive", "critical"):
             raise SettingsError("REMINDERS_INTERRUPTION_LEVEL must be passive, active, time-sensitive or critical")
         for name, cron in (("REMINDERS_BUILD_CRON", s.build_cron), ("REMINDERS_DRAIN_CRON", s.drain_cron)):

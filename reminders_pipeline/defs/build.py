@@ -15,6 +15,7 @@ from reminders_pipeline.build import BuildSummary, build
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 
+from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SourcesResource
 
 # Read once when the code location loads: the partition keys and the cron strings are part of the
@@ -86,7 +87,7 @@ def notification_queue(
 build_job = dg.define_asset_job(
     "build_notification_queue",
     selection=dg.AssetSelection.assets(notification_queue).without_checks(),
-    executor_def=dg.in_process_executor,
+    executor_def=job_executor(LOAD_SETTINGS.dagster_executor),
     tags={RUN_KIND_TAG: "build", "dagster/max_runtime": 3600},
     description="Build notification_queue for a range of device chunks (one run, chunks in turn).",
 )
@@ -103,10 +104,18 @@ def contiguous_ranges(chunks: Sequence[int]) -> list[tuple[int, int]]:
     return ranges
 
 
+def split(ranges: list[tuple[int, int]], per_run: int) -> list[tuple[int, int]]:
+    """Ranges cut to at most ``per_run`` chunks each (0 = uncut): per-chunk runs for a cluster."""
+    if per_run <= 0:
+        return ranges
+    return [(a, min(a + per_run - 1, end)) for start, end in ranges for a in range(start, end + 1, per_run)]
+
+
 def build_requests(chunks: Sequence[int], run_key: str | None = None, **tags: str) -> list[dg.RunRequest]:
-    """Run requests materializing ``chunks``: one run per contiguous range of chunk keys."""
+    """Run requests materializing ``chunks``: one run per contiguous range of chunk keys, cut to
+    ``REMINDERS_BUILD_CHUNKS_PER_RUN`` chunks when that is set."""
     requests = []
-    for start, end in contiguous_ranges(chunks):
+    for start, end in split(contiguous_ranges(chunks), LOAD_SETTINGS.build_chunks_per_run):
         span = f"{chunk_key(start)}...{chunk_key(end)}"
         requests.append(
             dg.RunRequest(

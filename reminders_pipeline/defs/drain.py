@@ -16,6 +16,7 @@ from reminders_pipeline.schema import OUTCOMES
 from reminders_pipeline.times import now_utc
 
 from .build import LOAD_SETTINGS, RUN_KIND_TAG
+from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SenderResource
 
 
@@ -109,7 +110,7 @@ def summarize(
 
 
 @dg.job(
-    executor_def=dg.in_process_executor,
+    executor_def=job_executor(LOAD_SETTINGS.dagster_executor),
     tags={RUN_KIND_TAG: "drain", "dagster/max_runtime": LOAD_SETTINGS.max_lateness_seconds},
     description="Claim every due row (or the one row_id) and send it; at most once.",
 )

@@ -1,0 +1,73 @@
+"""deploy/: the Kubernetes and Celery examples validate against Dagster's own config schemas."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from dagster._config import validate_config
+from dagster._core.instance.config import dagster_instance_config
+
+from reminders_pipeline.defs.build import split
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def test_k8s_instance_and_its_run_launcher_config_are_valid():
+    from dagster_k8s import K8sRunLauncher
+
+    config, _ = dagster_instance_config(str(DEPLOY / "k8s"))
+    launcher = config["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == ("dagster_k8s", "K8sRunLauncher")
+    result = validate_config(K8sRunLauncher.config_type(), launcher["config"])
+    assert result.success, [e.message for e in result.errors]
+    assert config["run_monitoring"]["max_resume_run_attempts"] == 0  # a half-sent drain is never resumed
+
+
+def test_k8s_env_turns_on_per_chunk_runs():
+    docs = list(yaml.safe_load_all((DEPLOY / "k8s" / "reminders-env.yaml").read_text()))
+    env = docs[0]["data"]
+    assert env["REMINDERS_BUILD_CHUNKS_PER_RUN"] == "1"
+    assert split([(0, 3), (7, 7)], 1) == [(0, 0), (1, 1), (2, 2), (3, 3), (7, 7)]
+    assert split([(0, 5)], 4) == [(0, 3), (4, 5)]
+    assert split([(0, 15)], 0) == [(0, 15)]
+
+
+def test_celery_instance_is_valid():
+    config, _ = dagster_instance_config(str(DEPLOY / "celery"))
+    assert config["run_launcher"]["class"] == "DefaultRunLauncher"
+
+
+def _validate_drain_run_config(executor: str, run_config: dict) -> dict:
+    """Load the definitions as a deployment would (executor chosen by environment) in a fresh process."""
+    script = (
+        "import json, sys, dagster as dg\n"
+        "from reminders_pipeline.definitions import defs\n"
+        "job = defs().get_job_def('drain_job')\n"
+        "result = dg.validate_run_config(job, json.loads(sys.argv[1]))\n"
+        "print(json.dumps({'executor': job.executor_def.name, 'ok': bool(result)}))\n"
+    )
+    env = {
+        **os.environ,
+        "REMINDERS_DAGSTER_EXECUTOR": executor,
+        "REMINDERS_CELERY_BROKER_URL": "pyamqp://guest@127.0.0.1//",
+        "REMINDERS_CELERY_BACKEND_URL": "rpc://",
+    }
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(run_config)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_drain_job_runs_on_the_celery_executor_with_the_example_run_config():
+    run_config = yaml.safe_load((DEPLOY / "celery" / "drain_run_config.yaml").read_text())
+    assert _validate_drain_run_config("celery", run_config) == {"executor": "celery", "ok": True}
+
+
+def test_drain_job_runs_on_the_k8s_job_executor():
+    run_config = {"execution": {"config": {"job_namespace": "reminders", "env_config_maps": ["reminders-env"]}}}
+    assert _validate_drain_run_config("k8s_job", run_config) == {"executor": "k8s", "ok": True}
