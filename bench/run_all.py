@@ -1,0 +1,176 @@
+"""Run every benchmark and write docs/benchmarks.md (and the raw figures to docs/bench-results.json).
+
+    .venv/bin/python bench/run_all.py [--quick] [--with-dagster]
+
+Each benchmark prints one JSON document; every figure sits beside a baseline measured in the same
+run (raw SQL, raw aioapns, the naive per-device reader), because absolute times on shared machines
+drift. ``--quick`` uses smaller sizes (a smoke run; do not record its figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+DOCS = ROOT / "docs"
+
+
+def run(script: str, *args: str) -> dict:
+    print(f"running {script} {' '.join(args)}", file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{script} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+def n(value: float | int | None) -> str:
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def render(r: dict) -> str:
+    led, bld, drn, scl = r["ledger"], r["build"], r["drain"], r["scale"]
+    s, p = led["sqlite"], led["postgresql"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `bench/run_all.py`; raw figures in `docs/bench-results.json`. Every figure sits",
+        "beside a baseline measured **in the same run on the same machine**, because absolute times on",
+        "these shared machines drift.",
+        "",
+        f"Machine: {r['machine']}. PostgreSQL 15 on the same machine (`synchronous_commit` on), SQLite",
+        f"in WAL with `synchronous=FULL`. Python {r['python']}. Run on {r['date']}.",
+        "",
+        "## Ledger: upsert and claim+settle",
+        "",
+        f"`bench/bench_ledger.py --rows {led['rows']}`",
+        "",
+        "| rows/s | SQLite | PostgreSQL | bar (SQLite / PG) |",
+        "|---|---:|---:|---|",
+        f"| raw DBAPI `executemany` upsert, 1,000 per transaction (baseline) | {n(s['upsert_raw_executemany_rows_per_s'])} | {n(p['upsert_raw_executemany_rows_per_s'])} | |",
+        f"| raw DBAPI one-statement JSON upsert, 1,000 per transaction (baseline) | {n(s['upsert_raw_one_statement_rows_per_s'])} | {n(p['upsert_raw_one_statement_rows_per_s'])} | |",
+        f"| `ledger.upsert_rows`, new rows | **{n(s['upsert_rows_per_s'])}** | **{n(p['upsert_rows_per_s'])}** | ≥ 60,000 / ≥ 50,000 |",
+        f"| `ledger.upsert_rows`, the same feed again (writes nothing) | {n(s['upsert_unchanged_rows_per_s'])} | {n(p['upsert_unchanged_rows_per_s'])} | |",
+        f"| raw claim + settle: two batched `UPDATE`s of 100 ids, a commit each (baseline) | {n(s['claim_settle_raw_rows_per_s'])} | {n(p['claim_settle_raw_rows_per_s'])} | |",
+        f"| `ledger.claim` + `ledger.settle`, 100 per slice, as the drain runs them | **{n(s['claim_settle_rows_per_s'])}** | **{n(p['claim_settle_rows_per_s'])}** | ≥ 20,000 / ≥ 15,000 |",
+        f"| drain core, in-memory sender (claim, policy, payload, settle) | {n(s['drain_core_rows_per_s'])} | {n(p['drain_core_rows_per_s'])} | |",
+        "",
+        "What chose the design, by these numbers:",
+        "",
+        "- **Upsert as one statement per batch.** The batch travels as one JSON parameter unpacked by the",
+        "  database (`json_to_recordset` / `json_each`). psycopg's `executemany` of the same upsert is the",
+        "  slow baseline on PostgreSQL; SQLite's `executemany` is fast but cannot return the ids written,",
+        "  which the build needs to count inserts and updates.",
+        "- **An unchanged feed writes nothing.** The build compares each wanted row with the stored one and",
+        "  sends only new or changed rows; the upsert's `WHERE` guard stays the authority under races.",
+        "- **Claim by primary key, lock with `SKIP LOCKED`.** A status predicate inside the locking",
+        "  subquery made PostgreSQL scan the partial due index per claim; locking by `id = ANY(:ids)`",
+        "  alone and re-checking status on the locked row doubled the claim rate.",
+        "- **Settle slice k in the claim transaction of slice k+1**: one commit per slice, and every claim",
+        "  is still committed before its send.",
+        "- **`synchronous=FULL` on SQLite**: with WAL, `NORMAL` can lose the last commits on power loss, and",
+        "  a lost claim commit could send a row twice.",
+        "",
+        "## Build: devices/s with shared and own sources",
+        "",
+        f"`bench/bench_build.py`: {n(bld['sqlite']['shared']['devices'])} devices subscribing to 3 sources each drawn from 500 shared",
+        "sources (250 JSON with an event every 3 hours, 250 iCalendar with two hourly-interval series),",
+        "and 2,000 devices with a JSON source each; the sources are served by `bench/feed_server.py` in",
+        "another process. Baseline: the naive reader, each device fetching its own sources one by one",
+        "(fetching only, no parsing and no writes).",
+        "",
+        "| devices/s | SQLite | PostgreSQL |",
+        "|---|---:|---:|",
+        f"| naive per-device fetch, shared sources (baseline) | {n(bld['naive_shared_devices_per_s'])} | |",
+        f"| **first build, shared sources** (bar ≥ 1,000) | **{n(bld['sqlite']['shared']['first_build_devices_per_s'])}** | **{n(bld['postgresql']['shared']['first_build_devices_per_s'])}** |",
+        f"| next tick, shared sources (all `304`, nothing written) | {n(bld['sqlite']['shared']['next_tick_devices_per_s'])} | {n(bld['postgresql']['shared']['next_tick_devices_per_s'])} |",
+        f"| source reads/s in the first build, shared | {n(bld['sqlite']['shared']['first_build_reads_per_s'])} | {n(bld['postgresql']['shared']['first_build_reads_per_s'])} |",
+        f"| naive per-device fetch, own sources (baseline) | {n(bld['naive_own_devices_per_s'])} | |",
+        f"| first build, own sources (one read per device) | {n(bld['sqlite']['own_sources']['first_build_devices_per_s'])} | {n(bld['postgresql']['own_sources']['first_build_devices_per_s'])} |",
+        f"| next tick, own sources | {n(bld['sqlite']['own_sources']['next_tick_devices_per_s'])} | {n(bld['postgresql']['own_sources']['next_tick_devices_per_s'])} |",
+        "",
+        f"The shared first build queues {n(bld['sqlite']['shared']['rows_inserted'])} rows (about",
+        f"{bld['sqlite']['shared']['rows_inserted'] // max(1, bld['sqlite']['shared']['devices'])} per device). Reading each distinct source once per run is what lets the build beat the",
+        "naive fetch while also parsing, composing and writing: the naive reader makes 3 requests per",
+        "device. iCalendar expansion is the largest fixed cost per source.",
+        "",
+        "## Drain: APNs end to end",
+        "",
+        f"`bench/bench_drain.py --n {drn['n']}`: the full drain (abandoned sweep, due query, claim, policy,",
+        "payload, send over HTTP/2 TLS through aioapns, settle) against the mock APNs in another process,",
+        f"beside raw aioapns sending the same number of notifications to the same mock, interleaved over",
+        f"{len(drn['runs']['raw_aioapns'])} rounds (medians). Concurrency {drn['concurrency']}.",
+        "",
+        "| sends/s | median | ratio to raw |",
+        "|---|---:|---:|",
+        f"| raw aioapns (baseline) | {n(drn['median_sends_per_s']['raw_aioapns'])} | 1.00 |",
+        f"| **full drain, SQLite** (bar ≥ 1,000 and ≥ 0.8 × raw) | **{n(drn['median_sends_per_s']['drain_sqlite'])}** | {drn['ratio_to_raw']['drain_sqlite']} |",
+        f"| **full drain, PostgreSQL** | **{n(drn['median_sends_per_s']['drain_postgresql'])}** | {drn['ratio_to_raw']['drain_postgresql']} |",
+        "",
+        "The drain pipelines claim slices up to the APNs concurrency (the first slice goes alone, as a",
+        "credentials probe); both sides share two cores with the mock and, for PostgreSQL, the server.",
+        "",
+        "## Scale (PostgreSQL)",
+        "",
+        f"`bench/bench_scale.py`: {n(scl['devices'])} devices on the shared sources above, built by 1, 2 and 4",
+        "concurrent build processes (as the run queue would run chunk builds side by side), and the peak",
+        "quarter hour drained through the real sender to the mock APNs.",
+        "",
+        "| figure | value |",
+        "|---|---:|",
+        f"| build devices/s, 1 process | {n(scl['build_devices_per_s_1_processes'])} |",
+        f"| build devices/s, 2 processes | {n(scl['build_devices_per_s_2_processes'])} |",
+        f"| build devices/s, 4 processes | {n(scl['build_devices_per_s_4_processes'])} |",
+        f"| queue rows after a full build | {n(scl['queue_rows_after_build'])} |",
+        f"| `notification_queue` size with indexes | {scl['queue_table_bytes'] / 1e6:,.0f} MB |",
+        f"| drain of {n(scl['peak_quarter_hour_drain']['rows'])} due rows | {scl['peak_quarter_hour_drain']['seconds']:,.1f} s ({n(scl['peak_quarter_hour_drain']['sends_per_s'])}/s), {scl['peak_quarter_hour_drain']['share_of_15_min_cadence'] * 100:.1f}% of the 15-minute cadence |",
+        "",
+        "docs/scaling.md turns these into a million-device estimate.",
+        "",
+        "## Dagster",
+        "",
+        "Run-per-tick against run-per-chunk, and events per drain run: `bench/bench_dagster.py`, figures",
+        "and the choice in docs/dagster.md (`--with-dagster` re-runs it here).",
+        "",
+    ]
+    if "dagster" in r:
+        lines += ["```json", json.dumps(r["dagster"], indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--with-dagster", action="store_true")
+    ap.add_argument("--render-only", action="store_true", help="re-render docs/benchmarks.md from docs/bench-results.json")
+    args = ap.parse_args()
+    results_file = DOCS / "bench-results.json"
+    if args.render_only:
+        results = json.loads(results_file.read_text())
+    else:
+        q = args.quick
+        results = {
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            "ledger": run("bench_ledger.py", "--rows", "2000" if q else "20000"),
+            "build": run("bench_build.py", "--devices", "1000" if q else "10000", "--own", "200" if q else "2000"),
+            "drain": run("bench_drain.py", "--n", "500" if q else "5000", "--rounds", "1" if q else "3"),
+            "scale": run("bench_scale.py", "--devices", "1000" if q else "20000", "--due", "1000" if q else "50000"),
+        }
+        if args.with_dagster:
+            results["dagster"] = run("bench_dagster.py")
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
+    (DOCS / "benchmarks.md").write_text(render(results))
+    print(f"wrote {DOCS / 'benchmarks.md'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
