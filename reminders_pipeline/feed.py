@@ -49,6 +49,18 @@ class Item:
 class ParsedFeed:
     items: list[Item] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
+    _ids: set[str] = field(default_factory=set, repr=False, compare=False)
+
+    def add(self, raw: Any, floating: bool = False) -> None:
+        """Validate one wire-format item: keep it, or count why it was rejected (duplicates too)."""
+        checked = validate_item(raw)
+        if isinstance(checked, str):
+            self.rejected[checked] += 1
+        elif checked.id in self._ids:
+            self.rejected["duplicate_id"] += 1
+        else:
+            self._ids.add(checked.id)
+            self.items.append(checked.floating_copy() if floating else checked)
 
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""
@@ -103,16 +115,8 @@ def parse_items(raw_items: Any) -> ParsedFeed:
     if not isinstance(raw_items, list):
         raise FeedError("'items' is not a list")
     feed = ParsedFeed()
-    seen: set[str] = set()
     for raw in raw_items:
-        checked = validate_item(raw)
-        if isinstance(checked, str):
-            feed.rejected[checked] += 1
-        elif checked.id in seen:
-            feed.rejected["duplicate_id"] += 1
-        else:
-            seen.add(checked.id)
-            feed.items.append(checked)
+        feed.add(raw)
     return feed
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import icalendar
 import recurring_ical_events
 
-from .feed import MAX_ID_LENGTH, FeedError, ParsedFeed, validate_item
+from .feed import MAX_ID_LENGTH, FeedError, ParsedFeed
 
 
 def _unix(value: date | datetime) -> tuple[int, bool]:
@@ -86,7 +86,6 @@ def parse_ics_feed(body: bytes, window_start: int, window_end: int) -> ParsedFee
     except Exception as exc:
         raise FeedError(f"cannot expand calendar: {exc}"[:300]) from None
     feed = ParsedFeed()
-    seen: set[str] = set()
     for event in occurrences:
         raw = _raw_item(event)
         if isinstance(raw, str):
@@ -94,12 +93,5 @@ def parse_ics_feed(body: bytes, window_start: int, window_end: int) -> ParsedFee
                 feed.rejected[raw] += 1
             continue
         floating = raw.pop("floating")
-        item = validate_item(raw)
-        if isinstance(item, str):
-            feed.rejected[item] += 1
-        elif item.id in seen:
-            feed.rejected["duplicate_id"] += 1
-        else:
-            seen.add(item.id)
-            feed.items.append(item.floating_copy() if floating else item)
+        feed.add(raw, floating=floating)
     return feed
