@@ -22,6 +22,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.settings import Settings, normalize_database_url
 
 from .http_sources import FeedServer
+from .mock_apns import MockApns
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LEDGER_TABLES = "notification_queue, device_sources, sources, devices"
@@ -99,3 +100,21 @@ def feeds() -> Iterator[FeedServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockApns]:
+    """A mock APNs (HTTP/2 over TLS) per test module; its key and CA are made when it starts."""
+    with MockApns(workdir=tmp_path_factory.mktemp("mock-apns")) as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
+    """Each test starts with no connections, no scripts and no recorded requests."""
+    mock.drop_all_connections()
+    assert mock.wait_idle(10), "the mock kept connections from an earlier test"
+    mock.reset()
+    yield mock
+    mock.raised_max_streams = 1000
+    mock.min_token_refresh_seconds = None

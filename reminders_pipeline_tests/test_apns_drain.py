@@ -23,18 +23,7 @@ from .support import device, rows
 TOKENS = [f"{i:064x}" for i in range(1, 9)]
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockApns]:
-    with MockApns(workdir=tmp_path_factory.mktemp("mock-apns")) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def fresh_mock(mock: MockApns) -> Iterator[None]:
-    mock.drop_all_connections()
-    mock.wait_idle()
-    mock.reset()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_mock")  # conftest: one mock APNs per module, reset per test
 
 
 @pytest.fixture

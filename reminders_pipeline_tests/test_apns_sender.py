@@ -40,20 +40,7 @@ T = TypeVar("T")
 SCENARIO_LIMIT_SECONDS = 20
 
 
-@pytest.fixture(scope="module")
-def mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockApns]:
-    with MockApns(workdir=tmp_path_factory.mktemp("mock-apns")) as server:
-        yield server
-
-
-@pytest.fixture(autouse=True)
-def fresh_mock(mock: MockApns) -> Iterator[None]:
-    mock.drop_all_connections()
-    assert mock.wait_idle(), "the mock kept connections from an earlier test"
-    mock.reset()
-    yield
-    mock.raised_max_streams = 1000
-    mock.min_token_refresh_seconds = None
+pytestmark = pytest.mark.usefixtures("fresh_mock")  # conftest: one mock APNs per module, reset per test
 
 
 @pytest.fixture
