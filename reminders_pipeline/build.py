@@ -28,6 +28,7 @@ WRITE_BATCH_DEVICES = 500
 class BuildSummary:
     now: str
     devices_built: int = 0
+    devices_skipped_newer: int = 0  # a build that started later already wrote them
     rows_inserted: int = 0
     rows_updated: int = 0
     rows_voided: Counter = field(default_factory=Counter)
@@ -43,6 +44,7 @@ class BuildSummary:
         return {
             "now": self.now,
             "devices_built": self.devices_built,
+            "devices_skipped_newer": self.devices_skipped_newer,
             "rows_inserted": self.rows_inserted,
             "rows_updated": self.rows_updated,
             "rows_voided": dict(self.rows_voided),
@@ -256,6 +258,11 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
 
 
 def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]
+    # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
+    # with a drain, and a build with older reads than the last one leaves those devices alone.
+    fresh = ledger.lock_devices_for_build(conn, [d["id"] for d in batch], now)
+    summary.devices_skipped_newer += len(batch) - len(fresh)
+    batch = [d for d in batch if d["id"] in fresh]
     ids = [d["id"] for d in batch]
     plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now_unix, horizon) for d in batch}
     existing = ledger.existing_rows(conn, ids)

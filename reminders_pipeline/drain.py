@@ -180,10 +180,11 @@ async def send_batch_async(
                 break
             claim_time = clock()
             with db.write() as conn:
-                for done in returned:
-                    _write_settlement(conn, done, claimer, summary)
-                returned.clear()
+                _lock_dead_devices(conn, returned)
+                written = [_write_settlement(conn, done, claimer) for done in returned]
                 rows = ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
+            _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
+            returned.clear()
             summary.claimed += len(rows)
             if not rows:
                 continue
@@ -196,12 +197,15 @@ async def send_batch_async(
         if in_flight:  # only after an error: let what is on the wire answer, then settle it
             done, _ = await asyncio.wait(in_flight)
             returned.extend(t.result() for t in done if not t.cancelled() and t.exception() is None)
-        if returned:
-            with db.write() as conn:
-                for done in returned:
-                    _write_settlement(conn, done, claimer, summary)
-        if sender is not None:
-            await sender.aclose()
+        try:
+            if returned:
+                with db.write() as conn:
+                    _lock_dead_devices(conn, returned)
+                    written = [_write_settlement(conn, done, claimer) for done in returned]
+                _count_settlements(returned, written, summary)
+        finally:
+            if sender is not None:
+                await sender.aclose()
     if summary.halted:
         raise_alert(
             settings,
@@ -285,19 +289,36 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
     return out
 
 
-def _write_settlement(conn, s: _Settlement, claimer: str, summary: DrainSummary) -> None:  # type: ignore[no-untyped-def]
+def _lock_dead_devices(conn, settlements: list[_Settlement]) -> None:  # type: ignore[no-untyped-def]
+    """Devices first, in id order (see ``ledger.lock_devices``): a concurrent build cannot deadlock us."""
+    dead = [row["device_id"] for s in settlements for row, _ in s.dead_tokens]
+    if dead:
+        ledger.lock_devices(conn, dead)
+
+
+def _write_settlement(conn, s: _Settlement, claimer: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Write one settlement; returns (rows voided by dead tokens, tokens invalidated). Idempotent:
+    rewriting it after an ambiguous commit settles nothing twice (only the claimer's claimed rows)."""
     settled = ledger.settle(conn, s.rows, claimer, s.at)
+    voided = invalidated = 0
     for row, res in s.dead_tokens:
-        summary.voided_by_token += ledger.mark_token_invalid(
+        voided += ledger.mark_token_invalid(
             conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at
         )
-        summary.tokens_invalidated += 1
+        invalidated += 1
     if settled != len(s.rows):
         log.error("settled %d of %d claimed rows; the rest were failed as abandoned meanwhile", settled, len(s.rows))
-    for r in s.rows:
-        summary.outcomes[r["outcome"]] += 1
-        if r.get("outcome_detail"):
-            summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
+    return voided, invalidated
+
+
+def _count_settlements(settlements: list[_Settlement], written: list[tuple[int, int]], summary: DrainSummary) -> None:
+    for s, (voided, invalidated) in zip(settlements, written):
+        summary.voided_by_token += voided
+        summary.tokens_invalidated += invalidated
+        for r in s.rows:
+            summary.outcomes[r["outcome"]] += 1
+            if r.get("outcome_detail"):
+                summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
 
 
 def drain(

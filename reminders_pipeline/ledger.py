@@ -156,7 +156,7 @@ def list_devices(conn: Connection) -> list[DeviceRecord]:
 
 def delete_device(conn: Connection, device_id: str, now: str) -> int | None:
     """Void the device's pending rows and delete it. Returns rows voided, or None if it did not exist."""
-    if conn.execute(select(devices.c.id).where(devices.c.id == device_id)).first() is None:
+    if conn.execute(select(devices.c.id).where(devices.c.id == device_id).with_for_update()).first() is None:
         return None
     voided = void_pending_of_device(conn, device_id, "device_removed", now)
     conn.execute(delete(devices).where(devices.c.id == device_id))
@@ -292,6 +292,38 @@ def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list
         .returning(sources.c.id, sources.c.url, sources.c.failing_since, sources.c.last_error, sources.c.consecutive_failures)
     ).mappings()
     return [dict(r) for r in rows]
+
+
+def lock_devices(conn: Connection, device_ids: Iterable[str]) -> None:
+    """Row-lock these devices in id order.
+
+    Lock order rule: a transaction that writes devices and queue rows takes its device locks
+    first, in id order (the build for its batch, the drain for dead tokens, device removal).
+    Without it a build (queue rows, then ``stamp_built``) and a drain settling a 410 (device, then
+    that device's pending rows) deadlock, and PostgreSQL aborts one of them.
+    """
+    for ids in _batches(sorted(set(device_ids))):
+        conn.execute(select(devices.c.id).where(devices.c.id.in_(ids)).order_by(devices.c.id).with_for_update()).all()
+
+
+def lock_devices_for_build(conn: Connection, device_ids: Sequence[str], build_now: str) -> set[str]:
+    """Lock these devices (id order: concurrent builds queue, never deadlock) and return those no
+    newer build has written. A build whose reads are older than the last build's (it started
+    earlier and stalled) must not write them back: a cancelled item would return to pending.
+
+    PostgreSQL re-checks the predicate on the latest row version after waiting for a lock, so the
+    later of two overlapping builds sees the earlier one's stamp. SQLite serialises writers anyway.
+    """
+    fresh: set[str] = set()
+    for ids in _batches(sorted(device_ids)):
+        stmt = (
+            select(devices.c.id)
+            .where(devices.c.id.in_(ids), or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= build_now))
+            .order_by(devices.c.id)
+            .with_for_update()
+        )
+        fresh.update(conn.scalars(stmt))
+    return fresh
 
 
 def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:

@@ -126,9 +126,9 @@ class SourceReader:
             if is_calendar(url, content_type, bytes(body)):
                 start, end = window or _default_window()
                 until = end + ICS_CACHE_SLACK_SECONDS
-                feed = parse_ics_feed(bytes(body), start, until)
+                feed = usable(parse_ics_feed(bytes(body), start, until))
                 return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
-            return SourceRead(source_id, url, feed=parse_json_feed(bytes(body)), etag=etag, last_modified=last_modified)
+            return SourceRead(source_id, url, feed=usable(parse_json_feed(bytes(body))), etag=etag, last_modified=last_modified)
         except FeedError as exc:
             return SourceRead(source_id, url, error=f"malformed feed: {exc}")
         except httpx.TimeoutException:
@@ -147,6 +147,14 @@ class SourceReader:
             return ParsedFeed.from_json(state.feed_cache)
         except (ValueError, KeyError, TypeError):
             return None
+
+
+def usable(feed: ParsedFeed) -> ParsedFeed:
+    """A feed with items but none valid is garbage (a unit or schema change at the source), not an
+    empty feed: reading it as empty would void every reminder the source owns."""
+    if not feed.items and feed.rejected:
+        raise FeedError(f"every item rejected: {dict(feed.rejected)}")
+    return feed
 
 
 def _default_window() -> tuple[int, int]:

@@ -28,6 +28,13 @@ class Route:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: eight concurrent connects (the reader's per-host
+    # bound) overflow it and the kernel retries the handshake a second later, so a healthy source
+    # "times out" under a 1 s source timeout.
+    request_queue_size = 128
+
+
 class FeedServer:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -98,7 +105,7 @@ class FeedServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 

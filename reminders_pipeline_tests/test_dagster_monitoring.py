@@ -11,7 +11,7 @@ import dagster as dg
 import pytest
 from dagster._utils.schedules import cron_string_iterator
 
-from reminders_pipeline import alerts
+from reminders_pipeline import alerts, ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.defs.build import RANGE_END_TAG, RANGE_START_TAG, build_job, build_schedule, contiguous_ranges
 from reminders_pipeline.defs.drain import drain_schedule
@@ -157,7 +157,8 @@ def test_checks_pass_fail_and_alert_on_transitions(db, settings, db_url, feeds, 
     assert 1990 <= first["drain_backlog"].metadata["oldest_due_age_seconds"].value <= 2100
     assert receiver.titles() == ["[reminders] check drain_backlog failed"]
 
-    build(db, settings, device_ids=[device_id], now=shift(now_utc(), -4000))  # now the build is stale
+    with db.write() as conn:  # now the build is stale (a back-dated build no longer rewinds the stamp)
+        ledger.stamp_built(conn, [device_id], shift(now_utc(), -4000))
     second = run_checks(db_url, instance, receiver.url)
     assert not second["sweep_period_invariant"].passed and not second["drain_backlog"].passed
     assert second["sweep_period_invariant"].metadata["budget_seconds"].value == 3000
