@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from typing import Any, Mapping
 
@@ -33,14 +34,22 @@ def collapse_id(device_id: str, item_id: str) -> str:
     return hashlib.sha256(f"{device_id}\x00{item_id}".encode()).hexdigest()[:MAX_COLLAPSE_ID_BYTES]
 
 
+def _size(payload: dict[str, Any]) -> int:
+    """Bytes on the wire, measured as compact ASCII-escaped JSON (never smaller than what is sent)."""
+    return len(json.dumps(payload, separators=(",", ":")))
+
+
 def _fit(payload: dict[str, Any]) -> dict[str, Any]:
     """Truncate body, then title, until the payload fits APNs' 4 KB; never reject."""
     alert = payload["aps"]["alert"]
     for key in ("body", "title"):
-        while len(json.dumps(payload, separators=(",", ":")).encode()) > MAX_PAYLOAD_BYTES and alert.get(key):
-            excess = len(json.dumps(payload, separators=(",", ":")).encode()) - MAX_PAYLOAD_BYTES
-            keep = max(0, len(alert[key]) - max(excess, 1) - 1)
-            alert[key] = alert[key][:keep] + "…" if keep else ""
+        size = _size(payload)
+        while size > MAX_PAYLOAD_BYTES and alert.get(key):
+            text = alert[key]
+            per_char = (len(json.dumps(text)) - 2) / len(text)  # escaped bytes per character (1 to 12)
+            keep = max(0, len(text) - math.ceil((size - MAX_PAYLOAD_BYTES + 6) / per_char) - 1)
+            alert[key] = text[:keep] + "…" if keep else ""
+            size = _size(payload)
     return payload
 
 

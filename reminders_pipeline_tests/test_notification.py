@@ -1,0 +1,40 @@
+"""The push notification a row becomes: text, clock time in the device's offset, headers, 4 KB."""
+
+import json
+
+from reminders_pipeline.notification import MAX_PAYLOAD_BYTES, compose
+from reminders_pipeline.times import iso_from_unix
+
+T = 1_789_029_000  # 2026-09-10T08:30:00Z
+
+
+def row(**over):
+    base = {
+        "id": 7, "device_id": "d", "item_id": "3:standup", "rule": "lead:600", "title": "Standup", "body": None,
+        "event_at": iso_from_unix(T), "expires_at": iso_from_unix(T + 1800), "apns_token": "ab" * 32,
+        "last_tz_offset_seconds": 7200,
+    }
+    return base | over
+
+
+def test_clock_time_in_the_device_offset_and_headers():
+    note = compose(row())
+    assert note.payload["aps"]["alert"] == {"title": "Standup", "body": "Starts at 10:30"}
+    assert note.payload["aps"]["interruption-level"] == "time-sensitive"
+    assert note.expiration == T and len(note.collapse_id.encode()) <= 64
+    assert compose(row(rule="lead:0@expiry")).payload["aps"]["alert"]["body"] == "Ends at 11:00"
+    assert compose(row(rule="lead:0@expiry")).expiration == T + 1800
+    assert compose(row(last_tz_offset_seconds=None)).payload["aps"]["alert"]["body"] == "Starts at 08:30 UTC"
+
+
+def test_the_same_item_collapses_across_rules_but_not_across_items():
+    assert compose(row()).collapse_id == compose(row(rule="lead:3600")).collapse_id
+    assert compose(row()).collapse_id != compose(row(item_id="3:retro")).collapse_id
+
+
+def test_long_text_is_truncated_to_fit_never_rejected():
+    for body in ("x" * 10_000, "é" * 5_000, "🎉" * 3_000):
+        note = compose(row(body=body, title="T" * 300))
+        assert len(json.dumps(note.payload, separators=(",", ":"))) <= MAX_PAYLOAD_BYTES
+        alert = note.payload["aps"]["alert"]
+        assert alert["body"].endswith("…") and alert["title"] == "T" * 300
