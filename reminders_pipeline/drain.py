@@ -179,10 +179,10 @@ async def send_batch_async(
             if summary.halted:
                 break
             claim_time = clock()
-            # In a worker thread, so the sends already on the wire progress while the database works.
-            written, rows = await asyncio.to_thread(
-                _settle_and_claim, db, returned, ids[i : i + settings.claim_batch_size], claim_time, claimer
-            )
+            with db.write() as conn:
+                _lock_dead_devices(conn, returned)
+                written = [_write_settlement(conn, done, claimer) for done in returned]
+                rows = ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
             summary.claimed += len(rows)
@@ -216,17 +216,6 @@ async def send_batch_async(
             failed=summary.outcomes.get("failed", 0),
         )
     return summary
-
-
-def _settle_and_claim(
-    db: Database, returned: list["_Settlement"], ids: Sequence[int], claim_time: str, claimer: str
-) -> tuple[list[tuple[int, int]], list[dict[str, Any]]]:
-    """One transaction: settle what came back, then claim the next slice (the claim commits before any send)."""
-    with db.write() as conn:
-        _lock_dead_devices(conn, returned)
-        written = [_write_settlement(conn, done, claimer) for done in returned]
-        rows = ledger.claim(conn, ids, claim_time, claimer)
-    return written, rows
 
 
 @dataclass
