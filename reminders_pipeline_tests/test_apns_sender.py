@@ -238,10 +238,8 @@ def test_late_answer_times_out_without_breaking_the_connection(mock: MockApns, s
     assert len({r.connection_id for r in mock.requests}) == 1
 
 
-def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: MockApns, settings: Settings) -> None:
-    """aioapns matches answers by apns-id; without one the request would wait forever."""
-    mock.script(token(2), omit_apns_id=True)
-    settings = settings.with_(send_timeout_seconds=1)
+def two_sends_on_one_sender(settings: Settings) -> dict[int, SendResult]:
+    """Rows 1 and 2 in one send_many, then row 3 on the same sender: does it survive row 2's fault?"""
 
     async def scenario() -> list[SendResult]:
         sender = AioApnsSender(settings)
@@ -251,7 +249,15 @@ def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: Mock
         finally:
             await sender.aclose()
 
-    results = by_row(run(scenario))
+    return by_row(run(scenario))
+
+
+def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: MockApns, settings: Settings) -> None:
+    """aioapns matches answers by apns-id; without one the request would wait forever."""
+    mock.script(token(2), omit_apns_id=True)
+    settings = settings.with_(send_timeout_seconds=1)
+
+    results = two_sends_on_one_sender(settings)
     assert results[2].reason == TIMEOUT and not results[2].ok
     assert results[1].ok and results[3].ok
     assert mock.connections_opened == 1
@@ -260,15 +266,7 @@ def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: Mock
 def test_dropped_connection_fails_the_send_once_and_the_next_send_reconnects(mock: MockApns, settings: Settings) -> None:
     mock.script(token(2), drop_connection=True)
 
-    async def scenario() -> list[SendResult]:
-        sender = AioApnsSender(settings)
-        try:
-            first = await sender.send_many([note(1), note(2)])
-            return first + await sender.send_many([note(3)])
-        finally:
-            await sender.aclose()
-
-    results = by_row(run(scenario))
+    results = two_sends_on_one_sender(settings)
     assert results[2] == SendResult(2, False, reason="transport:MaxAttemptsExceeded")
     assert results[1].ok and results[3].ok
     assert [r.token for r in mock.requests].count(token(2)) == 1  # aioapns did not resend it
