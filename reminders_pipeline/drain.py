@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from . import ledger
@@ -259,7 +259,28 @@ async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
         return [SendResult(n.row_id, False, reason=f"sender_error:{type(exc).__name__}") for n in notes]
 
 
+WRONG_ENVIRONMENT_MIN_DEVICES = 5
+
+
+def _wrong_environment(results: list[SendResult], notes: list[Notification], summary: DrainSummary) -> bool:
+    """Every device rejected as BadDeviceToken before anything was sent: APNs says that, too, when
+    sandbox tokens meet the production endpoint (or the reverse). Marking every token dead would
+    silence every device, so it counts as a configuration fault instead."""
+    devices = {n.device_id for n in notes}
+    return (
+        len(devices) >= WRONG_ENVIRONMENT_MIN_DEVICES
+        and summary.outcomes.get("sent", 0) == 0
+        and bool(results)
+        and all(not r.ok and r.reason == "BadDeviceToken" for r in results)
+    )
+
+
 def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary) -> _Settlement:  # type: ignore[no-untyped-def]
+    if _wrong_environment(results, plan.to_send, summary):
+        results = [
+            replace(r, token_invalid=False, config_fault=True, reason="BadDeviceToken:every-device (check REMINDERS_APNS_ENVIRONMENT)")
+            for r in results
+        ]
     by_id = {r["id"]: r for r in rows}
     out = _Settlement(done, list(plan.settlements), [])
     answered = set()

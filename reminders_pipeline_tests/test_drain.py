@@ -269,3 +269,28 @@ def test_apns_credentials_missing_fail_fast_before_any_claim(db, live, feeds):
     with pytest.raises(ValueError, match="REMINDERS_APNS_KEY_FILE"):
         drain(db, live, now=at(3600))
     assert {r["status"] for r in rows(db)} == {"pending"}
+
+
+def test_every_device_bad_token_is_a_wrong_environment_not_dead_tokens(db, live, feeds):
+    """Sandbox tokens sent to production all answer BadDeviceToken: halt and alert, invalidate nothing."""
+    url = feeds.items("/a.json", [item("e", 3600)])
+    tokens = [f"{i:064x}" for i in range(1, 7)]
+    for i, tok in enumerate(tokens):
+        device(db, live, f"d{i}", sources=[url], token=tok)
+    build(db, live, now=NOW)
+    bad = SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)
+    sender = RecordingSender(script={tok: bad for tok in tokens})
+    summary = drain(db, live, sender.factory(), now=at(0))
+    assert summary.halted.startswith("BadDeviceToken:every-device") and summary.tokens_invalidated == 0
+    with db.read() as conn:
+        assert all(d.token_invalid_at is None for d in ledger.list_devices(conn))
+
+
+def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
+    url = feeds.items("/a.json", [item("e", 3600)])
+    device(db, live, "dead", sources=[url], token="cd" * 32)
+    device(db, live, "alive", sources=[url])
+    build(db, live, now=NOW)
+    sender = RecordingSender(script={"cd" * 32: SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)})
+    summary = drain(db, live, sender.factory(), now=at(0))
+    assert summary.halted is None and summary.tokens_invalidated == 1 and summary.outcomes == {"sent": 1, "failed": 1}
