@@ -169,7 +169,9 @@ def build(
         subs = ledger.subscriptions(conn, [d["id"] for d in devices])
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
 
-    window = read_window(devices, now, settings.horizon_seconds)
+    window = read_window(
+        (r for d in devices for r in device_rules(d["reminder_lead_seconds"], d["extra_rules"].split())), now, settings.horizon_seconds
+    )
     cache = read_cache if read_cache is not None else {}
     missing = {sid: st for sid, st in states.items() if not _covers(cache.get(sid), window)}
     fresh = reader.read_all(missing, window)
@@ -201,12 +203,9 @@ def source_state(row: dict[str, Any]) -> SourceState:
     return SourceState(row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"])
 
 
-def read_window(devices: Sequence[dict[str, Any]], now: str, horizon: int) -> tuple[int, int]:
+def read_window(rules: Iterable[Rule], now: str, horizon: int) -> tuple[int, int]:
     """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
-    longest = max(
-        (r.lead_seconds for d in devices for r in device_rules(d["reminder_lead_seconds"], d["extra_rules"].split())),
-        default=0,
-    )
+    longest = max((r.lead_seconds for r in rules), default=0)
     start = int(unix_from_iso(now))
     return start, start + horizon + longest
 
@@ -216,10 +215,15 @@ def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
     return read is not None and (read.cache_until is None or unix_from_iso(read.cache_until) >= window[1])
 
 
+def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
+    """The reads that failed, as the build summary and the widget feed report them."""
+    return [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+
+
 def _summarize_reads(reads: dict[int, SourceRead], summary: BuildSummary) -> None:
     summary.sources_read = len(reads)
     summary.sources_not_modified = sum(1 for r in reads.values() if r.not_modified)
-    summary.sources_failed = [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+    summary.sources_failed = failed_sources(reads)
     for r in reads.values():
         if r.ok:
             summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
@@ -260,7 +264,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
 def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
-    fresh = ledger.lock_devices_for_build(conn, [d["id"] for d in batch], now)
+    fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
     summary.devices_skipped_newer += len(batch) - len(fresh)
     batch = [d for d in batch if d["id"] in fresh]
     ids = [d["id"] for d in batch]
@@ -311,7 +315,7 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, subs).items()}
     reader = reader or make_reader(settings)
     now = now_utc()
-    window = read_window([{"reminder_lead_seconds": record.reminder_lead_seconds, "extra_rules": " ".join(record.extra_rules)}], now, settings.horizon_seconds)
+    window = read_window(device_rules(record.reminder_lead_seconds, record.extra_rules), now, settings.horizon_seconds)
     reads = reader.read_all(states, window)
     items = [
         {
@@ -326,5 +330,4 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
         for item in (i.for_offset(record.last_tz_offset_seconds) for i in read.feed.items)  # type: ignore[union-attr]
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
-    failed = [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
-    return ComposedFeed(device_id, items, failed)
+    return ComposedFeed(device_id, items, failed_sources(reads))

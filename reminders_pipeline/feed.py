@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .times import MAX_UNIX
@@ -27,15 +27,12 @@ class Item:
     expires_at: int  # Unix seconds, at least starts_at + 1
     floating: bool = False  # local wall time read as UTC (iCalendar floating/all-day): shifted per device
 
-    def floating_copy(self) -> "Item":
-        return Item(self.id, self.title, self.body, self.starts_at, self.expires_at, True)
-
     def for_offset(self, tz_offset_seconds: int | None) -> "Item":
         """Fixed to a device's UTC offset; unknown offset reads floating times as UTC."""
         if not self.floating or not tz_offset_seconds:
             return self
         shift = tz_offset_seconds
-        return Item(self.id, self.title, self.body, self.starts_at - shift, self.expires_at - shift)
+        return replace(self, starts_at=self.starts_at - shift, expires_at=self.expires_at - shift, floating=False)
 
     def to_json(self) -> list[Any]:
         return [self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating]
@@ -60,7 +57,7 @@ class ParsedFeed:
             self.rejected["duplicate_id"] += 1
         else:
             self._ids.add(checked.id)
-            self.items.append(checked.floating_copy() if floating else checked)
+            self.items.append(replace(checked, floating=True) if floating else checked)
 
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""

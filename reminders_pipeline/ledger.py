@@ -294,36 +294,27 @@ def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list
     return [dict(r) for r in rows]
 
 
-def lock_devices(conn: Connection, device_ids: Iterable[str]) -> None:
-    """Row-lock these devices in id order.
+def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: str | None = None) -> set[str]:
+    """Row-lock these devices in id order; returns the ids locked.
 
     Lock order rule: a transaction that writes devices and queue rows takes its device locks
     first, in id order (the build for its batch, the drain for dead tokens, device removal).
     Without it a build (queue rows, then ``stamp_built``) and a drain settling a 410 (device, then
     that device's pending rows) deadlock, and PostgreSQL aborts one of them.
+
+    ``not_built_after``: the build's own ``now``. Devices a newer build has already written are
+    left out: a build whose reads are older (it started earlier and stalled) must not write them
+    back, or a cancelled item would return to pending. PostgreSQL re-checks the predicate on the
+    latest row version after waiting for a lock, so the later of two overlapping builds sees the
+    earlier one's stamp. SQLite serialises writers anyway.
     """
+    locked: set[str] = set()
     for ids in _batches(sorted(set(device_ids))):
-        conn.execute(select(devices.c.id).where(devices.c.id.in_(ids)).order_by(devices.c.id).with_for_update()).all()
-
-
-def lock_devices_for_build(conn: Connection, device_ids: Sequence[str], build_now: str) -> set[str]:
-    """Lock these devices (id order: concurrent builds queue, never deadlock) and return those no
-    newer build has written. A build whose reads are older than the last build's (it started
-    earlier and stalled) must not write them back: a cancelled item would return to pending.
-
-    PostgreSQL re-checks the predicate on the latest row version after waiting for a lock, so the
-    later of two overlapping builds sees the earlier one's stamp. SQLite serialises writers anyway.
-    """
-    fresh: set[str] = set()
-    for ids in _batches(sorted(device_ids)):
-        stmt = (
-            select(devices.c.id)
-            .where(devices.c.id.in_(ids), or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= build_now))
-            .order_by(devices.c.id)
-            .with_for_update()
-        )
-        fresh.update(conn.scalars(stmt))
-    return fresh
+        stmt = select(devices.c.id).where(devices.c.id.in_(ids)).order_by(devices.c.id).with_for_update()
+        if not_built_after is not None:
+            stmt = stmt.where(or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= not_built_after))
+        locked.update(conn.scalars(stmt))
+    return locked
 
 
 def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
