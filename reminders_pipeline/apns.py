@@ -42,8 +42,10 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import RemoteSettingsChanged, WindowUpdated
+from hpack import HeaderTuple, NeverIndexedHeaderTuple
 
 from .sender import Notification, SenderFactory, SendResult
 from .settings import Settings
@@ -59,6 +61,7 @@ TOKEN_INVALID_REASONS = frozenset({"BadDeviceToken", "DeviceTokenNotForTopic", "
 # 403 is always about our credentials; these other answers fail every send of the run alike.
 CONFIG_FAULT_REASONS = frozenset({"TopicDisallowed", "BadTopic", "MissingTopic", "TooManyProviderTokenUpdates"})
 DEVICE_TOKEN = re.compile(r"[0-9a-fA-F]{16,400}")
+TOPIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # a bundle id, maybe with .voip/.complication
 TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
 CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
@@ -76,6 +79,8 @@ def validate_apns_settings(settings: Settings) -> None:
     for field_name, variable in REQUIRED:
         if not getattr(settings, field_name):
             raise ApnsConfigError(f"{variable} is not set (required when REMINDERS_ENABLED=true)")
+    if not TOPIC.fullmatch(settings.apns_topic):  # type: ignore[arg-type]
+        raise ApnsConfigError(f"REMINDERS_APNS_TOPIC must be an app bundle id, got {settings.apns_topic!r}")
     load_signing_key(settings.apns_key_file)  # type: ignore[arg-type]
     endpoint(settings)
     ssl_context(settings)
@@ -230,7 +235,9 @@ class WireH2Connection(H2Connection):
     """
 
     def __init__(self, wire: dict[str, Wire]) -> None:
-        super().__init__()
+        # aioapns builds every header itself from checked values (hex token, uuid, hex collapse id,
+        # the validated topic), so h2's per-header normalising and validation are skipped.
+        super().__init__(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
         self._wire = wire
         self._bodies: dict[int, bytes] = {}
         self._stream_requests: dict[int, str] = {}
@@ -241,9 +248,7 @@ class WireH2Connection(H2Connection):
 
     def body_size(self, request: NotificationRequest) -> int:
         wire = self._wire.get(request.notification_id)
-        if wire is not None:
-            return len(wire.body)
-        return len(json.dumps(request.message, ensure_ascii=False).encode())
+        return len(wire.body) if wire is not None else 0
 
     async def reserve_window(self, apns_id: str, size: int) -> None:
         while self._closed is None and self.outbound_flow_control_window - self._reserved_total < size:
@@ -282,13 +287,30 @@ class WireH2Connection(H2Connection):
             self._bodies[stream_id] = wire.body
         if apns_id:
             self._stream_requests[stream_id] = apns_id
-        super().send_headers(stream_id, headers, *args, **kwargs)
+        super().send_headers(stream_id, hpack_headers(headers), *args, **kwargs)
 
     def send_data(self, stream_id: int, data: Any, *args: Any, **kwargs: Any) -> None:
         try:
             super().send_data(stream_id, self._bodies.pop(stream_id, data), *args, **kwargs)
         finally:
             self.release_window(self._stream_requests.pop(stream_id, ""))
+
+
+PER_REQUEST_HEADERS = frozenset({":path", "apns-id", "apns-expiration", "apns-collapse-id"})
+
+
+def hpack_headers(headers: Sequence[tuple[str, str]]) -> list[HeaderTuple]:
+    """Which headers go into the connection's HPACK table.
+
+    Values that change with every request (token path, ids, expiration) are sent as literals kept
+    out of the table: indexing them would only evict the constant ones. The constant ones (method,
+    host, topic, priority, push type and the provider token) are indexed, so after the first
+    request each costs one byte. h2's default keeps ``authorization`` out of the table, against
+    compression attacks; those work by guessing a secret one character at a time, and HPACK only
+    matches a whole name and value, while nothing an outsider controls (feed text reaches only the
+    body and the hashed collapse id) is ever sent under the ``authorization`` name.
+    """
+    return [NeverIndexedHeaderTuple(k, v) if k in PER_REQUEST_HEADERS else HeaderTuple(k, v) for k, v in headers]
 
 
 def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire]) -> type[APNsTLSClientProtocol]:
@@ -306,6 +328,7 @@ def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire])
             # Apple allows one stream until it has seen a valid token; start there instead of
             # bursting before its SETTINGS arrive.
             self.free_channels = StreamSlots(1)
+            self._flush_scheduled = False
 
         async def send_notification(self, request: NotificationRequest) -> NotificationResult:
             await self.conn.reserve_window(request.notification_id, self.conn.body_size(request))
@@ -313,6 +336,17 @@ def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire])
                 return await super().send_notification(request)
             finally:
                 self.conn.release_window(request.notification_id)  # no-op once its DATA went out
+
+        def flush(self) -> None:
+            """One TLS write per loop pass, not one per request: a burst of sends shares records."""
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush_now)
+
+        def _flush_now(self) -> None:
+            self._flush_scheduled = False
+            if self.transport is not None and not self.transport.is_closing():
+                super().flush()
 
         def on_stream_ended(self, stream_id: int) -> None:
             self.request_streams.pop(stream_id, None)  # aioapns keeps it forever after a 200
@@ -363,8 +397,7 @@ def result_from_error(row_id: int, exc: BaseException) -> SendResult:
 def wire_for(n: Notification, now: float) -> Wire:
     """APNs' ``0`` means "try once, do not store": the right thing for an already stale alert."""
     expiration = n.expiration if n.expiration > now else 0
-    body = json.dumps(n.payload, ensure_ascii=False, separators=(",", ":")).encode()
-    return Wire(str(expiration), body)
+    return Wire(str(expiration), n.body)
 
 
 # -- the sender ------------------------------------------------------------------------------
@@ -440,7 +473,7 @@ class AioApnsSender:
     def _request(self, n: Notification) -> NotificationRequest:
         request = NotificationRequest(
             device_token=n.device_token,
-            message=n.payload,
+            message={},  # the body sent is Wire.body; aioapns would serialise this and throw it away
             notification_id=str(uuid.uuid4()),
             time_to_live=0,  # makes aioapns emit the header; WireH2Connection sets its value
             priority=n.priority,

@@ -241,14 +241,17 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
                 continue
             note = compose(row, settings.interruption_level)
-            plan.payloads[row["id"]] = json.dumps(
-                {"payload": note.payload, "collapse_id": note.collapse_id, "expiration": note.expiration}, separators=(",", ":")
-            )
+            plan.payloads[row["id"]] = _stored_payload(note)
             if decision == "send":
                 plan.to_send.append(note)
                 continue
         plan.settlements.append({"id": row["id"], "outcome": decision, "payload": plan.payloads.get(row["id"])})
     return plan
+
+
+def _stored_payload(note: Notification) -> str:
+    """What the row records of its alert: the body exactly as sent (serialised once), its headers."""
+    return f'{{"payload":{note.body.decode()},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
 
 
 async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
@@ -465,34 +466,41 @@ def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[
     """
     if not ids:
         return []
-    ids = sorted(ids)
-    if conn.dialect.name == "postgresql":
-        # Lock by primary key only: a status predicate here would steer the planner onto the
-        # partial due index and scan every pending row for each claim.
-        id_array = bindparam("claim_ids", value=ids, type_=postgresql.ARRAY(BigInteger))
-        target: Any = (
-            select(q.c.id).where(q.c.id == any_(id_array)).order_by(q.c.id).with_for_update(skip_locked=True).scalar_subquery()
-        )
-    else:
-        target = ids
-    claim_stmt = (
-        update(q)
-        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now)
-        .values(status="claimed", claimed_at=now, claimed_by=claimer, updated_at=now)
-        .returning(*q.c)
-    )
-    device_cols = (devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at)
-    if conn.dialect.name == "postgresql":  # one round trip: the UPDATE as a CTE joined to devices
-        c = claim_stmt.cte("claimed")
-        stmt = select(c, *device_cols).outerjoin(devices, devices.c.id == c.c.device_id)
-        return [dict(r) for r in conn.execute(stmt).mappings()]
-    claimed = conn.execute(claim_stmt).mappings().all()
-    if not claimed:
-        return []
+    params = {"claim_ids": sorted(ids), "now": now, "claimer": claimer}
+    dialect = conn.dialect.name
+    claimed = [dict(r) for r in conn.execute(_claim_statement(dialect), params).mappings()]
+    if dialect == "postgresql" or not claimed:
+        return claimed
     dev_ids = sorted({r["device_id"] for r in claimed})
-    dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *device_cols).where(devices.c.id.in_(dev_ids))).mappings()}
+    dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()}
     empty = {"apns_token": None, "last_tz_offset_seconds": None, "token_invalid_at": None}
     return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
+
+
+_CLAIM_DEVICE_COLUMNS = (devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at)
+
+
+@cache
+def _claim_statement(dialect: str) -> Any:
+    """Built once per dialect: the drain claims every slice with the same statement."""
+    now = bindparam("now")
+    if dialect == "postgresql":
+        # Lock by primary key only: a status predicate here would steer the planner onto the
+        # partial due index and scan every pending row for each claim.
+        ids = bindparam("claim_ids", type_=postgresql.ARRAY(BigInteger))
+        target: Any = select(q.c.id).where(q.c.id == any_(ids)).order_by(q.c.id).with_for_update(skip_locked=True).scalar_subquery()
+    else:
+        target = bindparam("claim_ids", expanding=True)
+    stmt = (
+        update(q)
+        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now)
+        .values(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
+        .returning(*q.c)
+    )
+    if dialect != "postgresql":
+        return stmt
+    claimed = stmt.cte("claimed")  # one round trip: the UPDATE as a CTE joined to devices
+    return select(claimed, *_CLAIM_DEVICE_COLUMNS).outerjoin(devices, devices.c.id == claimed.c.device_id)
 
 
 SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "apns_id", "sent_at")

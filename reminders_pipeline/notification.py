@@ -8,9 +8,9 @@ not for quiet hours, which would need an IANA zone to survive a DST change.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
+from dataclasses import replace
 from typing import Any, Mapping
 
 from .rules import parse_rule
@@ -34,23 +34,19 @@ def collapse_id(device_id: str, item_id: str) -> str:
     return hashlib.sha256(f"{device_id}\x00{item_id}".encode()).hexdigest()[:MAX_COLLAPSE_ID_BYTES]
 
 
-def _size(payload: dict[str, Any]) -> int:
-    """Bytes on the wire, measured as compact ASCII-escaped JSON (never smaller than what is sent)."""
-    return len(json.dumps(payload, separators=(",", ":")))
-
-
-def _fit(payload: dict[str, Any]) -> dict[str, Any]:
-    """Truncate body, then title, until the payload fits APNs' 4 KB; never reject."""
-    alert = payload["aps"]["alert"]
+def _fit(note: Notification) -> Notification:
+    """Truncate body, then title, until the payload's bytes fit APNs' 4 KB; never reject."""
+    if len(note.body) <= MAX_PAYLOAD_BYTES:
+        return note
+    alert = note.payload["aps"]["alert"]  # compose's own dict: truncated in place
     for key in ("body", "title"):
-        size = _size(payload)
-        while size > MAX_PAYLOAD_BYTES and alert.get(key):
+        while len(note.body) > MAX_PAYLOAD_BYTES and alert.get(key):
             text = alert[key]
-            per_char = (len(json.dumps(text)) - 2) / len(text)  # escaped bytes per character (1 to 12)
-            keep = max(0, len(text) - math.ceil((size - MAX_PAYLOAD_BYTES + 6) / per_char) - 1)
+            per_char = len(text.encode()) / len(text)  # UTF-8 bytes per character (1 to 4)
+            keep = max(0, len(text) - math.ceil((len(note.body) - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
-            size = _size(payload)
-    return payload
+            note = replace(note)  # a new instance: its body is serialised afresh
+    return note
 
 
 def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", sound: str = "default") -> Notification:
@@ -74,11 +70,13 @@ def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", 
         },
         "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": int(starts)},
     }
-    return Notification(
-        row_id=int(row["id"]),
-        device_id=row["device_id"],
-        device_token=row["apns_token"],
-        payload=_fit(payload),
-        collapse_id=collapse_id(row["device_id"], row["item_id"]),
-        expiration=int(starts if rule.anchor == "start" else ends),
+    return _fit(
+        Notification(
+            row_id=int(row["id"]),
+            device_id=row["device_id"],
+            device_token=row["apns_token"],
+            payload=payload,
+            collapse_id=collapse_id(row["device_id"], row["item_id"]),
+            expiration=int(starts if rule.anchor == "start" else ends),
+        )
     )

@@ -7,7 +7,9 @@ its connection pool to the loop that exists when it is constructed.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Protocol, Sequence
 
 
@@ -21,6 +23,12 @@ class Notification:
     expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
     priority: int = 10
     push_type: str = "alert"
+
+    @cached_property
+    def body(self) -> bytes:
+        """The payload as sent: compact UTF-8 JSON, the bytes APNs' 4 KB limit counts. Serialised
+        once, for the size check, the request and the ledger alike."""
+        return json.dumps(self.payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,12 @@ def _iso_from_millis(millis: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{ms:03d}Z"
 
 
+@lru_cache(maxsize=1 << 16)
 def unix_from_iso(text: str) -> float:
-    """Stored ISO text -> Unix seconds. Used only at the point of arithmetic (lateness guards)."""
+    """Stored ISO text -> Unix seconds. Used only at the point of arithmetic (lateness guards).
+
+    Cached: the drain's policy reads the same ``now`` and the same event times for every row.
+    """
     if not ISO_PATTERN.match(text):
         raise ValueError(f"not a stored time (YYYY-MM-DDTHH:MM:SS.mmmZ): {text!r}")
     # Field slicing instead of strptime: the drain converts several times per row.

@@ -35,6 +35,7 @@ def test_the_same_item_collapses_across_rules_but_not_across_items():
 def test_long_text_is_truncated_to_fit_never_rejected():
     for body in ("x" * 10_000, "é" * 5_000, "🎉" * 3_000):
         note = compose(row(body=body, title="T" * 300))
-        assert len(json.dumps(note.payload, separators=(",", ":"))) <= MAX_PAYLOAD_BYTES
+        sent = json.dumps(note.payload, ensure_ascii=False, separators=(",", ":")).encode()
+        assert note.body == sent and MAX_PAYLOAD_BYTES - 16 <= len(sent) <= MAX_PAYLOAD_BYTES
         alert = note.payload["aps"]["alert"]
         assert alert["body"].endswith("…") and alert["title"] == "T" * 300
