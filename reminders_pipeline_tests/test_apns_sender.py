@@ -17,14 +17,19 @@ from aioapns.common import NotificationResult
 from aioapns.connection import ChannelPool
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import RequestReceived
 
 from reminders_pipeline.apns import (
     TIMEOUT,
     TIMEOUT_NOT_SENT,
     ApnsConfigError,
     AioApnsSender,
+    PER_REQUEST_HEADERS,
     ProviderToken,
     StreamSlots,
+    WireH2Connection,
     apns_sender_factory,
     load_signing_key,
     result_from_apns,
@@ -466,6 +471,68 @@ def test_bad_url_or_ca_file_names_the_variable(settings: Settings, tmp_path: Pat
             validate_apns_settings(settings.with_(apns_url=url))
     with pytest.raises(ApnsConfigError, match="REMINDERS_APNS_CA_FILE"):
         validate_apns_settings(settings.with_(apns_ca_file=str(tmp_path / "missing.pem")))
+
+
+def test_a_topic_that_is_not_a_bundle_id_names_the_variable(settings: Settings) -> None:
+    for topic in ("com.example\r\nx-evil: 1", "com example", ".leading-dot", "é.app"):
+        with pytest.raises(ApnsConfigError, match="REMINDERS_APNS_TOPIC"):
+            validate_apns_settings(settings.with_(apns_topic=topic))
+    validate_apns_settings(settings.with_(apns_topic="com.example.app.voip"))
+
+
+def aioapns_headers(i: int, token: str) -> list[tuple[str, str]]:
+    """The header list aioapns 4.0 builds for one request, in its order."""
+    return [
+        (":method", "POST"), (":scheme", "https"), (":path", f"/3/device/{i:064x}"), ("host", "api.push.apple.com"),
+        ("apns-id", f"00000000-0000-4000-8000-{i:012x}"), ("apns-topic", "com.example.reminders"),
+        ("apns-expiration", str(1_900_000_000 + i)), ("apns-priority", "10"), ("apns-collapse-id", f"{i:064x}"),
+        ("apns-push-type", "alert"), ("authorization", token),
+    ]
+
+
+def test_the_provider_token_is_sent_once_per_connection_and_per_request_values_stay_out_of_the_table() -> None:
+    """What APNs' HPACK decoder holds after three requests on one connection (real h2 both ends)."""
+    client, server = WireH2Connection({}), H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+    server.initiate_connection()
+    client.initiate_connection()
+    token = "bearer " + "t" * 300
+    blocks, received = [], []
+    for i, stream_id in enumerate((1, 3, 5)):
+        client.send_headers(stream_id, aioapns_headers(i, token), end_stream=True)
+        block = client.data_to_send()
+        blocks.append(len(block))
+        received += [e.headers for e in server.receive_data(block) if isinstance(e, RequestReceived)]
+    assert received == [aioapns_headers(i, token) for i in range(3)]
+    assert blocks[1] < blocks[0] - 250 and blocks[2] == blocks[1]  # the token costs one byte from the second
+    table = {name.decode() for name, _ in server.decoder.header_table.dynamic_entries}
+    assert {"authorization", "host", "apns-topic", "apns-push-type"} <= table
+    assert not table & PER_REQUEST_HEADERS  # ids and tokens would only evict the constant entries
+
+
+def test_a_burst_of_sends_shares_tls_writes(mock: MockApns, settings: Settings) -> None:
+    writes = 0
+
+    async def scenario() -> list[SendResult]:
+        nonlocal writes
+        sender = AioApnsSender(settings.with_(apns_concurrency=100))
+        try:
+            first = await sender.send_many([note(0)])  # opens the connection and raises its stream limit
+            [connection] = sender.apns.pool.connections
+            write = connection.transport.write
+
+            def counted(data: bytes) -> None:
+                nonlocal writes
+                writes += 1
+                write(data)
+
+            connection.transport.write = counted
+            return first + await sender.send_many([note(i) for i in range(1, 101)])
+        finally:
+            await sender.aclose()
+
+    results = run(scenario)
+    assert all(r.ok for r in results) and len(mock.requests) == 101
+    assert writes <= 40  # one per loop pass, not one per request and response (aioapns alone: over 100)
 
 
 def test_valid_settings_pass_and_the_factory_builds_inside_the_loop(mock: MockApns, settings: Settings) -> None:
