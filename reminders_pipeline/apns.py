@@ -287,7 +287,7 @@ class WireH2Connection(H2Connection):
             self._bodies[stream_id] = wire.body
         if apns_id:
             self._stream_requests[stream_id] = apns_id
-        super().send_headers(stream_id, hpack_headers(headers), *args, **kwargs)
+        super().send_headers(stream_id, hpack_headers(headers, first=stream_id == 1), *args, **kwargs)
 
     def send_data(self, stream_id: int, data: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -299,17 +299,22 @@ class WireH2Connection(H2Connection):
 PER_REQUEST_HEADERS = frozenset({":path", "apns-id", "apns-expiration", "apns-collapse-id"})
 
 
-def hpack_headers(headers: Sequence[tuple[str, str]]) -> list[HeaderTuple]:
+def hpack_headers(headers: Sequence[tuple[str, str]], first: bool) -> list[HeaderTuple]:
     """Which headers go into the connection's HPACK table.
 
-    Values that change with every request (token path, ids, expiration) are sent as literals kept
-    out of the table: indexing them would only evict the constant ones. The constant ones (method,
-    host, topic, priority, push type and the provider token) are indexed, so after the first
-    request each costs one byte. h2's default keeps ``authorization`` out of the table, against
-    compression attacks; those work by guessing a secret one character at a time, and HPACK only
-    matches a whole name and value, while nothing an outsider controls (feed text reaches only the
-    body and the hashed collapse id) is ever sent under the ``authorization`` name.
+    The constant ones (method, host, topic, priority, push type and the provider token) are
+    indexed, so after the first request each costs one byte. Values that change with every request
+    (token path, ids, expiration) are kept out of the table, where they would only evict the
+    constant ones; the first request indexes them too, so their names are in the table and later
+    requests send only the values.
+
+    h2's default keeps ``authorization`` out of the table, against compression attacks. Those work
+    by guessing a secret piece by piece, while HPACK only matches a whole name and value; and
+    nothing an outsider controls (feed text reaches only the body and a hashed collapse id) is ever
+    sent under the ``authorization`` name.
     """
+    if first:
+        return [HeaderTuple(k, v) for k, v in headers]
     return [NeverIndexedHeaderTuple(k, v) if k in PER_REQUEST_HEADERS else HeaderTuple(k, v) for k, v in headers]
 
 
