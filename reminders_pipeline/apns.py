@@ -11,7 +11,11 @@ against the mock APNs (reminders_pipeline_tests/mock_apns.py):
   burst spends the connection window;
 * the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies;
 * a shielded response timeout: aioapns has none, and a plain ``wait_for`` breaks the connection;
-* no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent.
+* no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent;
+* less CPU per request than aioapns alone, because the drain is CPU-bound and must also do the
+  ledger's work: the constant headers (the provider token above all) indexed in HPACK once per
+  connection, one TLS write per loop pass, a faster Huffman coder, each payload serialised once
+  (docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
