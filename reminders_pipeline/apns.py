@@ -66,6 +66,7 @@ TOKEN_INVALID_REASONS = frozenset({"BadDeviceToken", "DeviceTokenNotForTopic", "
 # 403 is always about our credentials; these other answers fail every send of the run alike.
 CONFIG_FAULT_REASONS = frozenset({"TopicDisallowed", "BadTopic", "MissingTopic", "TooManyProviderTokenUpdates"})
 DEVICE_TOKEN = re.compile(r"[0-9a-fA-F]{16,400}")
+COLLAPSE_ID = re.compile(r"[\x21-\x7e]{1,64}")  # a header value: printable ASCII, APNs' 64 bytes
 TOPIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # a bundle id, maybe with .voip/.complication
 TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
@@ -240,8 +241,9 @@ class WireH2Connection(H2Connection):
     """
 
     def __init__(self, wire: dict[str, Wire]) -> None:
-        # aioapns builds every header itself from checked values (hex token, uuid, hex collapse id,
-        # the validated topic), so h2's per-header normalising and validation are skipped.
+        # aioapns builds every header itself from values checked in AioApnsSender.send_one (hex
+        # token, collapse id) or before (topic; uuid apns-id), so h2's per-header normalising and
+        # validation are skipped.
         super().__init__(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
         self.encoder.huffman_coder = HuffmanCodes()
         self._wire = wire
@@ -331,7 +333,8 @@ def hpack_headers(headers: Sequence[tuple[str, str]], first: bool) -> list[Heade
     h2's default keeps ``authorization`` out of the table, against compression attacks. Those work
     by guessing a secret piece by piece, while HPACK only matches a whole name and value; and
     nothing an outsider controls (feed text reaches only the body and a hashed collapse id) is ever
-    sent under the ``authorization`` name.
+    sent under the ``authorization`` name. (hpack's own debug log, off unless someone turns it
+    on, then prints the token when it enters the table.)
     """
     if first:
         return [HeaderTuple(k, v) for k, v in headers]
@@ -372,6 +375,11 @@ def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire])
             self._flush_scheduled = False
             if self.transport is not None and not self.transport.is_closing():
                 super().flush()
+
+        def close(self) -> None:
+            if self._flush_scheduled:  # frames already encoded (their sends count as made) go out first
+                self._flush_now()
+            super().close()
 
         def on_stream_ended(self, stream_id: int) -> None:
             self.request_streams.pop(stream_id, None)  # aioapns keeps it forever after a 200
@@ -479,6 +487,8 @@ class AioApnsSender:
         if not DEVICE_TOKEN.fullmatch(n.device_token):
             # APNs tokens are hex; anything else would break the :path or the h2 headers.
             return SendResult(n.row_id, False, reason="BadDeviceToken", token_invalid=True)
+        if not COLLAPSE_ID.fullmatch(n.collapse_id):
+            return SendResult(n.row_id, False, reason="invalid:collapse_id")
         try:
             request = self._request(n)
         except (TypeError, ValueError) as exc:  # payload not JSON, unknown push type

@@ -240,8 +240,12 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
             if not row["apns_token"] or row["token_invalid_at"]:
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
                 continue
-            note = compose(row, settings.interruption_level)
-            plan.payloads[row["id"]] = _stored_payload(note)
+            try:
+                note = compose(row, settings.interruption_level)
+                plan.payloads[row["id"]] = _stored_payload(note)
+            except ValueError as exc:  # text that cannot be encoded fails its row, not the claimed slice
+                plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": f"invalid:{type(exc).__name__}"})
+                continue
             if decision == "send":
                 plan.to_send.append(note)
                 continue

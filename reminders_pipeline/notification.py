@@ -8,6 +8,7 @@ not for quiet hours, which would need an IANA zone to survive a DST change.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from dataclasses import replace
@@ -42,7 +43,7 @@ def _fit(note: Notification) -> Notification:
     for key in ("body", "title"):
         while len(note.body) > MAX_PAYLOAD_BYTES and alert.get(key):
             text = alert[key]
-            per_char = len(text.encode()) / len(text)  # UTF-8 bytes per character (1 to 4)
+            per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(text)  # bytes sent per character, escapes included
             keep = max(0, len(text) - math.ceil((len(note.body) - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
             note = replace(note)  # a new instance: its body is serialised afresh

@@ -27,7 +27,8 @@ class Notification:
     @cached_property
     def body(self) -> bytes:
         """The payload as sent: compact UTF-8 JSON, the bytes APNs' 4 KB limit counts. Serialised
-        once, for the size check, the request and the ledger alike."""
+        once, for the size check, the request and the ledger alike; so ``payload`` is not changed
+        once ``body`` has been read (``notification._fit`` makes a new instance per truncation)."""
         return json.dumps(self.payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 

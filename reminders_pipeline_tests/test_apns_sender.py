@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
@@ -215,6 +216,39 @@ def test_token_that_is_not_hex_is_invalid_without_a_request(mock: MockApns, sett
     assert results[1] == SendResult(1, False, reason="BadDeviceToken", token_invalid=True)
     assert results[2].ok
     assert [r.token for r in mock.requests] == [token(2)]
+
+
+def test_a_collapse_id_that_is_not_a_header_value_fails_that_row_without_a_request(mock: MockApns, settings: Settings) -> None:
+    bad = [replace(note(1), collapse_id="item\r\nx-injected: 1"), replace(note(2), collapse_id="c" * 65)]
+    results = by_row(send(settings, [*bad, note(3)]))
+    assert [(r.ok, r.reason) for r in (results[1], results[2])] == [(False, "invalid:collapse_id")] * 2
+    assert results[3].ok
+    assert [r.token for r in mock.requests] == [token(3)]
+
+
+def test_closing_a_connection_first_writes_what_was_already_encoded(mock: MockApns, settings: Settings) -> None:
+    """A request h2 has encoded counts as made (a timeout then means "maybe sent"): close() must not drop it."""
+
+    async def scenario() -> SendResult:
+        sender = AioApnsSender(settings)
+        try:
+            assert (await sender.send_many([note(1)]))[0].ok
+            [connection] = sender.apns.pool.connections
+            sending = asyncio.ensure_future(sender.send_one(note(2)))
+            while not sender._wire:  # the request is registered ...
+                await asyncio.sleep(0)
+            while sender._wire:  # ... and h2 has encoded it (the write is still to come)
+                await asyncio.sleep(0)
+            connection.close()  # as the inactivity timer or pool.close() would, in the same loop pass
+            return await sending
+        finally:
+            await sender.aclose()
+
+    run(scenario)
+    deadline = time.monotonic() + 5
+    while len(mock.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [r.token for r in mock.requests] == [token(1), token(2)]
 
 
 def test_unserialisable_payload_fails_that_row_only(settings: Settings) -> None:

@@ -294,3 +294,18 @@ def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
     sender = RecordingSender(script={"cd" * 32: SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)})
     summary = drain(db, live, sender.factory(), now=at(0))
     assert summary.halted is None and summary.tokens_invalidated == 1 and summary.outcomes == {"sent": 1, "failed": 1}
+
+
+def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
+    """Neither database stores a lone surrogate, but a row that cannot become a payload must fail
+    by itself after the claim, not abort the slice and leave its neighbours claimed."""
+    from reminders_pipeline.drain import _decide_all
+
+    def row(i, title):
+        return {"id": i, "device_id": f"d{i}", "item_id": "e", "rule": "lead:3600", "title": title, "body": None,
+                "send_after": at(3600), "event_at": at(7200), "expires_at": at(9000), "apns_token": TOKEN,
+                "token_invalid_at": None, "last_tz_offset_seconds": 0}
+
+    plan = _decide_all([row(1, "bad \ud800"), row(2, "Standup")], at(3600), live)
+    assert plan.settlements == [{"id": 1, "outcome": "failed", "outcome_detail": "invalid:UnicodeEncodeError"}]
+    assert [n.row_id for n in plan.to_send] == [2]

@@ -33,7 +33,7 @@ def test_the_same_item_collapses_across_rules_but_not_across_items():
 
 
 def test_long_text_is_truncated_to_fit_never_rejected():
-    for body in ("x" * 10_000, "é" * 5_000, "🎉" * 3_000):
+    for body in ("x" * 10_000, "é" * 5_000, "🎉" * 3_000, '"' * 3_000, "line\n" * 1_500, "\x01" * 1_200):
         note = compose(row(body=body, title="T" * 300))
         sent = json.dumps(note.payload, ensure_ascii=False, separators=(",", ":")).encode()
         assert note.body == sent and MAX_PAYLOAD_BYTES - 16 <= len(sent) <= MAX_PAYLOAD_BYTES
