@@ -21,6 +21,15 @@ def two_devices(s, feeds) -> None:
     assert s.put_device("dev-b", source_urls=[b]).status_code == 200
 
 
+def live_with_two_rows(serve, settings, feeds):
+    """An enabled app with a recording sender, two devices and their two rows built (due at +3600)."""
+    sender = RecordingSender()
+    s = serve(http_settings(settings, enabled=True), sender.factory())
+    two_devices(s, feeds)
+    build(s)
+    return s, sender
+
+
 def build(s, **body) -> dict:
     r = s.api.post("/internal/reminders/build", json={"now": NOW, **body})
     assert r.status_code == 200, r.text
@@ -82,10 +91,7 @@ def test_build_bad_requests_are_4xx_json(served, feeds):
 
 
 def test_drain_by_id_twice_sends_once(serve, settings, feeds):
-    sender = RecordingSender()
-    s = serve(http_settings(settings, enabled=True), sender.factory())
-    two_devices(s, feeds)
-    build(s)
+    s, sender = live_with_two_rows(serve, settings, feeds)
     first, second = sorted(r["id"] for r in s.rows())
 
     r = drain(s, first)
@@ -99,10 +105,7 @@ def test_drain_by_id_twice_sends_once(serve, settings, feeds):
 
 
 def test_drain_by_id_in_the_body_or_both_agreeing(serve, settings, feeds):
-    sender = RecordingSender()
-    s = serve(http_settings(settings, enabled=True), sender.factory())
-    two_devices(s, feeds)
-    build(s)
+    s, sender = live_with_two_rows(serve, settings, feeds)
     first, second = sorted(r["id"] for r in s.rows())
     r = s.api.post("/internal/reminders/drain", json={"id": first, "now": at(3605)})
     assert r.json()["outcomes"] == {"sent": 1}
@@ -112,10 +115,7 @@ def test_drain_by_id_in_the_body_or_both_agreeing(serve, settings, feeds):
 
 
 def test_drain_by_id_before_it_is_due_does_nothing(serve, settings, feeds):
-    sender = RecordingSender()
-    s = serve(http_settings(settings, enabled=True), sender.factory())
-    two_devices(s, feeds)
-    build(s)
+    s, sender = live_with_two_rows(serve, settings, feeds)
     row_id = min(r["id"] for r in s.rows())
     r = drain(s, row_id, now=at(3599))  # send_after is at(3600)
     assert r.status_code == 200 and (r.json()["due"], r.json()["claimed"]) == (0, 0)
@@ -125,10 +125,7 @@ def test_drain_by_id_before_it_is_due_does_nothing(serve, settings, feeds):
 
 
 def test_drain_without_id_sweeps_every_due_row(serve, settings, feeds):
-    sender = RecordingSender()
-    s = serve(http_settings(settings, enabled=True), sender.factory())
-    two_devices(s, feeds)
-    build(s)
+    s, sender = live_with_two_rows(serve, settings, feeds)
     r = s.api.post("/internal/reminders/drain", json={"now": at(3605)})
     assert r.status_code == 200 and (r.json()["due"], r.json()["outcomes"]) == (2, {"sent": 2})
     assert r.json()["lateness_seconds"]["max"] == 5.0
@@ -169,10 +166,7 @@ def test_drain_without_apns_credentials_is_503_and_claims_nothing(serve, setting
 
 
 def test_simultaneous_drains_of_one_row_send_it_once(serve, settings, feeds):
-    sender = RecordingSender()
-    s = serve(http_settings(settings, enabled=True), sender.factory())
-    two_devices(s, feeds)
-    build(s)
+    s, sender = live_with_two_rows(serve, settings, feeds)
     row_id = min(r["id"] for r in s.rows())
     callers = 16
     barrier = threading.Barrier(callers)
