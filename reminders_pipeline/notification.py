@@ -37,8 +37,6 @@ def collapse_id(device_id: str, item_id: str) -> str:
 
 def _fit(note: Notification) -> Notification:
     """Truncate body, then title, until the payload's bytes fit APNs' 4 KB; never reject."""
-    if len(note.body) <= MAX_PAYLOAD_BYTES:
-        return note
     alert = note.payload["aps"]["alert"]  # compose's own dict: truncated in place
     for key in ("body", "title"):
         while len(note.body) > MAX_PAYLOAD_BYTES and alert.get(key):
