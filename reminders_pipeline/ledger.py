@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from .schema import device_sources, devices, notification_queue as q, sources
+from .schema import device_sources, devices, dispatchers, notification_queue as q, sources
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
 PENDING = literal_column("'pending'")
@@ -412,6 +412,8 @@ def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, b
     for part in _batches(list(rows), batch):
         payload = json.dumps([{c: r[c] for c in UPSERT_COLUMNS} for r in part], separators=(",", ":"))
         written.update(row[0] for row in conn.execute(stmt, {"rows": payload, "now": now}))
+    if written:
+        announce_pending(conn, min(r["send_after"] for r in rows))
     return written
 
 
@@ -433,6 +435,63 @@ def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: s
         .where(q.c.device_id == device_id, q.c.status == PENDING)
         .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
     ).rowcount
+
+
+# ---------------------------------------------------------------- waking the dispatcher
+
+DUE_CHANNEL = "reminders_due"
+
+
+def announce_pending(conn: Connection, earliest_send_after: str) -> None:
+    """Tell listening dispatchers that pending rows were inserted or moved (PostgreSQL NOTIFY).
+
+    Delivered when this transaction commits, so a dispatcher that wakes finds the rows visible.
+    The payload is the earliest ``send_after`` written; a listener re-reads the queue anyway. SQLite
+    has no notifications: its dispatchers poll.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after)))
+
+
+def next_send_after(conn: Connection) -> str | None:
+    """The earliest pending ``send_after``: one step down the partial due index."""
+    return conn.scalar(select(func.min(q.c.send_after)).where(q.c.status == PENDING))
+
+
+def beat(conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int) -> None:
+    """Record a dispatcher's heartbeat (inserted on its first beat)."""
+    values = {"name": name, "started_at": started_at, "beat_at": now, "ends_at": ends_at, "sent": sent, "settled": settled}
+    ins = _insert(conn)(dispatchers).values(**values)
+    conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=[dispatchers.c.name],
+            set_={"beat_at": ins.excluded.beat_at, "sent": ins.excluded.sent, "settled": ins.excluded.settled},
+        )
+    )
+
+
+def dispatcher_stopped(conn: Connection, name: str, now: str) -> None:
+    conn.execute(update(dispatchers).where(dispatchers.c.name == name).values(stopped_at=now, beat_at=now))
+
+
+def live_dispatchers(conn: Connection, beat_after: str) -> list[dict[str, Any]]:
+    """Dispatchers that have beaten since ``beat_after`` and not stopped, newest beat first."""
+    stmt = (
+        select(dispatchers)
+        .where(dispatchers.c.beat_at > beat_after, dispatchers.c.stopped_at.is_(None))
+        .order_by(dispatchers.c.beat_at.desc())
+    )
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def latest_beat(conn: Connection) -> str | None:
+    """The newest heartbeat of any running dispatcher (None when none has ever beaten)."""
+    return conn.scalar(select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None)))
+
+
+def prune_dispatchers(conn: Connection, before: str) -> int:
+    """Forget dispatchers whose last beat is older than ``before``."""
+    return conn.execute(delete(dispatchers).where(dispatchers.c.beat_at < before)).rowcount
 
 
 # ---------------------------------------------------------------- draining the queue

@@ -165,3 +165,23 @@ notification_queue = Table(
         postgresql_where=text("status = 'settled'"),
     ),
 )
+
+
+# One row per exact-time dispatcher (``reminders_pipeline.dispatch``): its heartbeat, for /metrics
+# and the dispatcher check. Rows of stopped dispatchers are kept a while for the record.
+dispatchers = Table(
+    "dispatchers",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("started_at", IsoTime, nullable=False),
+    Column("beat_at", IsoTime, nullable=False),
+    Column("ends_at", IsoTime),  # planned end (a Dagster run's bounded lifetime); NULL = until stopped
+    Column("stopped_at", IsoTime),
+    Column("sent", Integer, nullable=False, server_default=text("0")),
+    Column("settled", Integer, nullable=False, server_default=text("0")),
+    iso_check("started_at", False),
+    iso_check("beat_at", False),
+    iso_check("ends_at"),
+    iso_check("stopped_at"),
+    Index("ix_dispatchers_beat", "beat_at"),
+)
