@@ -395,11 +395,11 @@ def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire])
 # -- answers ---------------------------------------------------------------------------------
 
 
-def result_from_apns(row_id: int, answer: NotificationResult) -> SendResult:
+def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float | None = None) -> SendResult:
     """APNs' answer as a SendResult; the table is spelled out in test_apns_sender.py."""
     status = int(answer.status) if str(answer.status).isdigit() else None
     if status == 200:
-        return SendResult(row_id, True, status=200, apns_id=answer.notification_id)
+        return SendResult(row_id, True, status=200, apns_id=answer.notification_id, answered_at=answered_at)
     reason = answer.description or f"HTTP {answer.status}"
     invalid_at = None
     if status == 410 and answer.timestamp is not None:
@@ -413,6 +413,7 @@ def result_from_apns(row_id: int, answer: NotificationResult) -> SendResult:
         token_invalid=status == 410 or reason in TOKEN_INVALID_REASONS,
         token_invalid_at=invalid_at,
         config_fault=status == 403 or reason in CONFIG_FAULT_REASONS,
+        answered_at=answered_at,
     )
 
 
@@ -503,7 +504,7 @@ class AioApnsSender:
                 return result_from_error(n.row_id, exc)
             except Exception as exc:  # noqa: BLE001 - any failure inside aioapns/h2 is a failed send
                 return result_from_error(n.row_id, exc)
-        return result_from_apns(n.row_id, answer)
+        return result_from_apns(n.row_id, answer, time.monotonic())
 
     def _request(self, n: Notification) -> NotificationRequest:
         request = NotificationRequest(

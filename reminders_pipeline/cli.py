@@ -14,7 +14,7 @@ from .build import build as run_build
 from .check import check as run_check
 from .db import Database
 from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device
-from .drain import drain as run_drain
+from .drain import default_sender_factory, drain as run_drain
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
 from .times import parse_when
@@ -157,6 +157,22 @@ def drain_cmd(ctx: Ctx, row_id: int | None, now: str | None) -> None:
     except ValueError as exc:  # APNs credentials missing or unreadable: nothing was claimed
         raise click.UsageError(str(exc)) from None
     _emit(summary.as_dict())
+
+
+@main.command("dispatch")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this long (default: until SIGTERM or Ctrl-C).")
+@pass_ctx
+def dispatch_cmd(ctx: Ctx, seconds: float | None) -> None:
+    """Send each row at its own send_after, in the foreground; SIGTERM or Ctrl-C stops it cleanly
+    (in-flight sends finish and settle). Prints one JSON summary. Safe beside Dagster's dispatcher
+    and the cron drain: the claim decides who sends."""
+    from .dispatch import run_in_foreground
+
+    try:
+        factory = default_sender_factory(ctx.settings)  # APNs credentials checked before any claim
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    _emit(run_in_foreground(ctx.db, ctx.settings, factory, seconds=seconds).as_dict())
 
 
 @main.group()

@@ -12,14 +12,19 @@ throughput well above what a drain needs (see docs/benchmarks.md).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import asyncio
+import logging
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+LISTEN_RETRY_SECONDS = (0.5, 1, 2, 5, 10)
+
+log = logging.getLogger(__name__)
 
 
 def make_engine(url: str, **kwargs: object) -> Engine:
@@ -75,3 +80,43 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    @asynccontextmanager
+    async def notifications(self, channel: str) -> AsyncIterator[asyncio.Event | None]:
+        """An event set on every PostgreSQL ``NOTIFY channel`` (None on SQLite, which has none).
+
+        One dedicated autocommit connection, outside the pool, reconnecting with backoff when it
+        drops. Notifications sent while it was away are lost, so the event is also set on every
+        (re)connect: a listener re-reads what it waits for instead of trusting it heard everything.
+        """
+        if self.dialect != "postgresql":
+            yield None
+            return
+        heard = asyncio.Event()
+        task = asyncio.ensure_future(_listen(self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False), channel, heard))
+        try:
+            yield heard
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
+    import psycopg
+
+    failures = 0
+    while True:
+        try:
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                await conn.execute(f'LISTEN "{channel}"')
+                failures = 0
+                heard.set()
+                async for _ in conn.notifies():
+                    heard.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the poll backstop covers the gap; keep trying
+            log.warning("LISTEN %s lost (%s); polling until it reconnects", channel, type(exc).__name__)
+        heard.set()
+        await asyncio.sleep(LISTEN_RETRY_SECONDS[min(failures, len(LISTEN_RETRY_SECONDS) - 1)])
+        failures += 1

@@ -147,6 +147,9 @@ async def send_batch_async(
     *,
     now: str | None = None,
     claimer: str | None = None,
+    clock: Clock | None = None,
+    sender: Sender | None = None,
+    stop: asyncio.Event | None = None,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -154,18 +157,24 @@ async def send_batch_async(
     slices to fill ``apns_concurrency``. The first slice goes alone, so a configuration fault
     (wrong key, topic) stops the run after one slice instead of a window of them. Settlements that
     have come back are committed in the same transaction as the next claim: one commit per slice.
+
+    ``clock`` replaces the real one (the dispatcher's, in tests a driven one; ``now`` fixes it).
+    ``sender``: a long-lived sender the caller owns and closes (the dispatcher keeps its APNs
+    connections warm between batches); otherwise one is made on first need and closed here.
+    ``stop``: once set, no further slice is claimed; what is on the wire is answered and settled.
     """
-    clock = clock_for(now)
+    clock = clock_for(now) if now or clock is None else clock
     claimer = claimer or new_claimer()
     summary = DrainSummary(now=clock())
     window = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
-    sender: Sender | None = None
+    owned = sender is None
     in_flight: set[asyncio.Task[_Settlement]] = set()
     returned: list[_Settlement] = []
 
     async def dispatch(rows: list[dict[str, Any]], plan: _Plan) -> _Settlement:
+        started = (clock(), time.monotonic())
         results = await _send(sender, plan.to_send) if plan.to_send else []  # type: ignore[arg-type]
-        return _settlement(rows, plan, results, clock(), summary)
+        return _settlement(rows, plan, results, clock(), summary, started)
 
     async def collect(until: int) -> None:
         nonlocal in_flight
@@ -176,7 +185,7 @@ async def send_batch_async(
     try:
         for n, i in enumerate(range(0, len(ids), settings.claim_batch_size)):
             await collect(0 if n == 1 else window - 1)
-            if summary.halted:
+            if summary.halted or (stop is not None and stop.is_set()):
                 break
             claim_time = clock()
             with db.write() as conn:
@@ -204,7 +213,7 @@ async def send_batch_async(
                     written = [_write_settlement(conn, done, claimer) for done in returned]
                 _count_settlements(returned, written, summary)
         finally:
-            if sender is not None:
+            if owned and sender is not None:
                 await sender.aclose()
     if summary.halted:
         raise_alert(
@@ -282,7 +291,14 @@ def _wrong_environment(results: list[SendResult], notes: list[Notification], sum
     )
 
 
-def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary) -> _Settlement:  # type: ignore[no-untyped-def]
+def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) -> str:
+    """When APNs answered this row, on the drain's clock: true lateness per row, not per slice."""
+    if res.answered_at is None or started is None:
+        return done
+    return shift(started[0], max(0.0, res.answered_at - started[1]))
+
+
+def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary, started: tuple[str, float] | None = None) -> _Settlement:  # type: ignore[no-untyped-def]
     if _wrong_environment(results, plan.to_send, summary):
         results = [
             replace(r, token_invalid=False, config_fault=True, reason="BadDeviceToken:every-device (check REMINDERS_APNS_ENVIRONMENT)")
@@ -294,6 +310,7 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
     for res in results:
         answered.add(res.row_id)
         row = by_id[res.row_id]
+        sent_at = _answered_at(res, done, started) if res.ok else None
         out.rows.append(
             {
                 "id": res.row_id,
@@ -301,11 +318,11 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
                 "outcome_detail": None if res.ok else (res.reason or f"http {res.status}"),
                 "payload": plan.payloads.get(res.row_id),
                 "apns_id": res.apns_id,
-                "sent_at": done if res.ok else None,
+                "sent_at": sent_at,
             }
         )
-        if res.ok:
-            summary.lateness_seconds.append(unix_from_iso(done) - unix_from_iso(row["send_after"]))
+        if sent_at is not None:
+            summary.lateness_seconds.append(unix_from_iso(sent_at) - unix_from_iso(row["send_after"]))
         if res.token_invalid:
             out.dead_tokens.append((row, res))
         if res.config_fault and not summary.halted:

@@ -32,6 +32,28 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     return value
 
 
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value >= minimum:  # also refuses nan
+        raise SettingsError(f"{name} must be at least {minimum}, got {raw}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise SettingsError(f"{name} must be 'true' or 'false', got {env.get(name)!r}")
+    return raw == "true"
+
+
 def default_database_url() -> str:
     return f"sqlite:///{DEFAULT_DATABASE_PATH}"
 
@@ -83,6 +105,13 @@ class Settings:
     apns_ca_file: str | None = None  # CA bundle that signs apns_url's certificate
     apns_concurrency: int = 200  # in-flight sends per drain process
     interruption_level: str = "time-sensitive"
+    # The exact-time dispatcher (dispatch.py); the cron drain stays as the safety net.
+    dispatch_enabled: bool = True
+    dispatch_poll_seconds: float = 2.0  # backstop re-read of the earliest send_after (SQLite: the only wake-up)
+    dispatch_run_seconds: int = 3600  # lifetime of one Dagster dispatcher run; the sensor hands over
+    dispatch_handover_seconds: int = 120  # the successor run is requested this long before the end
+    dispatch_late_seconds: int = 10  # a due row waiting longer fails the dispatch_on_time check
+    dispatch_heartbeat_seconds: int = 15
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -145,6 +174,12 @@ class Settings:
             apns_ca_file=env.get("REMINDERS_APNS_CA_FILE") or None,
             apns_concurrency=_int(env, "REMINDERS_APNS_CONCURRENCY", 200, 1),
             interruption_level=env.get("REMINDERS_INTERRUPTION_LEVEL") or "time-sensitive",
+            dispatch_enabled=_flag(env, "REMINDERS_DISPATCH_ENABLED", True),
+            dispatch_poll_seconds=_float(env, "REMINDERS_DISPATCH_POLL_SECONDS", 2.0, 0.05),
+            dispatch_run_seconds=_int(env, "REMINDERS_DISPATCH_RUN_SECONDS", 3600, 60),
+            dispatch_handover_seconds=_int(env, "REMINDERS_DISPATCH_HANDOVER_SECONDS", 120, 10),
+            dispatch_late_seconds=_int(env, "REMINDERS_DISPATCH_LATE_SECONDS", 10, 1),
+            dispatch_heartbeat_seconds=_int(env, "REMINDERS_DISPATCH_HEARTBEAT_SECONDS", 15, 1),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")
@@ -157,6 +192,8 @@ class Settings:
                 cron_cadence_seconds(cron)
             except CronError as exc:
                 raise SettingsError(f"{name}: {exc}") from None
+        if s.dispatch_handover_seconds >= s.dispatch_run_seconds:
+            raise SettingsError("REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS")
         if s.chunks_per_tick > s.chunk_count:
             raise SettingsError("REMINDERS_CHUNKS_PER_TICK must not exceed REMINDERS_CHUNK_COUNT")
         return s

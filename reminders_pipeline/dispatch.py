@@ -1,0 +1,246 @@
+"""The exact-time path: each row is sent at its own ``send_after``, not at the next drain tick.
+
+The cron drain bounds lateness by its cadence plus scheduler slack: a "5 minutes before" reminder
+for a 10:00 meeting would wait for the 10:05 tick and settle ``event_started``. The dispatcher is one
+loop with one job (the pattern of Oban's Stager and River's scheduler):
+
+1. read the earliest pending ``send_after`` (one step down the partial due index);
+2. sleep until then, or until a build announces new or earlier rows (PostgreSQL ``NOTIFY``), or
+   until the poll backstop (SQLite's only wake-up);
+3. hand the due rows to the drain's own send path, which claims each slice with the same
+   compare-and-swap right before sending it, applies the same policy and settles it.
+
+It never sends early: the claim itself requires ``send_after <= now``. It takes no lock of its own:
+dispatchers and the cron drain may run at once, and the claim decides who sends. A claim left by a
+dispatcher that died is failed as abandoned (by the next drain or dispatcher), never resent.
+Dagster (``defs/dispatch.py``) and ``reminders dispatch`` only start and stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from . import ledger
+from .db import Database
+from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async
+from .sender import Notification, SendResult, Sender, SenderFactory
+from .settings import Settings
+from .times import iso_from_unix, unix_from_iso
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 0.05  # rows due but not claimed (another claimer holds them): look again shortly
+HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
+ABANDON_SWEEP_SECONDS = 60
+
+
+def iso_floor(unix: float) -> str:
+    """Stored time rounded down to the millisecond, so a claim never runs ahead of the clock."""
+    return iso_from_unix(math.floor(unix * 1000) / 1000)
+
+
+class Timer:
+    """The real clock. Tests drive a timer of their own (same two methods) to replay any morning."""
+
+    def now(self) -> float:
+        return time.time()
+
+    async def wait(self, batches: set[asyncio.Future[Any]], signals: set[asyncio.Future[Any]], seconds: float) -> None:
+        """Return after ``seconds``, or as soon as a batch in flight ends or a signal (stop, NOTIFY) comes."""
+        await asyncio.wait(batches | signals, timeout=max(0.0, seconds), return_when=asyncio.FIRST_COMPLETED)
+
+
+class LazySender:
+    """The sender made on the first real send and kept for the dispatcher's life (warm APNs
+    connections across batches). A dry run never makes one: its rows settle ``disabled``."""
+
+    def __init__(self, factory: SenderFactory) -> None:
+        self._factory = factory
+        self._sender: Sender | None = None
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        if self._sender is None:
+            self._sender = self._factory()
+        return await self._sender.send_many(notifications)
+
+    async def aclose(self) -> None:
+        if self._sender is not None:
+            await self._sender.aclose()
+            self._sender = None
+
+
+@dataclass
+class Dispatcher:
+    db: Database
+    settings: Settings
+    sender_factory: SenderFactory
+    name: str = field(default_factory=lambda: f"dispatch-{uuid.uuid4().hex[:12]}")
+    timer: Timer = field(default_factory=Timer)
+    on_batch: Callable[[DrainSummary], None] | None = None  # one call per settled batch (logging)
+
+    def __post_init__(self) -> None:
+        self.summary = DrainSummary(now=iso_floor(self.timer.now()))
+        self._sender = LazySender(self.sender_factory)
+        self._batches: dict[asyncio.Task[DrainSummary], Sequence[int]] = {}
+        self._in_flight: set[int] = set()
+        self._not_before = 0.0  # no dispatch before this (a short retry pause, or a halt's backoff)
+        self._halts = 0
+        self._next_beat = self._next_sweep = 0.0
+        self._started = self.summary.now
+        self._until: float | None = None
+        self._stop: asyncio.Event | None = None
+        self._began = time.perf_counter()
+
+    def clock(self) -> str:
+        return iso_floor(self.timer.now())
+
+    async def run(self, *, until: float | None = None, stop: asyncio.Event | None = None) -> DrainSummary:
+        """Dispatch until ``until`` (Unix seconds) or ``stop``; in-flight sends finish and settle."""
+        stop = stop or asyncio.Event()
+        self._stop = stop
+        self._until = until
+        log.info("dispatcher %s started (until %s)", self.name, iso_from_unix(until) if until else "stopped")
+        async with self.db.notifications(ledger.DUE_CHANNEL) as heard:
+            try:
+                while not stop.is_set():
+                    now = self.timer.now()
+                    if until is not None and now >= until:
+                        break
+                    self._housekeeping(now)
+                    if heard is not None:
+                        heard.clear()  # before the read: a NOTIFY after it wakes the wait below
+                    wake_at = self._dispatch_due(now)
+                    await self._wait(wake_at, heard, stop)
+            finally:
+                await self._finish()
+        return self.summary
+
+    def _dispatch_due(self, now: float) -> float:
+        """Start a batch for the due rows not already in flight; return when to look again."""
+        poll_at = now + self.settings.dispatch_poll_seconds
+        if now < self._not_before:
+            return min(self._not_before, poll_at)
+        try:
+            with self.db.read() as conn:
+                earliest = ledger.next_send_after(conn)
+            if earliest is None:
+                return poll_at
+            due_at = unix_from_iso(earliest)
+            if due_at > now:
+                return min(due_at, poll_at)
+            ids = [i for i in find_due(self.db, self.clock()) if i not in self._in_flight]
+        except Exception:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
+            log.exception("dispatcher %s: reading the queue failed; retrying in %ss", self.name, self.settings.dispatch_poll_seconds)
+            return poll_at
+        if not ids:
+            return poll_at  # every due row is in one of our batches: a batch ending wakes us
+        self._start_batch(ids)
+        return now
+
+    def _start_batch(self, ids: list[int]) -> None:
+        batch = send_batch_async(
+            self.db, self.settings, ids, self.sender_factory, claimer=self.name, clock=self.clock, sender=self._sender, stop=self._stop
+        )
+        task = asyncio.ensure_future(batch)
+        self._batches[task] = ids
+        self._in_flight.update(ids)
+        task.add_done_callback(self._batch_done)
+
+    def _batch_done(self, task: asyncio.Task[DrainSummary]) -> None:
+        ids = self._batches.pop(task)
+        self._in_flight.difference_update(ids)
+        now = self.timer.now()
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.error("dispatcher %s: a batch of %d rows failed: %r", self.name, len(ids), task.exception())
+            self._not_before = now + self.settings.dispatch_poll_seconds
+            return
+        done = task.result()
+        self.summary.merge(done)
+        if done.halted:
+            backoff = HALT_BACKOFF_SECONDS[min(self._halts, len(HALT_BACKOFF_SECONDS) - 1)]
+            self._halts += 1
+            self._not_before = now + backoff
+            log.error("dispatcher %s: halted (%s); next attempt in %ss", self.name, done.halted, backoff)
+        else:
+            self._halts = 0
+            if done.claimed < len(ids):
+                self._not_before = max(self._not_before, now + RETRY_SECONDS)
+        if self.on_batch is not None and done.claimed:
+            self.on_batch(done)
+
+    async def _wait(self, wake_at: float, heard: asyncio.Event | None, stop: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if heard is not None:
+            waiters.append(asyncio.ensure_future(heard.wait()))
+        deadline = wake_at if self._until is None else min(wake_at, self._until)
+        deadline = min(deadline, self._next_beat)
+        try:
+            await self.timer.wait(set(self._batches), set(waiters), deadline - self.timer.now())
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    def _housekeeping(self, now: float) -> None:
+        """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left."""
+        try:
+            if now >= self._next_sweep:
+                self.summary.abandoned += fail_abandoned(self.db, self.settings, iso_floor(now))
+                self._next_sweep = now + ABANDON_SWEEP_SECONDS
+            if now >= self._next_beat:
+                self._beat(now)
+                self._next_beat = now + self.settings.dispatch_heartbeat_seconds
+        except Exception:  # noqa: BLE001 - bookkeeping never stops dispatching
+            log.exception("dispatcher %s: heartbeat or abandoned sweep failed", self.name)
+            self._next_beat = now + self.settings.dispatch_heartbeat_seconds
+
+    def _beat(self, now: float) -> None:
+        sent = self.summary.outcomes.get("sent", 0)
+        ends_at = iso_floor(self._until) if self._until is not None else None
+        with self.db.write() as conn:
+            ledger.beat(
+                conn, self.name, iso_floor(now),
+                started_at=self._started, ends_at=ends_at, sent=sent, settled=sum(self.summary.outcomes.values()),
+            )  # fmt: skip
+
+    async def _finish(self) -> None:
+        if self._batches:
+            await asyncio.wait(list(self._batches))
+        await self._sender.aclose()
+        self.summary.duration_seconds = time.perf_counter() - self._began
+        try:
+            with self.db.write() as conn:
+                ledger.dispatcher_stopped(conn, self.name, iso_floor(self.timer.now()))
+        except Exception:  # noqa: BLE001 - a stale heartbeat says the same
+            log.exception("dispatcher %s: could not record its stop", self.name)
+        log.info("dispatcher %s stopped: %s", self.name, self.summary.as_dict())
+
+
+def batch_line(summary: DrainSummary) -> str:
+    """One log line per batch: rows, outcomes, lateness."""
+    late = summary.lateness_percentiles()
+    lateness = "" if late["max"] is None else f", lateness p50 {late['p50']}s max {late['max']}s"
+    return f"batch: {summary.claimed} rows, outcomes {dict(summary.outcomes)}{lateness}"
+
+
+def run_in_foreground(db: Database, settings: Settings, sender_factory: SenderFactory, *, seconds: float | None = None) -> DrainSummary:
+    """``reminders dispatch``: until SIGTERM or Ctrl-C (or ``seconds``); both stop it cleanly, in-flight
+    sends answered and settled first."""
+
+    async def main() -> DrainSummary:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        until = None if seconds is None else time.time() + seconds
+        return await Dispatcher(db, settings, sender_factory, on_batch=lambda s: log.info(batch_line(s))).run(until=until, stop=stop)
+
+    return asyncio.run(main())

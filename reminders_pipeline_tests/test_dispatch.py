@@ -1,0 +1,107 @@
+"""The exact-time dispatcher on SQLite and PostgreSQL: on time, never early, at most once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from reminders_pipeline import ledger
+from reminders_pipeline.build import build
+from reminders_pipeline.dispatch import Dispatcher
+from reminders_pipeline.drain import drain
+from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+from .dispatching import DispatcherThread, DrivenTimer
+from .support import NOW_S, at, by_key, device, item
+
+EVENT = 7200  # 10:00 UTC, two hours after NOW (08:00)
+MORNING_RULES = ("lead:0", "lead:600", "lead:900")  # plus the device's lead:300
+
+
+@pytest.fixture
+def live(settings):
+    return settings.with_(enabled=True)
+
+
+def queue_the_morning(db, settings, feeds):
+    """The issue's device: ``--lead 300 --rule lead:0 --rule lead:600 --rule lead:900``, a 10:00 event."""
+    url = feeds.items("/morning.json", [item("standup", EVENT)])
+    device(db, settings, sources=[url], lead=300, rules=MORNING_RULES)
+    build(db, settings, now=at(EVENT - 1800))  # built at 09:30
+    return {rule: r for (_, rule), r in by_key(db).items()}
+
+
+def test_the_cron_drain_alone_sends_late_and_drops_the_five_minute_reminder(db, live, feeds):
+    """The table that motivated the dispatcher: drains at :50 and :05 only."""
+    queue_the_morning(db, live, feeds)
+    sender = RecordingSender()
+    for tick in (EVENT - 600, EVENT + 300):  # 09:50, 10:05
+        drain(db, live, sender.factory(), now=at(tick))
+    got = {rule: (r["outcome"], r["sent_at"]) for (_, rule), r in by_key(db).items()}
+    assert got == {
+        "lead:900": ("sent", at(EVENT - 600)),  # 5 minutes late
+        "lead:600": ("sent", at(EVENT - 600)),
+        "lead:300": ("event_started", None),  # never sent
+        "lead:0": ("sent", at(EVENT + 300)),  # five minutes after the meeting began
+    }
+
+
+def test_the_dispatcher_sends_each_reminder_of_the_morning_at_its_send_after(db, live, feeds):
+    rows = queue_the_morning(db, live, feeds)
+    sender = RecordingSender()
+    timer = DrivenTimer(unix_from_iso(at(EVENT - 1800)))
+    dispatcher = Dispatcher(db, live, sender.factory(), name="exact", timer=timer)
+    asyncio.run(dispatcher.run(until=unix_from_iso(at(EVENT + 60))))
+
+    got = {rule: r for (_, rule), r in by_key(db).items()}
+    for rule, row in got.items():
+        assert (row["outcome"], row["claimed_by"]) == ("sent", "exact"), rule
+        assert row["sent_at"] == row["send_after"] == rows[rule]["send_after"], rule
+    assert got["lead:300"]["sent_at"] == at(EVENT - 300) < got["lead:300"]["event_at"]
+    assert [n.payload["reminder"]["rule"] for n in sender.sent] == ["lead:900", "lead:600", "lead:300", "lead:0"]
+    # It slept until each send_after (or the poll backstop), never past one.
+    assert dispatcher.summary.outcomes == {"sent": 4} and max(dispatcher.summary.lateness_seconds) == 0
+
+
+def test_a_row_is_never_claimed_before_its_send_after(db, live, feeds):
+    """Four rules due 1 ms apart: each is claimed only once the clock has reached it."""
+    url = feeds.items("/ms.json", [item("e", EVENT)])
+    device(db, live, sources=[url], lead=1800, rules=("lead:1799", "lead:1798", "lead:1797"))
+    build(db, live, now=at(0))
+    sender = RecordingSender()
+    start = unix_from_iso(at(EVENT - 1800)) - 0.0004  # the first row is 0.4 ms ahead of the clock
+    timer = DrivenTimer(start)
+    asyncio.run(Dispatcher(db, live, sender.factory(), timer=timer).run(until=start + 10))
+    for (_, rule), row in by_key(db).items():
+        assert row["outcome"] == "sent" and row["claimed_at"] >= row["send_after"], rule
+    assert timer.waits[0] == pytest.approx(0.0004, abs=1e-6)  # it waited out the 0.4 ms, then claimed
+
+
+def test_a_dry_run_dispatcher_settles_disabled_on_time_and_never_builds_a_sender(db, settings, feeds):
+    rows = queue_the_morning(db, settings, feeds)
+
+    def no_sender():
+        raise AssertionError("a dry run must not build a sender")
+
+    timer = DrivenTimer(unix_from_iso(at(EVENT - 1800)))
+    asyncio.run(Dispatcher(db, settings, no_sender, timer=timer).run(until=unix_from_iso(at(EVENT + 60))))
+    got = by_key(db)
+    assert {r["outcome"] for r in got.values()} == {"disabled"}
+    assert {r["rule"]: r["claimed_at"] for r in got.values()} == {rule: r["send_after"] for rule, r in rows.items()}
+
+
+def test_the_dispatcher_beats_and_records_its_stop(db, live):
+    timer = DrivenTimer(float(NOW_S))
+    dispatcher = Dispatcher(db, live.with_(dispatch_heartbeat_seconds=15), RecordingSender().factory(), name="beating", timer=timer)
+    asyncio.run(dispatcher.run(until=NOW_S + 100))
+    with db.read() as conn:
+        (row,) = ledger.live_dispatchers(conn, at(-1)) or [None]
+    assert row is None  # stopped: no longer live
+    with db.read() as conn:
+        assert ledger.latest_beat(conn) is None
+        (rec,) = conn.execute(ledger.dispatchers.select()).mappings().all()
+    assert rec["name"] == "beating" and rec["started_at"] == at(0) and rec["ends_at"] == at(100)
+    assert rec["stopped_at"] == at(100) and rec["beat_at"] == at(100)

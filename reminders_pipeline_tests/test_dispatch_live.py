@@ -1,0 +1,187 @@
+"""The dispatcher on the real clock, against the mock APNs, on SQLite and PostgreSQL: woken by a
+build (NOTIFY or poll), racing the cron drain and another dispatcher, killed mid-burst, stopped by
+SIGTERM. Bounds on lateness here are generous and stated; the measured figures are in bench/."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from reminders_pipeline.build import build
+from reminders_pipeline.db import Database
+from reminders_pipeline.drain import drain, fail_abandoned
+from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.times import now_utc, shift, unix_from_iso
+
+from .dispatching import DispatcherThread
+from .support import device, rows
+from .test_faults import (
+    assert_at_most_once,
+    ids_where,
+    ledger_rows,
+    live_settings,
+    load_due,
+    request_key,
+    requests_by_row,
+    token_of,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("fresh_mock")
+
+
+def test_a_row_built_seconds_before_its_send_after_is_sent_on_time(db, settings, feeds):
+    """PostgreSQL: the poll backstop is a minute, so only the build's NOTIFY can wake the dispatcher
+    in time. SQLite: the poll (0.5 s) is the wake-up. The bound (1.5 s) is three times the poll."""
+    pg = db.dialect == "postgresql"
+    live = settings.with_(enabled=True, dispatch_poll_seconds=60.0 if pg else 0.5)
+    sender = RecordingSender()
+    running = DispatcherThread(db.url, live, sender.factory(), name="waiting").start()
+    try:
+        time.sleep(1.0)  # asleep with nothing pending (PostgreSQL: until the poll, a minute away)
+        starts = int(time.time()) + 4
+        url = feeds.items("/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}])
+        device(db, live, sources=[url], lead=0)
+        build(db, live, device_ids=["dev-1"])
+        (queued,) = rows(db)
+        assert queued["status"] == "pending" and unix_from_iso(queued["send_after"]) - time.time() > 1
+        wait_until("the reminder sent", lambda: rows(db)[0]["status"] == "settled", timeout=15)
+    finally:
+        running.stop()
+    (row,) = rows(db)
+    lateness = unix_from_iso(row["sent_at"]) - unix_from_iso(row["send_after"])
+    assert row["outcome"] == "sent" and row["claimed_by"] == "waiting"
+    assert 0 <= lateness < 1.5, f"sent {lateness:.3f}s after send_after"
+    assert row["claimed_at"] >= row["send_after"]
+
+
+def test_two_dispatchers_and_a_cron_drain_race_over_5000_rows_each_sent_exactly_once(db_url, mock):
+    db = Database(db_url)
+    keys = load_due(db, n_devices=250, items_per_device=20)
+    settings = live_settings(db_url, mock, send_timeout_seconds=60)  # a loaded 2-core runner must not time a send out
+    runners = [DispatcherThread(db_url, settings, _apns(settings), name=f"dispatch-{n}") for n in range(2)]
+    drained: dict[str, object] = {}
+
+    def cron() -> None:
+        cron_db = Database(db_url)
+        try:
+            drained["summary"] = drain(cron_db, settings)
+        finally:
+            cron_db.dispose()
+
+    cron_thread = threading.Thread(target=cron)
+    for r in runners:
+        r.start()
+    cron_thread.start()
+    try:
+        wait_until("every row settled", lambda: not ids_where(ledger_rows(db), status="pending") and not ids_where(ledger_rows(db), status="claimed"), timeout=180, every=0.5)
+    finally:
+        cron_thread.join(180)
+        summaries = [r.stop() for r in runners]
+    final = ledger_rows(db)
+    db.dispose()
+    outcomes = Counter((r["status"], r["outcome"], r["outcome_detail"]) for r in final.values())
+    assert outcomes == {("settled", "sent", None): 5000}
+    by_claimer = Counter(r["claimed_by"] for r in final.values())
+    assert sum(s.claimed for s in summaries) + drained["summary"].claimed == 5000  # type: ignore[attr-defined]
+    assert len(by_claimer) >= 2, f"no race happened: {by_claimer}"
+    by_row = requests_by_row(mock.requests, keys)
+    assert_at_most_once(by_row)
+    assert set(by_row) == set(final)
+    for row_id, (req,) in by_row.items():
+        assert req.status == 200 and final[row_id]["apns_id"] == req.headers["apns-id"]
+
+
+def _apns(settings):
+    from reminders_pipeline.apns import apns_sender_factory
+
+    return apns_sender_factory(settings)
+
+
+def start_dispatch_process(url: str, mock, tmp_path: Path, name: str, **settings: object) -> tuple[subprocess.Popen, Path]:
+    """``reminders dispatch`` as an operator runs it: configured by the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
+    env.update(mock.env())
+    env.update({"REMINDERS_DATABASE_URL": url, "REMINDERS_ENABLED": "true"})
+    env.update({f"REMINDERS_{k.upper()}": str(v) for k, v in settings.items()})
+    stderr = tmp_path / f"{name}.stderr"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reminders_pipeline.cli", "-v", "dispatch"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True, start_new_session=True,
+    )  # fmt: skip
+    return process, stderr
+
+
+def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resent(db_url, mock, tmp_path):
+    db = Database(db_url)
+    keys = load_due(db, n_devices=100, items_per_device=20)
+    slow = [token_of(d) for d in range(0, 100, 10)]  # one device in ten: answers held for a minute
+    for token in slow:
+        mock.script(token, delay=60)
+    doomed, stderr = start_dispatch_process(db_url, mock, tmp_path, "doomed", claim_batch_size=50, apns_concurrency=100, send_timeout_seconds=120)
+    try:
+        wait_until("a send to a slow device on the wire", lambda: any(r.token in slow for r in mock.requests), 60)
+        time.sleep(0.5)  # the fast sends of the same slices answer; the slow ones stay on the wire
+    finally:
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(10)
+    assert mock.wait_idle(10)
+    seen_by_dead = len(mock.requests)
+    after_kill = ledger_rows(db)
+    left_claimed = ids_where(after_kill, status="claimed")
+    on_the_wire = {keys[request_key(r)] for r in mock.requests if r.token in slow}
+    assert on_the_wire and on_the_wire <= left_claimed, stderr.read_text()[-2000:]
+    assert ids_where(after_kill, status="pending"), "the kill should land mid-burst"
+
+    for token in slow:
+        mock.script(token, status=200)
+    settings = live_settings(db_url, mock)
+    successor = DispatcherThread(db_url, settings, _apns(settings), name="successor").start()
+    try:
+        wait_until("the successor sent the rest", lambda: not ids_where(ledger_rows(db), status="pending"), 120, every=0.2)
+    finally:
+        successor.stop()
+    assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # not before the abandon limit
+    assert fail_abandoned(db, settings, shift(now_utc(), settings.abandon_after_seconds + 1)) == len(left_claimed)
+    assert drain(db, settings).claimed == 0
+
+    final = ledger_rows(db)
+    db.dispose()
+    assert ids_where(final, outcome="failed", outcome_detail="abandoned") == left_claimed
+    assert ids_where(final, outcome="sent") | left_claimed == set(final)
+    assert ids_where(final, outcome="sent", claimed_by="successor") == set(final) - left_claimed - ids_where(after_kill, status="settled")
+    resent = {keys[request_key(r)] for r in mock.requests[seen_by_dead:]} & left_claimed
+    assert not resent, "an abandoned claim was sent again"
+    assert_at_most_once(requests_by_row(mock.requests, keys))
+
+
+def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_url, mock, tmp_path):
+    db = Database(db_url)
+    load_due(db, n_devices=20, items_per_device=5)
+    mock.script_default(delay=2.0)  # every answer takes two seconds: SIGTERM lands mid-send
+    process, stderr = start_dispatch_process(db_url, mock, tmp_path, "stopping")
+    try:
+        wait_until("sends on the wire", lambda: len(mock.requests) > 0 or ids_where(ledger_rows(db), status="claimed"), 60)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    mock.script_default(status=200)
+    final = ledger_rows(db)
+    db.dispose()
+    assert process.returncode == 0, stderr.read_text()[-3000:]
+    summary = json.loads(out)
+    assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
+    sent = ids_where(final, outcome="sent")
+    assert sent and summary["outcomes"] == {"sent": len(sent)} and summary["claimed"] == len(sent)
