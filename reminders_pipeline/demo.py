@@ -58,11 +58,16 @@ DEV_INSTANCE_YAML = """\
 # One developer's instance; production uses the PostgreSQL dagster.yaml at the repository root.
 concurrency:
   runs:
-    max_concurrent_runs: 2  # SQLite storage locks under many concurrent runs
+    # SQLite storage locks under many concurrent runs: two for builds, drains and checks, plus two
+    # for the exact-time dispatcher (one always in flight, two during a handover).
+    max_concurrent_runs: 4
     tag_concurrency_limits:
       - key: reminders/kind
         value: drain
         limit: 1
+      - key: reminders/kind
+        value: dispatch
+        limit: 2
 run_monitoring:
   enabled: true
   max_resume_run_attempts: 0

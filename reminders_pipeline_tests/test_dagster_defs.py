@@ -20,14 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_all_definitions_load():
     loaded = defs()
     repo = loaded.get_repository_def()
-    assert {"build_notification_queue", "drain_job"} <= set(repo.job_names)
+    assert {"build_notification_queue", "drain_job", "dispatcher", "dispatch_on_time_check"} <= set(repo.job_names)
     assert {s.name for s in repo.schedule_defs} == {"build_schedule", "drain_schedule", "queue_checks_schedule"}
-    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert"}
+    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert", "dispatcher_sensor"}
     assert set(loaded.resources or {}) == {"ledger", "sender", "sources", "alerting"}
     queue = repo.assets_defs_by_key[dg.AssetKey("notification_queue")]
     assert queue.partitions_def.get_partition_keys() == [f"{c:03d}" for c in range(Settings().chunk_count)]
     checks = {key.name for key in repo.asset_graph.asset_check_keys}
-    assert checks == {"sweep_period_invariant", "drain_backlog"}
+    assert checks == {"sweep_period_invariant", "drain_backlog", "dispatch_on_time"}
 
 
 def test_schedules_run_on_the_crons_reminders_check_reads():
@@ -59,6 +59,8 @@ def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):
     assert prod["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_POSTGRES_URL"}
     limits = {(l["key"], l.get("value")): l["limit"] for l in prod["concurrency"]["runs"]["tag_concurrency_limits"]}
     assert limits[("reminders/kind", "build")] > limits[("reminders/kind", "drain")]
+    # The dispatcher's own slots (one run in flight, two during a handover) come on top of the rest.
+    assert limits[("reminders/kind", "dispatch")] == 2 and prod["concurrency"]["runs"]["max_concurrent_runs"] == 10
     assert prod["run_monitoring"]["enabled"] and prod["retention"]["sensor"]["purge_after_days"]["skipped"] == 7
 
     (tmp_path / "dagster.yaml").write_text(DEV_INSTANCE_YAML)

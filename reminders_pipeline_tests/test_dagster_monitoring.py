@@ -155,22 +155,25 @@ def test_checks_pass_fail_and_alert_on_transitions(db, settings, db_url, feeds, 
     assert not first["drain_backlog"].passed
     assert first["drain_backlog"].severity == dg.AssetCheckSeverity.ERROR
     assert 1990 <= first["drain_backlog"].metadata["oldest_due_age_seconds"].value <= 2100
-    assert receiver.titles() == ["[reminders] check drain_backlog failed"]
+    # No dispatcher ran either: a row 2000 s past its send_after is far beyond its few seconds.
+    assert not first["dispatch_on_time"].passed and first["dispatch_on_time"].severity == dg.AssetCheckSeverity.ERROR
+    assert sorted(receiver.titles()) == ["[reminders] check dispatch_on_time failed", "[reminders] check drain_backlog failed"]
 
     with db.write() as conn:  # now the build is stale (a back-dated build no longer rewinds the stamp)
         ledger.stamp_built(conn, [device_id], shift(now_utc(), -4000))
     second = run_checks(db_url, instance, receiver.url)
     assert not second["sweep_period_invariant"].passed and not second["drain_backlog"].passed
     assert second["sweep_period_invariant"].metadata["budget_seconds"].value == 3000
-    assert receiver.titles()[1:] == ["[reminders] check sweep_period_invariant failed"]  # drain_backlog: unchanged
+    assert receiver.titles()[2:] == ["[reminders] check sweep_period_invariant failed"]  # the others: unchanged
 
     from reminders_pipeline.drain import drain
 
     drain(db, settings)  # settles the late row too_late
     build(db, settings, device_ids=[device_id])
     third = run_checks(db_url, instance, receiver.url)
-    assert third["sweep_period_invariant"].passed and third["drain_backlog"].passed
-    assert sorted(receiver.titles()[2:]) == [
+    assert third["sweep_period_invariant"].passed and third["drain_backlog"].passed and third["dispatch_on_time"].passed
+    assert sorted(receiver.titles()[3:]) == [
+        "[reminders] check dispatch_on_time passes again",
         "[reminders] check drain_backlog passes again",
         "[reminders] check sweep_period_invariant passes again",
     ]

@@ -1,0 +1,128 @@
+"""The exact-time dispatcher under Dagster's eyes: one long-running op, kept in flight by a sensor.
+
+Dagster is not a timer (sensors tick every 30 s at best and a run takes seconds to start), so the
+timing lives in the core's loop (``reminders_pipeline.dispatch``). Dagster keeps it alive and shows
+it: one run at a time for ``REMINDERS_DISPATCH_RUN_SECONDS``, a log line per batch, lateness
+percentiles as run metadata, run monitoring (``dagster/max_runtime``) for a run that hangs. The
+sensor requests the successor shortly before the current run ends, so there is no gap; the overlap
+is harmless because the claim is the only lock. The sensor also watches the due rows and, when
+they start to wait (or stop waiting), runs the ``dispatch_on_time`` check, which alerts.
+"""
+
+import json
+import time
+from typing import Optional, Sequence
+
+import dagster as dg
+
+from reminders_pipeline.dispatch import Dispatcher, batch_line, dispatch_health
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import now_utc
+
+from .build import IN_FLIGHT, LOAD_SETTINGS, RUN_KIND_TAG, notification_queue
+from .drain import summary_metadata
+from .monitoring import check_result
+from .resources import AlertingResource, LedgerResource, SenderResource
+
+MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this long past its planned end
+
+
+class DispatchConfig(dg.Config):
+    """``run_seconds``: how long this run dispatches (default REMINDERS_DISPATCH_RUN_SECONDS)."""
+
+    run_seconds: Optional[int] = None
+
+
+@dg.op(description="Send each due row at its own send_after until the run's planned end.")
+async def dispatch(
+    context: dg.OpExecutionContext,
+    config: DispatchConfig,
+    ledger: LedgerResource,
+    sender: SenderResource,
+    alerting: AlertingResource,
+) -> dict:
+    settings = alerting.apply(sender.apply(ledger.settings()))
+    factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
+    seconds = config.run_seconds or settings.dispatch_run_seconds
+    with ledger.open() as db:
+        dispatcher = Dispatcher(db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s)))
+        summary = await dispatcher.run(until=time.time() + seconds)
+    meta = summary_metadata(summary, batches=0)
+    meta.pop("batches")
+    context.log.info(f"dispatcher: {summary.as_dict()}")
+    context.add_output_metadata(meta)
+    return summary.as_dict()
+
+
+@dg.job(
+    name="dispatcher",
+    executor_def=dg.in_process_executor,  # one op that runs for an hour: nothing to spread
+    tags={RUN_KIND_TAG: "dispatch", "dagster/max_runtime": LOAD_SETTINGS.dispatch_run_seconds + MAX_RUNTIME_MARGIN_SECONDS},
+    description="The exact-time dispatcher for REMINDERS_DISPATCH_RUN_SECONDS; dispatcher_sensor keeps one in flight.",
+)
+def dispatcher_job() -> None:
+    dispatch()
+
+
+@dg.asset_check(asset=notification_queue, name="dispatch_on_time", blocking=False)
+def dispatch_on_time(
+    context: dg.AssetCheckExecutionContext, ledger: LedgerResource, alerting: AlertingResource
+) -> dg.AssetCheckResult:
+    """Due rows wait at most REMINDERS_DISPATCH_LATE_SECONDS past send_after while the dispatcher is on."""
+    settings = ledger.settings()
+    with ledger.open() as db:
+        health = dispatch_health(db, settings, now_utc())
+    return check_result(context, alerting, settings, "dispatch_on_time", health.on_time, health.detail(), health.metadata())
+
+
+dispatch_check_job = dg.define_asset_job(
+    "dispatch_on_time_check",
+    selection=dg.AssetSelection.checks(dispatch_on_time),
+    executor_def=dg.in_process_executor,
+    tags={RUN_KIND_TAG: "check"},
+    description="Evaluate dispatch_on_time now (requested by dispatcher_sensor when due rows start or stop waiting).",
+)
+
+
+def successor_request(
+    in_flight: Sequence[tuple[str, Optional[float]]], newest_run_id: Optional[str], now: float, settings: Settings
+) -> Optional[dg.RunRequest]:
+    """The run to request so exactly one dispatcher is in flight (two only during a handover).
+
+    ``in_flight``: (run id, start time or None while queued/starting) of dispatcher runs not yet
+    finished. The run key names the run being succeeded, so repeated ticks request it once.
+    """
+    if not settings.dispatch_enabled:
+        return None
+    if not in_flight:
+        return dg.RunRequest(run_key=f"dispatcher-after:{newest_run_id or 'none'}", job_name=dispatcher_job.name)
+    if len(in_flight) > 1:
+        return None
+    run_id, started = in_flight[0]
+    if started is not None and started + settings.dispatch_run_seconds - now <= settings.dispatch_handover_seconds:
+        return dg.RunRequest(run_key=f"dispatcher-after:{run_id}", job_name=dispatcher_job.name)
+    return None
+
+
+@dg.sensor(
+    name="dispatcher_sensor",
+    jobs=[dispatcher_job, dispatch_check_job],
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keep exactly one dispatcher run in flight (hand over before its end); run dispatch_on_time when due rows start or stop waiting.",
+)
+def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
+    settings = ledger.settings()
+    records = context.instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name, statuses=IN_FLIGHT))
+    newest = context.instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name), limit=1)
+    in_flight = [(r.dagster_run.run_id, r.start_time) for r in records]
+    successor = successor_request(in_flight, newest[0].dagster_run.run_id if newest else None, time.time(), settings)
+    requests: list[dg.RunRequest] = [successor] if successor else []
+
+    now = now_utc()
+    with ledger.open() as db:
+        health = dispatch_health(db, settings, now)
+    was_on_time = json.loads(context.cursor or "{}").get("on_time", True)
+    if health.on_time != was_on_time:  # a transition: the check records it and alerts
+        requests.append(dg.RunRequest(job_name=dispatch_check_job.name, run_key=f"dispatch-check:{now}"))
+    return dg.SensorResult(run_requests=requests, cursor=json.dumps({"on_time": health.on_time}))

@@ -1,0 +1,143 @@
+"""The dispatcher under Dagster: the sensor keeps exactly one run in flight and hands over before its
+end; it runs dispatch_on_time when due rows start or stop waiting; the op sends on time."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import dagster as dg
+import pytest
+from dagster._core.events import DagsterEvent, DagsterEventType
+
+from reminders_pipeline.build import build
+from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatcher_job, dispatcher_sensor, successor_request
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import unix_from_iso
+
+from .support import rows
+from .test_dagster_support import RECORDER, AlertReceiver, add_device, definitions_for, device_in_chunk, live_item, resources_for
+
+HOUR = Settings().dispatch_run_seconds
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.mark.parametrize(
+    "in_flight, expected_key",
+    [
+        ([], "dispatcher-after:newest"),  # none in flight: start one
+        ([("a", None)], None),  # queued or starting: wait for it
+        ([("a", 1000.0)], None),  # started a minute ago: runs for an hour
+        ([("a", 1000.0 - HOUR + 119)], "dispatcher-after:a"),  # within the handover: its successor
+        ([("a", 1000.0 - HOUR + 119), ("b", None)], None),  # the handover is under way: never a third
+    ],
+)
+def test_successor_request(in_flight, expected_key):
+    request = successor_request(in_flight, "newest", 1060.0, Settings())
+    assert (request.run_key if request else None) == expected_key
+    assert request is None or request.job_name == dispatcher_job.name
+
+
+def test_successor_request_none_when_the_dispatcher_is_disabled():
+    assert successor_request([], None, 0.0, Settings(dispatch_enabled=False)) is None
+
+
+def add_dispatcher_run(instance, *, started: bool) -> str:
+    run = instance.create_run_for_job(job_def=dispatcher_job, run_id=str(uuid.uuid4()))
+    if started:
+        instance.handle_run_event(run.run_id, DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=dispatcher_job.name))
+    return run.run_id
+
+
+def sense(instance, db_url: str, cursor: str | None = None) -> dg.SensorResult:
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources_for(db_url)) as context:
+        return dispatcher_sensor.evaluate_tick(context)
+
+
+def dispatcher_keys(result) -> list[str]:
+    return [r.run_key for r in result.run_requests if r.job_name == dispatcher_job.name]
+
+
+def test_sensor_starts_one_dispatcher_hands_over_before_the_end_and_never_runs_three(db_url, instance, monkeypatch):
+    assert dispatcher_keys(sense(instance, db_url)) == ["dispatcher-after:none"]
+    first = add_dispatcher_run(instance, started=True)
+    assert dispatcher_keys(sense(instance, db_url)) == []  # one in flight for the next hour
+
+    monkeypatch.setenv("REMINDERS_DISPATCH_RUN_SECONDS", "60")
+    monkeypatch.setenv("REMINDERS_DISPATCH_HANDOVER_SECONDS", "59")
+    time.sleep(1.1)  # the run is now within 59 s of its planned end
+    assert dispatcher_keys(sense(instance, db_url)) == [f"dispatcher-after:{first}"]
+    second = add_dispatcher_run(instance, started=False)
+    assert dispatcher_keys(sense(instance, db_url)) == []  # two during the handover, never three
+
+    instance.report_run_canceled(instance.get_run_by_id(first))
+    assert dispatcher_keys(sense(instance, db_url)) == []  # the successor alone
+    instance.report_run_failed(instance.get_run_by_id(second))
+    assert dispatcher_keys(sense(instance, db_url)) == [f"dispatcher-after:{second}"]  # a dead one is replaced
+
+    monkeypatch.setenv("REMINDERS_DISPATCH_ENABLED", "false")
+    assert dispatcher_keys(sense(instance, db_url)) == []
+
+
+def check_requests(result) -> list:
+    return [r for r in result.run_requests if r.job_name == dispatch_check_job.name]
+
+
+def test_sensor_runs_the_check_when_due_rows_start_and_stop_waiting(db, settings, db_url, feeds, instance):
+    url = feeds.items("/a.json", [live_item("e", 3600 - 30)])  # lead:3600 came due 30 s ago
+    add_device(db, settings, device_in_chunk(0), [url])
+    assert check_requests(sense(instance, db_url, None)) == []  # nothing due yet: on time, unchanged
+    build(db, settings)
+
+    late = sense(instance, db_url, json.dumps({"on_time": True}))
+    assert len(check_requests(late)) == 1 and json.loads(late.cursor) == {"on_time": False}
+    assert check_requests(sense(instance, db_url, late.cursor)) == []  # still late: no second run
+
+    from reminders_pipeline.drain import drain
+
+    drain(db, settings)  # the row is settled (disabled: a dry run)
+    recovered = sense(instance, db_url, late.cursor)
+    assert len(check_requests(recovered)) == 1 and json.loads(recovered.cursor) == {"on_time": True}
+
+
+def test_the_dispatch_on_time_check_fails_with_severity_error_and_alerts(db, settings, db_url, feeds, instance):
+    url = feeds.items("/a.json", [live_item("e", 3600 - 30)])
+    add_device(db, settings, device_in_chunk(0), [url])
+    build(db, settings)
+    with AlertReceiver() as receiver:
+        defs = definitions_for(resources_for(db_url, webhook=receiver.url))
+        result = defs.resolve_job_def(dispatch_check_job.name).execute_in_process(instance=instance)
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "dispatch_on_time" and not evaluation.passed
+    assert evaluation.severity == dg.AssetCheckSeverity.ERROR
+    assert 25 <= evaluation.metadata["oldest_due_wait_seconds"].value <= 120
+    assert receiver.titles() == ["[reminders] check dispatch_on_time failed"]
+
+
+def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness(db, settings, db_url, feeds, instance):
+    starts = int(time.time()) + 3
+    url = feeds.items("/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}])
+    add_device(db, settings, device_in_chunk(0), [url], lead=0)
+    build(db, settings)
+    RECORDER.sent.clear()
+    defs = definitions_for(resources_for(db_url, live=True))
+    result = defs.resolve_job_def(dispatcher_job.name).execute_in_process(
+        instance=instance, run_config={"ops": {"dispatch": {"config": {"run_seconds": 6}}}}
+    )
+    assert result.success
+    (row,) = rows(db)
+    assert row["outcome"] == "sent" and row["claimed_by"] == result.run_id
+    assert row["claimed_at"] >= row["send_after"] and unix_from_iso(row["sent_at"]) - starts < 1.5  # a poll (2 s) at most, loose
+    meta = result.output_for_node("dispatch")
+    assert meta["outcomes"] == {"sent": 1}
+    (materialization,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_OUTPUT]
+    names = set(materialization.event_specific_data.metadata)
+    assert {"lateness_p50_seconds", "lateness_p99_seconds", "lateness_max_seconds", "outcome_sent"} <= names
+    logs = [e.message for e in instance.all_logs(result.run_id) if e.user_message.startswith("batch:")]
+    assert len(logs) == 1 and "1 rows" in logs[0]
