@@ -5,6 +5,7 @@ Everything else receives a ``Settings`` value, so tests and shells can build one
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,21 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> i
     if value < minimum:
         raise SettingsError(f"{name} must be at least {minimum}, got {value}")
     return value
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated CIDR list, each checked here so a typo stops the process at start."""
+    texts = tuple(t.strip() for t in (env.get(name) or "").split(",") if t.strip())
+    for text in texts:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise SettingsError(f"{name}: not a network in CIDR notation: {text!r}") from None
+    return texts
+
+
+# What ``reminders dev``, the demo, the tests and the benchmarks allow: their feeds are on this host.
+LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
 
 
 def default_database_url() -> str:
@@ -83,6 +99,10 @@ class Settings:
     apns_ca_file: str | None = None  # CA bundle that signs apns_url's certificate
     apns_concurrency: int = 200  # in-flight sends per drain process
     interruption_level: str = "time-sensitive"
+    # Internal networks sources may be read from (CIDR); empty: only public addresses (egress.py).
+    source_allow_networks: tuple[str, ...] = ()
+    token_previous: str | None = None  # the internal token being rotated out: still accepted
+    http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -145,6 +165,9 @@ class Settings:
             apns_ca_file=env.get("REMINDERS_APNS_CA_FILE") or None,
             apns_concurrency=_int(env, "REMINDERS_APNS_CONCURRENCY", 200, 1),
             interruption_level=env.get("REMINDERS_INTERRUPTION_LEVEL") or "time-sensitive",
+            source_allow_networks=_networks(env, "REMINDERS_SOURCE_ALLOW_NETWORKS"),
+            token_previous=env.get("REMINDERS_TOKEN_PREVIOUS") or None,
+            http_accept_now=env.get("REMINDERS_HTTP_ACCEPT_NOW") == "true",
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

@@ -36,7 +36,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class FeedServer:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.routes: dict[str, Route] = {}
         self.hits: Counter = Counter()
         self.not_modified: Counter = Counter()
@@ -105,7 +105,7 @@ class FeedServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.httpd = _Server((host, 0), Handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 

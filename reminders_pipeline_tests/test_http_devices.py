@@ -138,7 +138,7 @@ def test_feed_reports_a_failed_source_and_still_answers(served, feeds):
     served.put_device("phone-1", source_urls=[ok, bad])
     feed = served.api.get("/v1/devices/phone-1/feed").json()
     assert [i["title"] for i in feed["items"]] == ["Event e"]
-    assert feed["sources_failed"] == [{"url": bad, "error": "http 500"}]
+    assert feed["sources_failed"] == [{"url": bad, "error": "http_500"}]
 
 
 def test_feed_tz_that_is_not_an_offset_is_422(served):
