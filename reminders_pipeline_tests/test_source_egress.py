@@ -17,11 +17,12 @@ from typing import Iterator
 import httpcore
 import httpx
 import pytest
+import trustme
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build, compose_feed
 from reminders_pipeline.egress import GuardedBackend, is_allowed, parse_networks
-from reminders_pipeline.settings import Settings, SettingsError
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, SettingsError
 from reminders_pipeline.sources import SourceReader, SourceState
 
 from .http_sources import FeedServer, Route
@@ -156,6 +157,25 @@ def test_https_never_redirects_to_http():
     assert asyncio.run(run("webcal://feeds.example/feed.json")) == "insecure_redirect"  # webcal is read over https
     assert "http://feeds.example/plain.json" not in seen
     assert asyncio.run(run("http://feeds.example/up.json")) is None  # upgrading is fine
+
+
+def test_https_verifies_the_name_while_dialling_the_checked_address(feeds, tmp_path, monkeypatch):
+    """TLS still checks the certificate against the URL's name; a redirect down to http is refused."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))  # httpx's default context reads it
+    secure = FeedServer(ca=ca)
+    secure.start()
+    try:
+        ok = secure.items("/feed.json", [{"id": "e", "title": "E", "startsAt": 2_000_000_000, "expiresAt": 2_000_000_060}])
+        down = secure.redirect("/down.json", feeds.items("/plain.json", []))
+        by_address = ok.replace("localhost", "127.0.0.1")  # the certificate names localhost only
+        reads = SourceReader(timeout=3, allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all({1: ok, 2: down, 3: by_address})
+    finally:
+        secure.stop()
+    assert len(reads[1].feed.items) == 1, reads[1]
+    assert reads[2].error == "insecure_redirect" and feeds.hits["/plain.json"] == 0
+    assert reads[3].error == "connect_failed"
 
 
 def test_source_allow_networks_setting():
