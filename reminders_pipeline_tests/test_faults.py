@@ -44,6 +44,7 @@ from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import default_sender_factory, drain, fail_abandoned
+from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.schema import device_sources, devices, notification_queue, sources
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
@@ -813,7 +814,7 @@ class GatedReader(SourceReader):
     """
 
     def __init__(self, before_write: Callable[[], None], **kw: Any) -> None:
-        super().__init__(**kw)
+        super().__init__(allow_networks=parse_networks(LOOPBACK_NETWORKS), **kw)  # the feed server's address
         self.before_write = before_write
 
     def read_all(self, sources, window=None):  # type: ignore[no-untyped-def]
