@@ -211,7 +211,14 @@ def _schemas(settings: Settings) -> dict[str, Any]:
         "SourceFailure": {
             "type": "object",
             "required": ["url", "error"],
-            "properties": {"url": {"type": "string"}, "error": {"type": "string"}},
+            "properties": {
+                "url": {"type": "string"},
+                "error": {
+                    "type": "string",
+                    "description": "A short code, never text from the answer: `timeout`, `http_404`, `too_large`, "
+                    "`address_refused`, `insecure_redirect`, `not_json`, `not_icalendar`, ...",
+                },
+            },
         },
         "Feed": {
             "type": "object",
