@@ -248,8 +248,9 @@ class Api:
 
     @staticmethod
     def bearer(request: Request) -> bytes | None:
+        """The presented bearer's raw bytes (header text is latin-1 decoded); None for another scheme."""
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        return credentials.strip().encode("latin-1") if scheme.lower() == "bearer" else None  # header text is latin-1 decoded
+        return credentials.strip().encode("latin-1") if scheme.lower() == "bearer" else None
 
     def is_internal(self, given: bytes | None) -> bool:
         """Compared in constant time with every accepted token (no early exit reveals which)."""
