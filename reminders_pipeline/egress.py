@@ -193,7 +193,9 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         assert isinstance(request.stream, httpx.AsyncByteStream)
         core_request = httpcore.Request(
             method=request.method,
-            url=httpcore.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port, target=request.url.raw_path),
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port, target=request.url.raw_path
+            ),
             headers=request.headers.raw,
             content=request.stream,
             extensions=request.extensions,

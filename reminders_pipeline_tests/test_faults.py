@@ -1189,7 +1189,7 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     from reminders_pipeline.retention import prune  # the lead's module: prune(db, settings, now=None) -> int
 
     now = now_utc()
-    settings = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS, retention_seconds=7 * 86400, prune_batch_size=500)
+    settings = Settings(database_url=pg.url, retention_seconds=7 * 86400, prune_batch_size=500)
     old, recent = shift(now, -8 * 86400), shift(now, -6 * 86400)
     with pg.write() as conn:
         for n, outcome in ((20_000, "sent"), (6_000, "failed"), (4_000, "voided")):

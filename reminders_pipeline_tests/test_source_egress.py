@@ -133,7 +133,8 @@ def test_the_connection_goes_to_the_checked_address_never_the_name_again():
 
     recorder = Recorder()
     with pytest.raises(httpcore.ConnectError):  # localhost resolved here; the literal is what is dialled
-        asyncio.run(GuardedBackend(parse_networks(["127.0.0.0/8", "::1/128"]), backend=recorder).connect_tcp("localhost", 80, timeout=1))
+        guard = GuardedBackend(parse_networks(LOOPBACK_NETWORKS), backend=recorder)
+        asyncio.run(guard.connect_tcp("localhost", 80, timeout=1))
     assert recorder.hosts and all(ipaddress.ip_address(h).is_loopback for h in recorder.hosts)
 
 

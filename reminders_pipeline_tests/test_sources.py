@@ -157,7 +157,8 @@ def test_gzip_and_a_single_redirect_are_followed_but_not_a_chain(feeds):
     feeds.redirect("/moved.json", "/z.json")
     for i in range(5):
         feeds.redirect(f"/loop{i}.json", f"/loop{i + 1}.json")
-    reads = SourceReader(timeout=5, allow_networks=LOOPBACK).read_all({1: feeds.url("/z.json"), 2: feeds.url("/moved.json"), 3: feeds.url("/loop0.json")})
+    reader = SourceReader(timeout=5, allow_networks=LOOPBACK)
+    reads = reader.read_all({1: feeds.url("/z.json"), 2: feeds.url("/moved.json"), 3: feeds.url("/loop0.json")})
     assert len(reads[1].feed.items) == 1 and len(reads[2].feed.items) == 1
     assert not reads[3].ok and reads[3].error == "too_many_redirects"
 
@@ -165,7 +166,8 @@ def test_gzip_and_a_single_redirect_are_followed_but_not_a_chain(feeds):
 def test_reads_are_bounded_per_host(feeds):
     for i in range(8):
         feeds.set(f"/s{i}.json", Route(delay=0.2))
-    reads = SourceReader(timeout=5, concurrency=32, per_host=2, allow_networks=LOOPBACK).read_all({i: feeds.url(f"/s{i}.json") for i in range(8)})
+    reader = SourceReader(timeout=5, concurrency=32, per_host=2, allow_networks=LOOPBACK)
+    reads = reader.read_all({i: feeds.url(f"/s{i}.json") for i in range(8)})
     assert all(r.ok for r in reads.values())
     assert feeds.max_in_flight == 2
 

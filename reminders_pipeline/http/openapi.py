@@ -55,7 +55,9 @@ def _error(description: str) -> dict[str, Any]:
 
 
 UNAUTHORIZED = _error("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
-DEVICE_UNAUTHORIZED = _error("A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token.")
+DEVICE_UNAUTHORIZED = _error(
+    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
+)
 MALFORMED = _error("The body is not JSON.")
 TOO_LARGE = _error(f"The body is larger than {MAX_BODY_BYTES} bytes.")
 INVALID = _error("Validation error; `field` names the offending field.")
@@ -346,7 +348,9 @@ def _paths() -> dict[str, Any]:
                         "description": "The widget's UTC offset in seconds.",
                     }
                 ],
-                "responses": {"200": _json(_ref("Feed"), "The composed feed."), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE, "422": INVALID},
+                "responses": {
+                    "200": _json(_ref("Feed"), "The composed feed."), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE, "422": INVALID,
+                },
             }
         },
     }
