@@ -27,7 +27,7 @@ from bench_ledger import fresh  # noqa: E402
 from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.build import build  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
 
 TOKEN = "ab" * 32
@@ -80,7 +80,7 @@ def naive(subscriptions: dict[str, list[str]], sample: int) -> float:
 def run_case(kind: str, subscriptions: dict[str, list[str]], t0: int) -> dict:
     db, close = fresh(kind)
     try:
-        settings = Settings(database_url=db.url)
+        settings = Settings(database_url=db.url, source_allow_networks=LOOPBACK_NETWORKS)
         register(db, settings, subscriptions)
         now = iso_from_unix(t0)
         t = time.perf_counter()

@@ -38,7 +38,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.demo import DEV_INSTANCE_YAML
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 
 CHUNKS = Settings.from_env().chunk_count
 TOKEN = "ab" * 32
@@ -80,7 +80,7 @@ def feed_server(sources: int, items: int, start_in: int, step: int = 60) -> Iter
 
 
 def ledger_with_devices(path: Path, base: str, devices: int, sources: int, lead: int = 3600) -> Settings:
-    settings = Settings(database_url=f"sqlite:///{path}")
+    settings = Settings(database_url=f"sqlite:///{path}", source_allow_networks=LOOPBACK_NETWORKS)
     db = Database(settings.database_url)
     migrate.upgrade(db)
     for i in range(devices):
@@ -96,6 +96,7 @@ def children_cpu() -> float:
 
 def materialize(home: Path, ledger_url: str, partition_args: list[str]) -> subprocess.Popen:
     env = {**os.environ, "DAGSTER_HOME": str(home), "REMINDERS_DATABASE_URL": ledger_url}
+    env["REMINDERS_SOURCE_ALLOW_NETWORKS"] = ",".join(LOOPBACK_NETWORKS)  # the feed server is on 127.0.0.1
     cmd = [
         sys.executable, "-W", "ignore", "-m", "dagster", "asset", "materialize",
         "-m", "reminders_pipeline.definitions", "--select", "notification_queue", *partition_args,
@@ -142,7 +143,7 @@ def build_mode(mode: str, template: Path, tmp: Path) -> dict[str, Any]:
 def core_build_baseline(template: Path, tmp: Path) -> dict[str, Any]:
     ledger = tmp / "baseline.sqlite3"
     shutil.copyfile(template, ledger)
-    settings = Settings(database_url=f"sqlite:///{ledger}")
+    settings = Settings(database_url=f"sqlite:///{ledger}", source_allow_networks=LOOPBACK_NETWORKS)
     db = Database(settings.database_url)
     started = time.perf_counter()
     rows = sum(build(db, settings, chunks=[c], limit=settings.chunk_size).rows_inserted for c in range(CHUNKS))

@@ -27,13 +27,13 @@ from sqlalchemy import text  # noqa: E402
 
 from reminders_pipeline.build import build  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
 
 
 def _worker(url: str, chunks: list[int], now: str, out: mp.Queue) -> None:
     db = Database(url)
-    summary = build(db, Settings(database_url=url), chunks=chunks, now=now)
+    summary = build(db, Settings(database_url=url, source_allow_networks=LOOPBACK_NETWORKS), chunks=chunks, now=now)
     out.put(summary.devices_built)
     db.dispose()
 

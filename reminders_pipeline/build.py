@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 from . import ledger
 from .alerts import raise_alert
 from .db import Database
+from .egress import parse_networks
 from .feed import Item
 from .rules import Rule, device_rules
 from .settings import Settings
@@ -195,7 +196,8 @@ def build(
 
 def make_reader(settings: Settings) -> SourceReader:
     return SourceReader(
-        settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host
+        settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host,
+        parse_networks(settings.source_allow_networks),
     )
 
 

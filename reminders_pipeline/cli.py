@@ -13,7 +13,7 @@ from . import ledger, migrate
 from .build import build as run_build
 from .check import check as run_check
 from .db import Database
-from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device
+from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
 from .drain import default_sender_factory, drain as run_drain
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
@@ -85,13 +85,27 @@ def device() -> None:
 @click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
 @pass_ctx
 def device_put(ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...]) -> None:
-    """Create or replace a device: exactly these rules and sources."""
+    """Create or replace a device: exactly these rules and sources.
+
+    A new device's own credential (its bearer for GET /v1/devices/ID/feed) is printed this once.
+    """
     spec = DeviceSpec(device_id, apns_token, ctx.settings.default_lead_seconds if lead is None else lead, rules, sources)
     try:
-        record = put_device(ctx.db, ctx.settings, spec)
+        registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:
         raise click.BadParameter(exc.message, param_hint=exc.field) from None
-    _emit(record.as_dict())
+    _emit(registration.as_dict())
+
+
+@device.command("rotate-credential")
+@click.argument("device_id")
+@pass_ctx
+def device_rotate_credential(ctx: Ctx, device_id: str) -> None:
+    """Issue the device a new credential (printed this once); the old one stops working at once."""
+    credential = rotate_credential(ctx.db, device_id)
+    if credential is None:
+        raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
+    _emit({"device_id": device_id, "credential": credential})
 
 
 @device.command("list")

@@ -33,7 +33,7 @@ from sqlalchemy.engine import make_url
 from . import migrate
 from .db import Database
 from .devices import DeviceSpec, put_device
-from .settings import Settings
+from .settings import LOOPBACK_NETWORKS, Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: dagster.yaml, workspace.yaml
 DEMO_DEVICE_ID = "demo-iphone"
@@ -41,6 +41,7 @@ DEMO_TOKEN = "de" * 32  # well-formed, never sent anywhere: the demo is a dry ru
 DEMO_RULES = ("lead:600",)  # besides the default lead:3600: a second reminder ten minutes before
 DEMO_PORT = 8765
 DEMO_PATH = "/demo.json"
+ALLOW_NETWORKS = "REMINDERS_SOURCE_ALLOW_NETWORKS"
 
 # Minutes from the demo's start: some reminders come due within the first drains, some are already
 # too late, the rest spread over the next hours so a long session keeps showing drains.
@@ -180,9 +181,16 @@ def dagster_postgres_url(url: str) -> str:
     return url
 
 
+def with_loopback_sources(env: dict[str, str]) -> dict[str, str]:
+    """The demo feed is on 127.0.0.1, a network sources are refused by default: allow loopback too."""
+    named = [n.strip() for n in env.get(ALLOW_NETWORKS, "").split(",") if n.strip()]
+    env[ALLOW_NETWORKS] = ",".join(dict.fromkeys([*named, *LOOPBACK_NETWORKS]))
+    return env
+
+
 def dev_environment(root: Path, env: dict[str, str] | None = None) -> tuple[dict[str, str], Settings, Path]:
     """The environment ``dagster dev`` runs with: absolute ledger URL, DAGSTER_HOME under ./var."""
-    env = dict(os.environ if env is None else env)
+    env = with_loopback_sources(dict(os.environ if env is None else env))
     settings = Settings.from_env(env)
     settings = settings.with_(database_url=absolute_database_url(settings, root))
     env["REMINDERS_DATABASE_URL"] = settings.database_url
@@ -234,6 +242,7 @@ def serve_demo(demo_port: int = DEMO_PORT) -> None:
     with DemoSource(demo_port) as source:
         prepare_ledger(settings, source.url)
         print(f"demo source {source.url}, device {DEMO_DEVICE_ID} registered; Ctrl-C to stop", file=sys.stderr)
+        print(f"build it with {ALLOW_NETWORKS}={','.join(LOOPBACK_NETWORKS)} (a loopback source)", file=sys.stderr)
         try:
             while True:
                 time.sleep(3600)

@@ -1,9 +1,16 @@
-"""Device registration: validation and the stable chunk a device belongs to."""
+"""Device registration: validation, the stable chunk a device belongs to, and its own credential.
+
+Each device gets its own bearer credential for its own routes (the widget's feed), so the
+internal ``REMINDERS_TOKEN`` never sits on a phone. The secret is 32 random bytes, shown once
+when it is issued and stored only as its SHA-256: a leaked ledger does not leak credentials, and
+a random secret that long needs no slow hash.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 from urllib.parse import urlparse
@@ -17,6 +24,7 @@ from .times import now_utc
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
 DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 MAX_SOURCES = 100
+CREDENTIAL_BYTES = 32
 
 
 class DeviceError(ValueError):
@@ -35,6 +43,30 @@ class DeviceSpec:
     reminder_lead_seconds: int = 3600
     extra_rules: Sequence[str] = field(default_factory=tuple)
     source_urls: Sequence[str] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A stored device, and its credential when this registration issued one (shown this once)."""
+
+    record: ledger.DeviceRecord
+    credential: str | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        d = self.record.as_dict()
+        if self.credential is not None:
+            d["credential"] = self.credential
+        return d
+
+
+def credential_hash(secret: str | bytes) -> str:
+    """What the ledger keeps of a credential, and what a presented one is compared against."""
+    return hashlib.sha256(secret.encode("utf-8") if isinstance(secret, str) else secret).hexdigest()
+
+
+def _new_credential() -> tuple[str, str]:
+    secret = secrets.token_urlsafe(CREDENTIAL_BYTES)
+    return secret, credential_hash(secret)
 
 
 def chunk_of(device_id: str, chunk_count: int) -> int:
@@ -78,9 +110,14 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     )
 
 
-def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | None = None) -> ledger.DeviceRecord:
-    """Create or replace a device with exactly these rules and sources. Raises ``DeviceError``."""
+def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | None = None) -> Registration:
+    """Create or replace a device with exactly these rules and sources. Raises ``DeviceError``.
+
+    A device without a credential (a new one, or one registered before credentials existed) is
+    issued one; replacing a device keeps its credential, so the phone's copy stays valid.
+    """
     spec = validate(spec)
+    secret, digest = _new_credential()
     now = now or now_utc()
     values = {
         "id": spec.id,
@@ -92,9 +129,22 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
     with db.write() as conn:
         ledger.upsert_device(conn, values, now)
         ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now)
+        issued = ledger.set_device_credential(conn, spec.id, digest, only_if_missing=True)
         record = ledger.get_device(conn, spec.id)
     assert record is not None
-    return record
+    return Registration(record, secret if issued else None)
+
+
+def rotate_credential(db: Database, device_id: str) -> str | None:
+    """A new credential for the device, replacing the old at once; None for an unknown device."""
+    secret, digest = _new_credential()
+    with db.write() as conn:
+        return secret if ledger.set_device_credential(conn, device_id, digest) else None
+
+
+def stored_credential_hash(db: Database, device_id: str) -> str | None:
+    with db.read() as conn:
+        return ledger.device_credential_hash(conn, device_id)
 
 
 def remove_device(db: Database, device_id: str, now: str | None = None) -> int | None:

@@ -70,7 +70,16 @@ class ParsedFeed:
 
 
 class FeedError(ValueError):
-    """The whole feed is unusable (not JSON, no ``items`` list): the source read failed."""
+    """The whole feed is unusable (not JSON, no ``items`` list): the source read failed.
+
+    The message is a short code (``not_json``, ``no_items``, ``not_icalendar``, ...) and nothing
+    else: a parser's own message can quote the body, and what a source answered must never reach
+    ``sources.last_error``, the feed route, summaries or alerts (the source may be an attacker's).
+    """
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 def _unix(value: Any) -> int | None:
@@ -110,7 +119,7 @@ def validate_item(raw: Any) -> Item | str:
 
 def parse_items(raw_items: Any) -> ParsedFeed:
     if not isinstance(raw_items, list):
-        raise FeedError("'items' is not a list")
+        raise FeedError("items_not_a_list")
     feed = ParsedFeed()
     for raw in raw_items:
         feed.add(raw)
@@ -121,8 +130,8 @@ def parse_json_feed(body: bytes) -> ParsedFeed:
     """The JSON source protocol: ``{"items": [{"id", "title", "body"?, "startsAt", "expiresAt"}]}``."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FeedError(f"not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise FeedError("not_json") from None
     if not isinstance(doc, dict) or "items" not in doc:
-        raise FeedError("JSON has no 'items'")
+        raise FeedError("no_items")
     return parse_items(doc["items"])

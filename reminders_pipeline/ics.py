@@ -77,14 +77,14 @@ def parse_ics_feed(body: bytes, window_start: int, window_end: int) -> ParsedFee
     """Occurrences overlapping [window_start, window_end] (Unix seconds); cancelled ones excluded."""
     try:
         calendar = icalendar.Calendar.from_ical(body)
-    except Exception as exc:  # icalendar raises ValueError and friends on garbage
-        raise FeedError(f"not iCalendar: {exc}"[:300]) from None
+    except Exception:  # icalendar raises ValueError and friends on garbage; their text quotes the body
+        raise FeedError("not_icalendar") from None
     lo = datetime.fromtimestamp(window_start, timezone.utc)
     hi = datetime.fromtimestamp(window_end, timezone.utc)
     try:
         occurrences = recurring_ical_events.of(calendar, skip_bad_series=True).between(lo, hi)
-    except Exception as exc:
-        raise FeedError(f"cannot expand calendar: {exc}"[:300]) from None
+    except Exception:
+        raise FeedError("bad_recurrence") from None
     feed = ParsedFeed()
     for event in occurrences:
         raw = _raw_item(event)

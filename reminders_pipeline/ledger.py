@@ -52,11 +52,25 @@ class DeviceRecord:
     token_invalid_reason: str | None
     created_at: str
     updated_at: str
+    has_credential: bool = False  # the device's own credential exists (its hash only is stored)
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
         return d
+
+
+def set_device_credential(conn: Connection, device_id: str, credential_hash: str, *, only_if_missing: bool = False) -> bool:
+    """Store a device's credential hash; ``only_if_missing`` keeps an existing one (two racing
+    first registrations: one issues, the other is told nothing was issued)."""
+    stmt = update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)
+    if only_if_missing:
+        stmt = stmt.where(devices.c.credential_hash.is_(None))
+    return conn.execute(stmt).rowcount == 1
+
+
+def device_credential_hash(conn: Connection, device_id: str) -> str | None:
+    return conn.execute(select(devices.c.credential_hash).where(devices.c.id == device_id)).scalar_one_or_none()
 
 
 def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None:
@@ -141,6 +155,7 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             token_invalid_reason=r["token_invalid_reason"],
             created_at=r["created_at"],
             updated_at=r["updated_at"],
+            has_credential=r["credential_hash"] is not None,
         )
         for r in rows
     ]

@@ -52,6 +52,7 @@ devices = Table(
     Column("chunk", Integer, nullable=False),
     Column("token_invalid_at", IsoTime),  # set when APNs says the token is dead; builds skip it
     Column("token_invalid_reason", Text),
+    Column("credential_hash", Text),  # sha256 of the device's own bearer credential; the secret is never stored
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
     iso_check("reminders_built_at"),

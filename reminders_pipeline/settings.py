@@ -5,6 +5,7 @@ Everything else receives a ``Settings`` value, so tests and shells can build one
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,19 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw not in ("true", "false"):
         raise SettingsError(f"{name} must be 'true' or 'false', got {env.get(name)!r}")
     return raw == "true"
+def _networks(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated CIDR list, each checked here so a typo stops the process at start."""
+    texts = tuple(t.strip() for t in (env.get(name) or "").split(",") if t.strip())
+    for text in texts:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise SettingsError(f"{name}: not a network in CIDR notation: {text!r}") from None
+    return texts
+
+
+# What ``reminders dev``, the demo, the tests and the benchmarks allow: their feeds are on this host.
+LOOPBACK_NETWORKS = ("127.0.0.0/8", "::1/128")
 
 
 def default_database_url() -> str:
@@ -112,6 +126,10 @@ class Settings:
     dispatch_handover_seconds: int = 120  # the successor run is requested this long before the end
     dispatch_late_seconds: int = 10  # a due row waiting longer fails the dispatch_on_time check
     dispatch_heartbeat_seconds: int = 15
+    # Internal networks sources may be read from (CIDR); empty: only public addresses (egress.py).
+    source_allow_networks: tuple[str, ...] = ()
+    token_previous: str | None = None  # the internal token being rotated out: still accepted
+    http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -180,6 +198,9 @@ class Settings:
             dispatch_handover_seconds=_int(env, "REMINDERS_DISPATCH_HANDOVER_SECONDS", 120, 10),
             dispatch_late_seconds=_int(env, "REMINDERS_DISPATCH_LATE_SECONDS", 10, 1),
             dispatch_heartbeat_seconds=_int(env, "REMINDERS_DISPATCH_HEARTBEAT_SECONDS", 15, 1),
+            source_allow_networks=_networks(env, "REMINDERS_SOURCE_ALLOW_NETWORKS"),
+            token_previous=env.get("REMINDERS_TOKEN_PREVIOUS") or None,
+            http_accept_now=env.get("REMINDERS_HTTP_ACCEPT_NOW") == "true",
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

@@ -4,7 +4,11 @@ A failed read is a value (``SourceRead.error``), never an exception into the bui
 on for the other sources and devices, and does not void anything the failed source owns.
 
 Reads are bounded overall and per host, with connect/read timeouts, a body cap, gzip and at most 3
-redirects (httpx). A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
+redirects (httpx), never from https to http. Every connection, redirect hops included, opens
+through ``egress.GuardedTransport``, which refuses internal addresses unless the deployment allows
+their network. A failed read is a short code and nothing the source sent: ``timeout``,
+``http_404``, ``too_large``, ``address_refused``, ``not_json``, ``not_icalendar`` (see ``READ_ERRORS``).
+A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 ``304 Not Modified`` reuses the parsed feed without parsing. A URL answering ``text/calendar``
 (or whose body starts ``BEGIN:VCALENDAR``, or a ``webcal://`` URL) is read as iCalendar.
 """
@@ -14,16 +18,38 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import httpx
 
+from .egress import AddressRefused, GuardedTransport, Network
 from .feed import FeedError, ParsedFeed, parse_json_feed
 from .ics import parse_ics_feed
 from .times import iso_from_unix, unix_from_iso
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
+MAX_REDIRECTS = 3
+
+# What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
+READ_ERRORS = {
+    "timeout": "no answer within REMINDERS_SOURCE_TIMEOUT_SECONDS",
+    "too_large": "the body is larger than REMINDERS_SOURCE_MAX_BYTES",
+    "address_refused": "the host resolves only to internal addresses (REMINDERS_SOURCE_ALLOW_NETWORKS)",
+    "insecure_redirect": "an https source redirected to plain http",
+    "too_many_redirects": f"more than {MAX_REDIRECTS} redirects",
+    "unsupported_url": "a URL (or redirect) the reader cannot fetch",
+    "connect_failed": "name resolution, TCP or TLS failed",
+    "read_failed": "the connection broke or the answer was not HTTP",
+}
+
+
+class ReadFailed(Exception):
+    """A read that stops with one of ``READ_ERRORS``' codes."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -65,12 +91,18 @@ class SourceReader:
     """Reads JSON and iCalendar sources over HTTP; see the module docstring for the bounds."""
 
     def __init__(
-        self, timeout: float = 10.0, max_bytes: int = 5_000_000, concurrency: int = 32, per_host: int = 8
+        self,
+        timeout: float = 10.0,
+        max_bytes: int = 5_000_000,
+        concurrency: int = 32,
+        per_host: int = 8,
+        allow_networks: Sequence[Network] = (),
     ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.concurrency = concurrency
         self.per_host = per_host
+        self.allow_networks = tuple(allow_networks)  # internal networks this deployment may read from
 
     def read_all(self, sources: Mapping[int, SourceState | str], window: tuple[int, int] | None = None) -> dict[int, SourceRead]:
         """Blocking wrapper for sync callers (the build, the CLI)."""
@@ -87,7 +119,9 @@ class SourceReader:
         hosts: dict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(self.per_host))
         timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 5.0))
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=True, max_redirects=3) as client:
+        transport = GuardedTransport(self.allow_networks, limits)
+        # trust_env=False: no proxy from the environment, whose address the guard would check instead.
+        async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
 
             async def one(source_id: int, state: SourceState) -> SourceRead:
                 async with limit, hosts[urlsplit(fetch_url(state.url)).netloc]:
@@ -108,33 +142,57 @@ class SourceReader:
             if state.last_modified:
                 headers["If-Modified-Since"] = state.last_modified
         try:
-            async with client.stream("GET", fetch_url(url), headers=headers) as resp:
-                if resp.status_code == 304 and cached is not None:
+            response = await self._get(client, fetch_url(url), headers)
+            try:
+                if response.status_code == 304 and cached is not None:
                     return SourceRead(
                         source_id, url, feed=cached, not_modified=True, etag=state.etag,
                         last_modified=state.last_modified, cache_until=state.cache_until,
                     )
-                if resp.status_code != 200:
-                    return SourceRead(source_id, url, error=f"http {resp.status_code}")
-                body = bytearray()
-                async for chunk in resp.aiter_bytes():
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        return SourceRead(source_id, url, error=f"body larger than {self.max_bytes} bytes")
-                content_type = resp.headers.get("content-type", "")
-                etag, last_modified = resp.headers.get("etag"), resp.headers.get("last-modified")
-            if is_calendar(url, content_type, bytes(body)):
+                if response.status_code != 200:
+                    return SourceRead(source_id, url, error=f"http_{response.status_code}")
+                body = await self._body(response)
+            finally:
+                await response.aclose()
+            content_type = response.headers.get("content-type", "")
+            etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
+            if is_calendar(url, content_type, body):
                 start, end = window or _default_window()
                 until = end + ICS_CACHE_SLACK_SECONDS
-                feed = usable(parse_ics_feed(bytes(body), start, until))
+                feed = usable(parse_ics_feed(body, start, until))
                 return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
-            return SourceRead(source_id, url, feed=usable(parse_json_feed(bytes(body))), etag=etag, last_modified=last_modified)
-        except FeedError as exc:
-            return SourceRead(source_id, url, error=f"malformed feed: {exc}")
-        except httpx.TimeoutException:
-            return SourceRead(source_id, url, error="timeout")
-        except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
-            return SourceRead(source_id, url, error=f"{type(exc).__name__}: {exc}"[:500])
+            return SourceRead(source_id, url, feed=usable(parse_json_feed(body)), etag=etag, last_modified=last_modified)
+        except (FeedError, ReadFailed) as exc:
+            return SourceRead(source_id, url, error=exc.code)
+        except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:  # never the exception's text
+            return SourceRead(source_id, url, error=read_error_code(exc))
+
+    @staticmethod
+    async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> httpx.Response:
+        """The streamed answer after at most ``MAX_REDIRECTS`` redirects, none from https to http.
+
+        Redirects are followed here rather than by httpx so each hop's scheme can be compared with
+        the last; each hop's address is checked by the transport when it connects.
+        """
+        request = client.build_request("GET", url, headers=headers)
+        for _ in range(MAX_REDIRECTS + 1):
+            response = await client.send(request, stream=True)
+            following = response.next_request
+            if following is None:
+                return response
+            await response.aclose()
+            if request.url.scheme == "https" and following.url.scheme != "https":
+                raise ReadFailed("insecure_redirect")
+            request = following
+        raise ReadFailed("too_many_redirects")
+
+    async def _body(self, response: httpx.Response) -> bytes:
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise ReadFailed("too_large")
+        return bytes(body)
 
     @staticmethod
     def _usable_cache(state: SourceState, window: tuple[int, int] | None) -> ParsedFeed | None:
@@ -153,8 +211,21 @@ def usable(feed: ParsedFeed) -> ParsedFeed:
     """A feed with items but none valid is garbage (a unit or schema change at the source), not an
     empty feed: reading it as empty would void every reminder the source owns."""
     if not feed.items and feed.rejected:
-        raise FeedError(f"every item rejected: {dict(feed.rejected)}")
+        raise FeedError("every_item_rejected")  # the reasons are counted in the summary's items_rejected
     return feed
+
+
+def read_error_code(exc: Exception) -> str:
+    """The code a failed read is stored and shown as; the exception's own text may quote the peer."""
+    if isinstance(exc, AddressRefused):
+        return "address_refused"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timeout"
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return "unsupported_url"
+    if isinstance(exc, httpx.ConnectError):
+        return "connect_failed"
+    return "read_failed"
 
 
 def _default_window() -> tuple[int, int]:

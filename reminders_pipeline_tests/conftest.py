@@ -19,13 +19,21 @@ from sqlalchemy.engine import make_url
 
 from reminders_pipeline import migrate
 from reminders_pipeline.db import Database
-from reminders_pipeline.settings import Settings, normalize_database_url
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, normalize_database_url
 
 from .http_sources import FeedServer
 from .mock_apns import MockApns
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_sources() -> Iterator[None]:
+    """Every process the suite starts (CLI, Dagster, servers) may read the feed servers on 127.0.0.1."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("REMINDERS_SOURCE_ALLOW_NETWORKS", ",".join(LOOPBACK_NETWORKS))
+        yield
 
 
 def _pg_server_url() -> str:
@@ -91,7 +99,8 @@ def db(db_url: str) -> Iterator[Database]:
 
 @pytest.fixture
 def settings(db_url: str) -> Settings:
-    return Settings(database_url=db_url)
+    """The feed servers are on 127.0.0.1, a network sources are refused by default."""
+    return Settings(database_url=db_url, source_allow_networks=LOOPBACK_NETWORKS)
 
 
 @pytest.fixture

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import ssl
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import trustme
 
 
 @dataclass
@@ -36,7 +39,9 @@ class _Server(ThreadingHTTPServer):
 
 
 class FeedServer:
-    def __init__(self) -> None:
+    """``ca``: serve HTTPS with a certificate for ``localhost`` only, and name URLs by it."""
+
+    def __init__(self, host: str = "127.0.0.1", ca: trustme.CA | None = None) -> None:
         self.routes: dict[str, Route] = {}
         self.hits: Counter = Counter()
         self.not_modified: Counter = Counter()
@@ -105,14 +110,19 @@ class FeedServer:
             def log_message(self, *args: Any) -> None:
                 return None
 
-        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.httpd = _Server((host, 0), Handler)
         self.httpd.daemon_threads = True
+        self.tls = ca is not None
+        if ca is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ca.issue_cert("localhost").configure_cert(context)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def base(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"https://localhost:{port}" if self.tls else f"http://{host}:{port}"
 
     def url(self, path: str) -> str:
         return self.base + path

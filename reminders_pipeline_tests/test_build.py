@@ -127,12 +127,12 @@ def test_failed_source_read_voids_nothing_and_others_still_build(db, settings, f
     feeds.fail("/bad.json", 500)
     feeds.items("/good.json", [item("g", 7200), item("g2", 7300)])
     summary = build(db, settings, now=at(60))
-    assert summary.sources_failed == [{"url": bad, "error": "http 500"}]
+    assert summary.sources_failed == [{"url": bad, "error": "http_500"}]
     assert summary.rows_voided == {} and summary.rows_inserted == 2
     assert {r["status"] for r in rows(db)} == {"pending"}
     with db.read() as conn:
         src = {s["url"]: s for s in ledger.list_sources(conn)}
-    assert src[bad]["consecutive_failures"] == 1 and src[bad]["last_error"] == "http 500"
+    assert src[bad]["consecutive_failures"] == 1 and src[bad]["last_error"] == "http_500"
     assert src[good]["consecutive_failures"] == 0 and src[good]["last_success_at"] == at(60)
 
 

@@ -19,7 +19,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 
 from .test_dagster_stack import answers, free_port, wait_for
 
@@ -33,6 +33,9 @@ def test_dev_environment_sqlite_by_default_and_postgres_by_switch(tmp_path):
     assert settings.database_url == f"sqlite:///{(tmp_path / 'var' / 'reminders.sqlite3').resolve()}"
     assert env["REMINDERS_DATABASE_URL"] == settings.database_url
     assert (home / "dagster.yaml").read_text() == DEV_INSTANCE_YAML
+    assert settings.source_allow_networks == LOOPBACK_NETWORKS  # the demo feed is on 127.0.0.1
+    env, settings, home = dev_environment(tmp_path, {"REMINDERS_SOURCE_ALLOW_NETWORKS": "10.0.0.0/8"})
+    assert settings.source_allow_networks == ("10.0.0.0/8", *LOOPBACK_NETWORKS)
 
     pg = "postgresql://postgres@127.0.0.1:5432/dagster"
     env, settings, home = dev_environment(tmp_path, {"DAGSTER_POSTGRES_URL": pg, "REMINDERS_DATABASE_URL": "postgresql://x@h/db"})
@@ -42,7 +45,7 @@ def test_dev_environment_sqlite_by_default_and_postgres_by_switch(tmp_path):
 
 
 def test_demo_source_serves_fixed_times_and_a_build_queues_reminders(tmp_path):
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite3'}")
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite3'}", source_allow_networks=LOOPBACK_NETWORKS)
     with DemoSource(0) as source:
         first = httpx.get(source.url).json()
         time.sleep(0.01)

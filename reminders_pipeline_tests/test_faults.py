@@ -44,9 +44,10 @@ from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import default_sender_factory, drain, fail_abandoned
+from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.schema import device_sources, devices, notification_queue, sources
 from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline.sources import SourceReader
 from reminders_pipeline.times import iso_from_unix, now_utc, shift
 
@@ -181,7 +182,7 @@ def wait_until(what: str, probe: Callable[[], Any], timeout: float, every: float
 
 
 def live_settings(url: str, mock: MockApns, **changes: Any) -> Settings:
-    return Settings(database_url=url, enabled=True, **mock.apns_settings()).with_(**changes)
+    return Settings(database_url=url, source_allow_networks=LOOPBACK_NETWORKS, enabled=True, **mock.apns_settings()).with_(**changes)
 
 
 # ---------------------------------------------------------------- helpers: drainer processes
@@ -702,12 +703,12 @@ def assert_pending_match(db: Database, wanted: dict[Key, dict[str, Any]]) -> dic
 N_SOURCES = 12
 FAILING = {  # source index -> (how it fails, the read error it must be recorded with)
     0: (Route(delay=3.0), "timeout"),
-    1: (Route(500, b"boom", content_type="text/plain"), "http 500"),
-    2: (Route(200, b"<html><body>Service Unavailable</body></html>", content_type="text/html"), "malformed feed: not JSON"),
-    3: (Route(200, b'{"items": "soon"}'), "malformed feed"),
-    4: (Route(200, b'{"items": [{"id": "e0", "title": "Ev'), "malformed feed: not JSON"),
-    5: (Route(404, b"gone", content_type="text/plain"), "http 404"),
-    6: (Route(200, b"BEGIN:VCALENDAR\r\nthis is not a calendar", content_type="text/calendar"), "malformed feed"),
+    1: (Route(500, b"boom", content_type="text/plain"), "http_500"),
+    2: (Route(200, b"<html><body>Service Unavailable</body></html>", content_type="text/html"), "not_json"),
+    3: (Route(200, b'{"items": "soon"}'), "items_not_a_list"),
+    4: (Route(200, b'{"items": [{"id": "e0", "title": "Ev'), "not_json"),
+    5: (Route(404, b"gone", content_type="text/plain"), "http_404"),
+    6: (Route(200, b"BEGIN:VCALENDAR\r\nthis is not a calendar", content_type="text/calendar"), "not_icalendar"),
 }
 
 
@@ -740,7 +741,7 @@ def test_failed_source_reads_during_a_big_build_void_nothing(pg, feeds):
     source_id = add_devices(pg, n, urls_of)
     for s in range(N_SOURCES):
         feeds.items(f"/s{s}.json", feed_v1(s))
-    settings = Settings(database_url=pg.url, source_timeout_seconds=1.0)
+    settings = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS, source_timeout_seconds=1.0)
     first = build(pg, settings, now=NOW)
     assert first.devices_built == n and first.sources_failed == []
     before = rows_by_key(pg)
@@ -791,7 +792,7 @@ def test_a_feed_whose_every_item_is_rejected_voids_nothing(pg, feeds):
     url = feeds.url("/ms.json")
     add_devices(pg, n, lambda i: [url])
     feeds.items("/ms.json", feed_v1(0))
-    settings = Settings(database_url=pg.url)
+    settings = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS)
     build(pg, settings, now=NOW)
     before = rows_by_key(pg)
     assert len(before) == 5 * n
@@ -813,7 +814,7 @@ class GatedReader(SourceReader):
     """
 
     def __init__(self, before_write: Callable[[], None], **kw: Any) -> None:
-        super().__init__(**kw)
+        super().__init__(allow_networks=parse_networks(LOOPBACK_NETWORKS), **kw)  # the feed server's address
         self.before_write = before_write
 
     def read_all(self, sources, window=None):  # type: ignore[no-untyped-def]
@@ -893,7 +894,7 @@ def test_two_builds_of_the_same_chunk_at_once_leave_one_correct_row_per_item(pg,
     chunk0 = [i for i in range(n) if i % 10 != 9]
     chunk1 = [i for i in range(n) if i % 10 == 9]
     old_feed = serve(feeds, urls, many_items_v1)
-    settings = Settings(database_url=pg.url)
+    settings = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS)
     build(pg, settings, now=NOW)
     later = NOW_S + 60
     old = wanted_rows(chunk0, urls_of, old_feed, source_id, now_s=later)
@@ -934,7 +935,7 @@ def test_a_build_with_older_reads_that_commits_last_does_not_undo_a_newer_build(
     n = 200
     urls, urls_of, source_id = build_setup(pg, feeds, n)
     serve(feeds, urls, many_items_v1)
-    settings = Settings(database_url=pg.url)
+    settings = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS)
     build(pg, settings, now=NOW)
 
     a_has_read, b_done = threading.Event(), threading.Event()
@@ -983,7 +984,7 @@ def test_a_build_beside_a_drain_loses_nothing_and_sends_nothing_twice(pg, feeds)
         return items + [wire_item(f"new{k}", 2000 + k) for k in range(3)]
 
     serve(feeds, urls, due_v1)
-    live = Settings(database_url=pg.url, enabled=True)
+    live = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS, enabled=True)
     build(pg, live, now=NOW)
     due_ids = [r["id"] for r in ledger_rows(pg).values() if r["send_after"] <= NOW]
     assert len(due_ids) >= 1500
@@ -1062,7 +1063,7 @@ def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkey
     """
     urls, urls_of, _ = build_setup(pg, feeds, 2, n_sources=1)
     feeds.items("/b0.json", [wire_item("due", 2400), wire_item("later", 7200)])
-    live = Settings(database_url=pg.url, enabled=True)
+    live = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS, enabled=True)
     build(pg, live, now=NOW)
     build_has_written = threading.Event()
 

@@ -22,6 +22,7 @@ PROTECTED = [
     ("PUT", "/v1/devices/dev-1", {"apns_token": "ab" * 32}),
     ("DELETE", "/v1/devices/dev-1", None),
     ("GET", "/v1/devices/dev-1/feed?tz=3600", None),
+    ("POST", "/v1/devices/dev-1/credential", None),
 ]
 
 

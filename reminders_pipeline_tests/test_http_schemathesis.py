@@ -17,15 +17,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .test_http_support import SECRET, http_settings, serve  # noqa: F401 - fixtures
 
 EXAMPLES = os.environ.get("REMINDERS_FUZZ_EXAMPLES", "25")
 SEED = os.environ.get("REMINDERS_FUZZ_SEED", "20260910")
 
 
-def test_no_server_error_for_any_generated_input(serve, settings, tmp_path: Path):
-    # Dry run (no APNs), short source reads: a generated device may point anywhere.
-    s = serve(http_settings(settings, source_timeout_seconds=1.0))
+@pytest.mark.parametrize("accept_now", [False, True], ids=["production", "now-accepted"])
+def test_no_server_error_for_any_generated_input(serve, settings, tmp_path: Path, accept_now: bool):
+    # Dry run (no APNs), short source reads: a generated device may point anywhere. The document
+    # lists ``now`` only where it is accepted, so both shapes are fuzzed.
+    s = serve(http_settings(settings, source_timeout_seconds=1.0, http_accept_now=accept_now))
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{s.url}/openapi.json",
         "--header", f"Authorization: Bearer {SECRET}",

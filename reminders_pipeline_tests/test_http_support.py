@@ -78,14 +78,21 @@ class Served:
         body.setdefault("apns_token", APNS_TOKEN)
         return self.api.put(f"/v1/devices/{device_id}", json=body)
 
+    def as_device(self, credential: str) -> httpx.Client:
+        """A client holding only a device's own credential, as the widget does; closed after the test."""
+        client = httpx.Client(base_url=self.url, timeout=60, headers={"Authorization": f"Bearer {credential}"})
+        self._closers.append(client.close)
+        return client
+
     def rows(self, **filters: Any) -> list[dict[str, Any]]:
         with self.db.read() as conn:
             return ledger.list_queue(conn, **filters)
 
 
 def http_settings(settings: Settings, **changes: Any) -> Settings:
-    """The fixture settings with a token and short source timeouts (a failed read must not stall a test)."""
-    return settings.with_(**{"token": SECRET, "source_timeout_seconds": 2.0, **changes})
+    """The fixture settings with a token, short source timeouts (a failed read must not stall a
+    test) and ``now`` accepted over HTTP (the tests drive the clock)."""
+    return settings.with_(**{"token": SECRET, "source_timeout_seconds": 2.0, "http_accept_now": True, **changes})
 
 
 @pytest.fixture
@@ -104,6 +111,8 @@ def serve(db: Database) -> Iterator[Callable[..., Served]]:
 
     yield start
     for s in started:
+        for close in s._closers:
+            close()
         s.api.close()
         s.anon.close()
         s.app.stop()

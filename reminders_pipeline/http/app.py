@@ -33,7 +33,8 @@ from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
 from ..db import Database
 from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN  # the core's own patterns, so the two cannot drift
-from ..devices import MAX_SOURCES, DeviceError, DeviceSpec, put_device, remove_device
+from ..devices import MAX_SOURCES, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
+from ..devices import stored_credential_hash
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
 from ..rules import MAX_LEAD_SECONDS
@@ -59,6 +60,7 @@ TZ_TEXT = re.compile(r"-?[0-9]{1,6}")
 DEVICE_ERROR_FIELDS = {"rules": "extra_rules", "sources": "source_urls"}  # DeviceError names -> body keys
 DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls"}
 BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
+NO_CREDENTIAL = credential_hash(b"")  # compared against when a device has none, so the work is the same
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -129,6 +131,14 @@ def whole(value: Any, field: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise invalid(field, f"a whole number from {minimum} to {maximum}")
     return value
+
+
+def pretend_now(doc: dict[str, Any], settings: Settings) -> str | None:
+    """``now`` only where a test deployment asked for it: over the wire it would let anyone holding
+    the token stamp devices built in 2999 or settle every pending row ``event_expired``."""
+    if "now" in doc and not settings.http_accept_now:
+        raise invalid("now", "not accepted: the routes run on the server's clock (REMINDERS_HTTP_ACCEPT_NOW=true is for tests)")
+    return parse_now(doc.get("now"))
 
 
 def parse_now(value: Any) -> str | None:
@@ -231,23 +241,55 @@ class Api:
         self.db = db
         self.sender_factory = sender_factory
         self.metrics = metrics
-        self.token = settings.token.encode("utf-8") if settings.token else None
+        # The internal token, and while it is being rotated the one before it; none if unset.
+        current = (settings.token, settings.token_previous) if settings.token else ()
+        self.tokens = tuple(t.encode("utf-8") for t in current if t)
         self.openapi = document(settings)
 
-    def check_auth(self, request: Request) -> None:
-        """Unset token: every protected route is closed. Compared in constant time."""
-        if self.token is None:
-            raise ApiError(401, "unauthorized", "REMINDERS_TOKEN is not set: protected routes are closed", headers=BEARER_CHALLENGE)
+    @staticmethod
+    def bearer(request: Request) -> bytes | None:
+        """The presented bearer's raw bytes (header text is latin-1 decoded); None for another scheme."""
         scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        given = credentials.strip().encode("latin-1")  # header text is latin-1 decoded: these are the raw bytes
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given, self.token):
+        return credentials.strip().encode("latin-1") if scheme.lower() == "bearer" else None
+
+    def is_internal(self, given: bytes | None) -> bool:
+        """Compared in constant time with every accepted token (no early exit reveals which)."""
+        return given is not None and any([hmac.compare_digest(given, token) for token in self.tokens])
+
+    def check_auth(self, request: Request) -> None:
+        """Unset token: every internal and management route is closed."""
+        if not self.tokens:
+            raise ApiError(401, "unauthorized", "REMINDERS_TOKEN is not set: protected routes are closed", headers=BEARER_CHALLENGE)
+        if not self.is_internal(self.bearer(request)):
             raise ApiError(401, "unauthorized", "missing or wrong 'Authorization: Bearer' token", headers=BEARER_CHALLENGE)
+
+    async def check_device_auth(self, request: Request) -> None:
+        """The device's own credential, for its own routes only (or the internal token, an operator's)."""
+        given = self.bearer(request)
+        if self.is_internal(given):
+            return
+        device_id = request.path_params["device_id"]
+        stored = await run_in_threadpool(stored_credential_hash, self.db, device_id) if given and valid_device_id(device_id) else None
+        matched = hmac.compare_digest(credential_hash(given or b""), stored or NO_CREDENTIAL)
+        if stored is None or not matched:
+            detail = "missing or wrong 'Authorization: Bearer': this device's own credential (or REMINDERS_TOKEN)"
+            raise ApiError(401, "unauthorized", detail, headers=BEARER_CHALLENGE)
 
     def protected(self, endpoint: Endpoint) -> Endpoint:
         """Authentication before anything else: an unauthenticated body is never parsed."""
 
         async def guarded(request: Request) -> Response:
             self.check_auth(request)
+            return await endpoint(request)
+
+        guarded.__name__ = endpoint.__name__
+        return guarded
+
+    def device_only(self, endpoint: Endpoint) -> Endpoint:
+        """Like ``protected``, for a device's own routes: its credential opens them too."""
+
+        async def guarded(request: Request) -> Response:
+            await self.check_device_auth(request)
             return await endpoint(request)
 
         guarded.__name__ = endpoint.__name__
@@ -280,8 +322,8 @@ class Api:
     async def build(self, request: Request) -> Response:
         """``{}`` every device; ``{"device_id"}`` the immediate rebuild; ``{"chunk"}`` one partition."""
         doc = await read_json(request, required=False) or {}
+        now = pretend_now(doc, self.settings)
         only_keys(doc, ("device_id", "chunk", "now"))
-        now = parse_now(doc.get("now"))
         if "device_id" in doc and "chunk" in doc:
             raise invalid("chunk", "give device_id or chunk, not both")
         device_id, chunk = doc.get("device_id"), doc.get("chunk")
@@ -301,9 +343,9 @@ class Api:
     async def drain(self, request: Request) -> Response:
         """Every due row, or just ``id`` if it is due; a second call for the same row sends nothing."""
         doc = await read_json(request, required=False) or {}
+        now = pretend_now(doc, self.settings)
         only_keys(doc, ("id", "now"))
         row_id = parse_row_id(request, doc)
-        now = parse_now(doc.get("now"))
         factory = self.sender_factory
         if factory is None:
             try:  # APNs credentials are checked here, before anything is claimed
@@ -337,10 +379,10 @@ class Api:
         device_id = request.path_params["device_id"]
         spec = device_spec(device_id, await read_json(request, required=True) or {}, self.settings)
         try:
-            record = await run_in_threadpool(put_device, self.db, self.settings, spec)
+            registration = await run_in_threadpool(put_device, self.db, self.settings, spec)
         except DeviceError as exc:
             raise invalid(DEVICE_ERROR_FIELDS.get(exc.field, exc.field), exc.message) from None
-        return JSONResponse(record.as_dict())
+        return JSONResponse(registration.as_dict())  # with ``credential`` the one time it is issued
 
     async def delete_device(self, request: Request) -> Response:
         """Voids the device's pending rows (``device_removed``); the ledger keeps what was sent."""
@@ -349,6 +391,14 @@ class Api:
         if voided is None:
             raise no_device(device_id)
         return JSONResponse({"device_id": device_id, "rows_voided": voided})
+
+    async def rotate_device_credential(self, request: Request) -> Response:
+        """A new credential for the device, shown this once; the one it replaces stops working."""
+        device_id = request.path_params["device_id"]
+        credential = await run_in_threadpool(rotate_credential, self.db, device_id) if valid_device_id(device_id) else None
+        if credential is None:
+            raise no_device(device_id)
+        return JSONResponse({"device_id": device_id, "credential": credential})
 
     # -- the widget's feed
 
@@ -389,7 +439,8 @@ class Api:
             Route("/internal/reminders/build", p(self.build), methods=["POST"]),
             Route("/internal/reminders/drain", p(self.drain), methods=["POST"]),
             Route("/v1/devices/{device_id}", p(self.device), methods=["GET", "PUT", "DELETE"]),
-            Route("/v1/devices/{device_id}/feed", p(self.feed), methods=["GET"]),
+            Route("/v1/devices/{device_id}/credential", self.device_only(self.rotate_device_credential), methods=["POST"]),
+            Route("/v1/devices/{device_id}/feed", self.device_only(self.feed), methods=["GET"]),
         ]
 
 

@@ -36,7 +36,8 @@ NOW = {
     "type": ["string", "number", "null"],
     "minimum": MIN_NOW_UNIX,
     "maximum": MAX_NOW_UNIX,
-    "description": "Pretend it is this time (like `--now`): ISO-8601 with a zone, or Unix seconds; 2000-01-01 to 3000-01-01.",
+    "description": "Pretend it is this time (like `--now`): ISO-8601 with a zone, or Unix seconds; 2000-01-01 to 3000-01-01. "
+    "Listed only when `REMINDERS_HTTP_ACCEPT_NOW=true` (tests); otherwise `now` is refused (422).",
     "examples": ["2026-09-10T08:00:00Z", 1788940800],
 }
 
@@ -54,6 +55,9 @@ def _error(description: str) -> dict[str, Any]:
 
 
 UNAUTHORIZED = _error("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
+DEVICE_UNAUTHORIZED = _error(
+    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
+)
 MALFORMED = _error("The body is not JSON.")
 TOO_LARGE = _error(f"The body is larger than {MAX_BODY_BYTES} bytes.")
 INVALID = _error("Validation error; `field` names the offending field.")
@@ -64,6 +68,18 @@ DEVICE_ID_PARAM = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": DEVICE_ID_PATTERN, "maxLength": 128},
+}
+
+
+def _now(settings: Settings) -> dict[str, Any]:
+    """The ``now`` property, where the deployment accepts it at all."""
+    return {"now": NOW} if settings.http_accept_now else {}
+
+
+_CREDENTIAL = {
+    "type": "string",
+    "description": "The device's own bearer for its own routes, shown only in the answer that issues it; "
+    "the ledger keeps its SHA-256. A registration that replaces a device keeps its credential (absent here).",
 }
 
 
@@ -93,7 +109,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             "properties": {
                 "device_id": {"type": ["string", "null"], "pattern": DEVICE_ID_PATTERN, "maxLength": 128},
                 "chunk": {"type": ["integer", "null"], "minimum": 0, "maximum": settings.chunk_count - 1},
-                "now": NOW,
+                **_now(settings),
             },
         },
         "BuildSummary": {
@@ -117,7 +133,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
             "additionalProperties": False,
             "properties": {
                 "id": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_ROW_ID, "description": "Same as `?id=`."},
-                "now": NOW,
+                **_now(settings),
             },
         },
         "DrainSummary": {
@@ -177,7 +193,17 @@ def _schemas(settings: Settings) -> dict[str, Any]:
                 "token_invalid_reason": {"type": ["string", "null"]},
                 "created_at": ISO_TIME,
                 "updated_at": ISO_TIME,
+                "has_credential": {"type": "boolean", "description": "The device has its own credential (only its hash is stored)."},
             },
+        },
+        "Registration": {
+            "allOf": [_ref("Device")],
+            "properties": {"credential": _CREDENTIAL},
+        },
+        "Credential": {
+            "type": "object",
+            "required": ["device_id", "credential"],
+            "properties": {"device_id": {"type": "string"}, "credential": _CREDENTIAL},
         },
         "Removed": {
             "type": "object",
@@ -187,7 +213,14 @@ def _schemas(settings: Settings) -> dict[str, Any]:
         "SourceFailure": {
             "type": "object",
             "required": ["url", "error"],
-            "properties": {"url": {"type": "string"}, "error": {"type": "string"}},
+            "properties": {
+                "url": {"type": "string"},
+                "error": {
+                    "type": "string",
+                    "description": "A short code, never text from the answer: `timeout`, `http_404`, `too_large`, "
+                    "`address_refused`, `insecure_redirect`, `not_json`, `not_icalendar`, ...",
+                },
+            },
         },
         "Feed": {
             "type": "object",
@@ -214,6 +247,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
 
 def _paths() -> dict[str, Any]:
     bearer = [{"bearer": []}]
+    device_or_bearer = [{"deviceCredential": []}, {"bearer": []}]
     return {
         "/healthz": {
             "get": {
@@ -281,7 +315,7 @@ def _paths() -> dict[str, Any]:
                 "security": bearer,
                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("DeviceRegistration")}}},
                 "responses": {
-                    "200": _json(_ref("Device"), "The stored device."),
+                    "200": _json(_ref("Registration"), "The stored device; `credential` when this call issued one."),
                     "400": MALFORMED, "401": UNAUTHORIZED, "413": TOO_LARGE, "422": INVALID,
                 },
             },
@@ -292,12 +326,21 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _json(_ref("Removed"), "Removed."), "401": UNAUTHORIZED, "404": NO_DEVICE},
             },
         },
+        "/v1/devices/{device_id}/credential": {
+            "parameters": [DEVICE_ID_PARAM],
+            "post": {
+                "operationId": "rotateDeviceCredential",
+                "summary": "Issue the device a new credential (shown once); the one it replaces stops working at once.",
+                "security": device_or_bearer,
+                "responses": {"200": _json(_ref("Credential"), "The new credential."), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE},
+            },
+        },
         "/v1/devices/{device_id}/feed": {
             "parameters": [DEVICE_ID_PARAM],
             "get": {
                 "operationId": "getFeed",
                 "summary": "The widget's feed, item bounds in Unix seconds; stores `tz` only when it changed (best-effort).",
-                "security": bearer,
+                "security": device_or_bearer,
                 "parameters": [
                     {
                         "name": "tz", "in": "query", "required": False,
@@ -305,7 +348,9 @@ def _paths() -> dict[str, Any]:
                         "description": "The widget's UTC offset in seconds.",
                     }
                 ],
-                "responses": {"200": _json(_ref("Feed"), "The composed feed."), "401": UNAUTHORIZED, "404": NO_DEVICE, "422": INVALID},
+                "responses": {
+                    "200": _json(_ref("Feed"), "The composed feed."), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE, "422": INVALID,
+                },
             }
         },
     }
@@ -318,14 +363,19 @@ def document(settings: Settings) -> dict[str, Any]:
             "title": "reminders_pipeline",
             "version": "1",
             "description": (
-                "Internal build/drain routes, the device API and the widget feed. Protected routes need "
-                "`Authorization: Bearer $REMINDERS_TOKEN`; with the variable unset they all answer 401. "
+                "Internal build/drain routes, the device API and the widget feed. Internal and management routes "
+                "need `Authorization: Bearer $REMINDERS_TOKEN` (or `$REMINDERS_TOKEN_PREVIOUS` while rotating it); "
+                "with the variable unset they all answer 401. A device's own routes (its feed, its credential) "
+                "also take that device's own credential, issued when it is registered. "
                 "Errors are JSON `{error, detail, field?}`; a request the app cannot use is a 4xx, never a 500."
             ),
         },
         "paths": _paths(),
         "components": {
             "schemas": _schemas(settings),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "The internal token, REMINDERS_TOKEN."},
+                "deviceCredential": {"type": "http", "scheme": "bearer", "description": "The device's own credential."},
+            },
         },
     }
