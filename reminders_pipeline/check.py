@@ -2,6 +2,7 @@
 
     full sweep period < min lead - margin          (else reminders never queue)
     MAX_LATENESS_SECONDS > drain cadence + slack   (else late rows are dropped as too_late)
+    with the dispatcher off: every lead > drain cadence + slack   (else settled event_started)
 
 Cadences come from the cron strings the schedules run on, so retuning one side alone fails here.
 """
@@ -9,10 +10,11 @@ Cadences come from the cron strings the schedules run on, so retuning one side a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from . import ledger
 from .db import Database
+from .rules import Rule, device_rules
 from .settings import Settings
 
 
@@ -35,7 +37,24 @@ def sweep_period_seconds(settings: Settings, devices_per_chunk: Mapping[int, int
     return settings.build_cadence_seconds * ticks_between_visits * visits
 
 
-def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead: int | None) -> list[Finding]:
+def short_leads(settings: Settings, rules: Iterable[Rule]) -> Finding:
+    """Without the dispatcher, a row waits for the next drain tick: up to the cadence plus slack.
+    A rule with a shorter lead comes due less than that before its anchor, so its reminder is
+    settled ``event_started`` (or, for a zero lead, sent after the event began)."""
+    if settings.dispatch_enabled:
+        return Finding("short_leads_deliverable", True, "the dispatcher sends each row at its send_after: any lead is deliverable, 0 included")
+    bound = settings.drain_cadence_seconds + settings.scheduler_slack_seconds
+    short = sorted({r.name for r in rules if r.lead_seconds < bound})
+    return Finding(
+        "short_leads_deliverable",
+        not short,
+        f"the dispatcher is disabled, so rows wait for drain ticks (cadence {settings.drain_cadence_seconds}s + slack "
+        f"{settings.scheduler_slack_seconds}s = {bound}s); rules with a shorter lead would be settled event_started: "
+        + (", ".join(short) if short else "none in use"),
+    )
+
+
+def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead: int | None, rules: Iterable[Rule] = ()) -> list[Finding]:
     drain, build = settings.drain_cadence_seconds, settings.build_cadence_seconds
     period = sweep_period_seconds(settings, devices_per_chunk)
     lead = settings.default_lead_seconds if min_lead is None else min_lead
@@ -78,6 +97,7 @@ def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead:
             f"abandon-after {settings.abandon_after_seconds}s must not exceed the drain cadence {drain}s, so the "
             "next tick settles a dead run's claims",
         ),
+        short_leads(settings, rules),
     ]
 
 
@@ -85,4 +105,5 @@ def check(db: Database, settings: Settings) -> list[Finding]:
     with db.read() as conn:
         per_chunk = ledger.devices_per_chunk(conn)
         min_lead = ledger.min_lead_seconds(conn)
-    return evaluate(settings, per_chunk, min_lead)
+        rules = ledger.rules_in_use(conn)
+    return evaluate(settings, per_chunk, min_lead, (r for lead, extra in rules for r in device_rules(lead, extra.split())))

@@ -677,6 +677,12 @@ def stalest_chunks(conn: Connection, limit: int | None = None) -> list[int]:
     return list(conn.scalars(stmt))
 
 
+def rules_in_use(conn: Connection) -> list[tuple[int, str]]:
+    """Each distinct (reminder_lead_seconds, extra_rules) of live devices."""
+    stmt = select(devices.c.reminder_lead_seconds, devices.c.extra_rules).where(devices.c.token_invalid_at.is_(None)).distinct()
+    return [(lead, extra) for lead, extra in conn.execute(stmt)]
+
+
 def min_lead_seconds(conn: Connection) -> int | None:
     return conn.scalar(select(func.min(devices.c.reminder_lead_seconds)).where(devices.c.token_invalid_at.is_(None)))
 
