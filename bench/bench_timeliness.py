@@ -1,0 +1,221 @@
+"""How late the exact-time dispatcher sends, against the mock APNs, on SQLite and PostgreSQL.
+
+    .venv/bin/python bench/bench_timeliness.py [--spread-rows 2000] [--spread-seconds 300] [--burst-rows 20000] [--idle-seconds 60]
+
+- spread: rows whose send_after fall at random over the next ``--spread-seconds``; the dispatcher
+  (real clock, real APNs client, the mock in its own process) sends them. Lateness = sent_at −
+  send_after (APNs' answer, per row); "early" counts rows claimed or sent before their send_after.
+  Beside it, the cron drain's lateness for the same send_afters when it runs only at its ticks
+  (:05/:20/:35/:50, no scheduler slack): the baseline the dispatcher replaces.
+- burst: ``--burst-rows`` rows sharing one send_after a few seconds ahead; when the last one is
+  sent, beside the bound ``1 s + rows / (the full drain's rate measured in the same run)``.
+- idle: the dispatcher's own CPU time (its thread) over ``--idle-seconds`` with nothing to send.
+Both databases run side by side (threads), so the machine's drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_apns_raw import MockHandle  # noqa: E402
+from bench_ledger import fresh  # noqa: E402
+
+from reminders_pipeline import ledger  # noqa: E402
+from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
+from reminders_pipeline.db import Database  # noqa: E402
+from reminders_pipeline.dispatch import Dispatcher  # noqa: E402
+from reminders_pipeline.drain import default_sender_factory, drain  # noqa: E402
+from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
+from reminders_pipeline.sender import RecordingSender  # noqa: E402
+from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
+
+DRAIN_TICKS = (5, 20, 35, 50)  # minutes past the hour: the default REMINDERS_DRAIN_CRON
+
+
+def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
+    now = iso_from_unix(time.time())
+    rows = [
+        {
+            "device_id": f"dev-{i % devices_n}", "source_id": 1, "item_id": f"1:item-{i}", "rule": "lead:600",
+            "send_after": iso_from_unix(sa), "event_at": iso_from_unix(sa + 600), "expires_at": iso_from_unix(sa + 2400),
+            "title": f"Event {i}", "body": None,
+        }
+        for i, sa in enumerate(send_afters)
+    ]  # fmt: skip
+    with db.write() as conn:
+        conn.execute(devices.delete())
+        conn.execute(notification_queue.delete())
+        conn.execute(devices.insert(), [{"id": f"dev-{d}", "apns_token": f"{d + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now} for d in range(devices_n)])
+        for i in range(0, len(rows), 2000):
+            ledger.upsert_rows(conn, rows[i : i + 2000], now)
+
+
+def queue(db: Database) -> list[dict[str, Any]]:
+    with db.read() as conn:
+        return [dict(r) for r in conn.execute(notification_queue.select()).mappings()]
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    v = sorted(values)
+    if not v:
+        return {"p50": None, "p99": None, "max": None}
+    return {"p50": round(v[len(v) // 2], 3), "p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 3), "max": round(v[-1], 3)}
+
+
+class Running:
+    """A dispatcher on the real clock in a thread of its own; reports its thread's CPU time."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db, self.settings = db, settings
+        self.cpu_seconds = 0.0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self._ready.set()
+            cpu = time.thread_time()
+            await Dispatcher(self.db, self.settings, apns_sender_factory(self.settings)).run(stop=self._stop)
+            self.cpu_seconds = time.thread_time() - cpu
+
+        asyncio.run(go())
+
+    def __enter__(self) -> "Running":
+        self._thread.start()
+        self._ready.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(120)
+
+
+def settled(db: Database, n: int) -> bool:
+    with db.read() as conn:
+        return ledger.queue_counts(conn).get(("settled", "sent"), 0) >= n
+
+
+def wait_settled(db: Database, n: int, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not settled(db, n):
+        if time.time() > deadline:
+            raise SystemExit(f"only part of {n} rows sent after {timeout}s")
+        time.sleep(0.5)
+
+
+def lateness_of(rows: list[dict[str, Any]]) -> tuple[list[float], int]:
+    late = [unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"]) for r in rows if r["outcome"] == "sent"]
+    early = sum(1 for r in rows if r["claimed_at"] < r["send_after"] or (r["sent_at"] and r["sent_at"] < r["send_after"]))
+    return late, early
+
+
+def cron_lateness(send_afters: list[float]) -> list[float]:
+    """When a cron-only drain (no scheduler slack) would send each row: at the first tick after it."""
+    out = []
+    for sa in send_afters:
+        hour = sa - sa % 3600
+        tick = min(t for t in (hour + m * 60 + k * 3600 for k in (0, 1) for m in DRAIN_TICKS) if t >= sa)
+        out.append(tick - sa)
+    return out
+
+
+def spread(dbs: dict[str, Database], settings: dict[str, Settings], n: int, seconds: float) -> dict[str, Any]:
+    start = time.time() + 5
+    send_afters = [start + random.uniform(0, seconds) for _ in range(n)]
+    out: dict[str, Any] = {}
+    for kind, db in dbs.items():
+        load(db, send_afters)
+    runners = {kind: Running(db, settings[kind]) for kind, db in dbs.items()}
+    for r in runners.values():
+        r.__enter__()
+    try:
+        for kind, db in dbs.items():
+            wait_settled(db, n, seconds + 120)
+    finally:
+        for r in runners.values():
+            r.__exit__()
+    for kind, db in dbs.items():
+        late, early = lateness_of(queue(db))
+        out[kind] = {"rows": n, "sent": len(late), "early": early, "lateness_seconds": percentiles(late)}
+    out["cron_ticks_only"] = {"lateness_seconds": percentiles(cron_lateness(send_afters))}
+    return out
+
+
+def full_drain_rate(db: Database, settings: Settings, n: int) -> float:
+    now = time.time()
+    load(db, [now - 5 - i % 30 for i in range(n)])
+    t = time.perf_counter()
+    summary = drain(db, settings, default_sender_factory(settings))
+    elapsed = time.perf_counter() - t
+    assert summary.outcomes == {"sent": n}, summary.as_dict()
+    return n / elapsed
+
+
+def burst(db: Database, settings: Settings, n: int) -> dict[str, Any]:
+    rate = full_drain_rate(db, settings, n)
+    at = time.time() + 8
+    load(db, [at] * n)
+    with Running(db, settings):
+        wait_settled(db, n, 300)
+    late, early = lateness_of(queue(db))
+    bound = 1 + n / rate
+    return {"rows": n, "early": early, "last_sent_after_seconds": round(max(late), 3), "first_sent_after_seconds": round(min(late), 3),
+            "full_drain_sends_per_s": round(rate, 1), "bound_seconds": round(bound, 3), "within_bound": max(late) <= bound}  # fmt: skip
+
+
+def idle(dbs: dict[str, Database], settings: dict[str, Settings], seconds: float) -> dict[str, Any]:
+    for db in dbs.values():
+        load(db, [])
+    runners = {kind: Running(db, settings[kind]) for kind, db in dbs.items()}
+    for r in runners.values():
+        r.__enter__()
+    time.sleep(seconds)
+    for r in runners.values():
+        r.__exit__()
+    return {kind: {"seconds": seconds, "cpu_seconds": round(r.cpu_seconds, 3), "share_of_one_core": round(r.cpu_seconds / seconds, 4)} for kind, r in runners.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spread-rows", type=int, default=2000)
+    parser.add_argument("--spread-seconds", type=float, default=300)
+    parser.add_argument("--burst-rows", type=int, default=20000)
+    parser.add_argument("--idle-seconds", type=float, default=60)
+    args = parser.parse_args()
+    mock = MockHandle(in_process=False)
+    made = {kind: fresh(kind) for kind in ("sqlite", "postgresql")}
+    dbs = {kind: db for kind, (db, _) in made.items()}
+    settings = {
+        kind: mock.settings(200).with_(database_url=db.url, enabled=True, dispatch_poll_seconds=2.0) for kind, db in dbs.items()
+    }
+    try:
+        result = {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "poll_seconds": 2.0,
+            "idle": idle(dbs, settings, args.idle_seconds),
+            "spread": spread(dbs, settings, args.spread_rows, args.spread_seconds),
+            "burst": {kind: burst(db, settings[kind], args.burst_rows) for kind, db in dbs.items()},
+        }
+    finally:
+        for _, close in made.values():
+            close()
+        mock.close()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
