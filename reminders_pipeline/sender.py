@@ -44,6 +44,7 @@ class SendResult:
     token_invalid: bool = False  # stop sending to this token (410, BadDeviceToken, ...)
     token_invalid_at: str | None = None  # stored time; APNs' timestamp for 410
     config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
+    retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
 
 
 class Sender(Protocol):

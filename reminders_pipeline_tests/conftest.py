@@ -118,3 +118,5 @@ def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
     yield mock
     mock.raised_max_streams = 1000
     mock.min_token_refresh_seconds = None
+    mock.goaway_after = None
+    mock.refuse(None)

@@ -145,3 +145,21 @@ def test_many_devices_all_delivered_exactly_once(db, live, feeds, mock):
     assert summary.outcomes == {"sent": 200}
     sent = Counter((r.token, r.payload["reminder"]["item_id"]) for r in mock.requests)
     assert len(sent) == 200 and set(sent.values()) == {1}
+
+
+def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_every_token(db, live, feeds, mock):
+    now = int(unix_from_iso(now_utc()))
+    url = feeds.items("/one.json", [{"id": "e", "title": "Event", "startsAt": now + 1200, "expiresAt": now + 3000}])
+    tokens = [f"{i:064x}" for i in range(1000, 2500)]
+    with db.write() as conn:
+        for i, token in enumerate(tokens):
+            ledger.upsert_device(conn, {"id": f"dev-{i:04d}", "apns_token": token, "reminder_lead_seconds": 1800, "extra_rules": "", "chunk": 0}, now_utc())
+            ledger.set_subscriptions(conn, f"dev-{i:04d}", [url], now_utc())
+    build(db, live)
+    mock.script_default(status=410, reason="Unregistered")
+    summary = run_drain(db, live)
+    assert summary.outcomes == {"failed": 1500} and summary.details == {"failed:Unregistered": 1500}
+    assert summary.tokens_invalidated == 1500
+    assert mock.connections_opened == 1
+    with db.read() as conn:
+        assert all(d.token_invalid_reason == "Unregistered" for d in ledger.list_devices(conn))
