@@ -83,6 +83,9 @@ class Settings:
     apns_ca_file: str | None = None  # CA bundle that signs apns_url's certificate
     apns_concurrency: int = 200  # in-flight sends per drain process
     interruption_level: str = "time-sensitive"
+    send_max_attempts: int = 3  # sends of one row that certainly never reached APNs, before it fails
+    apns_halt_after: int = 20  # consecutive certain non-deliveries that halt a drain (an outage)
+    rearm_threshold_seconds: int = 300  # a settled row is re-armed only if send_after moves this far
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -145,6 +148,9 @@ class Settings:
             apns_ca_file=env.get("REMINDERS_APNS_CA_FILE") or None,
             apns_concurrency=_int(env, "REMINDERS_APNS_CONCURRENCY", 200, 1),
             interruption_level=env.get("REMINDERS_INTERRUPTION_LEVEL") or "time-sensitive",
+            send_max_attempts=_int(env, "REMINDERS_SEND_MAX_ATTEMPTS", 3, 1),
+            apns_halt_after=_int(env, "REMINDERS_APNS_HALT_AFTER", 20, 1),
+            rearm_threshold_seconds=_int(env, "REMINDERS_REARM_THRESHOLD_SECONDS", 300, 1),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

@@ -25,7 +25,7 @@ from .http_sources import FeedServer
 from .mock_apns import MockApns
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers"
+LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 
 
 def _pg_server_url() -> str:

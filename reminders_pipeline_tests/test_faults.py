@@ -55,7 +55,7 @@ from .mock_apns import MockApns, RecordedRequest
 from .support import NOW, NOW_S
 
 ROOT = Path(__file__).resolve().parents[1]
-LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers"
+LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 RULE = "lead:3600"
 
 Key = tuple[str, str, str]  # (device_id, item_id, rule): the ledger's UNIQUE key
