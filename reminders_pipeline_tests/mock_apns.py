@@ -543,7 +543,7 @@ class MockApns:
             body=body,
             payload=payload,
             jwt=auth[len("bearer "):] if auth.startswith("bearer ") else None,
-            status=None if answer.drop_connection else answer.status,
+            status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,
         )
