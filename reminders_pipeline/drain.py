@@ -163,13 +163,14 @@ async def send_batch_async(
     (wrong key, topic) stops the run after one slice instead of a window of them. Settlements that
     have come back are committed in the same transaction as the next claim: one commit per slice.
 
-    ``halt_scope`` (default: the claimer) names what a halt stops: every batch of one Dagster run
-    passes its run id. A halt recorded under it by any process stops this batch before its next
-    claim; a halt found here is recorded there, and alerted once.
+    ``halt_scope`` names what a halt stops: every batch of one Dagster run passes its run id, a
+    CLI or HTTP drain its claimer. A halt recorded under it by any process stops this batch before
+    its next claim; a halt found here is recorded there, and alerted once. A halt is permanent for
+    its scope, so a long-lived caller passes a new scope per pass (none: this call alone).
     """
     clock = clock_for(now)
     claimer = claimer or new_claimer()
-    scope = halt_scope or claimer
+    scope = halt_scope or f"{claimer}:{uuid.uuid4().hex[:8]}"
     summary = DrainSummary(now=clock())
     outage = _Outage(settings.apns_halt_after)
     halted_elsewhere = False
@@ -444,6 +445,6 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer))
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer))
     summary.duration_seconds = time.perf_counter() - started
     return summary
