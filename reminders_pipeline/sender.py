@@ -34,7 +34,8 @@ class Notification:
 
 @dataclass(frozen=True)
 class SendResult:
-    """One answer. ``ok`` settles the row ``sent``; anything else settles it ``failed`` with ``reason``."""
+    """One answer. ``ok`` settles the row ``sent``; anything else settles it ``failed`` with ``reason``,
+    except that ``retry`` (certainly not delivered) returns it to pending while attempts remain."""
 
     row_id: int
     ok: bool
