@@ -357,3 +357,20 @@ def test_a_row_returned_to_pending_is_still_bounded_by_max_lateness(db, live, fe
     assert summary.returned_to_pending == 1 and find_due(db, at(0)) == ids
     late = at(live.max_lateness_seconds + 1)  # the event starts at at(3600): only lateness stops it
     assert drain(db, live, RecordingSender().factory(), now=late).outcomes == {"too_late": 1}
+
+
+def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, live, feeds, db_url):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("SQLite has no notifications: its dispatchers poll")
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    ids = _due_items(db, live, feeds, 1)
+    dsn = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {ledger.DUE_CHANNEL}")
+        unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+        assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0)).returned_to_pending == 1
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, rows(db)[0]["send_after"])]
+    assert find_due(db, at(0)) == ids
