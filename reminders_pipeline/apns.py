@@ -7,8 +7,12 @@ against the mock APNs (reminders_pipeline_tests/mock_apns.py):
   and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
 * a correct stream-count semaphore: aioapns' caps the count at the *old* bound when APNs raises
   MAX_CONCURRENT_STREAMS from 1 after the first valid token, leaving ~2 usable streams;
-* HTTP/2 flow control: aioapns fails (and leaks a half-open stream) instead of waiting when a
-  burst spends the connection window;
+* HTTP/2 flow control, both ways: aioapns fails (and leaks a half-open stream) instead of waiting
+  when a burst spends the connection window, and never returns credit for the answers it reads, so
+  after ~64 KB of error bodies on one connection APNs can send no more answers;
+* which failures certainly never reached APNs (no connection, TLS failed, REFUSED_STREAM, a stream
+  above a GOAWAY's last stream id, a request never written): ``SendResult.retry``, so the drain
+  can return those rows to pending, while one that may have arrived stays failed;
 * the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies;
 * a shielded response timeout: aioapns has none, and a plain ``wait_for`` breaks the connection;
 * no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent;
@@ -41,14 +45,15 @@ from aioapns.connection import (
     AuthorizationHeaderProvider,
     ChannelPool,
 )
-from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
+from aioapns.exceptions import ConnectionClosed
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import RemoteSettingsChanged, WindowUpdated
+from h2.errors import ErrorCodes
+from h2.events import ConnectionTerminated, DataReceived, RemoteSettingsChanged, StreamReset, WindowUpdated
 from hpack import HeaderTuple, NeverIndexedHeaderTuple
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
@@ -70,11 +75,22 @@ COLLAPSE_ID = re.compile(r"[\x21-\x7e]{1,64}")  # a header value: printable ASCI
 TOPIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # a bundle id, maybe with .voip/.complication
 TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
+NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendResult.retry)
+# APNs declined to process the request for now: nothing was delivered, the row may go again.
+TRANSIENT_STATUSES = frozenset({429, 500, 503})
 CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
 
 
 class ApnsConfigError(ValueError):
     """APNs settings that cannot work; the message names the environment variable."""
+
+
+class NotProcessed(ConnectionError):
+    """APNs said it did not process this stream (REFUSED_STREAM, or above a GOAWAY's last stream id)."""
+
+
+class StreamResetByApns(ConnectionError):
+    """APNs reset the stream for another reason: it may have processed the request."""
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -220,12 +236,14 @@ class StreamSlots(ChannelPool):
             self._wake_up_next()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Wire:
-    """What this module puts on the wire instead of aioapns' choice."""
+    """What this module puts on the wire instead of aioapns' choice; ``written`` once h2 has
+    encoded the request's HEADERS (from then on it may reach APNs)."""
 
     expiration: str
     body: bytes
+    written: bool = False
 
 
 class WireH2Connection(H2Connection):
@@ -238,6 +256,11 @@ class WireH2Connection(H2Connection):
       raises FlowControlError in between, leaking a half-open stream on both ends. A burst of a
       few hundred requests spends the default 64 KB window, so each request first reserves room
       for its body (``reserve_window``) and waits for a WINDOW_UPDATE when there is none.
+    * Incoming flow control: aioapns reads every answer body but never acknowledges it, so the
+      window APNs may send into only shrinks; credit is returned here for every DATA frame read,
+      on the stream and the connection (h2 sends a WINDOW_UPDATE once enough has accumulated).
+    * Resets: aioapns ignores RST_STREAM, leaving its request to time out as "maybe sent" and its
+      stream slot taken; they are kept in ``resets`` for the protocol to settle.
     """
 
     def __init__(self, wire: dict[str, Wire]) -> None:
@@ -253,6 +276,7 @@ class WireH2Connection(H2Connection):
         self._reserved_total = 0
         self._window_moved: asyncio.Event | None = None
         self._closed: BaseException | None = None
+        self.resets: list[StreamReset] = []
 
     def body_size(self, request: NotificationRequest) -> int:
         wire = self._wire.get(request.notification_id)
@@ -283,6 +307,11 @@ class WireH2Connection(H2Connection):
 
     def receive_data(self, data: Any) -> list[Any]:
         events = super().receive_data(data)
+        for event in events:
+            if isinstance(event, DataReceived):
+                self.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, StreamReset):
+                self.resets.append(event)
         if any(isinstance(e, (WindowUpdated, RemoteSettingsChanged)) for e in events):
             self._wake()
         return events
@@ -296,6 +325,8 @@ class WireH2Connection(H2Connection):
         if apns_id:
             self._stream_requests[stream_id] = apns_id
         super().send_headers(stream_id, hpack_headers(headers, first=stream_id == 1), *args, **kwargs)
+        if wire is not None:
+            wire.written = True
 
     def send_data(self, stream_id: int, data: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -389,6 +420,34 @@ def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire])
             self.conn.closed(exc or ConnectionError("connection closed"))
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            while self.conn.resets:
+                self._stream_reset(self.conn.resets.pop(0))
+
+        def _stream_reset(self, event: StreamReset) -> None:
+            """REFUSED_STREAM means APNs did not process the request (RFC 9113 8.7); any other reset may not."""
+            refused = event.error_code == ErrorCodes.REFUSED_STREAM
+            error = NotProcessed("REFUSED_STREAM") if refused else StreamResetByApns(str(event.error_code))
+            if self._fail_stream(event.stream_id, error):
+                self.free_channels.release()  # aioapns releases a slot only when a stream ends
+
+        def on_connection_terminated(self, event: ConnectionTerminated) -> None:
+            """GOAWAY: streams above its last stream id were never processed; the rest may have been."""
+            for stream_id in [s for s in self.request_streams if s > (event.last_stream_id or 0)]:
+                self._fail_stream(stream_id, NotProcessed("GOAWAY"))
+            super().on_connection_terminated(event)
+
+        def _fail_stream(self, stream_id: int, error: Exception) -> bool:
+            notification_id = self.request_streams.pop(stream_id, None)
+            if notification_id is None:
+                return False
+            self.request_statuses.pop(notification_id, None)
+            future = self.requests.pop(notification_id, None)
+            if future is not None and not future.done():
+                future.set_exception(error)
+            return True
+
     return ReminderApnsProtocol
 
 
@@ -404,6 +463,7 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
     invalid_at = None
     if status == 410 and answer.timestamp is not None:
         invalid_at = _stored_time_from_ms(answer.timestamp)
+    config_fault = status == 403 or reason in CONFIG_FAULT_REASONS
     return SendResult(
         row_id,
         False,
@@ -412,7 +472,8 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
         apns_id=answer.notification_id,
         token_invalid=status == 410 or reason in TOKEN_INVALID_REASONS,
         token_invalid_at=invalid_at,
-        config_fault=status == 403 or reason in CONFIG_FAULT_REASONS,
+        config_fault=config_fault,
+        retry=status in TRANSIENT_STATUSES and not config_fault,
         answered_at=answered_at,
     )
 
@@ -424,7 +485,13 @@ def _stored_time_from_ms(timestamp: Any) -> str | None:
         return None
 
 
-def result_from_error(row_id: int, exc: BaseException) -> SendResult:
+def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendResult:
+    """A failed send: certainly not delivered when it was never written or APNs said it did not
+    process it; otherwise it may have reached APNs (the connection died after the write)."""
+    if isinstance(exc, NotProcessed):
+        return SendResult(row_id, False, reason=f"{NOT_SENT}:{exc}", retry=True)
+    if not written:
+        return SendResult(row_id, False, reason=f"{NOT_SENT}:{type(exc).__name__}", retry=True)
     return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
 
 
@@ -494,16 +561,15 @@ class AioApnsSender:
             request = self._request(n)
         except (TypeError, ValueError) as exc:  # payload not JSON, unknown push type
             return SendResult(n.row_id, False, reason=f"invalid:{type(exc).__name__}")
+        wire = self._wire[request.notification_id]
         async with self._slots:
             task = self._start(request)
             try:
                 answer = await asyncio.wait_for(asyncio.shield(task), self.settings.send_timeout_seconds)
             except TimeoutError:
-                return SendResult(n.row_id, False, reason=self._abandon(task, request))
-            except MaxAttemptsExceeded as exc:
-                return result_from_error(n.row_id, exc)
+                return self._abandon(n.row_id, task, request)
             except Exception as exc:  # noqa: BLE001 - any failure inside aioapns/h2 is a failed send
-                return result_from_error(n.row_id, exc)
+                return result_from_error(n.row_id, exc, wire.written)
         return result_from_apns(n.row_id, answer, time.monotonic())
 
     def _request(self, n: Notification) -> NotificationRequest:
@@ -530,16 +596,17 @@ class AioApnsSender:
         if not task.cancelled():
             task.exception()  # retrieved: an abandoned send's error is not "never retrieved"
 
-    def _abandon(self, task: asyncio.Task[NotificationResult], request: NotificationRequest) -> str:
-        """A send not yet on the wire is cancelled (safe); one on the wire is left to finish.
+    def _abandon(self, row_id: int, task: asyncio.Task[NotificationResult], request: NotificationRequest) -> SendResult:
+        """A send not yet on the wire is cancelled (safe, and it may go again); one on the wire is
+        left to finish.
 
         Cancelling a request aioapns has sent would make its late answer raise inside the
         connection and fail every other request on it.
         """
         if request.notification_id in self._wire:
             task.cancel()
-            return TIMEOUT_NOT_SENT
-        return TIMEOUT
+            return SendResult(row_id, False, reason=TIMEOUT_NOT_SENT, retry=True)
+        return SendResult(row_id, False, reason=TIMEOUT)
 
     async def aclose(self) -> None:
         """Close connections; sends still waiting for an answer end as transport failures."""

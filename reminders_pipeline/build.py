@@ -131,10 +131,11 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
 _COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body")
 
 
-def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
+def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_threshold: int) -> bool:
     """Rows the upsert would leave alone anyway; skipping them spares the database the conflict checks.
 
-    Only a shortcut: the upsert's own WHERE clause stays the authority when rows race.
+    Only a shortcut, mirroring ``ledger.upsert_rows`` (change both together): its SQL stays the
+    authority when rows race.
     """
     if current is None:
         return False
@@ -142,7 +143,8 @@ def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any]) -> bool:
         return True
     if current["status"] == "pending":
         return all(current[c] == wanted[c] for c in _COMPARED)
-    return current["outcome"] != "voided" and current["send_after"] == wanted["send_after"]
+    moved = abs(unix_from_iso(current["send_after"]) - unix_from_iso(wanted["send_after"]))
+    return current["outcome"] != "voided" and moved < rearm_threshold
 
 
 def build(
@@ -185,7 +187,7 @@ def build(
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.write() as conn:
-            _write_batch(conn, batch, subs, reads, now, now_unix, settings.horizon_seconds, summary)
+            _write_batch(conn, batch, subs, reads, now, now_unix, settings.horizon_seconds, summary, settings.rearm_threshold_seconds)
 
     if devices:
         with db.read() as conn:
@@ -263,7 +265,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
     return long_failing
 
 
-def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> None:  # type: ignore[no-untyped-def]
+def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rearm_threshold) -> None:  # type: ignore[no-untyped-def]
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
     fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
@@ -279,9 +281,9 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary) -> N
         row
         for p in plans.values()
         for row in p.wanted.values()
-        if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row)
+        if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row, rearm_threshold)
     ]
-    written = ledger.upsert_rows(conn, candidates, now)
+    written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
     summary.rows_inserted += len(written - existing_ids)
     summary.rows_updated += len(written & existing_ids)
 

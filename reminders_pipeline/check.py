@@ -3,6 +3,7 @@
     full sweep period < min lead - margin          (else reminders never queue)
     MAX_LATENESS_SECONDS > drain cadence + slack   (else late rows are dropped as too_late)
     with the dispatcher off: every lead > drain cadence + slack   (else settled event_started)
+    retention > horizon + MAX_LATENESS_SECONDS     (else a pruned row could be queued and sent again)
 
 Cadences come from the cron strings the schedules run on, so retuning one side alone fails here.
 """
@@ -90,6 +91,12 @@ def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead:
             settings.abandon_after_seconds > 2 * settings.send_timeout_seconds,
             f"abandon-after {settings.abandon_after_seconds}s must exceed twice the send timeout "
             f"{settings.send_timeout_seconds}s, so a live claim is never failed as abandoned",
+        ),
+        Finding(
+            "retention_outlives_horizon_and_lateness",
+            settings.retention_seconds > settings.horizon_seconds + settings.max_lateness_seconds,
+            f"retention {settings.retention_seconds}s must exceed horizon {settings.horizon_seconds}s + MAX_LATENESS "
+            f"{settings.max_lateness_seconds}s, so a settled row outlives every build that could queue it again",
         ),
         Finding(
             "abandon_after_within_drain_cadence",

@@ -172,7 +172,9 @@ class Dispatcher:
             log.error("dispatcher %s: halted (%s); next attempt in %ss", self.name, done.halted, backoff)
         else:
             self._halts = 0
-            if done.claimed < len(ids):
+            if done.returned_to_pending:  # APNs could not take them (429/5xx, no connection): not at once
+                self._not_before = max(self._not_before, now + self.settings.dispatch_poll_seconds)
+            elif done.claimed < len(ids):
                 self._not_before = max(self._not_before, now + RETRY_SECONDS)
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)

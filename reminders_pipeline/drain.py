@@ -1,7 +1,10 @@
 """The drain half: fail abandoned claims, find due rows, claim each right before sending, settle.
 
 At most once: a row is sent only by the drainer whose claim (a compare-and-swap) returned it, and
-a claim left behind by a run that died mid-send is failed, never retried. The steps are separate
+a claim left behind by a run that died mid-send is failed, never retried. A send that certainly
+never reached APNs (``SendResult.retry``) goes back to pending instead, a bounded number of times;
+a run of them halts the drain (an outage), as an APNs configuration fault does, and the halt is
+written to the ledger so every batch and process of the same scope stops too. The steps are separate
 functions so Dagster can run them as ops (``fail_abandoned`` -> ``find_due`` -> ``send_batch`` per
 batch) while the CLI and HTTP route run them in one call (``drain``).
 """
@@ -42,8 +45,9 @@ class DrainSummary:
     lateness_seconds: list[float] = field(default_factory=list)
     tokens_invalidated: int = 0
     voided_by_token: int = 0
-    halted: str | None = None  # a configuration fault stopped claiming
+    halted: str | None = None  # a configuration fault or an outage stopped claiming
     duration_seconds: float = 0.0
+    returned_to_pending: int = 0  # certainly not delivered: pending again, one attempt more
 
     def merge(self, other: "DrainSummary") -> "DrainSummary":
         self.abandoned += other.abandoned
@@ -54,6 +58,7 @@ class DrainSummary:
         self.tokens_invalidated += other.tokens_invalidated
         self.voided_by_token += other.voided_by_token
         self.halted = self.halted or other.halted
+        self.returned_to_pending += other.returned_to_pending
         return self
 
     def lateness_percentiles(self) -> dict[str, float | None]:
@@ -78,6 +83,7 @@ class DrainSummary:
             "tokens_invalidated": self.tokens_invalidated,
             "voided_by_token": self.voided_by_token,
             "halted": self.halted,
+            "returned_to_pending": self.returned_to_pending,
             "duration_seconds": round(self.duration_seconds, 3),
         }
 
@@ -135,8 +141,9 @@ def send_batch(
     *,
     now: str | None = None,
     claimer: str | None = None,
+    halt_scope: str | None = None,
 ) -> DrainSummary:
-    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer))
+    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope))
 
 
 async def send_batch_async(
@@ -150,6 +157,7 @@ async def send_batch_async(
     clock: Clock | None = None,
     sender: Sender | None = None,
     stop: asyncio.Event | None = None,
+    halt_scope: str | None = None,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -162,10 +170,17 @@ async def send_batch_async(
     ``sender``: a long-lived sender the caller owns and closes (the dispatcher keeps its APNs
     connections warm between batches); otherwise one is made on first need and closed here.
     ``stop``: once set, no further slice is claimed; what is on the wire is answered and settled.
+    ``halt_scope`` names what a halt stops: every batch of one Dagster run passes its run id, a
+    CLI or HTTP drain its claimer. A halt recorded under it by any process stops this batch before
+    its next claim; a halt found here is recorded there, and alerted once. A halt is permanent for
+    its scope, so a long-lived caller passes a new scope per pass (none: this call alone).
     """
     clock = clock_for(now) if now or clock is None else clock
     claimer = claimer or new_claimer()
+    scope = halt_scope or f"{claimer}:{uuid.uuid4().hex[:8]}"
     summary = DrainSummary(now=clock())
+    outage = _Outage(settings.apns_halt_after)
+    halted_elsewhere = False
     window = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
     owned = sender is None
     in_flight: set[asyncio.Task[_Settlement]] = set()
@@ -174,7 +189,8 @@ async def send_batch_async(
     async def dispatch(rows: list[dict[str, Any]], plan: _Plan) -> _Settlement:
         started = (clock(), time.monotonic())
         results = await _send(sender, plan.to_send) if plan.to_send else []  # type: ignore[arg-type]
-        return _settlement(rows, plan, results, clock(), summary, started)
+        done = _settlement(rows, plan, results, clock(), summary, started)
+        return _return_undelivered(done, rows, results, settings, outage, summary)
 
     async def collect(until: int) -> None:
         nonlocal in_flight
@@ -191,9 +207,14 @@ async def send_batch_async(
             with db.write() as conn:
                 _lock_dead_devices(conn, returned)
                 written = [_write_settlement(conn, done, claimer) for done in returned]
-                rows = ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
+                summary.halted = ledger.halt_of(conn, scope)
+                rows = [] if summary.halted else ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
+            if summary.halted:
+                halted_elsewhere = True
+                log.warning("stopped claiming: drain scope %s halted (%s)", scope, summary.halted)
+                break
             summary.claimed += len(rows)
             if not rows:
                 continue
@@ -207,24 +228,59 @@ async def send_batch_async(
             done, _ = await asyncio.wait(in_flight)
             returned.extend(t.result() for t in done if not t.cancelled() and t.exception() is None)
         try:
-            if returned:
+            halt_found = summary.halted is not None and not halted_elsewhere
+            if returned or halt_found:
                 with db.write() as conn:
                     _lock_dead_devices(conn, returned)
                     written = [_write_settlement(conn, done, claimer) for done in returned]
+                    if halt_found:
+                        ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
                 _count_settlements(returned, written, summary)
         finally:
             if owned and sender is not None:
                 await sender.aclose()
-    if summary.halted:
-        raise_alert(
-            settings,
-            "APNs configuration fault: drain stopped claiming",
-            f"APNs answered {summary.halted}: the credentials, key id, team or topic are wrong, not the row. "
-            "Rows not yet claimed stay pending for the next drain.",
-            claimer=claimer,
-            failed=summary.outcomes.get("failed", 0),
-        )
+    if summary.halted and not halted_elsewhere:
+        _alert_halt(settings, summary, claimer)
     return summary
+
+
+def _alert_halt(settings: Settings, summary: DrainSummary, claimer: str) -> None:
+    if summary.halted and summary.halted.startswith(APNS_UNREACHABLE):
+        title = "APNs unreachable: drain stopped claiming"
+        text = (
+            f"{summary.halted}. Those rows are pending again (each send is bounded by REMINDERS_SEND_MAX_ATTEMPTS "
+            "and MAX_LATENESS); rows not yet claimed stay pending for the next drain."
+        )
+    else:
+        title = "APNs configuration fault: drain stopped claiming"
+        text = (
+            f"APNs answered {summary.halted}: the credentials, key id, team or topic are wrong, not the row. "
+            "Rows not yet claimed stay pending for the next drain."
+        )
+    raise_alert(settings, title, text, claimer=claimer, failed=summary.outcomes.get("failed", 0))
+
+
+APNS_UNREACHABLE = "apns_unreachable"
+
+
+@dataclass
+class _Outage:
+    """Counts sends in a row that certainly never reached APNs (or that APNs declined for now)."""
+
+    limit: int
+    streak: int = 0
+    last: str | None = None
+
+    def count(self, results: list[SendResult]) -> str | None:
+        """The halt reason once the streak reaches the limit, else None."""
+        for r in results:
+            if r.retry:
+                self.streak, self.last = self.streak + 1, r.reason
+            else:
+                self.streak = 0
+        if self.streak < self.limit:
+            return None
+        return f"{APNS_UNREACHABLE}: {self.streak} sends in a row not delivered (last: {self.last})"
 
 
 @dataclass
@@ -239,6 +295,7 @@ class _Settlement:
     at: str
     rows: list[dict[str, Any]]
     dead_tokens: list[tuple[dict[str, Any], SendResult]]
+    returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
 
 
 def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Plan:
@@ -334,6 +391,23 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
     return out
 
 
+def _return_undelivered(
+    out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: _Outage, summary: DrainSummary
+) -> _Settlement:
+    """Rows whose send certainly never reached APNs go back to pending while attempts remain; the
+    rest stay failed as ``_settlement`` wrote them. A long enough run of them halts the drain."""
+    attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
+    again = {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
+    if again:
+        out.returned = [{"id": r["id"], "outcome_detail": r["outcome_detail"]} for r in out.rows if r["id"] in again]
+        out.rows = [r for r in out.rows if r["id"] not in again]
+    reason = outage.count(results)
+    if reason and not summary.halted:
+        summary.halted = reason
+        log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
+    return out
+
+
 def _lock_dead_devices(conn, settlements: list[_Settlement]) -> None:  # type: ignore[no-untyped-def]
     """Devices first, in id order (see ``ledger.lock_devices``): a concurrent build cannot deadlock us."""
     dead = [row["device_id"] for s in settlements for row, _ in s.dead_tokens]
@@ -345,6 +419,7 @@ def _write_settlement(conn, s: _Settlement, claimer: str) -> tuple[int, int]:  #
     """Write one settlement; returns (rows voided by dead tokens, tokens invalidated). Idempotent:
     rewriting it after an ambiguous commit settles nothing twice (only the claimer's claimed rows)."""
     settled = ledger.settle(conn, s.rows, claimer, s.at)
+    ledger.return_to_pending(conn, s.returned, claimer, s.at)
     voided = invalidated = 0
     for row, res in s.dead_tokens:
         voided += ledger.mark_token_invalid(
@@ -364,6 +439,9 @@ def _count_settlements(settlements: list[_Settlement], written: list[tuple[int, 
             summary.outcomes[r["outcome"]] += 1
             if r.get("outcome_detail"):
                 summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
+        summary.returned_to_pending += len(s.returned)
+        for r in s.returned:
+            summary.details[f"pending:{r['outcome_detail']}"] += 1
 
 
 def drain(
@@ -383,6 +461,6 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer))
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer))
     summary.duration_seconds = time.perf_counter() - started
     return summary

@@ -15,7 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from .schema import device_sources, devices, dispatchers, notification_queue as q, sources
+from .schema import device_sources, devices, dispatchers, drain_halts, notification_history, notification_queue as q, sources
+from .times import shift
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
 PENDING = literal_column("'pending'")
@@ -376,23 +377,29 @@ def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str,
 
 
 UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body")
+# Per row, the send_after values a settled row's own must reach or pass to count as "moved"
+# (made in Python: no time is computed in SQL).
+REARM_BOUNDS = ("rearm_before", "rearm_after")
 
 # The whole batch travels as one JSON parameter, unpacked by the database (json_to_recordset /
 # json_each): one statement and one round trip per batch, several times faster than executemany.
 _UPSERT_ROWS_SOURCE = {
     "postgresql": (
         "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(device_id text, source_id bigint, "
-        "item_id text, rule text, send_after text, event_at text, expires_at text, title text, body text)"
+        "item_id text, rule text, send_after text, event_at text, expires_at text, title text, body text, "
+        "rearm_before text, rearm_after text)"
     ),
     "sqlite": (
-        "SELECT " + ", ".join(f"json_extract(value, '$.{c}')" for c in UPSERT_COLUMNS) + " FROM json_each(:rows) WHERE true"
+        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
+        + " FROM json_each(:rows) WHERE true"
     ),
 }
 
 _UPSERT = """
 INSERT INTO notification_queue AS q
     (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, status, created_at, updated_at)
-SELECT r.*, 'pending', :now, :now FROM ({rows}) AS r WHERE true  -- WHERE: SQLite's upsert parse needs it
+SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.expires_at, r.title, r.body,
+    'pending', :now, :now FROM ({rows}) AS r WHERE true  -- WHERE: SQLite's upsert parse needs it
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
@@ -402,34 +409,71 @@ WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
         OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id))
    OR (q.status = 'settled' AND q.outcome = 'voided')
-   OR (q.status = 'settled' AND q.send_after <> excluded.send_after)
+RETURNING id
+"""
+
+# A settled (not voided) row whose send_after moved by at least the threshold: the re-arm below.
+_MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
+    AND q.status = 'settled' AND q.outcome <> 'voided'
+    AND (q.send_after <= r.rearm_before OR q.send_after >= r.rearm_after)"""
+
+_KEEP_HISTORY = """
+INSERT INTO notification_history
+    (queue_id, device_id, item_id, rule, send_after, outcome, outcome_detail, payload, apns_id, sent_at, settled_at, rearmed_at)
+SELECT q.id, q.device_id, q.item_id, q.rule, q.send_after, q.outcome, q.outcome_detail, q.payload, q.apns_id,
+    q.sent_at, q.settled_at, :now
+FROM notification_queue AS q, ({rows}) AS r WHERE """ + _MOVED + """
+ON CONFLICT (queue_id, settled_at) DO NOTHING
+RETURNING queue_id
+"""
+
+# Only a settlement already in the history is re-armed (same settled_at): a row settled between
+# the two statements waits for the next build instead of losing what it recorded.
+_REARM = """
+UPDATE notification_queue AS q SET
+    source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
+    title = r.title, body = r.body, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
+    apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
+    updated_at = :now
+FROM ({rows}) AS r
+WHERE """ + _MOVED + """
+    AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
 RETURNING id
 """
 
 
-def upsert_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, batch: int = 2000) -> set[int]:
+def upsert_rows(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, batch: int = 2000, *, rearm_threshold_seconds: int = 300
+) -> set[int]:
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
     nothing). A voided row comes back to pending (its item returned). A row that was settled in any
-    other way comes back only if its ``send_after`` moved: the item was rescheduled and the new time
-    deserves its own reminder; the same ``send_after`` is never delivered twice. A claimed row is in
-    flight and is not touched.
+    other way comes back only if its ``send_after`` moved by at least ``rearm_threshold_seconds``:
+    the item was rescheduled and the new time deserves its own reminder, while a feed jittering by
+    a second does not; what it recorded (apns id, sent_at, outcome) is first copied to
+    ``notification_history``. A claimed row is in flight and is not touched.
     """
     dialect = conn.dialect.name
-    stmt = text(
-        _UPSERT.format(
-            rows=_UPSERT_ROWS_SOURCE[dialect],
-            distinct="IS DISTINCT FROM" if dialect == "postgresql" else "IS NOT",
-        )
-    )
+    source = _UPSERT_ROWS_SOURCE[dialect]
+    upsert = text(_UPSERT.format(rows=source, distinct="IS DISTINCT FROM" if dialect == "postgresql" else "IS NOT"))
+    keep, rearm = text(_KEEP_HISTORY.format(rows=source)), text(_REARM.format(rows=source))
     written: set[int] = set()
     for part in _batches(list(rows), batch):
-        payload = json.dumps([{c: r[c] for c in UPSERT_COLUMNS} for r in part], separators=(",", ":"))
-        written.update(row[0] for row in conn.execute(stmt, {"rows": payload, "now": now}))
+        payload = json.dumps([_upsert_row(r, rearm_threshold_seconds) for r in part], separators=(",", ":"))
+        params = {"rows": payload, "now": now}
+        if conn.execute(keep, params).first() is not None:
+            written.update(row[0] for row in conn.execute(rearm, params))
+        written.update(row[0] for row in conn.execute(upsert, params))
     if written:
         announce_pending(conn, min(r["send_after"] for r in rows))
     return written
+
+
+def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    out = {c: row[c] for c in UPSERT_COLUMNS}
+    out["rearm_before"], out["rearm_after"] = shift(row["send_after"], -threshold), shift(row["send_after"], threshold)
+    return out
 
 
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
@@ -607,6 +651,51 @@ def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: 
     return conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).rowcount
 
 
+_RETURN_ROWS_SOURCE = {
+    "postgresql": "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text)",
+    "sqlite": "SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.outcome_detail') AS outcome_detail FROM json_each(:rows)",
+}
+
+_RETURN_TO_PENDING = """
+UPDATE notification_queue AS q SET status = 'pending', attempts = q.attempts + 1, outcome_detail = r.outcome_detail,
+    claimed_by = NULL, claimed_at = NULL, updated_at = :now
+FROM ({rows}) AS r
+WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
+RETURNING send_after
+"""
+
+
+def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+    """Give the claimer's claimed rows back to pending, one attempt more: each certainly never reached
+    APNs. ``outcome_detail`` keeps why, until the row settles. Wakes listening dispatchers."""
+    if not rows:
+        return 0
+    stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
+    payload = json.dumps([{"id": r["id"], "outcome_detail": r.get("outcome_detail")} for r in rows], separators=(",", ":"))
+    send_afters = list(conn.scalars(stmt, {"rows": payload, "claimer": claimer, "now": now}))
+    if send_afters:
+        announce_pending(conn, min(send_afters))
+    return len(send_afters)
+
+
+# ---------------------------------------------------------------- drain halts
+
+
+def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: str) -> None:
+    """Halt every drain of ``scope`` (written once: the first fault found is the one kept)."""
+    ins = _insert(conn)(drain_halts).values(scope=scope, reason=reason, claimer=claimer, halted_at=now)
+    conn.execute(ins.on_conflict_do_nothing(index_elements=[drain_halts.c.scope]))
+
+
+def halt_of(conn: Connection, scope: str) -> str | None:
+    """Why drains of ``scope`` halted, or None: one primary-key read before each claim."""
+    return conn.scalar(select(drain_halts.c.reason).where(drain_halts.c.scope == scope))
+
+
+def prune_halts(conn: Connection, before: str) -> int:
+    return conn.execute(delete(drain_halts).where(drain_halts.c.halted_at < before)).rowcount
+
+
 # ---------------------------------------------------------------- reading the ledger
 
 
@@ -691,7 +780,31 @@ def oldest_due_pending(conn: Connection, now: str) -> str | None:
     return conn.scalar(select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now))
 
 
-def prune_settled(conn: Connection, before: str, limit: int) -> int:
-    """Delete up to ``limit`` rows settled before ``before``; call repeatedly to prune in batches."""
-    victims = select(q.c.id).where(q.c.status == SETTLED, q.c.settled_at < before).order_by(q.c.settled_at).limit(limit)
+def prune_settled(conn: Connection, before: str, limit: int, *, ended_before: str) -> int:
+    """Delete up to ``limit`` rows settled before ``before`` whose event ended before ``ended_before``;
+    call repeatedly to prune in batches.
+
+    A row whose event has not ended may still be in its feed: deleted, the next build would insert
+    it again as new and send it a second time. Once the event has ended no rule can want it again.
+    """
+    victims = (
+        select(q.c.id)
+        .where(q.c.status == SETTLED, q.c.settled_at < before, q.c.expires_at < ended_before)
+        .order_by(q.c.settled_at)
+        .limit(limit)
+    )
     return conn.execute(delete(q).where(q.c.id.in_(victims.scalar_subquery()))).rowcount
+
+
+def prune_history(conn: Connection, before: str, limit: int) -> int:
+    """Delete up to ``limit`` history rows re-armed before ``before``."""
+    h = notification_history
+    victims = select(h.c.id).where(h.c.rearmed_at < before).order_by(h.c.rearmed_at).limit(limit)
+    return conn.execute(delete(h).where(h.c.id.in_(victims.scalar_subquery()))).rowcount
+
+
+def history_of(conn: Connection, queue_id: int) -> list[dict[str, Any]]:
+    """What a queue row recorded before each re-arm, oldest first."""
+    h = notification_history
+    stmt = select(h).where(h.c.queue_id == queue_id).order_by(h.c.settled_at, h.c.id)
+    return [dict(r) for r in conn.execute(stmt).mappings()]

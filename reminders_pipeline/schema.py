@@ -129,6 +129,8 @@ notification_queue = Table(
     Column("sent_at", IsoTime),
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
+    # Times this row went back to pending after a send that certainly never reached APNs.
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
@@ -185,4 +187,45 @@ dispatchers = Table(
     iso_check("ends_at"),
     iso_check("stopped_at"),
     Index("ix_dispatchers_beat", "beat_at"),
+)
+
+
+# What a settled row recorded before the build re-armed it (its item moved by at least
+# REMINDERS_REARM_THRESHOLD_SECONDS): the ledger keeps every send, not only the latest.
+notification_history = Table(
+    "notification_history",
+    metadata,
+    Column("id", RowId, primary_key=True, autoincrement=True),
+    Column("queue_id", RowId, nullable=False),
+    Column("device_id", Text, nullable=False),
+    Column("item_id", Text, nullable=False),
+    Column("rule", Text, nullable=False),
+    Column("send_after", IsoTime, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("outcome_detail", Text),
+    Column("payload", Text),
+    Column("apns_id", Text),
+    Column("sent_at", IsoTime),
+    Column("settled_at", IsoTime, nullable=False),
+    Column("rearmed_at", IsoTime, nullable=False),
+    UniqueConstraint("queue_id", "settled_at", name="uq_history_queue_settled"),
+    iso_check("send_after", False),
+    iso_check("sent_at"),
+    iso_check("settled_at", False),
+    iso_check("rearmed_at", False),
+    Index("ix_history_rearmed", "rearmed_at"),
+)
+
+# One row per drain scope (a Dagster run id, or a CLI/HTTP drain's claimer) halted by an APNs
+# fault. Written once by the batch that met it; every batch and process of the scope reads it
+# before each claim, so the halt holds across executors.
+drain_halts = Table(
+    "drain_halts",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("claimer", Text, nullable=False),
+    Column("halted_at", IsoTime, nullable=False),
+    iso_check("halted_at", False),
+    Index("ix_drain_halts_halted", "halted_at"),
 )

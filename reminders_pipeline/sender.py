@@ -34,7 +34,8 @@ class Notification:
 
 @dataclass(frozen=True)
 class SendResult:
-    """One answer. ``ok`` settles the row ``sent``; anything else settles it ``failed`` with ``reason``."""
+    """One answer. ``ok`` settles the row ``sent``; anything else settles it ``failed`` with ``reason``,
+    except that ``retry`` (certainly not delivered) returns it to pending while attempts remain."""
 
     row_id: int
     ok: bool
@@ -45,6 +46,7 @@ class SendResult:
     token_invalid_at: str | None = None  # stored time; APNs' timestamp for 410
     config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
     answered_at: float | None = None  # time.monotonic() when the answer arrived: the row's sent_at
+    retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
 
 
 class Sender(Protocol):

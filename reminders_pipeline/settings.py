@@ -130,6 +130,9 @@ class Settings:
     source_allow_networks: tuple[str, ...] = ()
     token_previous: str | None = None  # the internal token being rotated out: still accepted
     http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
+    send_max_attempts: int = 3  # sends of one row that certainly never reached APNs, before it fails
+    apns_halt_after: int = 20  # consecutive certain non-deliveries that halt a drain (an outage)
+    rearm_threshold_seconds: int = 300  # a settled row is re-armed only if send_after moves this far
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -201,6 +204,9 @@ class Settings:
             source_allow_networks=_networks(env, "REMINDERS_SOURCE_ALLOW_NETWORKS"),
             token_previous=env.get("REMINDERS_TOKEN_PREVIOUS") or None,
             http_accept_now=env.get("REMINDERS_HTTP_ACCEPT_NOW") == "true",
+            send_max_attempts=_int(env, "REMINDERS_SEND_MAX_ATTEMPTS", 3, 1),
+            apns_halt_after=_int(env, "REMINDERS_APNS_HALT_AFTER", 20, 1),
+            rearm_threshold_seconds=_int(env, "REMINDERS_REARM_THRESHOLD_SECONDS", 300, 1),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

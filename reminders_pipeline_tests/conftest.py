@@ -25,7 +25,7 @@ from .http_sources import FeedServer
 from .mock_apns import MockApns
 
 DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers"
+LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -127,3 +127,5 @@ def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
     yield mock
     mock.raised_max_streams = 1000
     mock.min_token_refresh_seconds = None
+    mock.goaway_after = None
+    mock.refuse(None)

@@ -9,7 +9,12 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
   ``iat`` under an hour old, signature by the test key), header formats and the 4096-byte payload.
 * each connection starts at MAX_CONCURRENT_STREAMS=1 and raises it after the first valid token.
 * h2's default 64 KB receive window is kept (Apple does not document its own), so a client that
-  ignores flow control fails here instead of in production.
+  ignores flow control fails here instead of in production. The other way too: an error answer's
+  body waits for the client's WINDOW_UPDATE, as a real server's would, so a client that never
+  returns credit for the answers it reads stops getting answers.
+* faults a real network and APNs produce: GOAWAY with a last stream id (``goaway_after``),
+  RST_STREAM(REFUSED_STREAM) (``Answer(refuse_stream=True)``), and a listener that refuses the
+  TCP connection or fails the TLS handshake (``refuse``).
 
 It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
 benchmark script can all use it. Keys and certificates are generated when it is created; nothing
@@ -40,7 +45,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
 from h2.connection import H2Connection
-from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset
+from h2.errors import ErrorCodes
+from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
 from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
 
@@ -69,6 +75,7 @@ class Answer:
     delay: float = 0.0  # seconds before answering
     drop_connection: bool = False  # abort the TCP connection instead of answering
     omit_apns_id: bool = False  # a broken server: aioapns cannot match the answer to its request
+    refuse_stream: bool = False  # RST_STREAM(REFUSED_STREAM): the request was not processed
 
 
 @dataclass
@@ -115,6 +122,10 @@ class _ApnsConnection(asyncio.Protocol):
         )
         self.streams: dict[int, _Stream] = {}
         self.raised = False
+        self.blocked: dict[int, bytes] = {}  # answer bodies waiting for the client's flow-control credit
+        self.requests_seen = 0
+        self.last_processed = 0
+        self.going_away = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -154,6 +165,8 @@ class _ApnsConnection(asyncio.Protocol):
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, RequestReceived):
+            if self.going_away:
+                return  # above the GOAWAY's last stream id: ignored, never processed
             self.streams[event.stream_id] = _Stream(dict(event.headers))
             self.server._started()
         elif isinstance(event, DataReceived):
@@ -166,14 +179,24 @@ class _ApnsConnection(asyncio.Protocol):
             if stream is not None:
                 self._on_request(event.stream_id, stream)
         elif isinstance(event, StreamReset):
+            self.blocked.pop(event.stream_id, None)
             if self.streams.pop(event.stream_id, None) is not None:
                 self.server._finished()
+        elif isinstance(event, WindowUpdated):
+            self._send_blocked()
         elif isinstance(event, ConnectionTerminated):
             if self.transport is not None:
                 self.transport.close()
 
     def _on_request(self, stream_id: int, stream: _Stream) -> None:
+        if self.going_away:
+            return
+        self.requests_seen += 1
+        if self.server.goaway_after is not None and self.requests_seen > self.server.goaway_after:
+            self._go_away()
+            return
         answer, token_ok = self.server._judge(stream)
+        self.last_processed = stream_id
         if token_ok and not self.raised:
             self.raised = True
             self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.raised_max_streams})
@@ -181,6 +204,10 @@ class _ApnsConnection(asyncio.Protocol):
         if answer.drop_connection:
             if self.transport is not None:
                 self.transport.abort()
+        elif answer.refuse_stream:
+            self.streams.pop(stream_id, None)
+            self.server._finished()
+            self.conn.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
         elif answer.delay > 0:
             asyncio.get_running_loop().call_later(answer.delay, self._answer, stream_id, stream, answer)
         else:
@@ -202,10 +229,41 @@ class _ApnsConnection(asyncio.Protocol):
             else:
                 headers.append(("content-type", "application/json"))
                 self.conn.send_headers(stream_id, headers)
-                self.conn.send_data(stream_id, _error_body(answer), end_stream=True)
+                self.blocked[stream_id] = _error_body(answer)
+                self._send_blocked()
         except (StreamClosedError, ProtocolError):
             return
         self.flush()
+
+    def _send_blocked(self) -> None:
+        """Send each waiting body whose stream and connection windows both have room, in order.
+
+        A real HTTP/2 server does the same: DATA beyond the peer's window waits for its
+        WINDOW_UPDATE. The bodies are one frame each (APNs' answers are small).
+        """
+        for stream_id, body in list(self.blocked.items()):
+            try:
+                if self.conn.local_flow_control_window(stream_id) < len(body):
+                    continue
+                self.conn.send_data(stream_id, body, end_stream=True)
+            except (StreamClosedError, ProtocolError):
+                pass
+            del self.blocked[stream_id]
+        self.flush()
+
+    def _go_away(self) -> None:
+        """GOAWAY naming the last stream processed: every later stream is dropped unprocessed, as
+        RFC 9113 promises a client it may retry them. The connection then closes."""
+        self.going_away = True
+        last = self.last_processed
+        for stream_id in [sid for sid in self.streams if sid > last]:
+            self.streams.pop(stream_id)
+            self.server._finished()
+        self.server._went_away()
+        self.conn.close_connection(last_stream_id=last)
+        self.flush()
+        if self.transport is not None:
+            asyncio.get_running_loop().call_later(0.05, self.transport.close)
 
 
 def _error_body(answer: Answer) -> bytes:
@@ -235,6 +293,8 @@ class MockApns:
         raised_max_streams: int = 1000,
         min_token_refresh_seconds: float | None = None,
     ) -> None:
+        # After this many requests on one connection, the next one gets GOAWAY; None = never.
+        self.goaway_after: int | None = None
         self.key_id = key_id
         self.team_id = team_id
         self.topics = topics
@@ -269,11 +329,30 @@ class MockApns:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.host, self.port
 
-    async def _listen(self) -> asyncio.base_events.Server:
+    async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
         ids = iter(range(1, 1 << 62))
         return await asyncio.get_running_loop().create_server(
-            lambda: _ApnsConnection(self, next(ids)), self.host, 0, ssl=self._server_context()
+            lambda: _ApnsConnection(self, next(ids)), self.host, port, ssl=self._server_context()
         )
+
+    def refuse(self, mode: str | None) -> None:
+        """Make new connections fail as a network or TLS fault would: ``"connect"`` refuses the TCP
+        connection, ``"tls"`` accepts it but answers the handshake with bytes that are not TLS;
+        ``None`` listens normally again. Open connections are aborted in both fault modes."""
+        assert self._loop is not None and mode in ("connect", "tls", None)
+        asyncio.run_coroutine_threadsafe(self._relisten(mode), self._loop).result(timeout=10)
+
+    async def _relisten(self, mode: str | None) -> None:
+        assert self._server is not None
+        self._server.close()
+        if mode is not None:
+            for connection in list(self._connections):
+                if connection.transport is not None:
+                    connection.transport.abort()
+        if mode == "tls":
+            self._server = await asyncio.get_running_loop().create_server(_NotTls, self.host, self.port)
+        elif mode is None:
+            self._server = await self._listen(self.port)
 
     def _server_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -371,6 +450,7 @@ class MockApns:
         self.max_in_flight = self._in_flight
         self.connections_opened = 0
         self.stream_limit_violations = 0
+        self.goaways_sent = 0
 
     # -- observations ----------------------------------------------------------------------
 
@@ -427,6 +507,10 @@ class MockApns:
     def _closed(self, connection: _ApnsConnection) -> None:
         self._connections.discard(connection)
 
+    def _went_away(self) -> None:
+        with self._lock:
+            self.goaways_sent += 1
+
     def _violation(self) -> None:
         with self._lock:
             self.stream_limit_violations += 1
@@ -459,7 +543,7 @@ class MockApns:
             body=body,
             payload=payload,
             jwt=auth[len("bearer "):] if auth.startswith("bearer ") else None,
-            status=None if answer.drop_connection else answer.status,
+            status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,
         )
@@ -573,6 +657,14 @@ class MockApns:
                 if scripted.times <= 0:
                     del self._scripts[token]
             return scripted.answer
+
+
+class _NotTls(asyncio.Protocol):
+    """A listener that is not a TLS server: the client's handshake fails."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")  # type: ignore[attr-defined]
+        transport.close()
 
 
 def _is_uuid(value: str) -> bool:

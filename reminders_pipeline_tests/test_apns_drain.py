@@ -110,14 +110,11 @@ def test_configuration_fault_stops_claiming_and_alerts(db, live, feeds, mock, st
 @pytest.mark.parametrize(
     "answer, detail",
     [
-        ({"status": 429, "reason": "TooManyRequests"}, "TooManyRequests"),
-        ({"status": 500, "reason": "InternalServerError"}, "InternalServerError"),
-        ({"status": 503, "reason": "ServiceUnavailable"}, "ServiceUnavailable"),
         ({"delay": 3.0}, "timeout"),
         ({"drop_connection": True}, "transport:"),
     ],
 )
-def test_transient_answers_fail_the_row_and_it_is_never_sent_again(db, live, feeds, mock, answer, detail):
+def test_a_send_that_may_have_reached_apns_fails_the_row_and_it_is_never_sent_again(db, live, feeds, mock, answer, detail):
     queue(db, live, feeds, items=1)
     mock.script(TOKENS[0], **answer)
     run_drain(db, live)
@@ -127,6 +124,71 @@ def test_transient_answers_fail_the_row_and_it_is_never_sent_again(db, live, fee
     run_drain(db, live)
     assert len([r for r in mock.requests if r.token == TOKENS[0]]) == 1
     assert rows(db)[0]["outcome"] == "failed"
+
+
+CERTAIN_NON_DELIVERY = [
+    ({"status": 429, "reason": "TooManyRequests"}, "TooManyRequests"),
+    ({"status": 500, "reason": "InternalServerError"}, "InternalServerError"),
+    ({"status": 503, "reason": "ServiceUnavailable"}, "ServiceUnavailable"),
+    ({"refuse_stream": True}, "not-sent:REFUSED_STREAM"),
+    ("goaway", "not-sent:GOAWAY"),
+    ("connect", "not-sent:MaxAttemptsExceeded"),
+    ("tls", "not-sent:MaxAttemptsExceeded"),
+]
+
+
+def fault(mock, token, answer):
+    """Make the next send to ``token`` certainly not delivered, in the way ``answer`` names."""
+    if answer == "goaway":
+        mock.goaway_after = 0  # the first request on each connection gets GOAWAY(last stream 0)
+    elif answer in ("connect", "tls"):
+        mock.refuse(answer)
+    else:
+        mock.script(token, times=1, **answer)
+
+
+def heal(mock):
+    mock.goaway_after = None
+    mock.refuse(None)
+
+
+@pytest.mark.parametrize("answer, detail", CERTAIN_NON_DELIVERY, ids=[d for _, d in CERTAIN_NON_DELIVERY])
+def test_certain_non_delivery_returns_the_row_to_pending_and_it_is_then_delivered_once(db, live, feeds, mock, answer, detail):
+    queue(db, live, feeds, items=1)
+    fault(mock, TOKENS[0], answer)
+    summary = run_drain(db, live)
+    (row,) = rows(db)
+    assert (row["status"], row["attempts"], row["outcome_detail"], summary.returned_to_pending) == ("pending", 1, detail, 1)
+    assert summary.outcomes == {} and summary.halted is None
+    heal(mock)
+    assert run_drain(db, live).outcomes == {"sent": 1}
+    (row,) = rows(db)
+    assert (row["outcome"], row["outcome_detail"], row["attempts"]) == ("sent", None, 1)
+    assert [r.status for r in mock.requests if r.status == 200] == [200]  # delivered exactly once
+
+
+def test_attempts_are_bounded_then_the_row_fails(db, live, feeds, mock):
+    live = live.with_(send_max_attempts=2)
+    queue(db, live, feeds, items=1)
+    mock.script(TOKENS[0], status=503, reason="ServiceUnavailable")
+    assert run_drain(db, live).returned_to_pending == 1
+    assert run_drain(db, live).outcomes == {"failed": 1}
+    (row,) = rows(db)
+    assert (row["outcome"], row["outcome_detail"], row["attempts"]) == ("failed", "ServiceUnavailable", 1)
+    assert run_drain(db, live).claimed == 0 and len(mock.requests) == 2
+
+
+def test_an_outage_halts_the_drain_and_alerts_once_instead_of_failing_every_due_row(db, live, feeds, mock):
+    live = live.with_(alert_webhook_url=feeds.url("/hook"), apns_halt_after=3, claim_batch_size=3)
+    queue(db, live, feeds, items=12)
+    mock.refuse("connect")
+    summary = run_drain(db, live)
+    assert summary.halted.startswith("apns_unreachable: 3 sends in a row")
+    assert summary.claimed == 3 and summary.returned_to_pending == 3 and summary.outcomes == {}
+    assert Counter((r["status"], r["attempts"]) for r in rows(db)) == {("pending", 1): 3, ("pending", 0): 9}
+    assert len(feeds.posts["/hook"]) == 1 and "APNs unreachable" in feeds.posts["/hook"][0]["text"]
+    mock.refuse(None)
+    assert run_drain(db, live).outcomes == {"sent": 12}
 
 
 def test_dry_run_never_connects_and_records_the_payload(db, settings, feeds, mock):
@@ -145,3 +207,21 @@ def test_many_devices_all_delivered_exactly_once(db, live, feeds, mock):
     assert summary.outcomes == {"sent": 200}
     sent = Counter((r.token, r.payload["reminder"]["item_id"]) for r in mock.requests)
     assert len(sent) == 200 and set(sent.values()) == {1}
+
+
+def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_every_token(db, live, feeds, mock):
+    now = int(unix_from_iso(now_utc()))
+    url = feeds.items("/one.json", [{"id": "e", "title": "Event", "startsAt": now + 1200, "expiresAt": now + 3000}])
+    tokens = [f"{i:064x}" for i in range(1000, 2500)]
+    with db.write() as conn:
+        for i, token in enumerate(tokens):
+            ledger.upsert_device(conn, {"id": f"dev-{i:04d}", "apns_token": token, "reminder_lead_seconds": 1800, "extra_rules": "", "chunk": 0}, now_utc())
+            ledger.set_subscriptions(conn, f"dev-{i:04d}", [url], now_utc())
+    build(db, live)
+    mock.script_default(status=410, reason="Unregistered")
+    summary = run_drain(db, live)
+    assert summary.outcomes == {"failed": 1500} and summary.details == {"failed:Unregistered": 1500}
+    assert summary.tokens_invalidated == 1500
+    assert mock.connections_opened == 1
+    with db.read() as conn:
+        assert all(d.token_invalid_reason == "Unregistered" for d in ledger.list_devices(conn))

@@ -332,7 +332,7 @@ def test_send_still_waiting_for_a_stream_at_the_timeout_is_never_sent(mock: Mock
     results = by_row(run(scenario))
     assert results[1].ok
     assert results[2] == SendResult(2, False, reason=TIMEOUT)
-    assert results[3] == SendResult(3, False, reason=TIMEOUT_NOT_SENT)
+    assert results[3] == SendResult(3, False, reason=TIMEOUT_NOT_SENT, retry=True)  # certainly not delivered
     time.sleep(0.2)
     assert token(3) not in {r.token for r in mock.requests}
 
@@ -346,14 +346,57 @@ def test_burst_beyond_the_flow_control_window_waits_instead_of_failing(mock: Moc
     assert len(mock.requests) == 200
 
 
-def test_unreachable_endpoint_is_a_transport_failure(settings: Settings) -> None:
+def test_unreachable_endpoint_is_certainly_not_sent(settings: Settings) -> None:
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     [result] = send(settings.with_(apns_url=f"https://127.0.0.1:{port}"), [note(1)])
-    assert result == SendResult(1, False, reason="transport:MaxAttemptsExceeded")
+    assert result == SendResult(1, False, reason="not-sent:MaxAttemptsExceeded", retry=True)
+
+
+@pytest.mark.parametrize("mode", ["connect", "tls"])
+def test_a_connection_that_cannot_be_opened_is_certainly_not_sent(mock: MockApns, settings: Settings, mode: str) -> None:
+    mock.refuse(mode)
+    results = send(settings, [note(1), note(2)])
+    assert [(r.reason, r.retry) for r in results] == [("not-sent:MaxAttemptsExceeded", True)] * 2
+    assert mock.requests == []
+
+
+def test_refused_stream_is_certainly_not_sent_and_frees_its_slot(mock: MockApns, settings: Settings) -> None:
+    """RST_STREAM(REFUSED_STREAM): APNs did not process it. aioapns ignores resets: the send would
+    time out as "maybe sent" and its stream slot would stay taken."""
+    mock.raised_max_streams = 2
+    mock.script(token(2), refuse_stream=True)
+    mock.script(token(3), refuse_stream=True)
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings, max_connections=1)
+        try:
+            first = await sender.send_many([note(1), note(2), note(3)])
+            return first + await sender.send_many([note(i) for i in range(4, 8)])  # needs the freed slots
+        finally:
+            await sender.aclose()
+
+    results = by_row(run(scenario))
+    assert [(results[i].reason, results[i].retry) for i in (2, 3)] == [("not-sent:REFUSED_STREAM", True)] * 2
+    assert all(results[i].ok for i in (1, 4, 5, 6, 7))
+    assert mock.connections_opened == 1
+
+
+def test_streams_above_a_goaway_last_stream_id_are_certainly_not_sent(mock: MockApns, settings: Settings) -> None:
+    mock.goaway_after = 3  # the fourth request on a connection gets GOAWAY naming the third
+    mock.script_default(delay=0.3)  # so later requests are on the wire when it comes
+    results = by_row(send(settings.with_(apns_concurrency=8), [note(i) for i in range(8)], max_connections=1))
+    processed = {r.token for r in mock.requests}
+    assert mock.goaways_sent >= 1
+    for i, result in results.items():
+        if token(i) in processed:  # processed before the GOAWAY: answered, or lost with the connection
+            assert result.ok or (result.reason.startswith("transport:") and not result.retry)
+        else:
+            assert (result.reason, result.retry) == ("not-sent:GOAWAY", True), (i, result)
+    assert sum(r.reason == "not-sent:GOAWAY" for r in results.values()) >= 1
 
 
 def test_aclose_with_a_send_still_awaiting_its_answer_returns_promptly(mock: MockApns, settings: Settings) -> None:
@@ -592,3 +635,34 @@ def test_valid_settings_pass_and_the_factory_builds_inside_the_loop(mock: MockAp
             await sender.aclose()
 
     assert run(scenario)[0].ok
+
+
+# -- incoming flow control ------------------------------------------------------------------------
+
+
+def test_1500_error_answers_on_one_connection_all_arrive(mock: MockApns, settings: Settings) -> None:
+    """Each 410 body is ~55 bytes of DATA: 1,500 of them spend the 64 KB receive window about
+    1.3 times over. The client must return credit (WINDOW_UPDATE) for what it read, or the mock,
+    like APNs, holds the remaining answers back and they time out."""
+    mock.script_default(status=410, reason="Unregistered", timestamp_ms=1_790_000_000_123)
+    notes = [note(i) for i in range(1500)]
+    results = send(settings.with_(apns_concurrency=200), notes, max_connections=1)
+    assert [(r.status, r.reason, r.token_invalid) for r in results] == [(410, "Unregistered", True)] * 1500
+    assert mock.connections_opened == 1
+
+
+def test_canary_aioapns_internals_the_fault_patches_rely_on() -> None:
+    """aioapns 4.0 is pinned: apns.py reads its request maps and stream slots directly. If an
+    upgrade returns flow-control credit or handles resets itself, drop those patches."""
+    import inspect
+
+    from aioapns.connection import APNsBaseClientProtocol, H2Protocol
+
+    assert "acknowledge_received_data" not in inspect.getsource(H2Protocol)
+    assert "StreamReset" not in inspect.getsource(H2Protocol.data_received)
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = APNsBaseClientProtocol("com.example.reminders", loop=loop)
+    finally:
+        loop.close()
+    assert {"requests", "request_streams", "request_statuses", "free_channels"} <= set(vars(protocol))

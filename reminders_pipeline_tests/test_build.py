@@ -298,3 +298,49 @@ def test_device_with_dead_token_is_skipped(db, settings, feeds):
     assert build(db, settings, now=NOW).devices_built == 0
     device(db, settings, sources=[url], token="cd" * 32)  # registers again
     assert build(db, settings, now=NOW).devices_built == 1
+
+
+def _send(db, row_id, when):
+    with db.write() as conn:
+        ledger.claim(conn, [row_id], when, "t")
+        ledger.settle(conn, [{"id": row_id, "outcome": "sent", "apns_id": "apns-1", "sent_at": when, "payload": "{}"}], "t", when)
+
+
+def test_a_sent_row_is_not_rearmed_by_a_feed_jittering_under_the_threshold(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    row = by_key(db)[("e", "lead:3600")]
+    _send(db, row["id"], at(3600))
+    feeds.items("/a.json", [item("e", 7200 + settings.rearm_threshold_seconds - 1)])  # 4 min 59 s later
+    assert build(db, settings, now=at(3700)).rows_updated == 0
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
+    # the upsert itself, without the build's pre-filter, holds the same line
+    moved = {**row, "send_after": at(3600 - settings.rearm_threshold_seconds + 1)}
+    with db.write() as conn:
+        assert ledger.upsert_rows(conn, [moved], at(3700), rearm_threshold_seconds=settings.rearm_threshold_seconds) == set()
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
+
+
+def test_a_rearmed_row_keeps_what_it_sent_as_history(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    row = by_key(db)[("e", "lead:3600")]
+    _send(db, row["id"], at(3600))
+    feeds.items("/a.json", [item("e", 7200 + settings.rearm_threshold_seconds)])  # moved by exactly 5 minutes
+    assert build(db, settings, now=at(3700)).rows_updated == 1
+    rearmed = by_key(db)[("e", "lead:3600")]
+    assert (rearmed["id"], rearmed["status"], rearmed["apns_id"], rearmed["sent_at"]) == (row["id"], "pending", None, None)
+    with db.read() as conn:
+        [before] = ledger.history_of(conn, row["id"])
+    assert {k: before[k] for k in ("send_after", "outcome", "apns_id", "sent_at", "settled_at", "payload", "rearmed_at")} == {
+        "send_after": at(3600), "outcome": "sent", "apns_id": "apns-1", "sent_at": at(3600), "settled_at": at(3600),
+        "payload": "{}", "rearmed_at": at(3700),
+    }
+    _send(db, row["id"], at(3900))  # the moved reminder goes, then the meeting moves again
+    feeds.items("/a.json", [item("e", 14400)])
+    build(db, settings, now=at(4000))
+    with db.read() as conn:
+        assert [h["sent_at"] for h in ledger.history_of(conn, row["id"])] == [at(3600), at(3900)]
+

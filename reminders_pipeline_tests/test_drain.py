@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections import Counter
 
@@ -309,3 +311,65 @@ def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
     plan = _decide_all([row(1, "bad \ud800"), row(2, "Standup")], at(3600), live)
     assert plan.settlements == [{"id": 1, "outcome": "failed", "outcome_detail": "invalid:UnicodeEncodeError"}]
     assert [n.row_id for n in plan.to_send] == [2]
+
+
+def _due_items(db, live, feeds, n):
+    url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(n)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    return find_due(db, at(0))
+
+
+FORBIDDEN = SendResult(0, False, reason="InvalidProviderToken", status=403, config_fault=True)
+
+
+def test_a_halt_stops_every_other_batch_of_its_scope_in_any_process_without_a_second_alert(db, live, feeds, db_url):
+    live = live.with_(alert_webhook_url=feeds.url("/hook"), claim_batch_size=3)
+    ids = _due_items(db, live, feeds, 9)
+    first = send_batch(db, live, ids[:3], RecordingSender(script={TOKEN: FORBIDDEN}).factory(), now=at(0), claimer="run-1:b0", halt_scope="run-1")
+    assert first.halted == "InvalidProviderToken" and len(feeds.posts["/hook"]) == 1
+    # another process of the same run: nothing of the first batch's is in its memory
+    code = (
+        "import json, sys\n"
+        "from reminders_pipeline.db import Database\n"
+        "from reminders_pipeline.drain import send_batch\n"
+        "from reminders_pipeline.sender import RecordingSender\n"
+        "from reminders_pipeline.settings import Settings\n"
+        "sender = RecordingSender()\n"
+        f"s = send_batch(Database({db_url!r}), Settings(database_url={db_url!r}, enabled=True), {ids[3:6]!r}, sender.factory(),"
+        f" now={at(0)!r}, claimer='run-1:b1', halt_scope='run-1')\n"
+        "print(json.dumps({'halted': s.halted, 'claimed': s.claimed, 'sent': len(sender.sent)}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"halted": "InvalidProviderToken", "claimed": 0, "sent": 0}
+    same_process = send_batch(db, live, ids[6:], RecordingSender().factory(), now=at(0), claimer="run-1:b2", halt_scope="run-1")
+    assert (same_process.halted, same_process.claimed) == ("InvalidProviderToken", 0)
+    assert len(feeds.posts["/hook"]) == 1  # alerted once, by the batch that met the fault
+    assert Counter(r["status"] for r in rows(db)) == {"settled": 3, "pending": 6}
+    other_run = send_batch(db, live, ids[3:], RecordingSender().factory(), now=at(0), claimer="run-2:b0", halt_scope="run-2")
+    assert other_run.outcomes == {"sent": 6} and other_run.halted is None
+
+
+def test_a_row_returned_to_pending_is_still_bounded_by_max_lateness(db, live, feeds):
+    ids = _due_items(db, live, feeds, 1)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    summary = drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
+    assert summary.returned_to_pending == 1 and find_due(db, at(0)) == ids
+    late = at(live.max_lateness_seconds + 1)  # the event starts at at(3600): only lateness stops it
+    assert drain(db, live, RecordingSender().factory(), now=late).outcomes == {"too_late": 1}
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # SQLite has no notifications: its dispatchers poll
+def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, live, feeds, db_url):
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    ids = _due_items(db, live, feeds, 1)
+    dsn = make_url(db_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {ledger.DUE_CHANNEL}")
+        unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+        assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0)).returned_to_pending == 1
+        notes = list(listener.notifies(timeout=5, stop_after=1))
+    assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, rows(db)[0]["send_after"])]
+    assert find_due(db, at(0)) == ids

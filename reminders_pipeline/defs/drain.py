@@ -45,12 +45,6 @@ def find_due(context: dg.OpExecutionContext, config: FindDueConfig, ledger: Ledg
         yield dg.DynamicOutput(batch, output_name="batches", mapping_key=f"batch_{i:03d}")
 
 
-# The batches of one run execute in this process one after another (in-process executor). Once a
-# batch halts on an APNs configuration fault, the later ones must not each probe APNs again: every
-# probe fails the rows it claimed and raises another alert. Keyed by run id; emptied by summarize.
-_halted_runs: dict[str, str] = {}
-
-
 @dg.op(description="Claim each slice of the batch right before sending it; decide, send, settle.")
 async def send_batch(
     context: dg.OpExecutionContext,
@@ -59,17 +53,16 @@ async def send_batch(
     alerting: AlertingResource,
     batch: list,
 ) -> DrainSummary:
-    halted = _halted_runs.get(context.run_id)
-    if halted:
-        context.log.warning(f"skipped: an earlier batch halted on an APNs configuration fault ({halted})")
-        return DrainSummary(now=now_utc(), halted=halted)
+    """A halt (APNs configuration fault or outage) found by any batch of this run, in any process,
+    is in the ledger under the run id: the core reads it before each claim, so later batches stop
+    without probing APNs again or alerting again, whichever executor runs them."""
     settings = alerting.apply(sender.apply(ledger.settings()))  # the core alerts on APNs faults itself
     factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
     claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
     with ledger.open() as db:
-        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer)
-    if summary.halted:
-        _halted_runs[context.run_id] = summary.halted
+        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id)
+    if summary.halted and not summary.claimed:
+        context.log.warning(f"skipped: this run halted ({summary.halted})")
     return summary
 
 
@@ -84,6 +77,7 @@ def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
         "outcome_details": dg.MetadataValue.json(dict(summary.details)),
         "tokens_invalidated": summary.tokens_invalidated,
         "voided_by_token": summary.voided_by_token,
+        "returned_to_pending": summary.returned_to_pending,
     }
     for name, value in summary.lateness_percentiles().items():
         if value is not None:
@@ -97,14 +91,13 @@ def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
 def summarize(
     context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list
 ) -> dict[str, Any]:
-    _halted_runs.pop(context.run_id, None)
     summary = DrainSummary(now=now_utc(), abandoned=abandoned, due=due)
     for part in summaries:
         summary.merge(part)
     meta = summary_metadata(summary, len(summaries))
     context.log.info(f"drain: {summary.as_dict()}")
     if summary.halted:  # the core has alerted; a red run is what the UI should show for it
-        raise dg.Failure(f"APNs configuration fault ({summary.halted}); remaining rows stay pending", metadata=meta)
+        raise dg.Failure(f"APNs fault, drain halted ({summary.halted}); remaining rows stay pending", metadata=meta)
     context.add_output_metadata(meta)
     return summary.as_dict()
 
