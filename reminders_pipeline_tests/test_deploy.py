@@ -71,3 +71,19 @@ def test_drain_job_runs_on_the_celery_executor_with_the_example_run_config():
 def test_drain_job_runs_on_the_k8s_job_executor():
     run_config = {"execution": {"config": {"job_namespace": "reminders", "env_config_maps": ["reminders-env"]}}}
     assert _validate_drain_run_config("k8s_job", run_config) == {"executor": "k8s", "ok": True}
+
+
+def test_the_dispatcher_has_its_own_run_slots_and_a_standalone_deployment():
+    for name in ("k8s", "celery"):
+        config, _ = dagster_instance_config(str(DEPLOY / name))
+        limits = {(l["key"], l.get("value")): l["limit"] for l in config["concurrency"]["runs"]["tag_concurrency_limits"]}
+        assert limits[("reminders/kind", "dispatch")] == 2, name  # one in flight, two during a handover
+    (deployment,) = yaml.safe_load_all((DEPLOY / "k8s" / "dispatcher-deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["reminders", "-v", "dispatch"]
+    assert {e["configMapRef"]["name"] for e in container["envFrom"] if "configMapRef" in e} == {"reminders-env"}
+    # A rollout's SIGTERM lets sends on the wire settle: the grace period outlasts a send's timeout.
+    from reminders_pipeline.settings import Settings
+
+    assert pod["terminationGracePeriodSeconds"] > Settings().send_timeout_seconds
