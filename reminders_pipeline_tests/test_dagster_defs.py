@@ -22,7 +22,7 @@ def test_all_definitions_load():
     repo = loaded.get_repository_def()
     assert {"build_notification_queue", "drain_job", "dispatcher", "dispatch_on_time_check"} <= set(repo.job_names)
     assert {s.name for s in repo.schedule_defs} == {"build_schedule", "drain_schedule", "queue_checks_schedule"}
-    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert", "dispatcher_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert", "dispatcher_sensor", "dispatch_on_time_sensor"}
     assert set(loaded.resources or {}) == {"ledger", "sender", "sources", "alerting"}
     queue = repo.assets_defs_by_key[dg.AssetKey("notification_queue")]
     assert queue.partitions_def.get_partition_keys() == [f"{c:03d}" for c in range(Settings().chunk_count)]

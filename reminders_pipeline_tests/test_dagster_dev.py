@@ -18,6 +18,7 @@ import pytest
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
+from reminders_pipeline.times import unix_from_iso
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 
@@ -64,8 +65,8 @@ def test_demo_source_serves_fixed_times_and_a_build_queues_reminders(tmp_path):
     assert soonest > queued[0]["created_at"]  # due within minutes, not already
 
 
-@pytest.mark.timeout(180)
-def test_dev_command_starts_dagster_dev_without_warnings_and_builds_the_demo(tmp_path):
+@pytest.mark.timeout(330)
+def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dispatches_on_time(tmp_path):
     shutil.copyfile(ROOT / "dagster.yaml", tmp_path / "dagster.yaml")  # the trap: a production file here
     ui = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REMINDERS_", "DAGSTER_"))}
@@ -89,12 +90,24 @@ def test_dev_command_starts_dagster_dev_without_warnings_and_builds_the_demo(tmp
                 except Exception:  # noqa: BLE001 - not migrated yet
                     return False
 
+            def standup() -> dict:
+                with ledger_db.read() as conn:
+                    (row,) = [r for r in ledger.list_queue(conn, device_id=DEMO_DEVICE_ID) if r["item_id"].endswith(":standup") and r["rule"] == "lead:3600"]
+                return row
+
             try:
                 wait_for("the sensor's first build of the demo device", demo_built, 120)
                 wait_for("the UI", lambda: answers(f"http://127.0.0.1:{ui}/server_info"), 30)
+                # The demo's first reminder comes due about two minutes after the start: the
+                # dispatcher run (started by its sensor, out of the box) settles it then, not at a tick.
+                wait_for("the standup reminder settled", lambda: standup()["status"] == "settled", 150)
             except AssertionError:
                 raise AssertionError(log_path.read_text(errors="replace")[-6000:]) from None
+            row = standup()
             ledger_db.dispose()
+            assert row["outcome"] == "disabled" and not row["claimed_by"].startswith("drain-")
+            # Claimed at its send_after (the 2 s poll at most, on SQLite), not at a drain tick.
+            assert row["send_after"] <= row["claimed_at"] and unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"]) < 5
         finally:
             process.send_signal(signal.SIGTERM)
             try:

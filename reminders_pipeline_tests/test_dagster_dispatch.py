@@ -12,7 +12,7 @@ import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
 from reminders_pipeline.build import build
-from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatcher_job, dispatcher_sensor, successor_request
+from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time_sensor, dispatcher_job, dispatcher_sensor, successor_request
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import unix_from_iso
 
@@ -55,13 +55,13 @@ def add_dispatcher_run(instance, *, started: bool) -> str:
     return run.run_id
 
 
-def sense(instance, db_url: str, cursor: str | None = None) -> dg.SensorResult:
+def sense(instance, db_url: str, cursor: str | None = None, sensor=dispatcher_sensor) -> dg.SensorResult:
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources_for(db_url)) as context:
-        return dispatcher_sensor.evaluate_tick(context)
+        return sensor.evaluate_tick(context)
 
 
 def dispatcher_keys(result) -> list[str]:
-    return [r.run_key for r in result.run_requests if r.job_name == dispatcher_job.name]
+    return [r.run_key for r in result.run_requests]
 
 
 def test_sensor_starts_one_dispatcher_hands_over_before_the_end_and_never_runs_three(db_url, instance, monkeypatch):
@@ -85,25 +85,26 @@ def test_sensor_starts_one_dispatcher_hands_over_before_the_end_and_never_runs_t
     assert dispatcher_keys(sense(instance, db_url)) == []
 
 
-def check_requests(result) -> list:
-    return [r for r in result.run_requests if r.job_name == dispatch_check_job.name]
+def check_requests(instance, db_url: str, cursor: str | None) -> tuple[list, str]:
+    result = sense(instance, db_url, cursor, sensor=dispatch_on_time_sensor)
+    return result.run_requests, result.cursor
 
 
 def test_sensor_runs_the_check_when_due_rows_start_and_stop_waiting(db, settings, db_url, feeds, instance):
     url = feeds.items("/a.json", [live_item("e", 3600 - 30)])  # lead:3600 came due 30 s ago
     add_device(db, settings, device_in_chunk(0), [url])
-    assert check_requests(sense(instance, db_url, None)) == []  # nothing due yet: on time, unchanged
+    assert check_requests(instance, db_url, None)[0] == []  # nothing due yet: on time, unchanged
     build(db, settings)
 
-    late = sense(instance, db_url, json.dumps({"on_time": True}))
-    assert len(check_requests(late)) == 1 and json.loads(late.cursor) == {"on_time": False}
-    assert check_requests(sense(instance, db_url, late.cursor)) == []  # still late: no second run
+    late, cursor = check_requests(instance, db_url, json.dumps({"on_time": True}))
+    assert len(late) == 1 and json.loads(cursor) == {"on_time": False}
+    assert check_requests(instance, db_url, cursor)[0] == []  # still late: no second run
 
     from reminders_pipeline.drain import drain
 
     drain(db, settings)  # the row is settled (disabled: a dry run)
-    recovered = sense(instance, db_url, late.cursor)
-    assert len(check_requests(recovered)) == 1 and json.loads(recovered.cursor) == {"on_time": True}
+    recovered, cursor = check_requests(instance, db_url, cursor)
+    assert len(recovered) == 1 and json.loads(cursor) == {"on_time": True}
 
 
 def test_the_dispatch_on_time_check_fails_with_severity_error_and_alerts(db, settings, db_url, feeds, instance):

@@ -16,7 +16,7 @@ from typing import Any
 import dagster as dg
 
 from reminders_pipeline.defs.build import LOAD_SETTINGS, build_job, build_schedule, notification_queue
-from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time, dispatcher_job, dispatcher_sensor
+from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time, dispatch_on_time_sensor, dispatcher_job, dispatcher_sensor
 from reminders_pipeline.defs.drain import drain_job, drain_schedule
 from reminders_pipeline.defs.monitoring import (
     drain_backlog,
@@ -75,7 +75,7 @@ def definitions_for(resources: dict[str, Any]) -> dg.Definitions:
         asset_checks=[sweep_period_invariant, drain_backlog, dispatch_on_time],
         jobs=[build_job, drain_job, dispatcher_job, dispatch_check_job],
         schedules=[build_schedule, drain_schedule, queue_checks_schedule],
-        sensors=[sweep_period_sensor, run_failure_alert, dispatcher_sensor],
+        sensors=[sweep_period_sensor, run_failure_alert, dispatcher_sensor, dispatch_on_time_sensor],
         resources=resources,
     )
 

@@ -5,7 +5,7 @@ timing lives in the core's loop (``reminders_pipeline.dispatch``). Dagster keeps
 it: one run at a time for ``REMINDERS_DISPATCH_RUN_SECONDS``, a log line per batch, lateness
 percentiles as run metadata, run monitoring (``dagster/max_runtime``) for a run that hangs. The
 sensor requests the successor shortly before the current run ends, so there is no gap; the overlap
-is harmless because the claim is the only lock. The sensor also watches the due rows and, when
+is harmless because the claim is the only lock. A second sensor watches the due rows and, when
 they start to wait (or stop waiting), runs the ``dispatch_on_time`` check, which alerts.
 """
 
@@ -106,10 +106,10 @@ def successor_request(
 
 @dg.sensor(
     name="dispatcher_sensor",
-    jobs=[dispatcher_job, dispatch_check_job],
+    job=dispatcher_job,
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Keep exactly one dispatcher run in flight (hand over before its end); run dispatch_on_time when due rows start or stop waiting.",
+    description="Keep exactly one dispatcher run in flight; request its successor before its planned end.",
 )
 def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     settings = ledger.settings()
@@ -117,12 +117,22 @@ def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResourc
     newest = context.instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name), limit=1)
     in_flight = [(r.dagster_run.run_id, r.start_time) for r in records]
     successor = successor_request(in_flight, newest[0].dagster_run.run_id if newest else None, time.time(), settings)
-    requests: list[dg.RunRequest] = [successor] if successor else []
+    return dg.SensorResult(run_requests=[successor] if successor else [])
 
+
+@dg.sensor(
+    name="dispatch_on_time_sensor",
+    job=dispatch_check_job,
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Run the dispatch_on_time check when due rows start or stop waiting past send_after.",
+)
+def dispatch_on_time_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
+    """The check's schedule runs every 15 minutes; this notices a stalled dispatcher within 30 s and
+    runs the check (which alerts) only on a transition, so it costs a run per incident, not per tick."""
     now = now_utc()
     with ledger.open() as db:
-        health = dispatch_health(db, settings, now)
+        health = dispatch_health(db, ledger.settings(), now)
     was_on_time = json.loads(context.cursor or "{}").get("on_time", True)
-    if health.on_time != was_on_time:  # a transition: the check records it and alerts
-        requests.append(dg.RunRequest(job_name=dispatch_check_job.name, run_key=f"dispatch-check:{now}"))
+    requests = [dg.RunRequest(run_key=f"dispatch-check:{now}")] if health.on_time != was_on_time else []
     return dg.SensorResult(run_requests=requests, cursor=json.dumps({"on_time": health.on_time}))
