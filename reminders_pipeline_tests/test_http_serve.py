@@ -66,8 +66,8 @@ def test_serve_runs_the_app_from_the_environment(db_url, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    # uvicorn shuts down gracefully, then re-raises the signal it caught: -SIGTERM is a clean exit.
-    assert proc.returncode in (0, -signal.SIGTERM), err
+    # uvicorn shuts down gracefully; serve() absorbs the signal it re-raises: a stop is exit status 0.
+    assert proc.returncode == 0, err
     assert "Application shutdown complete" in err
 
 

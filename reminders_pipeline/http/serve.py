@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 import uvicorn
 
@@ -23,6 +26,32 @@ def serve(host: str, port: int, settings: Settings, *, log_level: str = "info") 
     """Serve until SIGINT/SIGTERM; uvicorn finishes in-flight requests, then the engine is disposed."""
     if not settings.token:
         logging.getLogger(__name__).warning("REMINDERS_TOKEN is not set: every protected route answers 401")
+    with stop_signals_end_cleanly():
+        _run_uvicorn(host, port, settings, log_level)
+
+
+@contextmanager
+def stop_signals_end_cleanly() -> Iterator[None]:
+    """A stop by SIGTERM or Ctrl-C returns normally (exit status 0) once uvicorn has shut down.
+
+    uvicorn shuts down gracefully on SIGINT/SIGTERM and then raises the signal again for the
+    handlers it found: by default a death by SIGTERM (status 143) or a KeyboardInterrupt ("Aborted!",
+    status 1). A supervisor reads either as a crash; here the stop was asked for. Before uvicorn has
+    installed its own handlers (and after it restored these), a stop signal exits 0 at once.
+    """
+
+    def stop(*_: object) -> None:
+        raise SystemExit(0)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_uvicorn(host: str, port: int, settings: Settings, log_level: str) -> None:
     uvicorn.run(
         create_app(settings),
         host=host,
