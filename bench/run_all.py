@@ -179,7 +179,60 @@ def render(r: dict) -> str:
     ]
     if "dagster" in r:
         lines += ["```json", json.dumps(r["dagster"], indent=2), "```", ""]
+    if "timeliness" in r:
+        lines += render_timeliness(r["timeliness"])
     return "\n".join(lines)
+
+
+def render_timeliness(t: dict) -> list[str]:
+    sp, bu, idle = t["spread"], t["burst"], t["idle"]
+    s_rows = sp["sqlite"]["rows"]
+
+    def late(d: dict) -> str:
+        ls = d["lateness_seconds"]
+        return f"{ls['p50']} / {ls['p99']} / {ls['max']}"
+
+    return [
+        "## Timeliness: the exact-time dispatcher",
+        "",
+        f"`bench/bench_timeliness.py` ({t.get('date', 'date not recorded')}): the dispatcher on the real clock with the real APNs",
+        "client against the mock APNs in another process, SQLite and PostgreSQL side by side. Lateness is",
+        "`sent_at − send_after`, `sent_at` being APNs' answer for that row; \"early\" counts rows claimed or",
+        f"sent before their `send_after`. Poll backstop {t['poll_seconds']} s.",
+        "",
+        f"**{n(s_rows)} rows spread at random over 5 minutes** (bar: p99 ≤ 1 s, max ≤ 3 s, none early):",
+        "",
+        "| lateness, seconds | p50 / p99 / max | early |",
+        "|---|---:|---:|",
+        f"| cron drain at its ticks only, same rows (baseline; no scheduler slack) | {late(sp['cron_ticks_only'])} | |",
+        f"| **dispatcher, SQLite** | **{late(sp['sqlite'])}** | {sp['sqlite']['early']} |",
+        f"| **dispatcher, PostgreSQL** | **{late(sp['postgresql'])}** | {sp['postgresql']['early']} |",
+        "",
+        f"**A burst of {n(bu['sqlite']['rows'])} rows sharing one `send_after`** (bar: the last sent within 1 s + rows ÷ the full",
+        "drain's rate measured in the same run):",
+        "",
+        "| | full drain sends/s (same run) | bound, s | first sent, s after | **last sent, s after** | early |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[
+            f"| {kind} | {n(b['full_drain_sends_per_s'])} | {b['bound_seconds']} | {b['first_sent_after_seconds']} | **{b['last_sent_after_seconds']}** | {b['early']} |"
+            for kind, b in bu.items()
+        ],
+        "",
+        f"**Idle**: the dispatcher thread's own CPU over {idle['sqlite']['seconds']:.0f} s with nothing pending (bar ≤ 2% of one core):",
+        f"SQLite {idle['sqlite']['share_of_one_core'] * 100:.2f}%, PostgreSQL {idle['postgresql']['share_of_one_core'] * 100:.2f}%",
+        "(PostgreSQL also holds its `LISTEN` connection).",
+        "",
+        "The burst drains at the full drain's own rate (the dispatcher hands the due rows to the same",
+        "claim-and-send path), so the bound is met by construction plus the wake-up; the figures above",
+        "were taken while other work loaded this 2-core machine, which is why the drain rate sits well",
+        "under the drain benchmark's.",
+        "",
+    ]
+
+
+def timeliness(quick: bool) -> dict:
+    args = ("--spread-rows", "200", "--spread-seconds", "30", "--burst-rows", "2000", "--idle-seconds", "10") if quick else ()
+    return {**run("bench_timeliness.py", *args), "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
 def main() -> None:
@@ -187,10 +240,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--with-dagster", action="store_true")
     ap.add_argument("--render-only", action="store_true", help="re-render docs/benchmarks.md from docs/bench-results.json")
+    ap.add_argument("--only-timeliness", action="store_true", help="re-run bench_timeliness.py alone; keep the other recorded figures")
     args = ap.parse_args()
     results_file = DOCS / "bench-results.json"
     if args.render_only:
         results = json.loads(results_file.read_text())
+    elif args.only_timeliness:
+        results = json.loads(results_file.read_text())
+        results["timeliness"] = timeliness(args.quick)
+        results_file.write_text(json.dumps(results, indent=2) + "\n")
     else:
         q = args.quick
         results = {
@@ -204,6 +262,7 @@ def main() -> None:
         }
         if args.with_dagster:
             results["dagster"] = run("bench_dagster.py")
+        results["timeliness"] = timeliness(q)
         results_file.write_text(json.dumps(results, indent=2) + "\n")
     (DOCS / "benchmarks.md").write_text(render(results))
     print(f"wrote {DOCS / 'benchmarks.md'}", file=sys.stderr)
