@@ -9,7 +9,7 @@ import ipaddress
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from .cadence import CronError, cron_cadence_seconds
 
@@ -21,28 +21,23 @@ class SettingsError(ValueError):
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
-    return value
+    return _number(env, name, default, minimum, int, "a whole number")
 
 
 def _float(env: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+    return _number(env, name, default, minimum, float, "a number of seconds")
+
+
+def _number(env: Mapping[str, str], name: str, default: Any, minimum: Any, kind: Callable[[str], Any], what: str) -> Any:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
-        raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
+        raise SettingsError(f"{name} must be {what}, got {raw!r}") from None
     if not value >= minimum:  # also refuses nan
-        raise SettingsError(f"{name} must be at least {minimum}, got {raw}")
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
     return value
 
 

@@ -105,3 +105,20 @@ def test_the_dispatcher_beats_and_records_its_stop(db, live):
         (rec,) = conn.execute(ledger.dispatchers.select()).mappings().all()
     assert rec["name"] == "beating" and rec["started_at"] == at(0) and rec["ends_at"] == at(100)
     assert rec["stopped_at"] == at(100) and rec["beat_at"] == at(100)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"REMINDERS_DISPATCH_POLL_SECONDS": "nan"}, "REMINDERS_DISPATCH_POLL_SECONDS must be at least 0.05"),
+        ({"REMINDERS_DISPATCH_POLL_SECONDS": "soon"}, "REMINDERS_DISPATCH_POLL_SECONDS must be a number of seconds"),
+        ({"REMINDERS_DISPATCH_ENABLED": "yes"}, "REMINDERS_DISPATCH_ENABLED must be 'true' or 'false'"),
+        ({"REMINDERS_DISPATCH_RUN_SECONDS": "120", "REMINDERS_DISPATCH_HANDOVER_SECONDS": "120"}, "must be shorter than"),
+    ],
+)
+def test_dispatcher_settings_refuse_what_cannot_work(env, message):
+    from reminders_pipeline.settings import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)
+    assert Settings.from_env({"REMINDERS_DISPATCH_ENABLED": "FALSE", "REMINDERS_DISPATCH_POLL_SECONDS": "0.5"}).dispatch_poll_seconds == 0.5
