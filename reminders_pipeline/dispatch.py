@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import signal
 import time
 import uuid
@@ -32,18 +31,14 @@ from .db import Database
 from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
-from .times import iso_from_unix, unix_from_iso
+from .times import iso_floor, iso_from_unix, unix_from_iso
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 0.05  # rows due but not claimed (another claimer holds them): look again shortly
+LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lateness figures only
 HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
 ABANDON_SWEEP_SECONDS = 60
-
-
-def iso_floor(unix: float) -> str:
-    """Stored time rounded down to the millisecond, so a claim never runs ahead of the clock."""
-    return iso_from_unix(math.floor(unix * 1000) / 1000)
 
 
 class Timer:
@@ -90,7 +85,8 @@ class Dispatcher:
         self._sender = LazySender(self.sender_factory)
         self._batches: dict[asyncio.Task[DrainSummary], Sequence[int]] = {}
         self._in_flight: set[int] = set()
-        self._not_before = 0.0  # no dispatch before this (a short retry pause, or a halt's backoff)
+        self._held: dict[int, float] = {}  # row id -> not before: rows a batch could not claim or send
+        self._not_before = 0.0  # no dispatch at all before this: a halt's backoff
         self._halts = 0
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
@@ -127,6 +123,7 @@ class Dispatcher:
         poll_at = now + self.settings.dispatch_poll_seconds
         if now < self._not_before:
             return min(self._not_before, poll_at)
+        self._held = {i: t for i, t in self._held.items() if t > now}
         try:
             with self.db.read() as conn:
                 earliest = ledger.next_send_after(conn)
@@ -135,13 +132,18 @@ class Dispatcher:
             due_at = unix_from_iso(earliest)
             if due_at > now:
                 return min(due_at, poll_at)
-            ids = [i for i in find_due(self.db, self.clock()) if i not in self._in_flight]
+            clock = self.clock()
+            ready = [i for i in find_due(self.db, clock) if i not in self._in_flight and i not in self._held]
+            if not ready:
+                # Every due row is in a batch of ours or held back: wake for the next row to come due
+                # (a batch ending or a hold expiring wakes us too).
+                with self.db.read() as conn:
+                    later = ledger.next_send_after(conn, after=clock)
+                return min([poll_at, *self._held.values()] + ([unix_from_iso(later)] if later else []))
         except Exception:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
             log.exception("dispatcher %s: reading the queue failed; retrying in %ss", self.name, self.settings.dispatch_poll_seconds)
             return poll_at
-        if not ids:
-            return poll_at  # every due row is in one of our batches: a batch ending wakes us
-        self._start_batch(ids)
+        self._start_batch(ready)
         return now
 
     def _start_batch(self, ids: list[int]) -> None:
@@ -149,6 +151,7 @@ class Dispatcher:
             self.db, self.settings, ids, self.sender_factory, claimer=self.name, clock=self.clock, sender=self._sender, stop=self._stop
         )
         task = asyncio.ensure_future(batch)
+        self.summary.due += len(ids)
         self._batches[task] = ids
         self._in_flight.update(ids)
         task.add_done_callback(self._batch_done)
@@ -165,6 +168,7 @@ class Dispatcher:
             return
         done = task.result()
         self.summary.merge(done)
+        del self.summary.lateness_seconds[:-LATENESS_KEPT]
         if done.halted:
             backoff = HALT_BACKOFF_SECONDS[min(self._halts, len(HALT_BACKOFF_SECONDS) - 1)]
             self._halts += 1
@@ -172,12 +176,16 @@ class Dispatcher:
             log.error("dispatcher %s: halted (%s); next attempt in %ss", self.name, done.halted, backoff)
         else:
             self._halts = 0
-            if done.returned_to_pending:  # APNs could not take them (429/5xx, no connection): not at once
-                self._not_before = max(self._not_before, now + self.settings.dispatch_poll_seconds)
-            elif done.claimed < len(ids):
-                self._not_before = max(self._not_before, now + RETRY_SECONDS)
+            self._hold_unfinished(done, ids, now)
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)
+
+    def _hold_unfinished(self, done: DrainSummary, ids: Sequence[int], now: float) -> None:
+        """Rows of a batch still pending either went back (APNs could not take them: not at once) or
+        were held by another claimer (look again shortly). Settled ones never come back as due."""
+        if done.returned_to_pending or done.claimed < len(ids):
+            hold = self.settings.dispatch_poll_seconds if done.returned_to_pending else RETRY_SECONDS
+            self._held.update((i, now + hold) for i in ids)
 
     async def _wait(self, wake_at: float, heard: asyncio.Event | None, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait())]

@@ -512,9 +512,13 @@ def announce_pending(conn: Connection, earliest_send_after: str) -> None:
         conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after)))
 
 
-def next_send_after(conn: Connection) -> str | None:
-    """The earliest pending ``send_after``: one step down the partial due index."""
-    return conn.scalar(select(func.min(q.c.send_after)).where(q.c.status == PENDING))
+def next_send_after(conn: Connection, after: str | None = None) -> str | None:
+    """The earliest pending ``send_after`` (later than ``after``, if given): one step down the
+    partial due index."""
+    stmt = select(func.min(q.c.send_after)).where(q.c.status == PENDING)
+    if after is not None:
+        stmt = stmt.where(q.c.send_after > after)
+    return conn.scalar(stmt)
 
 
 def beat(conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int) -> None:

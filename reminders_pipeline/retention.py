@@ -19,12 +19,13 @@ from .times import now_utc, shift
 
 
 def prune(db: Database, settings: Settings, now: str | None = None, max_batches: int | None = None) -> int:
-    """Delete rows settled before ``now - retention`` whose event has ended (and history and drain
-    halts older than the retention); returns how many queue rows were deleted."""
+    """Delete rows settled before ``now - retention`` whose event has ended (and history, drain
+    halts and dispatcher heartbeats older than the retention); returns how many queue rows were deleted."""
     now = now or now_utc()
     cutoff = shift(now, -settings.retention_seconds)
     with db.write() as conn:
         ledger.prune_halts(conn, cutoff)
+        ledger.prune_dispatchers(conn, cutoff)
     history_full = True
     while history_full:
         with db.write() as conn:

@@ -9,6 +9,7 @@ time in SQL; write it through these helpers.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from datetime import datetime, timezone
@@ -52,6 +53,12 @@ def unix_from_iso(text: str) -> float:
     # Field slicing instead of strptime: the drain converts several times per row.
     dt = datetime(int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]), int(text[14:16]), int(text[17:19]), tzinfo=timezone.utc)
     return dt.timestamp() + int(text[20:23]) / 1000
+
+
+def iso_floor(seconds: float) -> str:
+    """Unix seconds -> stored text, rounded *down* to the millisecond: a clock that must never run
+    ahead of itself (the dispatcher's claim is due when ``send_after <= now``)."""
+    return iso_from_unix(math.floor(seconds * 1000) / 1000)
 
 
 def now_utc() -> str:

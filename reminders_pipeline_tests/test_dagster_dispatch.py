@@ -4,14 +4,21 @@ end; it runs dispatch_on_time when due rows start or stop waiting; the op sends 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import dagster as dg
 import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
 from reminders_pipeline.build import build
+from reminders_pipeline.schema import dispatchers
+from reminders_pipeline.defs import dispatch as dispatch_defs
 from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time_sensor, dispatcher_job, dispatcher_sensor, successor_request
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import unix_from_iso
@@ -20,6 +27,7 @@ from .support import rows
 from .test_dagster_support import RECORDER, AlertReceiver, add_device, definitions_for, device_in_chunk, live_item, resources_for
 
 HOUR = Settings().dispatch_run_seconds
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -29,17 +37,23 @@ def instance():
 
 
 @pytest.mark.parametrize(
-    "in_flight, expected_key",
+    "in_flight, newest, expected_key",
     [
-        ([], "dispatcher-after:newest"),  # none in flight: start one
-        ([("a", None)], None),  # queued or starting: wait for it
-        ([("a", 1000.0)], None),  # started a minute ago: runs for an hour
-        ([("a", 1000.0 - HOUR + 119)], "dispatcher-after:a"),  # within the handover: its successor
-        ([("a", 1000.0 - HOUR + 119), ("b", None)], None),  # the handover is under way: never a third
+        ([], None, "dispatcher-after:none"),  # none ever: start one
+        ([], ("old", 0, 900.0), "dispatcher-after:old"),  # the last one ended as planned
+        ([("a", None)], ("a", 0, None), None),  # queued or starting: wait for it
+        ([("a", 1000.0)], ("a", 0, None), None),  # started a minute ago: runs for an hour
+        ([("a", 1000.0 - HOUR + 119)], ("a", 0, None), "dispatcher-after:a"),  # within the handover: its successor
+        ([("a", 1000.0 - HOUR + 119), ("b", None)], ("b", 0, None), None),  # the handover is under way: never a third
+        ([("a", 1000.0 - HOUR + 119)], ("b", 1, 1050.0), "dispatcher-after:b"),  # the successor died: another one
+        ([], ("c", 1, 1040.0), None),  # failed 20 s ago: wait 30 s before the next attempt
+        ([], ("c", 1, 1020.0), "dispatcher-after:c"),
+        ([], ("c", 4, 1000.0), None),  # four failures in a row: wait 5 minutes
+        ([], ("c", 4, 1060.0 - 300), "dispatcher-after:c"),
     ],
 )
-def test_successor_request(in_flight, expected_key):
-    request = successor_request(in_flight, "newest", 1060.0, Settings())
+def test_successor_request(in_flight, newest, expected_key):
+    request = successor_request(in_flight, newest, 1060.0, Settings())
     assert (request.run_key if request else None) == expected_key
     assert request is None or request.job_name == dispatcher_job.name
 
@@ -79,6 +93,8 @@ def test_sensor_starts_one_dispatcher_hands_over_before_the_end_and_never_runs_t
     instance.report_run_canceled(instance.get_run_by_id(first))
     assert dispatcher_keys(sense(instance, db_url)) == []  # the successor alone
     instance.report_run_failed(instance.get_run_by_id(second))
+    assert dispatcher_keys(sense(instance, db_url)) == []  # not at once: a crash loop would relaunch every tick
+    monkeypatch.setattr(dispatch_defs, "FAILURE_BACKOFF_SECONDS", (0,))
     assert dispatcher_keys(sense(instance, db_url)) == [f"dispatcher-after:{second}"]  # a dead one is replaced
 
     monkeypatch.setenv("REMINDERS_DISPATCH_ENABLED", "false")
@@ -122,19 +138,19 @@ def test_the_dispatch_on_time_check_fails_with_severity_error_and_alerts(db, set
 
 
 def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness(db, settings, db_url, feeds, instance):
-    starts = int(time.time()) + 3
+    starts = int(time.time()) + 10  # room for the build and the run's start on a loaded machine
     url = feeds.items("/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}])
     add_device(db, settings, device_in_chunk(0), [url], lead=0)
     build(db, settings)
     RECORDER.sent.clear()
     defs = definitions_for(resources_for(db_url, live=True))
     result = defs.resolve_job_def(dispatcher_job.name).execute_in_process(
-        instance=instance, run_config={"ops": {"dispatch": {"config": {"run_seconds": 6}}}}
+        instance=instance, run_config={"ops": {"dispatch": {"config": {"run_seconds": 14}}}}
     )
     assert result.success
     (row,) = rows(db)
     assert row["outcome"] == "sent" and row["claimed_by"] == result.run_id
-    assert row["claimed_at"] >= row["send_after"] and unix_from_iso(row["sent_at"]) - starts < 1.5  # a poll (2 s) at most, loose
+    assert row["claimed_at"] >= row["send_after"] and unix_from_iso(row["sent_at"]) - starts < 1.5  # woken for it, not polled
     meta = result.output_for_node("dispatch")
     assert meta["outcomes"] == {"sent": 1}
     (materialization,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_OUTPUT]
@@ -142,3 +158,54 @@ def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness
     assert {"lateness_p50_seconds", "lateness_p99_seconds", "lateness_max_seconds", "outcome_sent"} <= names
     logs = [e.message for e in instance.all_logs(result.run_id) if e.user_message.startswith("batch:")]
     assert len(logs) == 1 and "1 rows" in logs[0]
+
+
+STOPPABLE_RUN = """
+import json, sys
+import dagster as dg
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
+from reminders_pipeline_tests.test_dagster_support import definitions_for
+
+resources = {"ledger": LedgerResource(database_url=sys.argv[1]), "sender": SenderResource(enabled="true"),
+             "sources": SourcesResource(), "alerting": AlertingResource()}
+with dg.instance_for_test() as instance:
+    result = definitions_for(resources).resolve_job_def("dispatcher").execute_in_process(
+        instance=instance, run_config={"ops": {"dispatch": {"config": {"run_seconds": 120}}}}, raise_on_error=False)
+    failure = result.failure_data_for_node("dispatch")
+    print(json.dumps({"success": result.success, "error": failure.error.message if failure else None}))
+"""
+
+
+def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(db_url, mock, tmp_path):
+    """Run termination (SIGINT to the run worker) lands while sends are on the wire: the op stops
+    claiming, lets them answer and settle, records its stop, and the run fails saying why."""
+    from reminders_pipeline.db import Database
+
+    from .test_faults import ids_where, ledger_rows, load_due, wait_until
+
+    mock.drop_all_connections()
+    mock.reset()
+    db = Database(db_url)
+    load_due(db, n_devices=20, items_per_device=5)
+    mock.script_default(delay=2.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
+    env.update({**mock.env(), "REMINDERS_ENABLED": "true", "REMINDERS_CLAIM_BATCH_SIZE": "10", "REMINDERS_APNS_CONCURRENCY": "10"})
+    process = subprocess.Popen([sys.executable, "-c", STOPPABLE_RUN, db_url], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=(tmp_path / "run.stderr").open("w"), text=True, start_new_session=True)  # fmt: skip
+    try:
+        wait_until("sends on the wire", lambda: len(mock.requests) > 0, 90)
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        mock.script_default(status=200)
+    final = ledger_rows(db)
+    with db.read() as conn:
+        (beat,) = conn.execute(dispatchers.select()).mappings().all()
+    db.dispose()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["success"] is False and "stopped by a signal" in result["error"], (tmp_path / "run.stderr").read_text()[-3000:]
+    assert not ids_where(final, status="claimed"), "the stop left claims behind"
+    assert ids_where(final, outcome="sent") and ids_where(final, status="pending")
+    assert beat["stopped_at"] is not None

@@ -11,11 +11,12 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.dispatch import Dispatcher
 from reminders_pipeline.drain import drain
-from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
 from .dispatching import DispatcherThread, DrivenTimer
-from .support import NOW_S, at, by_key, device, item
+from .support import NOW_S, TOKEN, at, by_key, device, item
+from .support import rows as rows_of
 
 EVENT = 7200  # 10:00 UTC, two hours after NOW (08:00)
 MORNING_RULES = ("lead:0", "lead:600", "lead:900")  # plus the device's lead:300
@@ -66,18 +67,29 @@ def test_the_dispatcher_sends_each_reminder_of_the_morning_at_its_send_after(db,
     assert dispatcher.summary.outcomes == {"sent": 4} and max(dispatcher.summary.lateness_seconds) == 0
 
 
-def test_a_row_is_never_claimed_before_its_send_after(db, live, feeds):
-    """Four rules due 1 ms apart: each is claimed only once the clock has reached it."""
-    url = feeds.items("/ms.json", [item("e", EVENT)])
-    device(db, live, sources=[url], lead=1800, rules=("lead:1799", "lead:1798", "lead:1797"))
-    build(db, live, now=at(0))
-    sender = RecordingSender()
-    start = unix_from_iso(at(EVENT - 1800)) - 0.0004  # the first row is 0.4 ms ahead of the clock
-    timer = DrivenTimer(start)
-    asyncio.run(Dispatcher(db, live, sender.factory(), timer=timer).run(until=start + 10))
-    for (_, rule), row in by_key(db).items():
-        assert row["outcome"] == "sent" and row["claimed_at"] >= row["send_after"], rule
-    assert timer.waits[0] == pytest.approx(0.0004, abs=1e-6)  # it waited out the 0.4 ms, then claimed
+def test_a_row_is_never_sent_before_its_send_after(db, live, feeds):
+    """Rows due 1 ms apart, the clock 0.6 ms past the first: only the first may go now. A claim
+    clock rounded to the nearest millisecond (not down) would take the second 0.4 ms early."""
+    device(db, live, sources=[], lead=1800)
+    first = unix_from_iso(at(EVENT - 1800))
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:1800", "send_after": iso_from_unix(first + k / 1000),
+             "event_at": at(EVENT), "expires_at": at(EVENT + 1800), "title": "E", "body": None}
+            for k in range(3)
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(first + 0.0006)
+    handed: dict[str, float] = {}
+
+    def record(note):
+        handed[note.payload["reminder"]["item_id"]] = timer.now()
+        return SendResult(note.row_id, True, status=200, apns_id="x")
+
+    asyncio.run(Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(until=first + 10))
+    sent = {r["item_id"]: r for r in rows_of(db)}
+    assert len(handed) == 3
+    for item_id, row in sent.items():
+        assert row["outcome"] == "sent" and handed[item_id] >= unix_from_iso(row["send_after"]), item_id
 
 
 def test_a_dry_run_dispatcher_settles_disabled_on_time_and_never_builds_a_sender(db, settings, feeds):

@@ -4,6 +4,7 @@ SIGTERM. Bounds on lateness here are generous and stated; the measured figures a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import drain, fail_abandoned
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.times import now_utc, shift, unix_from_iso
+from reminders_pipeline.schema import devices
+from reminders_pipeline.sender import RecordingSender, SendResult
+from reminders_pipeline.times import iso_from_unix, now_utc, shift, unix_from_iso
 
 from .dispatching import DispatcherThread
 from .support import device, rows
@@ -49,7 +52,7 @@ def test_a_row_built_seconds_before_its_send_after_is_sent_on_time(db, settings,
     running = DispatcherThread(db.url, live, sender.factory(), name="waiting").start()
     try:
         time.sleep(1.0)  # asleep with nothing pending (PostgreSQL: until the poll, a minute away)
-        starts = int(time.time()) + 4
+        starts = int(time.time()) + 6  # room for the feed, the device and the build on a loaded machine
         url = feeds.items("/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}])
         device(db, live, sources=[url], lead=0)
         build(db, live, device_ids=["dev-1"])
@@ -63,6 +66,71 @@ def test_a_row_built_seconds_before_its_send_after_is_sent_on_time(db, settings,
     assert row["outcome"] == "sent" and row["claimed_by"] == "waiting"
     assert 0 <= lateness < 1.5, f"sent {lateness:.3f}s after send_after"
     assert row["claimed_at"] >= row["send_after"]
+
+
+class SlowSender(RecordingSender):
+    """Every slice takes ``delay`` seconds to answer: a burst keeps a batch in flight for a while."""
+
+    def __init__(self, delay: float, **kw) -> None:
+        super().__init__(**kw)
+        self.delay = delay
+
+    async def send_many(self, notifications):
+        await asyncio.sleep(self.delay)
+        return await super().send_many(notifications)
+
+
+def queue_rows(db: Database, send_afters: dict[str, list[float]]) -> None:
+    """Pending rows due at these real times, per device (each device its own token)."""
+    now = iso_from_unix(time.time())
+    with db.write() as conn:
+        for n, (dev, times) in enumerate(send_afters.items()):
+            device_row = {"id": dev, "apns_token": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
+            conn.execute(devices.insert(), [device_row])
+            ledger.upsert_rows(conn, [
+                {"device_id": dev, "source_id": 1, "item_id": f"1:{dev}-{k}", "rule": "lead:600", "send_after": iso_from_unix(t),
+                 "event_at": iso_from_unix(t + 600), "expires_at": iso_from_unix(t + 1200), "title": "E", "body": None}
+                for k, t in enumerate(times)
+            ], now)  # fmt: skip
+
+
+def late_by(row: dict) -> float:
+    return unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"])
+
+
+def test_a_row_coming_due_during_a_long_burst_is_not_kept_waiting_for_it(db, settings):
+    """400 rows due at T keep a batch in flight for seconds; a row due at T + 0.5 s is claimed on
+    time, not when the burst's batch ends or at the (here 10 s) poll."""
+    live = settings.with_(enabled=True, dispatch_poll_seconds=10.0, claim_batch_size=10, apns_concurrency=10)
+    t = time.time() + 2
+    queue_rows(db, {"burst": [t] * 400, "after": [t + 0.5]})
+    running = DispatcherThread(db.url, live, SlowSender(0.2).factory(), name="busy").start()
+    try:
+        wait_until("the late row settled", lambda: rows(db, device_id="after")[0]["status"] == "settled", 30)
+        (late,) = rows(db, device_id="after")
+        assert any(r["status"] != "settled" for r in rows(db, device_id="burst")), "the burst should still be going"
+    finally:
+        running.stop()
+    assert late_by(late) < 0.5, f"claimed {late_by(late):.2f}s after its send_after"
+
+
+def test_a_row_apns_sends_back_delays_only_itself(db, settings):
+    """APNs answers 503 for one device: that row waits a poll before its next attempt, an
+    unrelated row due 0.3 s later goes on time."""
+    live = settings.with_(enabled=True, dispatch_poll_seconds=2.0)
+    t = time.time() + 1.5
+    queue_rows(db, {"busy-503": [t], "other": [t + 0.3]})
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    sender = RecordingSender(script={f"{1:064x}": unavailable})
+    running = DispatcherThread(db.url, live, sender.factory(), name="retrying").start()
+    try:
+        wait_until("the other row settled", lambda: rows(db, device_id="other")[0]["status"] == "settled", 20)
+    finally:
+        running.stop()
+    (other,) = rows(db, device_id="other")
+    assert other["outcome"] == "sent" and late_by(other) < 0.5, f"claimed {late_by(other):.2f}s late"
+    (retried,) = rows(db, device_id="busy-503")
+    assert retried["attempts"] >= 1
 
 
 def test_two_dispatchers_and_a_cron_drain_race_over_5000_rows_each_sent_exactly_once(db_url, mock):
@@ -169,7 +237,8 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     db = Database(db_url)
     load_due(db, n_devices=20, items_per_device=5)
     mock.script_default(delay=2.0)  # every answer takes two seconds: SIGTERM lands mid-send
-    process, stderr = start_dispatch_process(db_url, mock, tmp_path, "stopping")
+    # Slices of 10, 20 in flight: SIGTERM comes while most of the 100 rows are not yet claimed.
+    process, stderr = start_dispatch_process(db_url, mock, tmp_path, "stopping", claim_batch_size=10, apns_concurrency=10)
     try:
         wait_until("sends on the wire", lambda: len(mock.requests) > 0 or ids_where(ledger_rows(db), status="claimed"), 60)
         process.send_signal(signal.SIGTERM)
@@ -183,5 +252,6 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     assert process.returncode == 0, stderr.read_text()[-3000:]
     summary = json.loads(out)
     assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
+    assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
     sent = ids_where(final, outcome="sent")
     assert sent and summary["outcomes"] == {"sent": len(sent)} and summary["claimed"] == len(sent)

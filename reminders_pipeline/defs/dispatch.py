@@ -9,9 +9,12 @@ is harmless because the claim is the only lock. A second sensor watches the due 
 they start to wait (or stop waiting), runs the ``dispatch_on_time`` check, which alerts.
 """
 
+import asyncio
 import json
+import signal
 import time
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import dagster as dg
 
@@ -42,16 +45,42 @@ async def dispatch(
     alerting: AlertingResource,
 ) -> dict:
     settings = alerting.apply(sender.apply(ledger.settings()))
+    if not settings.dispatch_enabled:
+        context.log.warning("REMINDERS_DISPATCH_ENABLED is false: nothing dispatched (the cron drain sends)")
+        return {}
     factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
     seconds = config.run_seconds or settings.dispatch_run_seconds
-    with ledger.open() as db:
+    with ledger.open() as db, stop_on_signals() as stop:
         dispatcher = Dispatcher(db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s)))
-        summary = await dispatcher.run(until=time.time() + seconds)
+        summary = await dispatcher.run(until=time.time() + seconds, stop=stop)
     meta = summary_metadata(summary, batches=0)
     meta.pop("batches")
     context.log.info(f"dispatcher: {summary.as_dict()}")
+    if stop.is_set():  # terminated, or past dagster/max_runtime: stopped cleanly, but not by plan
+        raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first", metadata=meta)
     context.add_output_metadata(meta)
     return summary.as_dict()
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """Run termination reaches the run worker as SIGINT (SIGTERM in a pod). Dagster's own handler
+    would raise inside the event loop and abandon the sends on the wire; this one stops claiming,
+    lets them answer and settle, and then gives the signals back to Dagster."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in previous:
+            loop.add_signal_handler(sig, stop.set)
+    except (RuntimeError, ValueError):  # not the main thread: Dagster's handling stays
+        pass
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
 
 
 @dg.job(
@@ -84,24 +113,53 @@ dispatch_check_job = dg.define_asset_job(
 )
 
 
+FAILURE_BACKOFF_SECONDS = (30, 60, 120, 300, 900)
+
+
 def successor_request(
-    in_flight: Sequence[tuple[str, Optional[float]]], newest_run_id: Optional[str], now: float, settings: Settings
+    in_flight: Sequence[tuple[str, Optional[float]]],
+    newest: Optional[tuple[str, int, Optional[float]]],
+    now: float,
+    settings: Settings,
 ) -> Optional[dg.RunRequest]:
     """The run to request so exactly one dispatcher is in flight (two only during a handover).
 
     ``in_flight``: (run id, start time or None while queued/starting) of dispatcher runs not yet
-    finished. The run key names the run being succeeded, so repeated ticks request it once.
+    finished. ``newest``: the newest dispatcher run (id, how many runs in a row have failed up to
+    it, when it ended). The run key names the newest run, so repeated ticks request one successor
+    each time the newest run changes. After failures the next attempt waits 30 s, 1, 2, 5, then
+    15 minutes: a dispatcher that cannot start (a missing APNs key) is not relaunched, and alerted
+    on, every tick.
     """
     if not settings.dispatch_enabled:
         return None
+    key = f"dispatcher-after:{newest[0] if newest else 'none'}"
     if not in_flight:
-        return dg.RunRequest(run_key=f"dispatcher-after:{newest_run_id or 'none'}", job_name=dispatcher_job.name)
+        if newest and newest[1]:
+            _, failures, ended = newest
+            wait = FAILURE_BACKOFF_SECONDS[min(failures, len(FAILURE_BACKOFF_SECONDS)) - 1]
+            if ended is not None and now < ended + wait:
+                return None
+        return dg.RunRequest(run_key=key, job_name=dispatcher_job.name)
     if len(in_flight) > 1:
         return None
-    run_id, started = in_flight[0]
+    _, started = in_flight[0]
     if started is not None and started + settings.dispatch_run_seconds - now <= settings.dispatch_handover_seconds:
-        return dg.RunRequest(run_key=f"dispatcher-after:{run_id}", job_name=dispatcher_job.name)
+        return dg.RunRequest(run_key=key, job_name=dispatcher_job.name)
     return None
+
+
+def newest_dispatcher(instance: dg.DagsterInstance) -> Optional[tuple[str, int, Optional[float]]]:
+    """(run id, failed runs in a row up to it, its end time) of the newest dispatcher run."""
+    records = instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name), limit=len(FAILURE_BACKOFF_SECONDS) + 1)
+    if not records:
+        return None
+    failures = 0
+    for record in records:
+        if record.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+            break
+        failures += 1
+    return records[0].dagster_run.run_id, failures, records[0].end_time
 
 
 @dg.sensor(
@@ -114,9 +172,8 @@ def successor_request(
 def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     settings = ledger.settings()
     records = context.instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name, statuses=IN_FLIGHT))
-    newest = context.instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name), limit=1)
     in_flight = [(r.dagster_run.run_id, r.start_time) for r in records]
-    successor = successor_request(in_flight, newest[0].dagster_run.run_id if newest else None, time.time(), settings)
+    successor = successor_request(in_flight, newest_dispatcher(context.instance), time.time(), settings)
     return dg.SensorResult(run_requests=[successor] if successor else [])
 
 
