@@ -14,6 +14,7 @@ from typing import Mapping
 from . import ledger
 from .db import Database
 from .settings import Settings
+from .times import now_utc
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,22 @@ def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead:
     ]
 
 
-def check(db: Database, settings: Settings) -> list[Finding]:
+def clock_findings(now: str, built_in_future: int) -> list[Finding]:
+    """Stored times the clock says cannot have happened yet: a negative age is a fault, never 0."""
+    return [
+        Finding(
+            "no_build_in_the_future",
+            built_in_future == 0,
+            f"{built_in_future} device(s) have reminders_built_at later than now ({now}): a wrong clock or a "
+            "forged now; every build skips them until then, so their reminders stop queueing",
+        )
+    ]
+
+
+def check(db: Database, settings: Settings, now: str | None = None) -> list[Finding]:
+    now = now or now_utc()
     with db.read() as conn:
         per_chunk = ledger.devices_per_chunk(conn)
         min_lead = ledger.min_lead_seconds(conn)
-    return evaluate(settings, per_chunk, min_lead)
+        built_in_future = ledger.built_after(conn, now)
+    return evaluate(settings, per_chunk, min_lead) + clock_findings(now, built_in_future)

@@ -135,8 +135,9 @@ def send_batch(
     *,
     now: str | None = None,
     claimer: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
-    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer))
+    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, progress=progress))
 
 
 async def send_batch_async(
@@ -147,6 +148,7 @@ async def send_batch_async(
     *,
     now: str | None = None,
     claimer: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -186,6 +188,8 @@ async def send_batch_async(
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
             summary.claimed += len(rows)
+            if progress:  # (ids claimed or passed over so far, ids given)
+                progress(min(i + settings.claim_batch_size, len(ids)), len(ids))
             if not rows:
                 continue
             plan = _decide_all(rows, claim_time, settings)
@@ -356,8 +360,12 @@ def drain(
     *,
     now: str | None = None,
     row_id: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
-    """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``)."""
+    """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``).
+
+    ``progress``: called with (due rows taken up so far, due rows) after each claim, for a terminal.
+    """
     started = time.perf_counter()
     factory = sender_factory or default_sender_factory(settings)  # fails fast before any claim
     clock = clock_for(now)
@@ -366,6 +374,6 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer))
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, progress=progress))
     summary.duration_seconds = time.perf_counter() - started
     return summary

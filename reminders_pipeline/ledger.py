@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
+from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, cast, delete, func, literal, literal_column, null, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import device_sources, devices, dispatchers, notification_queue as q, sources
@@ -674,3 +674,91 @@ def prune_settled(conn: Connection, before: str, limit: int) -> int:
     """Delete up to ``limit`` rows settled before ``before``; call repeatedly to prune in batches."""
     victims = select(q.c.id).where(q.c.status == SETTLED, q.c.settled_at < before).order_by(q.c.settled_at).limit(limit)
     return conn.execute(delete(q).where(q.c.id.in_(victims.scalar_subquery()))).rowcount
+
+
+# ---------------------------------------------------------------- /metrics: bounded reads at scrape time
+#
+# Each statement reads an index range whose size is bounded by recent activity (the metrics window,
+# the due backlog, claims in flight), never by the table: a scrape of a queue of a million rows
+# costs what the last window's sends cost (bench/bench_metrics.py).
+
+COUNT_CAP = 100_000
+
+
+def settled_in_window(conn: Connection, since: str, now: str) -> dict[tuple[str, str | None], int]:
+    """Rows settled in ``(since, now]`` by (outcome, outcome_detail), on the partial settled_at index."""
+    stmt = (
+        select(q.c.outcome, q.c.outcome_detail, func.count())
+        .where(q.c.status == SETTLED, q.c.settled_at > since, q.c.settled_at <= now)
+        .group_by(q.c.outcome, q.c.outcome_detail)
+    )
+    return {(o, d): n for o, d, n in conn.execute(stmt)}
+
+
+def _lateness_seconds(dialect: str) -> Any:
+    """``sent_at - send_after`` in seconds, for the histogram only: a duration read, never a time written.
+
+    Converting at the point of use, as the drain's lateness guards do; both columns are checked to
+    be the fixed ISO shape, which both databases parse.
+    """
+    if dialect == "postgresql":
+        stamp = postgresql.TIMESTAMP(timezone=True)
+        return func.extract("epoch", cast(q.c.sent_at, stamp) - cast(q.c.send_after, stamp))
+    # julianday is a float of days: rounding to the stored millisecond removes its ~10 µs error,
+    # which would otherwise move a send exactly on a bucket bound into the next bucket.
+    return func.round((func.julianday(q.c.sent_at) - func.julianday(q.c.send_after)) * 86400.0, 3)
+
+
+@dataclass(frozen=True)
+class LatenessHistogram:
+    """Cumulative counts per upper bound (``le``), as Prometheus buckets are; ``before_due`` counts
+    sends stamped earlier than their ``send_after``, which only a wrong clock or a forged now makes."""
+
+    buckets: tuple[tuple[float, int], ...]
+    count: int
+    sum_seconds: float
+    before_due: int
+
+
+def lateness_histogram(conn: Connection, since: str, now: str, bounds: Sequence[float]) -> LatenessHistogram:
+    """One statement over the rows sent in ``(since, now]``: every bucket, the sum and the count."""
+    lateness = _lateness_seconds(conn.dialect.name).label("lateness")
+    sent = (
+        select(lateness)
+        .where(q.c.status == SETTLED, q.c.settled_at > since, q.c.settled_at <= now, q.c.outcome == "sent")
+        .subquery()
+    )
+    late = sent.c.lateness
+    on_time_or_late = late >= 0  # a send before its send_after is a fault, kept out of the buckets
+    columns = [
+        func.count(late).filter(on_time_or_late),
+        func.coalesce(func.sum(late).filter(on_time_or_late), 0.0),
+        func.count(late).filter(late < 0),
+    ]
+    columns += [func.count(late).filter(and_(on_time_or_late, late <= b)) for b in bounds]
+    count, total, before_due, *per_bound = conn.execute(select(*columns)).one()
+    return LatenessHistogram(tuple(zip(bounds, per_bound)), int(count), float(total), int(before_due))
+
+
+def due_pending_count(conn: Connection, now: str, cap: int = COUNT_CAP) -> int:
+    """Due pending rows (the backlog), counted on the due index up to ``cap``."""
+    backlog = select(literal(1)).where(q.c.status == PENDING, q.c.send_after <= now).limit(cap).subquery()
+    return int(conn.scalar(select(func.count()).select_from(backlog)) or 0)
+
+
+def claimed_count(conn: Connection, cap: int = COUNT_CAP) -> int:
+    """Rows claimed now (in flight, or left by a run that died), on the partial claimed index, up to ``cap``."""
+    claimed = select(literal(1)).where(q.c.status == CLAIMED).limit(cap).subquery()
+    return int(conn.scalar(select(func.count()).select_from(claimed)) or 0)
+
+
+def built_after(conn: Connection, now: str) -> int:
+    """Live devices whose ``reminders_built_at`` is later than ``now``: builds skip them until then."""
+    stmt = select(func.count()).where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at > now)
+    return int(conn.scalar(stmt) or 0)
+
+
+def settled_after(conn: Connection, now: str) -> int:
+    """Rows whose ``settled_at`` is later than ``now``, up to ``COUNT_CAP``."""
+    later = select(literal(1)).where(q.c.status == SETTLED, q.c.settled_at > now).limit(COUNT_CAP).subquery()
+    return int(conn.scalar(select(func.count()).select_from(later)) or 0)

@@ -7,14 +7,26 @@ Each batch is its own short transaction, so pruning never holds locks a claim wo
 
 from __future__ import annotations
 
+from typing import Callable
+
 from . import ledger
 from .db import Database
 from .settings import Settings
 from .times import now_utc, shift
 
 
-def prune(db: Database, settings: Settings, now: str | None = None, max_batches: int | None = None) -> int:
-    """Delete rows settled before ``now - retention``; returns how many were deleted."""
+def prune(
+    db: Database,
+    settings: Settings,
+    now: str | None = None,
+    max_batches: int | None = None,
+    progress: Callable[[int, None], None] | None = None,
+) -> int:
+    """Delete rows settled before ``now - retention``; returns how many were deleted.
+
+    ``progress``: called with the rows deleted so far after each batch (the total is not counted
+    beforehand: that would be a scan of its own).
+    """
     cutoff = shift(now or now_utc(), -settings.retention_seconds)
     total, batches = 0, 0
     while max_batches is None or batches < max_batches:
@@ -22,6 +34,8 @@ def prune(db: Database, settings: Settings, now: str | None = None, max_batches:
             deleted = ledger.prune_settled(conn, cutoff, settings.prune_batch_size)
         total += deleted
         batches += 1
+        if progress:
+            progress(total, None)
         if deleted < settings.prune_batch_size:
             break
     return total

@@ -83,6 +83,10 @@ class Settings:
     apns_ca_file: str | None = None  # CA bundle that signs apns_url's certificate
     apns_concurrency: int = 200  # in-flight sends per drain process
     interruption_level: str = "time-sensitive"
+    # Operations (issue 12): the per-process engine and what /metrics reads.
+    db_pool_size: int = 10  # connections kept per process; as many again may open under load
+    db_statement_timeout_ms: int = 60_000  # PostgreSQL statement_timeout; 0 = none
+    metrics_window_seconds: int = 900  # /metrics counts rows settled this long ago or since
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -145,6 +149,9 @@ class Settings:
             apns_ca_file=env.get("REMINDERS_APNS_CA_FILE") or None,
             apns_concurrency=_int(env, "REMINDERS_APNS_CONCURRENCY", 200, 1),
             interruption_level=env.get("REMINDERS_INTERRUPTION_LEVEL") or "time-sensitive",
+            db_pool_size=_int(env, "REMINDERS_DB_POOL_SIZE", 10, 1),
+            db_statement_timeout_ms=_int(env, "REMINDERS_DB_STATEMENT_TIMEOUT_MS", 60_000),
+            metrics_window_seconds=_int(env, "REMINDERS_METRICS_WINDOW_SECONDS", 900, 60),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

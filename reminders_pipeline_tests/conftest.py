@@ -118,3 +118,12 @@ def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
     yield mock
     mock.raised_max_streams = 1000
     mock.min_token_refresh_seconds = None
+
+
+@pytest.fixture(autouse=True)
+def _dispose_shared_engines() -> Iterator[None]:
+    """Dagster resources keep one engine per process (``db.shared``); each test's ledger is new."""
+    yield
+    from reminders_pipeline.db import dispose_shared
+
+    dispose_shared()
