@@ -84,14 +84,14 @@ class LedgerSnapshot:
 
 
 def read_snapshot(db: Database, now: str, window_seconds: int) -> LedgerSnapshot:
-    since = shift(now, -window_seconds)
     with db.read() as conn:
         never, oldest = ledger.oldest_built(conn)
+        window = ledger.settled_window(conn, shift(now, -window_seconds), now, LATENESS_BUCKETS)
         return LedgerSnapshot(
             now=now,
             window_seconds=window_seconds,
-            settled=ledger.settled_in_window(conn, since, now),
-            lateness=ledger.lateness_histogram(conn, since, now, LATENESS_BUCKETS),
+            settled=window.settled,
+            lateness=window.lateness,
             due_pending=ledger.due_pending_count(conn, now),
             claimed=ledger.claimed_count(conn),
             never_built=never,
