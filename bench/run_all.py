@@ -179,7 +179,45 @@ def render(r: dict) -> str:
     ]
     if "dagster" in r:
         lines += ["```json", json.dumps(r["dagster"], indent=2), "```", ""]
+    if "metrics" in r:
+        lines += render_metrics(r["metrics"])
     return "\n".join(lines)
+
+
+def render_metrics(m: dict) -> list[str]:
+    """The /metrics scrape against a million-row queue (bench_metrics.py)."""
+    s, p = m["sqlite"], m["postgresql"]
+
+    def ms(d: dict, key: str) -> str:
+        return f"{d[key]['median_ms']:,.1f} (p95 {d[key]['p95_ms']:,.1f})"
+
+    def window(d: dict, w: str, key: str) -> str:
+        return f"{d[w][key]['median_ms']:,.1f} (p95 {d[w][key]['p95_ms']:,.1f})"
+
+    rows = s["rows_settled_last_900s"]
+    return [
+        "## /metrics scrape",
+        "",
+        f"`bench/bench_metrics.py --rows {s['rows']} --window-rows {rows}`: a queue of {n(s['rows'])} rows (7 days of",
+        f"settled history, {n(rows)} rows settled in the last 900 s, a day of pending rows, a due backlog",
+        "of 500, 100 claims, 25,000 devices), scraped with the metrics window at 180 s (a fifth of those",
+        "rows) and at 900 s (all of them). Milliseconds, median of 30 scrapes, beside raw-DBAPI baselines",
+        "of the same run.",
+        "",
+        "| ms | SQLite | PostgreSQL |",
+        "|---|---:|---:|",
+        f"| raw `SELECT 1` (baseline: the round trip) | {ms(s, 'raw_select_1')} | {ms(p, 'raw_select_1')} |",
+        f"| raw count of the rows settled in 180 s (baseline: index-only range) | {window(s, 'window_180s', 'raw_window_count')} | {window(p, 'window_180s', 'raw_window_count')} |",
+        f"| **scrape, window 180 s** ({n(rows // 5)} rows in it) | **{window(s, 'window_180s', 'scrape')}** | **{window(p, 'window_180s', 'scrape')}** |",
+        f"| raw count of the rows settled in 900 s (baseline) | {window(s, 'window_900s', 'raw_window_count')} | {window(p, 'window_900s', 'raw_window_count')} |",
+        f"| **scrape, window 900 s** ({n(rows)} rows in it) | **{window(s, 'window_900s', 'scrape')}** | **{window(p, 'window_900s', 'scrape')}** |",
+        f"| raw whole-table `GROUP BY status, outcome` (what a scrape ran before) | {ms(s, 'raw_whole_table_group_by')} | {ms(p, 'raw_whole_table_group_by')} |",
+        "",
+        "A scrape costs what the window's rows cost (one pass: outcome, detail and each sent row's",
+        "lateness bucket in one statement), plus ten index probes; the table's size does not enter.",
+        "The bar is a scrape under 50 ms with a million rows queued.",
+        "",
+    ]
 
 
 def main() -> None:
@@ -201,6 +239,7 @@ def main() -> None:
             "build": run("bench_build.py", "--devices", "1000" if q else "10000", "--own", "200" if q else "2000"),
             "drain": run("bench_drain.py", "--n", "500" if q else "5000", "--rounds", "1" if q else "5"),
             "scale": run("bench_scale.py", "--devices", "1000" if q else "20000", "--due", "1000" if q else "50000"),
+            "metrics": run("bench_metrics.py", "--rows", "20000" if q else "1000000", "--window-rows", "1000" if q else "50000"),
         }
         if args.with_dagster:
             results["dagster"] = run("bench_dagster.py")

@@ -712,23 +712,37 @@ class LatenessHistogram:
 
 @dataclass(frozen=True)
 class SettledWindow:
-    """Rows settled in a window: counts by (outcome, outcome_detail), and the lateness of those sent."""
+    """Rows settled in a window: counts by (outcome, outcome_detail), and the lateness of those sent.
 
+    ``since`` is where the window really starts: the one asked for, or later when more rows than
+    the read's limit settled in it (then it covers the latest ``limit`` rows, and says so).
+    """
+
+    since: str
+    truncated: bool
     settled: dict[tuple[str, str | None], int]
     lateness: LatenessHistogram
 
 
-def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[float]) -> SettledWindow:
-    """One statement, one pass over the rows settled in ``(since, now]`` (the partial settled_at index).
+def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[float], limit: int) -> SettledWindow:
+    """One statement, one pass over the latest ``limit`` rows settled in ``(since, now]``.
 
-    Each row is read once (a MATERIALIZED CTE: inlined, both databases would repeat the lateness
-    expression in every CASE branch that names it); a sent row's lateness falls into one bucket,
-    made cumulative here. Bucket -1: sent before ``send_after``, a fault kept out of the others.
+    A backward range on the partial settled_at index bounds the read by ``limit`` whatever the
+    window holds. Each row is read once (a MATERIALIZED CTE: inlined, both databases would repeat
+    the lateness expression in every CASE branch that names it); a sent row's lateness falls into
+    one bucket, made cumulative here. Bucket -1: sent before ``send_after``, a fault kept apart.
     """
     sent = q.c.outcome == literal_column("'sent'")
     rows = (
-        select(q.c.outcome, q.c.outcome_detail, case((sent, _lateness_seconds(conn.dialect.name)), else_=null()).label("lateness"))
+        select(
+            q.c.settled_at,
+            q.c.outcome,
+            q.c.outcome_detail,
+            case((sent, _lateness_seconds(conn.dialect.name)), else_=null()).label("lateness"),
+        )
         .where(q.c.status == SETTLED, q.c.settled_at > since, q.c.settled_at <= now)
+        .order_by(q.c.settled_at.desc())
+        .limit(limit)
         .cte("settled_rows")
         .prefix_with("MATERIALIZED")
     )
@@ -736,14 +750,15 @@ def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[floa
     bucket = case(
         (late.is_(None), None), (late < 0, -1), *[(late <= b, i) for i, b in enumerate(bounds)], else_=len(bounds)
     ).label("bucket")
-    stmt = select(rows.c.outcome, rows.c.outcome_detail, bucket, func.count(), func.sum(late)).group_by(
+    stmt = select(rows.c.outcome, rows.c.outcome_detail, bucket, func.count(), func.sum(late), func.min(rows.c.settled_at)).group_by(
         rows.c.outcome, rows.c.outcome_detail, bucket
     )
     settled: dict[tuple[str, str | None], int] = {}
     per_bucket: dict[int, int] = {}
-    total = 0.0
-    for outcome, detail, b, n, seconds in conn.execute(stmt):
+    total, read, oldest = 0.0, 0, now
+    for outcome, detail, b, n, seconds, first in conn.execute(stmt):
         settled[(outcome, detail)] = settled.get((outcome, detail), 0) + n
+        read, oldest = read + n, min(oldest, first)
         if b is not None:
             per_bucket[b] = per_bucket.get(b, 0) + n
             total += float(seconds) if b >= 0 else 0.0
@@ -752,7 +767,9 @@ def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[floa
         running += per_bucket.get(i, 0)
         cumulative.append((bound, running))
     count = sum(n for b, n in per_bucket.items() if b >= 0)
-    return SettledWindow(settled, LatenessHistogram(tuple(cumulative), count, total, per_bucket.get(-1, 0)))
+    truncated = read >= limit
+    histogram = LatenessHistogram(tuple(cumulative), count, total, per_bucket.get(-1, 0))
+    return SettledWindow(oldest if truncated else since, truncated, settled, histogram)
 
 
 def due_pending_count(conn: Connection, now: str, cap: int = COUNT_CAP) -> int:

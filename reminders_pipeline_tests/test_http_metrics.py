@@ -206,3 +206,17 @@ def test_a_scrape_answers_when_the_ledger_does_not(serve, settings, tmp_path: Pa
         assert not any(name == "reminders_window_settled_rows" for name, _ in samples)
     finally:
         unreachable.dispose()
+
+
+def test_a_busy_window_is_read_up_to_a_bound_and_says_what_it_covers(db, settings, monkeypatch):
+    for i, ago in enumerate((600, 300, 100)):
+        _sent(db, f"d{i}", shift(NOW, -ago - 10), shift(NOW, -ago), shift(NOW, -ago))
+    calm = scrape_at(db, settings, NOW)
+    assert value(calm, "reminders_metrics_window_seconds") == 900
+    assert value(calm, "reminders_metrics_window_truncated") == 0
+    monkeypatch.setattr("reminders_pipeline.http.metrics.WINDOW_MAX_ROWS", 2)
+    busy = scrape_at(db, settings, NOW)
+    assert value(busy, "reminders_metrics_window_truncated") == 1
+    assert value(busy, "reminders_metrics_window_seconds") == 300  # the latest two rows: settled 300 and 100 s ago
+    assert value(busy, "reminders_window_settled_rows", outcome="sent", detail="") == 2
+    assert value(busy, "reminders_window_send_lateness_seconds_gcount") == 2

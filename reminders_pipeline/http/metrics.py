@@ -39,6 +39,10 @@ LATENESS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1500, 1800, 3600
 # A dispatcher counts as live when it beat this recently and has not stopped.
 DISPATCHER_LIVE_SECONDS = 60
 
+# Most settled rows one scrape reads: past this the window shrinks to the latest rows (and
+# reminders_metrics_window_truncated says so), keeping a scrape in milliseconds at any send rate.
+WINDOW_MAX_ROWS = 10_000
+
 CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
 
 
@@ -60,7 +64,8 @@ class LedgerSnapshot:
     """What one scrape read, in one read transaction."""
 
     now: str
-    window_seconds: int
+    window_seconds: float  # what the window covers: the setting, or less when it was truncated
+    window_truncated: bool
     settled: dict[tuple[str, str | None], int]
     lateness: ledger.LatenessHistogram
     due_pending: int
@@ -86,10 +91,11 @@ class LedgerSnapshot:
 def read_snapshot(db: Database, now: str, window_seconds: int) -> LedgerSnapshot:
     with db.read() as conn:
         never, oldest = ledger.oldest_built(conn)
-        window = ledger.settled_window(conn, shift(now, -window_seconds), now, LATENESS_BUCKETS)
+        window = ledger.settled_window(conn, shift(now, -window_seconds), now, LATENESS_BUCKETS, WINDOW_MAX_ROWS)
         return LedgerSnapshot(
             now=now,
-            window_seconds=window_seconds,
+            window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
+            window_truncated=window.truncated,
             settled=window.settled,
             lateness=window.lateness,
             due_pending=ledger.due_pending_count(conn, now),
@@ -117,8 +123,17 @@ def _age(value: float | None) -> float:
 
 def families(s: LedgerSnapshot) -> Iterator[Metric]:
     """The snapshot as metric families (names and help texts are the README's metrics list)."""
-    window = f"in the last REMINDERS_METRICS_WINDOW_SECONDS ({s.window_seconds} s)"
-    yield _gauge("reminders_metrics_window_seconds", "The window the reminders_window_* figures cover.", s.window_seconds)
+    window = "in the window (reminders_metrics_window_seconds)"
+    yield _gauge(
+        "reminders_metrics_window_seconds",
+        f"Seconds the reminders_window_* figures cover: REMINDERS_METRICS_WINDOW_SECONDS, or less when more than {WINDOW_MAX_ROWS} rows settled in it.",
+        s.window_seconds,
+    )
+    yield _gauge(
+        "reminders_metrics_window_truncated",
+        f"1 when more than {WINDOW_MAX_ROWS} rows settled in the configured window and only the latest were read.",
+        int(s.window_truncated),
+    )
     settled = GaugeMetricFamily(
         "reminders_window_settled_rows",
         f"Rows settled {window}, by any process, by outcome and detail (APNs reason, void reason; empty if none).",
