@@ -772,25 +772,48 @@ def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[floa
     return SettledWindow(oldest if truncated else since, truncated, settled, histogram)
 
 
-def due_pending_count(conn: Connection, now: str, cap: int = COUNT_CAP) -> int:
-    """Due pending rows (the backlog), counted on the due index up to ``cap``."""
-    backlog = select(literal(1)).where(q.c.status == PENDING, q.c.send_after <= now).limit(cap).subquery()
-    return int(conn.scalar(select(func.count()).select_from(backlog)) or 0)
-
-
-def claimed_count(conn: Connection, cap: int = COUNT_CAP) -> int:
-    """Rows claimed now (in flight, or left by a run that died), on the partial claimed index, up to ``cap``."""
-    claimed = select(literal(1)).where(q.c.status == CLAIMED).limit(cap).subquery()
-    return int(conn.scalar(select(func.count()).select_from(claimed)) or 0)
-
-
 def built_after(conn: Connection, now: str) -> int:
     """Live devices whose ``reminders_built_at`` is later than ``now``: builds skip them until then."""
     stmt = select(func.count()).where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at > now)
     return int(conn.scalar(stmt) or 0)
 
 
-def settled_after(conn: Connection, now: str) -> int:
-    """Rows whose ``settled_at`` is later than ``now``, up to ``COUNT_CAP``."""
-    later = select(literal(1)).where(q.c.status == SETTLED, q.c.settled_at > now).limit(COUNT_CAP).subquery()
-    return int(conn.scalar(select(func.count()).select_from(later)) or 0)
+def _capped_count(where: Any, cap: int) -> Any:
+    """``count(*)`` of the rows matching ``where``, stopping at ``cap``: a bounded walk of an index range."""
+    return select(func.count()).select_from(select(literal(1)).where(*where).limit(cap).subquery()).scalar_subquery()
+
+
+@dataclass(frozen=True)
+class QueueGauges:
+    """The queue's present state for /metrics; counts of rows stop at ``COUNT_CAP``."""
+
+    due_pending: int
+    oldest_due_send_after: str | None
+    claimed: int
+    never_built: int
+    oldest_built_at: str | None
+    built_in_future: int
+    settled_in_future: int
+    latest_beat: str | None
+    live_dispatchers: int
+
+
+def queue_gauges(conn: Connection, now: str, beat_after: str) -> QueueGauges:
+    """One statement of scalar subqueries, each a probe or a short range of one index."""
+    live = devices.c.token_invalid_at.is_(None)
+    running = dispatchers.c.stopped_at.is_(None)
+    stmt = select(
+        _capped_count([q.c.status == PENDING, q.c.send_after <= now], COUNT_CAP),
+        select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now).scalar_subquery(),
+        _capped_count([q.c.status == CLAIMED], COUNT_CAP),
+        select(func.count()).where(live, devices.c.reminders_built_at.is_(None)).scalar_subquery(),
+        select(func.min(devices.c.reminders_built_at)).where(live).scalar_subquery(),
+        select(func.count()).where(live, devices.c.reminders_built_at > now).scalar_subquery(),
+        _capped_count([q.c.status == SETTLED, q.c.settled_at > now], COUNT_CAP),
+        select(func.max(dispatchers.c.beat_at)).where(running).scalar_subquery(),
+        select(func.count()).where(running, dispatchers.c.beat_at > beat_after).scalar_subquery(),
+    )
+    due, oldest_due, claimed, never, oldest, future, settled_future, beat, live_n = conn.execute(stmt).one()
+    return QueueGauges(
+        int(due), oldest_due, int(claimed), int(never), oldest, int(future), int(settled_future), beat, int(live_n)
+    )

@@ -6,6 +6,7 @@ Tried as a new user would: ``reminders queue list`` before ``reminders db upgrad
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -112,10 +113,12 @@ def test_a_database_from_a_newer_release_says_so(db_url):
         engine.dispose()
 
 
-def test_routes_answer_503_with_the_line_and_recover_after_the_upgrade(serve, old_url):
+def test_routes_answer_503_with_the_line_and_recover_after_the_upgrade(serve, old_url, caplog):
     db = Database(old_url)
     try:
-        s = serve(http_settings(Settings(database_url=old_url)), database=db)
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.http.app"):
+            s = serve(http_settings(Settings(database_url=old_url)), database=db)
+        assert f"{needs(OLD)}; every route but /metrics and /openapi.json answers 503 until then" in caplog.messages
         for response in (s.api.get("/v1/devices/p"), s.api.post("/internal/reminders/drain"), s.api.post("/internal/reminders/build")):
             assert response.status_code == 503
             assert error_of(response) == {"error": "schema_not_current", "detail": needs(OLD)}

@@ -437,6 +437,17 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": "internal", "detail": "internal error; see the server log"}, status_code=500)
 
 
+def _announce_schema(db: Database) -> None:
+    """At startup, say once in the log why routes will answer 503; the server starts regardless,
+    so an instance started before ``reminders db upgrade`` serves as soon as it has run."""
+    try:
+        migrate.require_head(db)
+    except migrate.SchemaNotCurrent as exc:
+        log.warning("%s; every route but /metrics and /openapi.json answers 503 until then", exc)
+    except Exception as exc:  # noqa: BLE001 - an unreachable database is reported by each request
+        log.warning("database unavailable at startup: %s: %s", type(exc).__name__, first_line(exc))
+
+
 def create_app(settings: Settings, db: Database | None = None, sender_factory: SenderFactory | None = None) -> Starlette:
     """The app. ``db``: share an engine (tests); otherwise one is made and disposed at shutdown.
 
@@ -449,6 +460,7 @@ def create_app(settings: Settings, db: Database | None = None, sender_factory: S
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await run_in_threadpool(_announce_schema, database)
         yield
         if owned:
             database.dispose()

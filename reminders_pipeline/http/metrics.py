@@ -41,7 +41,7 @@ DISPATCHER_LIVE_SECONDS = 60
 
 # Most settled rows one scrape reads: past this the window shrinks to the latest rows (and
 # reminders_metrics_window_truncated says so), keeping a scrape in milliseconds at any send rate.
-WINDOW_MAX_ROWS = 10_000
+WINDOW_MAX_ROWS = 5_000
 
 CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
 
@@ -89,25 +89,26 @@ class LedgerSnapshot:
 
 
 def read_snapshot(db: Database, now: str, window_seconds: int) -> LedgerSnapshot:
+    """Two statements in one read transaction: the settled window, and the queue's present state."""
     with db.read() as conn:
-        never, oldest = ledger.oldest_built(conn)
         window = ledger.settled_window(conn, shift(now, -window_seconds), now, LATENESS_BUCKETS, WINDOW_MAX_ROWS)
-        return LedgerSnapshot(
-            now=now,
-            window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
-            window_truncated=window.truncated,
-            settled=window.settled,
-            lateness=window.lateness,
-            due_pending=ledger.due_pending_count(conn, now),
-            claimed=ledger.claimed_count(conn),
-            never_built=never,
-            oldest_built_at=oldest,
-            oldest_due_send_after=ledger.oldest_due_pending(conn, now),
-            latest_beat=ledger.latest_beat(conn),
-            live_dispatchers=len(ledger.live_dispatchers(conn, shift(now, -DISPATCHER_LIVE_SECONDS))),
-            built_in_future=ledger.built_after(conn, now),
-            settled_in_future=ledger.settled_after(conn, now),
-        )
+        gauges = ledger.queue_gauges(conn, now, shift(now, -DISPATCHER_LIVE_SECONDS))
+    return LedgerSnapshot(
+        now=now,
+        window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
+        window_truncated=window.truncated,
+        settled=window.settled,
+        lateness=window.lateness,
+        due_pending=gauges.due_pending,
+        claimed=gauges.claimed,
+        never_built=gauges.never_built,
+        oldest_built_at=gauges.oldest_built_at,
+        oldest_due_send_after=gauges.oldest_due_send_after,
+        latest_beat=gauges.latest_beat,
+        live_dispatchers=gauges.live_dispatchers,
+        built_in_future=gauges.built_in_future,
+        settled_in_future=gauges.settled_in_future,
+    )
 
 
 def _gauge(name: str, doc: str, value: float, labels: list[str] | None = None) -> GaugeMetricFamily:
