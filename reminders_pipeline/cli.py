@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any, Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -60,7 +60,7 @@ class Ctx:
 
     @property
     def unchecked_db(self) -> Database:
-        """The ledger at whatever revision it is: for ``db upgrade`` only."""
+        """The ledger's engine (one per process), made on first use, at whatever revision it is."""
         if self._db is None:
             self._db = Database.for_settings(self.settings)
         return self._db
