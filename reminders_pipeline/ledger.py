@@ -628,11 +628,6 @@ def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
     return dict(r) if r else None
 
 
-def queue_counts(conn: Connection) -> dict[tuple[str, str | None], int]:
-    stmt = select(q.c.status, q.c.outcome, func.count()).group_by(q.c.status, q.c.outcome)
-    return {(s, o): n for s, o, n in conn.execute(stmt)}
-
-
 def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, str | None]:
     """(devices never built, oldest ``reminders_built_at`` among the rest), live tokens only."""
     live = devices.c.token_invalid_at.is_(None)
