@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, cast, delete, func, literal, literal_column, null, or_, select, text, update
+from sqlalchemy import BigInteger, Connection, and_, any_, bindparam, case, delete, func, literal, literal_column, null, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from .schema import device_sources, devices, dispatchers, notification_queue as q, sources
@@ -680,91 +680,17 @@ def prune_settled(conn: Connection, before: str, limit: int) -> int:
 COUNT_CAP = 100_000
 
 
-def _lateness_seconds(dialect: str) -> Any:
-    """``sent_at - send_after`` in seconds, for the histogram only: a duration read, never a time written.
-
-    Converting at the point of use, as the drain's lateness guards do; both columns are checked to
-    be the fixed ISO shape, which both databases parse.
-    """
-    if dialect == "postgresql":
-        stamp = postgresql.TIMESTAMP(timezone=True)
-        return func.date_part("epoch", cast(q.c.sent_at, stamp) - cast(q.c.send_after, stamp))  # a double
-    # julianday is a float of days: rounding to the stored millisecond removes its ~10 µs error,
-    # which would otherwise move a send exactly on a bucket bound into the next bucket.
-    return func.round((func.julianday(q.c.sent_at) - func.julianday(q.c.send_after)) * 86400.0, 3)
-
-
-@dataclass(frozen=True)
-class LatenessHistogram:
-    """Cumulative counts per upper bound (``le``), as Prometheus buckets are; ``before_due`` counts
-    sends stamped earlier than their ``send_after``, which only a wrong clock or a forged now makes."""
-
-    buckets: tuple[tuple[float, int], ...]
-    count: int
-    sum_seconds: float
-    before_due: int
-
-
-@dataclass(frozen=True)
-class SettledWindow:
-    """Rows settled in a window: counts by (outcome, outcome_detail), and the lateness of those sent.
-
-    ``since`` is where the window really starts: the one asked for, or later when more rows than
-    the read's limit settled in it (then it covers the latest ``limit`` rows, and says so).
-    """
-
-    since: str
-    truncated: bool
-    settled: dict[tuple[str, str | None], int]
-    lateness: LatenessHistogram
-
-
-def settled_window(conn: Connection, since: str, now: str, bounds: Sequence[float], limit: int) -> SettledWindow:
-    """One statement, one pass over the latest ``limit`` rows settled in ``(since, now]``.
-
-    A backward range on the partial settled_at index bounds the read by ``limit`` whatever the
-    window holds. Each row is read once (a MATERIALIZED CTE: inlined, both databases would repeat
-    the lateness expression in every CASE branch that names it); a sent row's lateness falls into
-    one bucket, made cumulative here. Bucket -1: sent before ``send_after``, a fault kept apart.
-    """
-    sent = q.c.outcome == literal_column("'sent'")
-    rows = (
-        select(
-            q.c.settled_at,
-            q.c.outcome,
-            q.c.outcome_detail,
-            case((sent, _lateness_seconds(conn.dialect.name)), else_=null()).label("lateness"),
-        )
+def latest_settled(conn: Connection, since: str, now: str, limit: int) -> list[tuple[str, str, str | None, str, str | None]]:
+    """(settled_at, outcome, outcome_detail, send_after, sent_at) of the latest ``limit`` rows settled
+    in ``(since, now]``, newest first: a backward range on the partial settled_at index, bounded by
+    ``limit`` whatever the window holds. Lateness is computed by the caller, never in SQL."""
+    stmt = (
+        select(q.c.settled_at, q.c.outcome, q.c.outcome_detail, q.c.send_after, q.c.sent_at)
         .where(q.c.status == SETTLED, q.c.settled_at > since, q.c.settled_at <= now)
         .order_by(q.c.settled_at.desc())
         .limit(limit)
-        .cte("settled_rows")
-        .prefix_with("MATERIALIZED")
     )
-    late = rows.c.lateness
-    bucket = case(
-        (late.is_(None), None), (late < 0, -1), *[(late <= b, i) for i, b in enumerate(bounds)], else_=len(bounds)
-    ).label("bucket")
-    stmt = select(rows.c.outcome, rows.c.outcome_detail, bucket, func.count(), func.sum(late), func.min(rows.c.settled_at)).group_by(
-        rows.c.outcome, rows.c.outcome_detail, bucket
-    )
-    settled: dict[tuple[str, str | None], int] = {}
-    per_bucket: dict[int, int] = {}
-    total, read, oldest = 0.0, 0, now
-    for outcome, detail, b, n, seconds, first in conn.execute(stmt):
-        settled[(outcome, detail)] = settled.get((outcome, detail), 0) + n
-        read, oldest = read + n, min(oldest, first)
-        if b is not None:
-            per_bucket[b] = per_bucket.get(b, 0) + n
-            total += float(seconds) if b >= 0 else 0.0
-    cumulative, running = [], 0
-    for i, bound in enumerate(bounds):
-        running += per_bucket.get(i, 0)
-        cumulative.append((bound, running))
-    count = sum(n for b, n in per_bucket.items() if b >= 0)
-    truncated = read >= limit
-    histogram = LatenessHistogram(tuple(cumulative), count, total, per_bucket.get(-1, 0))
-    return SettledWindow(oldest if truncated else since, truncated, settled, histogram)
+    return [tuple(r) for r in conn.execute(stmt)]  # type: ignore[misc]
 
 
 def built_after(conn: Connection, now: str) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -52,6 +53,55 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+@dataclass(frozen=True)
+class LatenessHistogram:
+    """Cumulative counts per upper bound (``le``), as Prometheus buckets are; ``before_due`` counts
+    sends stamped earlier than their ``send_after`` (a wrong clock or a forged now), kept apart."""
+
+    buckets: tuple[tuple[float, int], ...]
+    count: int
+    sum_seconds: float
+    before_due: int
+
+
+@dataclass(frozen=True)
+class SettledWindow:
+    """Rows settled in the window by (outcome, outcome_detail), and the lateness of those sent.
+
+    ``since`` is where the window really starts: the one asked for, or later when more than
+    ``WINDOW_MAX_ROWS`` settled in it (then it covers the latest rows, and ``truncated`` says so).
+    """
+
+    since: str
+    truncated: bool
+    settled: dict[tuple[str, str | None], int]
+    lateness: LatenessHistogram
+
+
+def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], since: str, limit: int) -> SettledWindow:
+    """Counts and lateness buckets of ``ledger.latest_settled`` rows (newest first)."""
+    settled: dict[tuple[str, str | None], int] = {}
+    per_bucket = [0] * (len(LATENESS_BUCKETS) + 1)  # the last: above every bound (+Inf only)
+    total, before_due = 0.0, 0
+    for _, outcome, detail, send_after, sent_at in rows:
+        settled[(outcome, detail)] = settled.get((outcome, detail), 0) + 1
+        if outcome != "sent" or sent_at is None:
+            continue
+        late = unix_from_iso(sent_at) - unix_from_iso(send_after)
+        if late < 0:
+            before_due += 1
+            continue
+        per_bucket[bisect_left(LATENESS_BUCKETS, late)] += 1  # le is inclusive: late == bound counts there
+        total += late
+    cumulative, running = [], 0
+    for bound, n in zip(LATENESS_BUCKETS, per_bucket):
+        running += n
+        cumulative.append((float(bound), running))
+    truncated = len(rows) >= limit
+    histogram = LatenessHistogram(tuple(cumulative), sum(per_bucket), total, before_due)
+    return SettledWindow(rows[-1][0] if truncated else since, truncated, settled, histogram)
+
+
 def age_seconds(now: str, then: str | None) -> float | None:
     """``now - then``; None when there is no ``then`` or it lies in the future (a fault, not an age)."""
     if then is None or then > now:  # fixed-width ISO text: string order is time order
@@ -67,7 +117,7 @@ class LedgerSnapshot:
     window_seconds: float  # what the window covers: the setting, or less when it was truncated
     window_truncated: bool
     settled: dict[tuple[str, str | None], int]
-    lateness: ledger.LatenessHistogram
+    lateness: LatenessHistogram
     due_pending: int
     claimed: int
     never_built: int
@@ -89,10 +139,13 @@ class LedgerSnapshot:
 
 
 def read_snapshot(db: Database, now: str, window_seconds: int) -> LedgerSnapshot:
-    """Two statements in one read transaction: the settled window, and the queue's present state."""
+    """Two statements in one read transaction: the window's latest settled rows (lateness is
+    computed here, never in SQL), and the queue's present state."""
     with db.read() as conn:
-        window = ledger.settled_window(conn, shift(now, -window_seconds), now, LATENESS_BUCKETS, WINDOW_MAX_ROWS)
+        since = shift(now, -window_seconds)
+        latest = ledger.latest_settled(conn, since, now, WINDOW_MAX_ROWS)
         gauges = ledger.queue_gauges(conn, now, shift(now, -DISPATCHER_LIVE_SECONDS))
+    window = settled_window(latest, since, WINDOW_MAX_ROWS)
     return LedgerSnapshot(
         now=now,
         window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
