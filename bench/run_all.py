@@ -213,9 +213,10 @@ def render_metrics(m: dict) -> list[str]:
         f"| **scrape, window 900 s** ({n(rows)} rows in it, 5,000 read) | **{window(s, 'window_900s', 'scrape')}** | **{window(p, 'window_900s', 'scrape')}** |",
         f"| raw whole-table `GROUP BY status, outcome` (what a scrape ran before) | {ms(s, 'raw_whole_table_group_by')} | {ms(p, 'raw_whole_table_group_by')} |",
         "",
-        "A scrape is two statements: one pass over the window's latest rows (at most 5,000: outcome,",
-        "detail and each sent row's lateness bucket) and one of scalar index probes for the queue's",
-        "present state; the table's size does not enter.",
+        "A scrape is two statements: a backward range of the settled_at index reading the window's",
+        "latest rows (at most 5,000; counts and lateness buckets folded in Python, no time arithmetic",
+        "in SQL) and one of scalar index probes for the queue's present state; the table's size does",
+        "not enter.",
         "The bar is a scrape under 50 ms with a million rows queued.",
         "",
     ]

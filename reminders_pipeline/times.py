@@ -54,6 +54,13 @@ def unix_from_iso(text: str) -> float:
     return dt.timestamp() + int(text[20:23]) / 1000
 
 
+def seconds_between(earlier: str, later: str) -> float:
+    """``later - earlier`` in seconds, exact to the stored millisecond, for times read in bulk
+    (/metrics' lateness of thousands of rows): the C ISO parser, without ``unix_from_iso``'s
+    validation and cache, which a column of distinct times would only miss (about 15x slower)."""
+    return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
+
+
 def now_utc() -> str:
     """The current time as stored text."""
     return iso_from_unix(time.time())

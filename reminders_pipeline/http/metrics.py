@@ -2,8 +2,9 @@
 
 Dagster run workers, the exact-time dispatcher, the CLI and this server's own drain route all settle
 rows in the same ledger; the scrape reads what was settled in the last ``REMINDERS_METRICS_WINDOW_SECONDS``
-(sends by outcome and APNs reason, the lateness histogram) plus the queue's present state, each with
-an indexed query whose cost follows recent activity, not the table's size (bench/bench_metrics.py).
+(sends by outcome and APNs reason, the lateness histogram; at most the latest ``WINDOW_MAX_ROWS``)
+plus the queue's present state: two indexed statements whose cost is bounded by a row limit or by
+recent activity, never by the table's size (bench/bench_metrics.py).
 The windowed figures are gauges (a gauge histogram for lateness): every instance scraping the same
 ledger reports the same numbers, so aggregate them with ``max``, not ``sum``.
 
@@ -28,7 +29,7 @@ from .. import ledger, migrate
 from ..db import Database
 from ..drain import DrainSummary
 from ..settings import Settings
-from ..times import now_utc, shift, unix_from_iso
+from ..times import now_utc, seconds_between, shift, unix_from_iso
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], sin
         settled[(outcome, detail)] = settled.get((outcome, detail), 0) + 1
         if outcome != "sent" or sent_at is None:
             continue
-        late = unix_from_iso(sent_at) - unix_from_iso(send_after)
+        late = seconds_between(send_after, sent_at)
         if late < 0:
             before_due += 1
             continue
