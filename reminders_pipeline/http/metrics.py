@@ -43,7 +43,7 @@ DISPATCHER_LIVE_SECONDS = 60
 
 # Most settled rows one scrape reads: past this the window shrinks to the latest rows (and
 # reminders_metrics_window_truncated says so), keeping a scrape in milliseconds at any send rate.
-WINDOW_MAX_ROWS = 5_000
+WINDOW_MAX_ROWS = 2_000
 
 CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
 
