@@ -690,7 +690,7 @@ def latest_settled(conn: Connection, since: str, now: str, limit: int) -> list[t
         .order_by(q.c.settled_at.desc())
         .limit(limit)
     )
-    return [tuple(r) for r in conn.execute(stmt)]  # type: ignore[misc]
+    return list(conn.execute(stmt).all())  # type: ignore[arg-type]  # one fetchall, not a fetch per row
 
 
 def built_after(conn: Connection, now: str) -> int:
