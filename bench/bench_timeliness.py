@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
 
+from sqlalchemy import func, select  # noqa: E402
+
 from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
@@ -105,7 +107,7 @@ class Running:
 
 def settled(db: Database, n: int) -> bool:
     with db.read() as conn:
-        return ledger.queue_counts(conn).get(("settled", "sent"), 0) >= n
+        return conn.scalar(select(func.count()).where(notification_queue.c.outcome == "sent")) >= n
 
 
 def wait_settled(db: Database, n: int, timeout: float) -> None:

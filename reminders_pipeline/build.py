@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from . import ledger
 from .alerts import raise_alert
@@ -157,11 +157,14 @@ def build(
     now: str | None = None,
     reader: SourceReader | None = None,
     read_cache: dict[int, SourceRead] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> BuildSummary:
     """Build the queue for the selected devices (all if neither ids nor chunks), stalest first.
 
     ``read_cache``: reads already made in this run (one Dagster run building several chunks passes
     the same dict to each call), so a source shared across chunks is still read once per run.
+    ``progress``: called with (devices written, devices selected) before the reads and after each
+    write batch, for a terminal's progress display.
     """
     started = time.perf_counter()
     now = now or now_utc()
@@ -171,6 +174,8 @@ def build(
         devices = ledger.select_build_devices(conn, device_ids=device_ids, chunks=chunks, limit=limit)
         subs = ledger.subscriptions(conn, [d["id"] for d in devices])
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
+    if progress:
+        progress(0, len(devices))
 
     window = read_window(
         (r for d in devices for r in device_rules(d["reminder_lead_seconds"], d["extra_rules"].split())), now, settings.horizon_seconds
@@ -188,6 +193,8 @@ def build(
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.write() as conn:
             _write_batch(conn, batch, subs, reads, now, now_unix, settings.horizon_seconds, summary, settings.rearm_threshold_seconds)
+        if progress:
+            progress(i + len(batch), len(devices))
 
     if devices:
         with db.read() as conn:

@@ -17,6 +17,7 @@ from . import ledger
 from .db import Database
 from .rules import Rule, device_rules
 from .settings import Settings
+from .times import now_utc
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,24 @@ def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead:
     ]
 
 
-def check(db: Database, settings: Settings) -> list[Finding]:
+def clock_findings(now: str, built_in_future: int) -> list[Finding]:
+    """Stored times the clock says cannot have happened yet: a negative age is a fault, never 0."""
+    return [
+        Finding(
+            "no_build_in_the_future",
+            built_in_future == 0,
+            f"{built_in_future} device(s) have reminders_built_at later than now ({now}): a wrong clock or a "
+            "forged now; every build skips them until then, so their reminders stop queueing",
+        )
+    ]
+
+
+def check(db: Database, settings: Settings, now: str | None = None) -> list[Finding]:
+    now = now or now_utc()
     with db.read() as conn:
         per_chunk = ledger.devices_per_chunk(conn)
         min_lead = ledger.min_lead_seconds(conn)
         rules = ledger.rules_in_use(conn)
-    return evaluate(settings, per_chunk, min_lead, (r for lead, extra in rules for r in device_rules(lead, extra.split())))
+        built_in_future = ledger.built_after(conn, now)
+    in_use = (r for lead, extra in rules for r in device_rules(lead, extra.split()))
+    return evaluate(settings, per_chunk, min_lead, in_use) + clock_findings(now, built_in_future)

@@ -1,11 +1,17 @@
-"""``reminders``: the command-line shell over the core. Bad arguments exit 2 and write nothing."""
+"""``reminders``: the command-line shell over the core.
+
+Exit codes: 0 done; 1 the environment is not ready (a database not at this release's migration
+head, a failed check); 2 a bad argument or setting, and nothing was written. Every command prints
+its result as JSON on stdout; long ones also show progress on stderr when it is a terminal.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -44,9 +50,45 @@ class Ctx:
 
     @property
     def db(self) -> Database:
+        """The ledger, refused with one line (exit 1) unless it is at this release's migration head."""
+        db = self.unchecked_db
+        try:
+            migrate.require_head(db)
+        except migrate.SchemaNotCurrent as exc:
+            raise click.ClickException(str(exc)) from None
+        return db
+
+    @property
+    def unchecked_db(self) -> Database:
+        """The ledger's engine (one per process), made on first use, at whatever revision it is."""
         if self._db is None:
-            self._db = Database(self.settings.database_url)
+            self._db = Database.for_settings(self.settings)
         return self._db
+
+
+Progress = Callable[[int, "int | None"], None]
+
+
+@contextmanager
+def progress(label: str, unit: str) -> Iterator[Progress | None]:
+    """A counter rewritten in place on stderr while the core works, only when stderr is a terminal:
+    stdout stays exactly one JSON summary, and logs or pipes get no control characters."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    shown = False
+
+    def show(done: int, total: int | None) -> None:
+        nonlocal shown
+        shown = True
+        counted = f"{done}/{total}" if total is not None else str(done)
+        click.echo(f"\r{label}: {counted} {unit}", err=True, nl=False)
+
+    try:
+        yield show
+    finally:
+        if shown:
+            click.echo(err=True)
 
 
 pass_ctx = click.make_pass_decorator(Ctx, ensure=True)
@@ -68,8 +110,13 @@ def db() -> None:
 @pass_ctx
 def db_upgrade(ctx: Ctx) -> None:
     """Apply the packaged migrations (creates the SQLite file under ./var/ by default)."""
-    migrate.upgrade(ctx.db)
-    _emit({"database": ctx.db.engine.url.render_as_string(hide_password=True), "revision": migrate.current_revision(ctx.db)})
+    # No statement timeout: building an index on a large queue may take longer than any query should.
+    database = Database(ctx.settings.database_url)
+    try:
+        migrate.upgrade(database)
+        _emit({"database": database.engine.url.render_as_string(hide_password=True), "revision": migrate.current_revision(database)})
+    finally:
+        database.dispose()
 
 
 @main.group()
@@ -154,9 +201,10 @@ def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: 
         raise click.UsageError("give exactly one of --all, --device ID..., --chunk N...")
     if any(c >= ctx.settings.chunk_count for c in chunks):
         raise click.BadParameter(f"chunks are 0..{ctx.settings.chunk_count - 1}", param_hint="--chunk")
-    summary = run_build(
-        ctx.db, ctx.settings, device_ids=device_ids or None, chunks=chunks or None, limit=limit, now=now
-    )
+    with progress("build", "devices") as shown:
+        summary = run_build(
+            ctx.db, ctx.settings, device_ids=device_ids or None, chunks=chunks or None, limit=limit, now=now, progress=shown
+        )
     _emit(summary.as_dict())
 
 
@@ -167,7 +215,8 @@ def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: 
 def drain_cmd(ctx: Ctx, row_id: int | None, now: str | None) -> None:
     """Claim due rows, apply the send-time policy, send, settle; print one JSON summary."""
     try:
-        summary = run_drain(ctx.db, ctx.settings, now=now, row_id=row_id)
+        with progress("drain", "due rows claimed") as shown:
+            summary = run_drain(ctx.db, ctx.settings, now=now, row_id=row_id, progress=shown)
     except ValueError as exc:  # APNs credentials missing or unreadable: nothing was claimed
         raise click.UsageError(str(exc)) from None
     _emit(summary.as_dict())
@@ -241,7 +290,9 @@ def prune_cmd(ctx: Ctx, now: str | None) -> None:
     """Delete rows settled longer ago than REMINDERS_RETENTION_SECONDS, in small batches."""
     from .retention import prune
 
-    _emit({"deleted": prune(ctx.db, ctx.settings, now=now), "retention_seconds": ctx.settings.retention_seconds})
+    with progress("prune", "rows deleted") as shown:
+        deleted = prune(ctx.db, ctx.settings, now=now, progress=shown)
+    _emit({"deleted": deleted, "retention_seconds": ctx.settings.retention_seconds})
 
 
 @main.command("serve")

@@ -8,18 +8,30 @@ recommend, and we emit ``BEGIN`` ourselves). Reads begin deferred so WAL readers
 ``synchronous=FULL``: with WAL, ``NORMAL`` can lose the last commits on power loss, and a lost
 claim commit would let a sent row be sent again. At-most-once is worth the fsync; batching keeps
 throughput well above what a drain needs (see docs/benchmarks.md).
+
+One engine per process (``shared``): an engine is a connection pool, and a pool made per Dagster
+op or sensor tick opens and closes connections on every evaluation. Its size is
+``REMINDERS_DB_POOL_SIZE`` (plus as many again as overflow); on PostgreSQL every statement runs
+under ``REMINDERS_DB_STATEMENT_TIMEOUT_MS``, so a stuck statement fails instead of holding a
+connection (and its locks) for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
+import os
+import threading
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 LISTEN_RETRY_SECONDS = (0.5, 1, 2, 5, 10)
@@ -27,13 +39,24 @@ LISTEN_RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 log = logging.getLogger(__name__)
 
 
-def make_engine(url: str, **kwargs: object) -> Engine:
-    """An engine configured for the ledger (SQLite pragmas and BEGIN IMMEDIATE, or psycopg 3)."""
+def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms: int = 0, **kwargs: object) -> Engine:
+    """An engine configured for the ledger (SQLite pragmas and BEGIN IMMEDIATE, or psycopg 3).
+
+    ``pool_size``: connections kept open, as many again allowed as overflow (None: SQLAlchemy's
+    default). ``statement_timeout_ms``: PostgreSQL only, 0 for none; sent as a connection option,
+    so it holds for every statement without a round trip of its own.
+    """
     parsed = make_url(url)
+    in_memory = parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:")
+    if pool_size is not None and not in_memory:  # an in-memory SQLite pool is one connection per thread
+        kwargs.setdefault("pool_size", pool_size)
+        kwargs.setdefault("max_overflow", pool_size)
     if parsed.get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)
+        if statement_timeout_ms:
+            kwargs.setdefault("connect_args", {"options": f"-c statement_timeout={statement_timeout_ms}"})
         return create_engine(url, **kwargs)
-    if parsed.database and parsed.database != ":memory:":
+    if not in_memory:
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
 
@@ -62,6 +85,16 @@ class Database:
         self.url = url
         self.engine = make_engine(url, **engine_kwargs)
         self.dialect = self.engine.dialect.name
+        self.at_head = False  # set by migrate.require_head once the schema is known current
+
+    @classmethod
+    def for_settings(cls, settings: "Settings") -> "Database":
+        """A new engine sized and bounded by the settings (``shared`` is the one to use per process)."""
+        return cls(
+            settings.database_url,
+            pool_size=settings.db_pool_size,
+            statement_timeout_ms=settings.db_statement_timeout_ms,
+        )
 
     @contextmanager
     def write(self) -> Iterator[Connection]:
@@ -120,3 +153,28 @@ async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
         heard.set()
         await asyncio.sleep(LISTEN_RETRY_SECONDS[min(failures, len(LISTEN_RETRY_SECONDS) - 1)])
         failures += 1
+
+_shared: dict[tuple[int, str, int, int], Database] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(settings: "Settings") -> Database:
+    """This process's ``Database`` for these settings, made on first use and kept until exit.
+
+    Keyed by process id too: a forked child must not reuse its parent's pooled connections.
+    """
+    key = (os.getpid(), settings.database_url, settings.db_pool_size, settings.db_statement_timeout_ms)
+    with _shared_lock:
+        db = _shared.get(key)
+        if db is None:
+            db = _shared[key] = Database.for_settings(settings)
+        return db
+
+
+@atexit.register
+def dispose_shared() -> None:
+    """Close this process's shared engines (at exit; tests call it between tests)."""
+    with _shared_lock:
+        mine = [key for key in _shared if key[0] == os.getpid()]
+        for key in mine:
+            _shared.pop(key).dispose()

@@ -142,8 +142,11 @@ def send_batch(
     now: str | None = None,
     claimer: str | None = None,
     halt_scope: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
-    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope))
+    return asyncio.run(
+        send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope, progress=progress)
+    )
 
 
 async def send_batch_async(
@@ -158,6 +161,7 @@ async def send_batch_async(
     sender: Sender | None = None,
     stop: asyncio.Event | None = None,
     halt_scope: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -216,6 +220,8 @@ async def send_batch_async(
                 log.warning("stopped claiming: drain scope %s halted (%s)", scope, summary.halted)
                 break
             summary.claimed += len(rows)
+            if progress:  # (ids claimed or passed over so far, ids given)
+                progress(min(i + settings.claim_batch_size, len(ids)), len(ids))
             if not rows:
                 continue
             plan = _decide_all(rows, claim_time, settings)
@@ -451,8 +457,12 @@ def drain(
     *,
     now: str | None = None,
     row_id: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DrainSummary:
-    """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``)."""
+    """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``).
+
+    ``progress``: called with (due rows taken up so far, due rows) after each claim, for a terminal.
+    """
     started = time.perf_counter()
     factory = sender_factory or default_sender_factory(settings)  # fails fast before any claim
     clock = clock_for(now)
@@ -461,6 +471,6 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer))
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer, progress=progress))
     summary.duration_seconds = time.perf_counter() - started
     return summary

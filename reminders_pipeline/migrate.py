@@ -1,39 +1,73 @@
-"""Apply the packaged Alembic migrations (``reminders db upgrade``)."""
+"""Apply the packaged Alembic migrations (``reminders db upgrade``), and refuse a database behind them.
+
+Every shell (CLI, HTTP, Dagster) calls ``require_head`` before it touches the ledger: a database
+at another revision fails with one line naming both revisions, instead of a traceback from the
+first query that meets a missing column. The answer is cached on the ``Database`` once it is
+current, so the check costs one query per engine, not per request.
+"""
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from .db import Database
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def _config(connection) -> Config:  # type: ignore[no-untyped-def]
+class SchemaNotCurrent(RuntimeError):
+    """The database is not at this release's migration head; the message is the one line to show."""
+
+
+def _config(connection=None) -> Config:  # type: ignore[no-untyped-def]
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.attributes["connection"] = connection
+    if connection is not None:
+        cfg.attributes["connection"] = connection
     return cfg
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
     with db.engine.begin() as conn:
         command.upgrade(_config(conn), revision)
+    db.at_head = False  # checked again on next use
 
 
 def current_revision(db: Database) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with db.engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def head_revision() -> str | None:
-    from alembic.script import ScriptDirectory
+@cache
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    return ScriptDirectory.from_config(cfg).get_current_head()
+
+def head_revision() -> str | None:
+    return _scripts().get_current_head()
+
+
+def schema_problem(current: str | None, head: str | None) -> str | None:
+    """The one line for a database at ``current`` when this release needs ``head``; None when they match."""
+    if current == head:
+        return None
+    known = current is None or current in {s.revision for s in _scripts().walk_revisions()}
+    advice = "run reminders db upgrade" if known else "it was migrated by a newer release: upgrade this package"
+    return f"database at revision {current or 'none'}, this release needs {head}: {advice}"
+
+
+def require_head(db: Database) -> None:
+    """Raise ``SchemaNotCurrent`` unless the database is at the head; only the first success is cached,
+    so a server started before the upgrade recovers as soon as it is applied."""
+    if db.at_head:
+        return
+    problem = schema_problem(current_revision(db), head_revision())
+    if problem:
+        raise SchemaNotCurrent(problem)
+    db.at_head = True

@@ -12,15 +12,27 @@ has ended (``expires_at`` in the past, when no rule can want them again) are pru
 
 from __future__ import annotations
 
+from typing import Callable
+
 from . import ledger
 from .db import Database
 from .settings import Settings
 from .times import now_utc, shift
 
 
-def prune(db: Database, settings: Settings, now: str | None = None, max_batches: int | None = None) -> int:
+def prune(
+    db: Database,
+    settings: Settings,
+    now: str | None = None,
+    max_batches: int | None = None,
+    progress: Callable[[int, None], None] | None = None,
+) -> int:
     """Delete rows settled before ``now - retention`` whose event has ended (and history, drain
-    halts and dispatcher heartbeats older than the retention); returns how many queue rows were deleted."""
+    halts and dispatcher heartbeats older than the retention); returns how many queue rows were deleted.
+
+    ``progress``: called with the rows deleted so far after each batch (the total is not counted
+    beforehand: that would be a scan of its own).
+    """
     now = now or now_utc()
     cutoff = shift(now, -settings.retention_seconds)
     with db.write() as conn:
@@ -36,6 +48,8 @@ def prune(db: Database, settings: Settings, now: str | None = None, max_batches:
             deleted = ledger.prune_settled(conn, cutoff, settings.prune_batch_size, ended_before=now)
         total += deleted
         batches += 1
+        if progress:
+            progress(total, None)
         if deleted < settings.prune_batch_size:
             break
     return total

@@ -128,6 +128,10 @@ class Settings:
     send_max_attempts: int = 3  # sends of one row that certainly never reached APNs, before it fails
     apns_halt_after: int = 20  # consecutive certain non-deliveries that halt a drain (an outage)
     rearm_threshold_seconds: int = 300  # a settled row is re-armed only if send_after moves this far
+    # Operations (issue 12): the per-process engine and what /metrics reads.
+    db_pool_size: int = 10  # connections kept per process; as many again may open under load
+    db_statement_timeout_ms: int = 60_000  # PostgreSQL statement_timeout; 0 = none
+    metrics_window_seconds: int = 900  # /metrics counts rows settled this long ago or since
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -202,6 +206,9 @@ class Settings:
             send_max_attempts=_int(env, "REMINDERS_SEND_MAX_ATTEMPTS", 3, 1),
             apns_halt_after=_int(env, "REMINDERS_APNS_HALT_AFTER", 20, 1),
             rearm_threshold_seconds=_int(env, "REMINDERS_REARM_THRESHOLD_SECONDS", 300, 1),
+            db_pool_size=_int(env, "REMINDERS_DB_POOL_SIZE", 10, 1),
+            db_statement_timeout_ms=_int(env, "REMINDERS_DB_STATEMENT_TIMEOUT_MS", 60_000),
+            metrics_window_seconds=_int(env, "REMINDERS_METRICS_WINDOW_SECONDS", 900, 60),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

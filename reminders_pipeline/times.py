@@ -59,6 +59,11 @@ def iso_floor(seconds: float) -> str:
     """Unix seconds -> stored text, rounded *down* to the millisecond: a clock that must never run
     ahead of itself (the dispatcher's claim is due when ``send_after <= now``)."""
     return iso_from_unix(math.floor(seconds * 1000) / 1000)
+def seconds_between(earlier: str, later: str) -> float:
+    """``later - earlier`` in seconds, exact to the stored millisecond, for times read in bulk
+    (/metrics' lateness of thousands of rows): the C ISO parser, without ``unix_from_iso``'s
+    validation and cache, which a column of distinct times would only miss (about 15x slower)."""
+    return (datetime.fromisoformat(later) - datetime.fromisoformat(earlier)).total_seconds()
 
 
 def now_utc() -> str:

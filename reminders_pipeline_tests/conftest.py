@@ -165,3 +165,12 @@ def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
     mock.min_token_refresh_seconds = None
     mock.goaway_after = None
     mock.refuse(None)
+
+
+@pytest.fixture(autouse=True)
+def _dispose_shared_engines() -> Iterator[None]:
+    """Dagster resources keep one engine per process (``db.shared``); each test's ledger is new."""
+    yield
+    from reminders_pipeline.db import dispose_shared
+
+    dispose_shared()

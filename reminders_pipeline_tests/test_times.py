@@ -102,3 +102,13 @@ def test_dst_does_not_touch_absolute_instants():
     # 2026-10-25 01:00 UTC is the EU DST end; a 1h lead across it stays exactly 3600 s.
     start = datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc).timestamp()
     assert unix_from_iso(iso_from_unix(start)) - unix_from_iso(iso_from_unix(start - 3600)) == 3600
+
+
+def test_seconds_between_is_exact_to_the_millisecond_across_days_and_years():
+    from reminders_pipeline.times import seconds_between
+
+    assert seconds_between("2026-09-10T08:30:00.000Z", "2026-09-10T08:30:01.001Z") == 1.001
+    assert seconds_between("2026-12-31T23:59:59.999Z", "2027-01-01T00:00:00.000Z") == 0.001
+    assert seconds_between("2026-09-10T08:30:00.000Z", "2026-09-10T08:29:00.000Z") == -60
+    for a, b in [("2026-03-29T00:59:59.500Z", "2026-03-29T01:00:00.250Z"), ("1970-01-01T00:00:00.000Z", "2999-01-01T00:00:00.123Z")]:
+        assert seconds_between(a, b) == pytest.approx(unix_from_iso(b) - unix_from_iso(a), abs=1e-6)

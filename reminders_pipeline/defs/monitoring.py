@@ -38,23 +38,41 @@ class SweepStatus:
     never_built: int
     budget_seconds: int  # min lead - margin
     sweep_period_seconds: int  # what the configuration promises for today's device count
+    built_in_future: int = 0  # devices stamped later than now: builds skip them until then
 
     @property
-    def age_seconds(self) -> float:
-        return 0.0 if self.oldest_built_at is None else unix_from_iso(self.now) - unix_from_iso(self.oldest_built_at)
+    def age_seconds(self) -> float | None:
+        """Age of the oldest build; None when nothing is built or even the oldest lies in the future."""
+        if self.oldest_built_at is None or self.oldest_built_at > self.now:
+            return None
+        return unix_from_iso(self.now) - unix_from_iso(self.oldest_built_at)
 
     @property
     def breached(self) -> bool:
-        return self.age_seconds >= self.budget_seconds
+        """A device built "in the future" is never rebuilt until then: its reminders stop queueing too."""
+        age = self.age_seconds
+        return self.built_in_future > 0 or (age is not None and age >= self.budget_seconds)
 
     def fields(self) -> dict[str, Any]:
+        age = self.age_seconds
         return {
             "oldest_reminders_built_at": self.oldest_built_at,
-            "oldest_build_age_seconds": round(self.age_seconds, 1),
+            "oldest_build_age_seconds": None if age is None else round(age, 1),
             "budget_seconds": self.budget_seconds,
             "sweep_period_seconds": self.sweep_period_seconds,
             "never_built_devices": self.never_built,
+            "devices_built_in_future": self.built_in_future,
         }
+
+    def describe(self) -> str:
+        age = self.age_seconds
+        text = f"oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; budget (min lead - margin) is {self.budget_seconds}s"
+        if self.built_in_future:
+            text += (
+                f"; {self.built_in_future} device(s) have reminders_built_at later than now "
+                "(a wrong clock or a forged now): builds skip them until then"
+            )
+        return text
 
 
 def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
@@ -62,8 +80,11 @@ def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
         never, oldest = ledger_sql.oldest_built(conn)
         per_chunk = ledger_sql.devices_per_chunk(conn)
         min_lead = ledger_sql.min_lead_seconds(conn)
+        future = ledger_sql.built_after(conn, now)
     lead = settings.default_lead_seconds if min_lead is None else min_lead
-    return SweepStatus(now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk))
+    return SweepStatus(
+        now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk), future
+    )
 
 
 def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
@@ -72,7 +93,8 @@ def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
     with db.read() as conn:
         for chunk in ledger_sql.stalest_chunks(conn):
             never, oldest = ledger_sql.oldest_built(conn, [chunk])
-            age = 0.0 if oldest is None else unix_from_iso(status.now) - unix_from_iso(oldest)
+            # A chunk built "in the future" is not stale: a catch-up build would skip it anyway.
+            age = 0.0 if oldest is None or oldest > status.now else unix_from_iso(status.now) - unix_from_iso(oldest)
             if not never and age < status.budget_seconds:
                 break  # ordered stalest first: every later chunk is fresher
             stale.append(chunk)
@@ -108,7 +130,7 @@ def sweep_period_sensor(
     if change:
         title = "sweep-period invariant breached" if change == "breached" else "sweep-period invariant recovered"
         detail = (
-            "devices are not rebuilt within min lead - margin: their reminders may never queue"
+            f"devices are not rebuilt within min lead - margin: their reminders may never queue ({status.describe()})"
             if change == "breached"
             else "every device has been rebuilt within min lead - margin again"
         )
@@ -152,8 +174,7 @@ def sweep_period_invariant(
     with ledger.open() as db:
         status = sweep_status(db, settings, now_utc())
     metadata = {k: v for k, v in status.fields().items() if v is not None}
-    detail = f"oldest build is {status.age_seconds:.0f}s old; budget (min lead - margin) is {status.budget_seconds}s"
-    return check_result(context, alerting, settings, "sweep_period_invariant", not status.breached, detail, metadata)
+    return check_result(context, alerting, settings, "sweep_period_invariant", not status.breached, status.describe(), metadata)
 
 
 @dg.asset_check(asset=notification_queue, name="drain_backlog", blocking=False)

@@ -13,8 +13,9 @@ from typing import Any, Iterator, Optional
 
 import dagster as dg
 
+from reminders_pipeline import migrate
 from reminders_pipeline.alerts import raise_alert
-from reminders_pipeline.db import Database
+from reminders_pipeline.db import Database, shared
 from reminders_pipeline.drain import default_sender_factory
 from reminders_pipeline.sender import SenderFactory
 from reminders_pipeline.settings import Settings, normalize_database_url
@@ -40,12 +41,17 @@ class LedgerResource(dg.ConfigurableResource):
 
     @contextmanager
     def open(self) -> Iterator[Database]:
-        """A ``Database`` for the length of one op or evaluation; its pool is closed afterwards."""
-        db = Database(self.settings().database_url)
+        """This process's ``Database`` (one engine and pool per process, kept across ops and sensor
+        ticks), checked once to be at this release's migration head.
+
+        A database behind fails the op, sensor or check with the one-line reason, not a traceback.
+        """
+        db = shared(self.settings())
         try:
-            yield db
-        finally:
-            db.dispose()
+            migrate.require_head(db)
+        except migrate.SchemaNotCurrent as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
+        yield db
 
 
 class SenderResource(dg.ConfigurableResource):

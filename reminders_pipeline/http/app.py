@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
 import httpx
+from sqlalchemy.exc import OperationalError, TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -28,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import ledger
+from .. import ledger, migrate
 from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
 from ..db import Database
@@ -274,12 +275,24 @@ class Api:
         if stored is None or not matched:
             detail = "missing or wrong 'Authorization: Bearer': this device's own credential (or REMINDERS_TOKEN)"
             raise ApiError(401, "unauthorized", detail, headers=BEARER_CHALLENGE)
+    async def require_schema(self) -> None:
+        """503 with the one-line reason until the database is at this release's migration head.
+
+        Checked once per engine: after the first success it is a flag test on the event loop.
+        """
+        if self.db.at_head:
+            return
+        try:
+            await run_in_threadpool(migrate.require_head, self.db)
+        except migrate.SchemaNotCurrent as exc:
+            raise ApiError(503, "schema_not_current", str(exc)) from None
 
     def protected(self, endpoint: Endpoint) -> Endpoint:
         """Authentication before anything else: an unauthenticated body is never parsed."""
 
         async def guarded(request: Request) -> Response:
             self.check_auth(request)
+            await self.require_schema()
             return await endpoint(request)
 
         guarded.__name__ = endpoint.__name__
@@ -301,12 +314,16 @@ class Api:
         """Open, for load balancers: proves a connection and the migrated schema."""
         try:
             await run_in_threadpool(self._probe)
+        except migrate.SchemaNotCurrent as exc:
+            log.warning("health check failed: %s", exc)
+            return JSONResponse({"status": "unavailable", "database": self.db.dialect, "detail": str(exc)}, 503)
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
             log.warning("health check failed: %s: %s", type(exc).__name__, first_line(exc))
             return JSONResponse({"status": "unavailable", "database": self.db.dialect, "detail": type(exc).__name__}, 503)
         return JSONResponse({"status": "ok", "database": self.db.dialect})
 
     def _probe(self) -> None:
+        migrate.require_head(self.db)
         with self.db.read() as conn:
             ledger.ping(conn)
 
@@ -457,9 +474,28 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _database_error(request: Request, exc: Exception) -> Response:
+    """The database is unreachable, timed out a statement (statement_timeout), or no pooled
+    connection freed up in time: the service is unavailable, not broken."""
+    log.warning("%s %s: database unavailable: %s: %s", request.method, request.url.path, type(exc).__name__, first_line(exc))
+    detail = "the database is unreachable or did not answer in time; retry later"
+    return JSONResponse({"error": "database_unavailable", "detail": detail}, status_code=503, headers={"Retry-After": "5"})
+
+
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """A bug: JSON like every other answer. Starlette re-raises afterwards, so the server logs it."""
     return JSONResponse({"error": "internal", "detail": "internal error; see the server log"}, status_code=500)
+
+
+def _announce_schema(db: Database) -> None:
+    """At startup, say once in the log why routes will answer 503; the server starts regardless,
+    so an instance started before ``reminders db upgrade`` serves as soon as it has run."""
+    try:
+        migrate.require_head(db)
+    except migrate.SchemaNotCurrent as exc:
+        log.warning("%s; every route but /metrics and /openapi.json answers 503 until then", exc)
+    except Exception as exc:  # noqa: BLE001 - an unreachable database is reported by each request
+        log.warning("database unavailable at startup: %s: %s", type(exc).__name__, first_line(exc))
 
 
 def create_app(settings: Settings, db: Database | None = None, sender_factory: SenderFactory | None = None) -> Starlette:
@@ -469,18 +505,25 @@ def create_app(settings: Settings, db: Database | None = None, sender_factory: S
     drain route builds the APNs sender per call, checking credentials before it claims anything.
     """
     owned = db is None
-    database = db if db is not None else Database(settings.database_url)
-    api = Api(settings, database, sender_factory, Metrics(database))
+    database = db if db is not None else Database.for_settings(settings)
+    api = Api(settings, database, sender_factory, Metrics(database, settings))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await run_in_threadpool(_announce_schema, database)
         yield
         if owned:
             database.dispose()
 
     app = Starlette(
         routes=api.routes(),
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            OperationalError: _database_error,
+            PoolTimeout: _database_error,
+            Exception: _internal_error,
+        },
         lifespan=lifespan,
     )
     app.state.api = api

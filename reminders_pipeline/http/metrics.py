@@ -1,28 +1,35 @@
-"""``/metrics``: the ledger's state read at scrape time, plus what this process's drains did.
+"""``/metrics``: the ledger read at scrape time, so every drain shows whichever process ran it.
 
-Gauges come from the ledger on every scrape (a custom collector), so they are true whoever wrote
-the rows: Dagster runs, the CLI, other processes. Counters and the lateness histogram are fed from
-the drain summaries of the drain route in this process only (Dagster drains report to Dagster);
-that is why ``reminders serve`` runs one worker. Each app gets its own ``CollectorRegistry``, so two
-apps in one process (the tests) never share or collide.
+Dagster run workers, the exact-time dispatcher, the CLI and this server's own drain route all settle
+rows in the same ledger; the scrape reads what was settled in the last ``REMINDERS_METRICS_WINDOW_SECONDS``
+(sends by outcome and APNs reason, the lateness histogram; at most the latest ``WINDOW_MAX_ROWS``)
+plus the queue's present state: two indexed statements whose cost is bounded by a row limit or by
+recent activity, never by the table's size (bench/bench_metrics.py).
+The windowed figures are gauges (a gauge histogram for lateness): every instance scraping the same
+ledger reports the same numbers, so aggregate them with ``max``, not ``sum``.
 
-Labels carry statuses, outcomes and APNs reasons, never device ids: bounded cardinality.
+An age is never negative and never clamped: a stored time later than the scrape's clock (a wrong
+clock, a forged ``now``) is counted in ``reminders_clock_faults`` and the age it would have made is
+NaN. Labels carry outcomes, reasons and fault kinds, never device ids: bounded cardinality.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from bisect import bisect_left
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .. import ledger
+from .. import ledger, migrate
 from ..db import Database
 from ..drain import DrainSummary
-from ..schema import OUTCOMES
-from ..times import now_utc, unix_from_iso
+from ..settings import Settings
+from ..times import now_utc, seconds_between, shift, unix_from_iso
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +38,16 @@ log = logging.getLogger(__name__)
 # and the cadence-sized waits a sweep makes.
 LATENESS_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1200, 1500, 1800, 3600)
 
+# A dispatcher counts as live when it has not stopped and beat within this many of its heartbeat
+# intervals (REMINDERS_DISPATCH_HEARTBEAT_SECONDS): one late beat on a busy machine is not a death.
+DISPATCHER_LIVE_BEATS = 4
+
+# Most settled rows one scrape reads: past this the window shrinks to the latest rows (and
+# reminders_metrics_window_truncated says so), keeping a scrape in milliseconds at any send rate.
+WINDOW_MAX_ROWS = 2_000
+
+CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
+
 
 def first_line(exc: BaseException) -> str:
     """An exception's first line: SQLAlchemy appends the whole statement, too much for a warning."""
@@ -38,86 +55,232 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _age(now: str, then: str | None) -> float:
-    return 0.0 if then is None else max(0.0, unix_from_iso(now) - unix_from_iso(then))
+@dataclass(frozen=True)
+class LatenessHistogram:
+    """Cumulative counts per upper bound (``le``), as Prometheus buckets are; ``before_due`` counts
+    sends stamped earlier than their ``send_after`` (a wrong clock or a forged now), kept apart."""
+
+    buckets: tuple[tuple[float, int], ...]
+    count: int
+    sum_seconds: float
+    before_due: int
+
+
+@dataclass(frozen=True)
+class SettledWindow:
+    """Rows settled in the window by (outcome, outcome_detail), and the lateness of those sent.
+
+    ``since`` is where the window really starts: the one asked for, or later when more than
+    ``WINDOW_MAX_ROWS`` settled in it (then it covers the latest rows, and ``truncated`` says so).
+    """
+
+    since: str
+    truncated: bool
+    settled: dict[tuple[str, str | None], int]
+    lateness: LatenessHistogram
+
+
+def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], since: str, limit: int) -> SettledWindow:
+    """Counts and lateness buckets of ``ledger.latest_settled`` rows (newest first)."""
+    settled: dict[tuple[str, str | None], int] = {}
+    per_bucket = [0] * (len(LATENESS_BUCKETS) + 1)  # the last: above every bound (+Inf only)
+    total, before_due = 0.0, 0
+    for _, outcome, detail, send_after, sent_at in rows:
+        settled[(outcome, detail)] = settled.get((outcome, detail), 0) + 1
+        if outcome != "sent" or sent_at is None:
+            continue
+        late = seconds_between(send_after, sent_at)
+        if late < 0:
+            before_due += 1
+            continue
+        per_bucket[bisect_left(LATENESS_BUCKETS, late)] += 1  # le is inclusive: late == bound counts there
+        total += late
+    cumulative, running = [], 0
+    for bound, n in zip(LATENESS_BUCKETS, per_bucket):
+        running += n
+        cumulative.append((float(bound), running))
+    truncated = len(rows) >= limit
+    histogram = LatenessHistogram(tuple(cumulative), sum(per_bucket), total, before_due)
+    return SettledWindow(rows[-1][0] if truncated else since, truncated, settled, histogram)
+
+
+def age_seconds(now: str, then: str | None) -> float | None:
+    """``now - then``; None when there is no ``then`` or it lies in the future (a fault, not an age)."""
+    if then is None or then > now:  # fixed-width ISO text: string order is time order
+        return None
+    return unix_from_iso(now) - unix_from_iso(then)
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """What one scrape read, in one read transaction."""
+
+    now: str
+    window_seconds: float  # what the window covers: the setting, or less when it was truncated
+    window_truncated: bool
+    settled: dict[tuple[str, str | None], int]
+    lateness: LatenessHistogram
+    due_pending: int
+    claimed: int
+    never_built: int
+    oldest_built_at: str | None
+    oldest_due_send_after: str | None
+    latest_beat: str | None
+    live_dispatchers: int
+    built_in_future: int
+    settled_in_future: int
+
+    def clock_faults(self) -> dict[str, int]:
+        beat_ahead = self.latest_beat is not None and self.latest_beat > self.now
+        return {
+            "reminders_built_at_in_future": self.built_in_future,
+            "settled_at_in_future": self.settled_in_future,
+            "sent_before_send_after": self.lateness.before_due,
+            "beat_at_in_future": int(beat_ahead),
+        }
+
+
+def read_snapshot(db: Database, now: str, window_seconds: int, live_seconds: int) -> LedgerSnapshot:
+    """Two statements in one read transaction: the window's latest settled rows (lateness is
+    computed here, never in SQL), and the queue's present state."""
+    with db.read() as conn:
+        since = shift(now, -window_seconds)
+        latest = ledger.latest_settled(conn, since, now, WINDOW_MAX_ROWS)
+        gauges = ledger.queue_gauges(conn, now, shift(now, -live_seconds))
+    window = settled_window(latest, since, WINDOW_MAX_ROWS)
+    return LedgerSnapshot(
+        now=now,
+        window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
+        window_truncated=window.truncated,
+        settled=window.settled,
+        lateness=window.lateness,
+        due_pending=gauges.due_pending,
+        claimed=gauges.claimed,
+        never_built=gauges.never_built,
+        oldest_built_at=gauges.oldest_built_at,
+        oldest_due_send_after=gauges.oldest_due_send_after,
+        latest_beat=gauges.latest_beat,
+        live_dispatchers=gauges.live_dispatchers,
+        built_in_future=gauges.built_in_future,
+        settled_in_future=gauges.settled_in_future,
+    )
+
+
+def _gauge(name: str, doc: str, value: float, labels: list[str] | None = None) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    if labels is None:
+        family.add_metric([], value)
+    return family
+
+
+def _age(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def families(s: LedgerSnapshot) -> Iterator[Metric]:
+    """The snapshot as metric families (names and help texts are the README's metrics list)."""
+    window = "in the window (reminders_metrics_window_seconds)"
+    yield _gauge(
+        "reminders_metrics_window_seconds",
+        f"Seconds the reminders_window_* figures cover: REMINDERS_METRICS_WINDOW_SECONDS, or less when more than {WINDOW_MAX_ROWS} rows settled in it.",
+        s.window_seconds,
+    )
+    yield _gauge(
+        "reminders_metrics_window_truncated",
+        f"1 when more than {WINDOW_MAX_ROWS} rows settled in the configured window and only the latest were read.",
+        int(s.window_truncated),
+    )
+    settled = GaugeMetricFamily(
+        "reminders_window_settled_rows",
+        f"Rows settled {window}, by any process, by outcome and detail (APNs reason, void reason; empty if none).",
+        labels=["outcome", "detail"],
+    )
+    for (outcome, detail), n in sorted(s.settled.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        settled.add_metric([outcome, detail or ""], n)
+    yield settled
+    yield GaugeHistogramMetricFamily(
+        "reminders_window_send_lateness_seconds",
+        f"sent_at - send_after of the rows sent {window}.",
+        buckets=[(str(float(b)), n) for b, n in s.lateness.buckets] + [("+Inf", s.lateness.count)],
+        gsum_value=s.lateness.sum_seconds,
+    )
+    yield _gauge("reminders_due_pending_rows", f"Pending rows whose send_after has passed (counted up to {ledger.COUNT_CAP}).", s.due_pending)
+    yield _gauge("reminders_claimed_rows", f"Rows claimed and not yet settled (counted up to {ledger.COUNT_CAP}).", s.claimed)
+    yield _gauge(
+        "reminders_oldest_due_pending_age_seconds",
+        "How long the oldest due pending row has waited past send_after (0 when none is due).",
+        _age(age_seconds(s.now, s.oldest_due_send_after)) if s.oldest_due_send_after else 0.0,
+    )
+    yield _gauge(
+        "reminders_oldest_build_age_seconds",
+        "Age of the oldest devices.reminders_built_at (live tokens; 0 when none is built; NaN when it is in the future).",
+        _age(age_seconds(s.now, s.oldest_built_at)) if s.oldest_built_at else 0.0,
+    )
+    yield _gauge("reminders_never_built_devices", "Live devices never built yet.", s.never_built)
+    yield _gauge(
+        "reminders_dispatcher_heartbeat_age_seconds",
+        "Age of the newest heartbeat of any running exact-time dispatcher (NaN when none runs, or it is in the future).",
+        _age(age_seconds(s.now, s.latest_beat)),
+    )
+    yield _gauge(
+        "reminders_dispatchers_live",
+        f"Exact-time dispatchers not stopped that beat within {DISPATCHER_LIVE_BEATS} heartbeat intervals.",
+        s.live_dispatchers,
+    )
+    faults = GaugeMetricFamily(
+        "reminders_clock_faults",
+        "Stored times impossible at scrape time (a wrong clock or a forged now), by kind; 0 when healthy.",
+        labels=["kind"],
+    )
+    for kind, n in s.clock_faults().items():
+        faults.add_metric([kind], n)
+    yield faults
 
 
 class LedgerCollector(Collector):
-    """Queue rows by status and outcome, the oldest build and the oldest due pending row, per scrape."""
+    """Reads the ledger on every scrape; ``reminders_ledger_up`` 0 (with the reason logged) when it cannot."""
 
-    def __init__(self, db: Database, clock: Callable[[], str] = now_utc) -> None:
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], str] = now_utc) -> None:
         self.db = db
+        self.settings = settings
         self.clock = clock
 
     def describe(self) -> list[Metric]:
         """Names only, so registering the collector does not query the database."""
-        return list(self._families().values())
-
-    @staticmethod
-    def _families() -> dict[str, GaugeMetricFamily]:
-        return {
-            "rows": GaugeMetricFamily(
-                "reminders_queue_rows", "notification_queue rows by status and outcome (outcome empty until settled).",
-                labels=["status", "outcome"],
-            ),
-            "built_age": GaugeMetricFamily(
-                "reminders_oldest_build_age_seconds",
-                "Age of the oldest devices.reminders_built_at (live tokens); must stay below min lead - margin.",
-            ),
-            "never_built": GaugeMetricFamily("reminders_never_built_devices", "Live devices never built yet."),
-            "due_age": GaugeMetricFamily(
-                "reminders_oldest_due_pending_age_seconds",
-                "How long the oldest due pending row has waited past send_after (0 when none is due).",
-            ),
-            "up": GaugeMetricFamily("reminders_ledger_up", "1 if the ledger answered this scrape, else 0."),
-        }
+        return [GaugeMetricFamily("reminders_ledger_up", ""), GaugeMetricFamily("reminders_schema_at_head", "")]
 
     def collect(self) -> Iterator[Metric]:
-        families = self._families()
-        now = self.clock()
+        up = GaugeMetricFamily("reminders_ledger_up", "1 if the ledger answered this scrape, else 0.")
+        at_head = GaugeMetricFamily("reminders_schema_at_head", "1 if the database is at this release's migration head.")
         try:
-            with self.db.read() as conn:
-                counts = ledger.queue_counts(conn)
-                never, oldest = ledger.oldest_built(conn)
-                oldest_due = ledger.oldest_due_pending(conn, now)
+            migrate.require_head(self.db)
+            live = DISPATCHER_LIVE_BEATS * self.settings.dispatch_heartbeat_seconds
+            snapshot = read_snapshot(self.db, self.clock(), self.settings.metrics_window_seconds, live)
+        except migrate.SchemaNotCurrent as exc:
+            log.warning("metrics: %s", exc)
+            at_head.add_metric([], 0)
+            up.add_metric([], 0)
+            yield from (up, at_head)
+            return
         except Exception as exc:  # noqa: BLE001 - a scrape must answer even when the database does not
             log.warning("metrics: ledger unavailable: %s: %s", type(exc).__name__, first_line(exc))
-            families["up"].add_metric([], 0)
-            yield families["up"]
+            up.add_metric([], 0)
+            yield up
             return
-        # Every known series, zeros included, so a status that empties does not vanish from graphs.
-        known = {("pending", None): 0, ("claimed", None): 0, **{("settled", o): 0 for o in OUTCOMES}}
-        for (status, outcome), n in {**known, **counts}.items():
-            families["rows"].add_metric([status, outcome or ""], n)
-        families["built_age"].add_metric([], _age(now, oldest))
-        families["never_built"].add_metric([], never)
-        families["due_age"].add_metric([], _age(now, oldest_due))
-        families["up"].add_metric([], 1)
-        yield from families.values()
+        up.add_metric([], 1)
+        at_head.add_metric([], 1)
+        yield from (up, at_head)
+        yield from families(snapshot)
 
 
 class Metrics:
-    """One app's registry: the ledger collector and the counters its drain route feeds."""
+    """One app's registry: the ledger collector, and the two counters only this process can know."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, db: Database, clock: Callable[[], str] = now_utc) -> None:
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], str] = now_utc) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(LedgerCollector(db, clock))
-        self.sends = Counter(
-            "reminders_sends", "Rows this process's drains settled sent or failed, by APNs reason (empty when sent).",
-            ["outcome", "reason"], registry=self.registry,
-        )
-        self.settled = Counter(
-            "reminders_drained_rows", "Rows this process's drains settled, by outcome.", ["outcome"], registry=self.registry
-        )
-        self.abandoned = Counter(
-            "reminders_abandoned_claims", "Claims this process's drains failed as abandoned (never retried).", registry=self.registry
-        )
-        self.lateness = Histogram(
-            "reminders_send_lateness_seconds", "sent_at - send_after of each row this process's drains sent.",
-            buckets=LATENESS_BUCKETS, registry=self.registry,
-        )
+        self.registry.register(LedgerCollector(db, settings, clock))
         self.drains = Counter("reminders_http_drains", "Drain route calls that ran a drain.", registry=self.registry)
         self.tz_failures = Counter(
             "reminders_tz_write_failures", "Best-effort tz offset writes that failed (the feed was still served).",
@@ -125,22 +288,8 @@ class Metrics:
         )
 
     def observe_drain(self, summary: DrainSummary) -> None:
+        """Its sends show in the ledger figures like everyone else's; only the call is counted here."""
         self.drains.inc()
-        self.abandoned.inc(summary.abandoned)
-        for outcome, n in summary.outcomes.items():
-            self.settled.labels(outcome).inc(n)
-        if summary.outcomes.get("sent"):
-            self.sends.labels("sent", "").inc(summary.outcomes["sent"])
-        explained = 0
-        for key, n in summary.details.items():
-            outcome, _, reason = key.partition(":")
-            if outcome == "failed":
-                self.sends.labels("failed", reason).inc(n)
-                explained += n
-        if summary.outcomes.get("failed", 0) > explained:
-            self.sends.labels("failed", "unknown").inc(summary.outcomes["failed"] - explained)
-        for seconds in summary.lateness_seconds:
-            self.lateness.observe(seconds)
 
     def tz_write_failed(self) -> None:
         self.tz_failures.inc()

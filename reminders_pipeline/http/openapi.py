@@ -357,6 +357,23 @@ def _paths() -> dict[str, Any]:
     }
 
 
+UNAVAILABLE = _error(
+    "The database is not at this release's migration head (`schema_not_current`, `detail` is the one line "
+    "naming both revisions), or it is unreachable or timed out (`database_unavailable`)."
+)
+
+
+def _with_unavailable(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every route that reads the ledger may answer 503 (a route's own 503 keeps its description)."""
+    for path, item in paths.items():
+        if path in ("/metrics", "/openapi.json"):
+            continue
+        for method, operation in item.items():
+            if method in ("get", "put", "post", "delete"):
+                operation["responses"].setdefault("503", UNAVAILABLE)
+    return paths
+
+
 def document(settings: Settings) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -371,7 +388,7 @@ def document(settings: Settings) -> dict[str, Any]:
                 "Errors are JSON `{error, detail, field?}`; a request the app cannot use is a 4xx, never a 500."
             ),
         },
-        "paths": _paths(),
+        "paths": _with_unavailable(_paths()),
         "components": {
             "schemas": _schemas(settings),
             "securitySchemes": {

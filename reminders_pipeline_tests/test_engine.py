@@ -1,0 +1,108 @@
+"""One engine per process, its pool sized by a setting, and PostgreSQL's statement_timeout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from reminders_pipeline import db as db_module
+from reminders_pipeline.db import Database
+from reminders_pipeline.defs.resources import LedgerResource
+from reminders_pipeline.http import create_app
+from reminders_pipeline.settings import Settings
+
+from .test_dagster_support import definitions_for, resources_for
+from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fixtures
+
+
+def test_the_settings_are_read_from_the_environment():
+    s = Settings.from_env({"REMINDERS_DB_POOL_SIZE": "3", "REMINDERS_DB_STATEMENT_TIMEOUT_MS": "250", "REMINDERS_METRICS_WINDOW_SECONDS": "600"})
+    assert (s.db_pool_size, s.db_statement_timeout_ms, s.metrics_window_seconds) == (3, 250, 600)
+    defaults = Settings.from_env({})
+    assert (defaults.db_pool_size, defaults.db_statement_timeout_ms, defaults.metrics_window_seconds) == (10, 60_000, 900)
+
+
+def test_ledger_resource_keeps_one_engine_across_ops_and_ticks(db_url):
+    resource = LedgerResource(database_url=db_url)
+    with resource.open() as first:
+        with first.read() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    with resource.open() as second:
+        pass
+    assert second is first
+    assert first.engine.pool.checkedin() == 1  # the connection stayed pooled: nothing was disposed
+
+
+def test_a_dagster_run_makes_one_engine(db_url, monkeypatch):
+    made: list[str] = []
+    real = db_module.make_engine
+
+    def counting(url: str, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(url)
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(db_module, "make_engine", counting)
+    defs = definitions_for(resources_for(db_url))
+    with dg.instance_for_test() as instance:
+        for _ in range(2):  # fail_abandoned, find_due, summarize; twice
+            assert defs.resolve_job_def("drain_job").execute_in_process(instance=instance).success
+        with dg.build_sensor_context(instance=instance, resources=resources_for(db_url)) as context:
+            from reminders_pipeline.defs.monitoring import sweep_period_sensor
+
+            sweep_period_sensor.evaluate_tick(context)
+    assert made == [db_url]
+
+
+def test_the_pool_size_comes_from_the_setting(db_url):
+    settings = Settings(database_url=db_url, db_pool_size=3)
+    database = Database.for_settings(settings)
+    try:
+        assert database.engine.pool.size() == 3
+        assert database.engine.pool._max_overflow == 3  # noqa: SLF001 - no public reader for the overflow
+    finally:
+        database.dispose()
+    app = create_app(settings)
+    try:
+        assert app.state.api.db.engine.pool.size() == 3
+    finally:
+        app.state.api.db.dispose()
+
+
+def test_statement_timeout_on_postgresql(db_url):
+    database = Database.for_settings(Settings(database_url=db_url, db_statement_timeout_ms=200))
+    try:
+        with database.read() as conn:
+            if database.dialect != "postgresql":  # SQLite has no statement timeout; the setting is ignored
+                assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+                return
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "200ms"
+        with pytest.raises(OperationalError, match="statement timeout"):
+            with database.read() as conn:
+                conn.exec_driver_sql("SELECT pg_sleep(2)")
+    finally:
+        database.dispose()
+    unbounded = Database.for_settings(Settings(database_url=db_url, db_statement_timeout_ms=0))
+    try:
+        with unbounded.read() as conn:
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+    finally:
+        unbounded.dispose()
+
+
+def test_an_unreachable_database_answers_503_not_500(serve, db_url, tmp_path: Path):
+    if db_url.startswith("sqlite"):
+        (tmp_path / "dir").mkdir()
+        url = f"sqlite:///{tmp_path / 'dir'}"  # a directory: SQLite cannot open it
+    else:
+        url = db_url.rsplit("/", 1)[0] + "/no_such_database_12c"
+    database = Database(url)
+    try:
+        s = serve(http_settings(Settings(database_url=url)), database=database)
+        response = s.api.get("/v1/devices/p")
+        assert response.status_code == 503
+        assert error_of(response)["error"] == "database_unavailable"
+    finally:
+        database.dispose()

@@ -1,0 +1,164 @@
+"""A database not at this release's migration head: every command and route stops with one line.
+
+Tried as a new user would: ``reminders queue list`` before ``reminders db upgrade``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import make_url
+
+from reminders_pipeline import migrate
+from reminders_pipeline.cli import main
+from reminders_pipeline.db import Database
+from reminders_pipeline.settings import Settings
+
+from .support import TOKEN
+from .test_dagster_support import definitions_for, resources_for
+from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fixtures
+
+OLD = "0002"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def blank_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database nobody has migrated: a new SQLite file, or a new database on the test PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'blank.sqlite3'}"
+        return
+    server = request.getfixturevalue("postgres_url")
+    name = f"reminders_old_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(server).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def old_url(blank_url: str) -> str:
+    """A database an earlier release migrated (revision 0002)."""
+    db = Database(blank_url)
+    migrate.upgrade(db, OLD)
+    db.dispose()
+    return blank_url
+
+
+def needs(current: str | None) -> str:
+    return f"database at revision {current or 'none'}, this release needs {migrate.head_revision()}: run reminders db upgrade"
+
+
+COMMANDS = [
+    ["queue", "list"],
+    ["device", "list"],
+    ["device", "put", "p", "--apns-token", TOKEN],
+    ["device", "remove", "p"],
+    ["device", "rechunk"],
+    ["sources"],
+    ["build", "--all"],
+    ["drain"],
+    ["prune"],
+    ["check"],
+]
+
+
+def run(url: str, *args: str):
+    env = {"REMINDERS_DATABASE_URL": url, "REMINDERS_ENABLED": "false"}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_every_command_on_a_blank_database_stops_with_one_line(blank_url, args):
+    result = run(blank_url, *args)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr == f"Error: {needs(None)}\n"
+
+
+def test_a_database_behind_names_both_revisions_and_upgrade_fixes_it(old_url):
+    result = run(old_url, "queue", "list")
+    assert (result.exit_code, result.stderr) == (1, f"Error: {needs(OLD)}\n")
+    upgraded = run(old_url, "db", "upgrade")
+    assert upgraded.exit_code == 0 and json.loads(upgraded.stdout)["revision"] == migrate.head_revision()
+    assert json.loads(run(old_url, "queue", "list").stdout) == []
+
+
+def test_a_database_from_a_newer_release_says_so(db_url):
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+    engine.dispose()
+    try:
+        result = run(db_url, "device", "list")
+        assert result.exit_code == 1
+        assert result.stderr == (
+            f"Error: database at revision 9999, this release needs {migrate.head_revision()}: "
+            "it was migrated by a newer release: upgrade this package\n"
+        )
+    finally:
+        engine = create_engine(db_url)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": migrate.head_revision()})
+        engine.dispose()
+
+
+def test_routes_answer_503_with_the_line_and_recover_after_the_upgrade(serve, old_url, caplog):
+    db = Database(old_url)
+    try:
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.http.app"):
+            s = serve(http_settings(Settings(database_url=old_url)), database=db)
+        assert f"{needs(OLD)}; every route but /metrics and /openapi.json answers 503 until then" in caplog.messages
+        for response in (s.api.get("/v1/devices/p"), s.api.post("/internal/reminders/drain"), s.api.post("/internal/reminders/build")):
+            assert response.status_code == 503
+            assert error_of(response) == {"error": "schema_not_current", "detail": needs(OLD)}
+        health = s.anon.get("/healthz")
+        assert health.status_code == 503 and health.json()["detail"] == needs(OLD)
+        metrics = s.anon.get("/metrics")
+        assert metrics.status_code == 200
+        assert "reminders_ledger_up 0.0" in metrics.text and "reminders_schema_at_head 0.0" in metrics.text
+        assert s.anon.get("/v1/devices/p").status_code == 401  # credentials are still checked first
+
+        migrate.upgrade(db)  # no restart needed
+        assert s.api.get("/v1/devices/p").status_code == 404
+        assert s.anon.get("/healthz").status_code == 200
+    finally:
+        db.dispose()
+
+
+def test_the_head_is_checked_once_per_engine_not_per_request(serve, settings, db):
+    versions: list[str] = []
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def spy(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        if "FROM alembic_version" in statement:
+            versions.append(statement)
+
+    s = serve(http_settings(settings), database=db)
+    for _ in range(3):
+        assert s.api.get("/v1/devices/p").status_code == 404
+        assert s.anon.get("/healthz").status_code == 200
+        assert s.anon.get("/metrics").status_code == 200
+    assert len(versions) == 1
+
+
+def test_dagster_ops_fail_with_the_line(old_url):
+    with dg.instance_for_test() as instance:
+        result = definitions_for(resources_for(old_url)).resolve_job_def("drain_job").execute_in_process(
+            instance=instance, raise_on_error=False
+        )
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    error = failure.step_failure_data.error
+    assert error.message.strip().endswith(needs(OLD))
+    assert "sqlalchemy" not in error.message.lower()
