@@ -45,7 +45,8 @@ class SendResult:
     token_invalid: bool = False  # stop sending to this token (410, BadDeviceToken, ...)
     token_invalid_at: str | None = None  # stored time; APNs' timestamp for 410
     config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
-    answered_at: float | None = None  # time.monotonic() when the answer arrived: the row's sent_at
+    # time.monotonic() when the answer arrived: the row's sent_at. Not part of what the answer *is*.
+    answered_at: float | None = field(default=None, compare=False)
     retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
 
 
