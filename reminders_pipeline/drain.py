@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from . import ledger
 from .alerts import raise_alert
@@ -30,6 +30,7 @@ from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Clock = Callable[[], str]
 
@@ -208,11 +209,15 @@ async def send_batch_async(
             if summary.halted or (stop is not None and stop.is_set()):
                 break
             claim_time = clock()
-            with db.write() as conn:
-                _lock_dead_devices(conn, returned)
-                written = [_write_settlement(conn, done, claimer) for done in returned]
-                summary.halted = ledger.halt_of(conn, scope)
-                rows = [] if summary.halted else ledger.claim(conn, ids[i : i + settings.claim_batch_size], claim_time, claimer)
+
+            def settle_and_claim(slice_ids: Sequence[int]) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
+                with db.write() as conn:
+                    _lock_dead_devices(conn, returned)
+                    written = [_write_settlement(conn, done, claimer) for done in returned]
+                    halted = ledger.halt_of(conn, scope)
+                    return written, halted, [] if halted else ledger.claim(conn, slice_ids, claim_time, claimer)
+
+            written, summary.halted, rows = await _waiting_off_the_loop(db, settle_and_claim, ids[i : i + settings.claim_batch_size])
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
             if summary.halted:
@@ -236,18 +241,36 @@ async def send_batch_async(
         try:
             halt_found = summary.halted is not None and not halted_elsewhere
             if returned or halt_found:
-                with db.write() as conn:
-                    _lock_dead_devices(conn, returned)
-                    written = [_write_settlement(conn, done, claimer) for done in returned]
-                    if halt_found:
-                        ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
-                _count_settlements(returned, written, summary)
+
+                def settle_last() -> list[tuple[int, int]]:
+                    with db.write() as conn:
+                        _lock_dead_devices(conn, returned)
+                        written = [_write_settlement(conn, done, claimer) for done in returned]
+                        if halt_found:
+                            ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
+                        return written
+
+                _count_settlements(returned, await _waiting_off_the_loop(db, settle_last), summary)
         finally:
             if owned and sender is not None:
                 await sender.aclose()
     if summary.halted and not halted_elsewhere:
         _alert_halt(settings, summary, claimer)
     return summary
+
+
+async def _waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
+    """Run a write transaction where its wait cannot stall the sends on the wire.
+
+    SQLite's write lock may be held by another process (a build, another drainer) for seconds, and
+    its busy timeout waits inside the call: on the event loop, that wait would stop every answer
+    from being read (and time sends out). So on SQLite the transaction runs in a worker thread.
+    PostgreSQL's claims take row locks with SKIP LOCKED and never wait; kept on the loop, they
+    spare a thread hop per slice.
+    """
+    if db.dialect == "sqlite":
+        return await asyncio.to_thread(transaction, *args)
+    return transaction(*args)
 
 
 def _alert_halt(settings: Settings, summary: DrainSummary, claimer: str) -> None:

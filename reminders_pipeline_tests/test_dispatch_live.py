@@ -255,3 +255,49 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
     sent = ids_where(final, outcome="sent")
     assert sent and summary["outcomes"] == {"sent": len(sent)} and summary["claimed"] == len(sent)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # PostgreSQL claims never wait (SKIP LOCKED)
+def test_a_sqlite_write_lock_held_elsewhere_never_stalls_the_event_loop_sends_wait_on(db, settings):
+    """Another process holds SQLite's write lock for 1.5 s mid-drain: the drain's next settle and
+    claim wait for it in a worker thread, so the loop that reads APNs' answers keeps turning."""
+    import sqlite3
+
+    from reminders_pipeline.drain import send_batch_async
+    from reminders_pipeline.drain import find_due
+
+    live = settings.with_(enabled=True, claim_batch_size=10, apns_concurrency=10)
+    queue_rows(db, {"d": [time.time() - 5] * 200})
+    ids = find_due(db, now_utc())
+    path = db.engine.url.database
+
+    def hold_lock() -> None:
+        time.sleep(0.3)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        time.sleep(1.5)
+        other.execute("COMMIT")
+        other.close()
+
+    async def main() -> tuple[float, object]:
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.02)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.ensure_future(ticker())
+        summary = await send_batch_async(db, live, ids, SlowSender(0.1).factory())
+        tick.cancel()
+        return max(gaps), summary
+
+    locker = threading.Thread(target=hold_lock)
+    locker.start()
+    longest, summary = asyncio.run(main())
+    locker.join()
+    assert summary.outcomes == {"sent": 200}
+    assert longest < 0.5, f"the event loop stalled for {longest:.2f}s behind SQLite's lock"
