@@ -130,6 +130,9 @@ class Settings:
     source_allow_networks: tuple[str, ...] = ()
     token_previous: str | None = None  # the internal token being rotated out: still accepted
     http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
+    # Calendars as people keep them (issue 13): per source per build, items kept and parse time.
+    source_max_items: int = 2000
+    source_parse_seconds: float = 10.0
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -201,6 +204,8 @@ class Settings:
             source_allow_networks=_networks(env, "REMINDERS_SOURCE_ALLOW_NETWORKS"),
             token_previous=env.get("REMINDERS_TOKEN_PREVIOUS") or None,
             http_accept_now=env.get("REMINDERS_HTTP_ACCEPT_NOW") == "true",
+            source_max_items=_int(env, "REMINDERS_SOURCE_MAX_ITEMS", 2000, 1),
+            source_parse_seconds=_float(env, "REMINDERS_SOURCE_PARSE_SECONDS", 10.0, 0.1),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")
