@@ -16,7 +16,9 @@ A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
@@ -32,6 +34,9 @@ from .times import iso_from_unix, unix_from_iso
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
 MAX_REDIRECTS = 3
 PARSE_GRACE_SECONDS = 1.0
+# Not the loop's default executor: ``asyncio.run`` waits for that one at exit, which would make a
+# parse past its bound hold up the whole build. A parse left behind finishes here, unread.
+_PARSERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reminders-parse")
 
 Windows = Union[tuple[int, int], Mapping[int, tuple[int, int]], None]
 
@@ -183,8 +188,10 @@ class SourceReader:
         (the thread finishes in the background, its result dropped)."""
         if parse is parse_ics_feed:
             kwargs["deadline"] = time.monotonic() + self.parse_seconds
+        call = functools.partial(parse, *args, **kwargs)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(parse, *args, **kwargs), self.parse_seconds + PARSE_GRACE_SECONDS)
+            work = asyncio.get_running_loop().run_in_executor(_PARSERS, call)
+            return await asyncio.wait_for(work, self.parse_seconds + PARSE_GRACE_SECONDS)
         except asyncio.TimeoutError:
             raise FeedError("parse_timeout") from None
 
