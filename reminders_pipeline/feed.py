@@ -42,10 +42,6 @@ class Item:
         expires = max(local.to_unix(self.expires_at - self.tail_seconds) + self.tail_seconds, starts + 1)
         return replace(self, starts_at=starts, expires_at=expires, floating=False, tail_seconds=0)
 
-    def for_offset(self, tz_offset_seconds: int | None) -> "Item":
-        """Fixed to a device's UTC offset; unknown offset reads floating times as UTC."""
-        return self.for_local(LocalTime(None, tz_offset_seconds))
-
     def to_json(self) -> list[Any]:
         return [self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating, self.all_day, self.tail_seconds]
 

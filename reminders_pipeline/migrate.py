@@ -37,3 +37,9 @@ def head_revision() -> str | None:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     return ScriptDirectory.from_config(cfg).get_current_head()
+
+
+def downgrade(db: Database, revision: str) -> None:
+    """Back to ``revision`` (tests of a migration's data path; operators use ``alembic`` directly)."""
+    with db.engine.begin() as conn:
+        command.downgrade(_config(conn), revision)
