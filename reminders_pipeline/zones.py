@@ -76,9 +76,17 @@ def _wall_to_unix(wall: int, tz_name: str) -> int:
 
 
 def local_time(device: object) -> LocalTime:
-    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``)."""
+    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``).
+
+    A stored zone the zone database no longer knows (an upgrade renamed it) falls back to the
+    offset rather than failing the device's build.
+    """
     get = device.get if isinstance(device, dict) else lambda k: getattr(device, k, None)  # type: ignore[attr-defined]
-    return LocalTime(get("tz_name"), get("last_tz_offset_seconds"))
+    name = get("tz_name")
+    try:
+        return LocalTime(name and valid_zone_name(name), get("last_tz_offset_seconds"))
+    except ZoneError:
+        return LocalTime(None, get("last_tz_offset_seconds"))
 
 
 @dataclass(frozen=True)

@@ -159,3 +159,10 @@ def test_quiet_hours_end_is_local_and_dst_exact():
 def test_bad_quiet_hours_are_refused(text):
     with pytest.raises(ZoneError):
         parse_quiet_hours(text)
+
+
+def test_a_stored_zone_the_database_no_longer_knows_falls_back_to_the_offset():
+    from reminders_pipeline.zones import local_time
+
+    assert local_time({"tz_name": "Gone/Zone", "last_tz_offset_seconds": 3600}) == LocalTime(None, 3600)
+    assert local_time({"tz_name": "Europe/Berlin", "last_tz_offset_seconds": 3600}) == LocalTime("Europe/Berlin", 3600)
