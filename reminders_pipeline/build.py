@@ -18,13 +18,14 @@ from .db import Database
 from .egress import parse_networks
 from .feed import Item
 from .policy import held_send_after
-from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules
+from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, distinct_sources
 from .times import iso_from_unix, now_utc, shift, unix_from_iso
 from .zones import LocalTime, local_time, parse_quiet_hours
 
 WRITE_BATCH_DEVICES = 500
+ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 
 
 @dataclass
@@ -69,7 +70,8 @@ class DevicePlan:
     feed_items: dict[str, Item]  # namespaced id -> item, from sources read successfully
     ok_sources: set[int]
     subscribed: set[int]
-    rules: dict[str, Rule]
+    rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
+    item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -81,11 +83,13 @@ def plan_device(
     device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now_unix: float, horizon: int
 ) -> DevicePlan:
     """Resolve each item in the device's local time and apply its rules: lead rules to timed items,
-    day rules to all-day items, then hold for quiet hours (``policy.held_send_after``)."""
+    day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
+    then hold for quiet hours (``policy.held_send_after``)."""
     rules = {r.name: r for r in rules_of(device)}
+    use_alarms = bool(device.get("use_alarms"))
     local = local_time(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
-    plan = DevicePlan({}, {}, set(), set(subscribed), rules)
+    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules))
     for source_id in plan.subscribed:
         read = reads.get(source_id)
         if read is None or not read.ok:
@@ -95,9 +99,7 @@ def plan_device(
             item = raw.for_local(local)
             item_id = namespaced(source_id, item.id)
             plan.feed_items[item_id] = item
-            for rule in rules.values():
-                if rule.all_day != raw.all_day:
-                    continue
+            for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
                 send_after = _send_after(rule, raw, item, local)
                 if rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix or send_after > now_unix + horizon:
                     continue
@@ -114,6 +116,17 @@ def plan_device(
                     "body": item.body,
                 }
     return plan
+
+
+def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule], use_alarms: bool) -> list[Rule]:
+    """The calendar's alarms when the device uses them and the item has any; else the device's
+    rules of the item's kind (day rules for all-day items, lead rules for timed ones)."""
+    if use_alarms and raw.alarms:
+        own = [parse_rule(name) for name in raw.alarms]
+        plan.rules.update((r.name, r) for r in own)
+        plan.item_rules[item_id] = {r.name for r in own}
+        return own
+    return [r for r in rules.values() if r.all_day == raw.all_day]
 
 
 def rules_of(device: dict[str, Any]) -> list[Rule]:
@@ -146,6 +159,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     item = plan.feed_items.get(row["item_id"])
     if item is None:
         return "left_feed"
+    if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
+        return "rule_removed"  # the calendar dropped that alarm
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
         return None
     return "out_of_horizon"
@@ -238,7 +253,8 @@ def source_windows(devices: Sequence[dict[str, Any]], subs: dict[str, list[int]]
     so one device with a year-long lead makes only its own calendars expand over a year."""
     windows: dict[int, tuple[int, int]] = {}
     for device in devices:
-        window = read_window(rules_of(device), now, horizon)
+        start, end = read_window(rules_of(device), now, horizon)
+        window = (start, end + ALARM_REACH_SECONDS) if device.get("use_alarms") else (start, end)
         for sid in subs.get(device["id"], ()):
             windows[sid] = max(windows.get(sid, window), window)
     return windows

@@ -88,10 +88,11 @@ def device() -> None:
 @click.option("--all-day-rule", "all_day_rules", multiple=True, help="Rule for all-day items, e.g. day:1@18:00 (default day:0@09:00). Repeatable.")
 @click.option("--no-all-day-rules", is_flag=True, help="No reminders for all-day items.")
 @click.option("--quiet-hours", default=None, help="Quiet hours in the device's zone, e.g. 22:00-07:00.")
+@click.option("--alarms", is_flag=True, help="Use each calendar event's own alarms (VALARM) as its rules.")
 @pass_ctx
 def device_put(
     ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...],
-    tz: str | None, all_day_rules: tuple[str, ...], no_all_day_rules: bool, quiet_hours: str | None,
+    tz: str | None, all_day_rules: tuple[str, ...], no_all_day_rules: bool, quiet_hours: str | None, alarms: bool,
 ) -> None:
     """Create or replace a device: exactly these rules and sources.
 
@@ -101,7 +102,7 @@ def device_put(
         raise click.UsageError("give --all-day-rule or --no-all-day-rules, not both")
     day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
     lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
-    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz, day_rules, quiet_hours)
+    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz, day_rules, quiet_hours, alarms)
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:

@@ -47,6 +47,7 @@ class DeviceSpec:
     tz: str | None = None  # IANA zone; None keeps the stored one (the widget reports it too)
     all_day_rules: Sequence[str] = DEFAULT_ALL_DAY_RULES
     quiet_hours: str | None = None  # "22:00-07:00" in the device's zone
+    alarms: bool = False  # a calendar event's own alarms (VALARM) replace the device's rules for it
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
             raise DeviceError("sources", f"not an http(s) or webcal URL: {url!r}")
     return DeviceSpec(
         spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls)),
-        tz, tuple(dict.fromkeys(all_day_rules)), quiet.text if quiet else None,
+        tz, tuple(dict.fromkeys(all_day_rules)), quiet.text if quiet else None, bool(spec.alarms),
     )
 
 
@@ -151,6 +152,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
         "all_day_rules": " ".join(spec.all_day_rules),
         "quiet_hours": spec.quiet_hours,
         "tz_name": spec.tz,
+        "use_alarms": 1 if spec.alarms else 0,
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
     with db.write() as conn:

@@ -29,6 +29,7 @@ class Item:
     floating: bool = False  # local wall time read as UTC (iCalendar floating/all-day): resolved per device
     all_day: bool = False  # an iCalendar DATE: day rules apply, not lead rules
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
+    alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
 
     def for_local(self, local: LocalTime) -> "Item":
         """Fixed to a device's local time (zone, else offset, else UTC); a fixed item is unchanged.
@@ -43,11 +44,13 @@ class Item:
         return replace(self, starts_at=starts, expires_at=expires, floating=False, tail_seconds=0)
 
     def to_json(self) -> list[Any]:
-        return [self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating, self.all_day, self.tail_seconds]
+        return [
+            self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating, self.all_day, self.tail_seconds, list(self.alarms)
+        ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> "Item":
-        return cls(*data)
+        return cls(*data[:8], tuple(data[8])) if len(data) > 8 else cls(*data)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class ParsedFeed:
 
     max_items: int | None = field(default=None, repr=False, compare=False)
 
-    def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0) -> None:
+    def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
         """Validate one wire-format item: keep it, or count why it was rejected (duplicates and
         items past ``max_items`` too: a source that floods is cut, and the cut is counted)."""
         checked = validate_item(raw)
@@ -72,6 +75,8 @@ class ParsedFeed:
             self._ids.add(checked.id)
             if floating:
                 checked = replace(checked, floating=True, all_day=all_day, tail_seconds=tail_seconds)
+            if alarms:
+                checked = replace(checked, alarms=alarms)
             self.items.append(checked)
 
     def to_json(self) -> str:

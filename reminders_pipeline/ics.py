@@ -37,6 +37,7 @@ import icalendar
 import recurring_ical_events
 
 from .feed import MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed
+from .rules import MAX_LEAD_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
 FALLBACK_TITLE = "Untitled event"
@@ -131,7 +132,29 @@ def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[s
         "floating": floating,
         "all_day": not isinstance(start, datetime),
         "tail": tail if floating else 0,
+        "alarms": alarm_rules(event, start),
     }
+
+
+def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
+    """The event's DISPLAY and AUDIO alarms as rules: a TRIGGER before the start is ``lead:N``,
+    before the end (``RELATED=END``) ``lead:N@expiry``, an absolute one ``lead:N`` from the start.
+    A trigger after its anchor cannot be a lead and is left out; the phone shows what remains."""
+    rules = []
+    for alarm in event.walk("VALARM"):
+        trigger = alarm.get("TRIGGER")
+        if str(alarm.get("ACTION", "")).upper() not in ("DISPLAY", "AUDIO") or trigger is None:
+            continue
+        value = trigger.dt
+        if isinstance(value, timedelta):
+            lead, anchor = -int(value.total_seconds()), "@expiry" if str(trigger.params.get("RELATED", "")).upper() == "END" else ""
+        elif isinstance(value, datetime) and isinstance(start, datetime) and start.tzinfo is not None:
+            lead, anchor = int(_unix(start)[0] - _unix(value)[0]), ""
+        else:
+            continue
+        if 0 <= lead <= MAX_LEAD_SECONDS:
+            rules.append(f"lead:{lead}{anchor}")
+    return tuple(dict.fromkeys(rules))
 
 
 def _start_key(event: Any) -> int:
@@ -243,8 +266,8 @@ def _add(feed: ParsedFeed, raw: dict[str, Any] | str) -> None:
         if raw != "cancelled":
             feed.rejected[raw] += 1
         return
-    floating, all_day, tail = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail")
-    feed.add(raw, floating=floating, all_day=all_day, tail_seconds=tail)
+    floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
+    feed.add(raw, floating=floating, all_day=all_day, tail_seconds=tail, alarms=alarms)
 
 
 def _late(deadline: float | None) -> bool:

@@ -56,6 +56,7 @@ class DeviceRecord:
     tz_name: str | None = None  # IANA zone; floating and all-day times resolve in it when set
     all_day_rules: tuple[str, ...] = ("day:0@09:00",)
     quiet_hours: str | None = None
+    use_alarms: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -89,6 +90,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
             "extra_rules": ins.excluded.extra_rules,
             "all_day_rules": ins.excluded.all_day_rules,
             "quiet_hours": ins.excluded.quiet_hours,
+            "use_alarms": ins.excluded.use_alarms,
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
@@ -166,6 +168,7 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             tz_name=r["tz_name"],
             all_day_rules=tuple(r["all_day_rules"].split()),
             quiet_hours=r["quiet_hours"],
+            use_alarms=bool(r["use_alarms"]),
         )
         for r in rows
     ]
@@ -206,6 +209,7 @@ def select_build_devices(
             devices.c.tz_name,
             devices.c.all_day_rules,
             devices.c.quiet_hours,
+            devices.c.use_alarms,
             devices.c.reminders_built_at,
             devices.c.chunk,
         )

@@ -239,15 +239,17 @@ def test_feed_route_stores_the_zone_only_when_it_changes(served):
 
 
 def test_device_api_sets_zone_all_day_rules_and_quiet_hours(served):
-    r = served.put_device("phone-1", tz="Australia/Lord_Howe", all_day_rules=["day:1@18:00"], quiet_hours="22:30-06:45")
+    r = served.put_device("phone-1", tz="Australia/Lord_Howe", all_day_rules=["day:1@18:00"], quiet_hours="22:30-06:45", alarms=True)
     assert r.status_code == 200, r.text
     d = served.api.get("/v1/devices/phone-1").json()
-    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"]) == ("Australia/Lord_Howe", ["day:1@18:00"], "22:30-06:45")
+    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == (
+        "Australia/Lord_Howe", ["day:1@18:00"], "22:30-06:45", True
+    )
     served.put_device("phone-1")  # omitted: the zone stays (the widget reports it), the rest take defaults
     d = served.api.get("/v1/devices/phone-1").json()
-    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"]) == ("Australia/Lord_Howe", ["day:0@09:00"], None)
+    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == ("Australia/Lord_Howe", ["day:0@09:00"], None, False)
     for field, value in [("tz", "Nowhere/Land"), ("tz", 5), ("all_day_rules", ["lead:60"]), ("all_day_rules", ["day:0@25:00"]),
-                         ("quiet_hours", "22-07"), ("extra_rules", ["day:0@09:00"])]:
+                         ("quiet_hours", "22-07"), ("extra_rules", ["day:0@09:00"]), ("alarms", "yes")]:
         r = served.put_device("phone-1", **{field: value})
         assert r.status_code == 422 and error_of(r)["field"] == field, (field, value, r.text)
 
@@ -256,11 +258,78 @@ def test_cli_device_put_tz(db_url):
     runner = CliRunner()
     env = {"REMINDERS_DATABASE_URL": db_url}
     ok = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--tz", "Pacific/Chatham", "--all-day-rule", "day:2@08:00",
-                              "--quiet-hours", "23:00-06:00"], env=env)
+                              "--quiet-hours", "23:00-06:00", "--alarms"], env=env)
     assert ok.exit_code == 0, ok.output
     d = json.loads(ok.output)
-    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"]) == ("Pacific/Chatham", ["day:2@08:00"], "23:00-06:00")
+    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == ("Pacific/Chatham", ["day:2@08:00"], "23:00-06:00", True)
     bad = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--tz", "Pacific/Nowhere"], env=env)
     assert bad.exit_code == 2 and "Pacific/Nowhere" in bad.output
     none = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--no-all-day-rules"], env=env)
     assert json.loads(none.output)["all_day_rules"] == []
+
+
+ALARMS = """BEGIN:VCALENDAR\r
+VERSION:2.0\r
+PRODID:-//alarms//EN\r
+BEGIN:VEVENT\r
+UID:dentist@alarms\r
+DTSTART:20261027T130000Z\r
+DURATION:PT1H\r
+SUMMARY:Dentist\r
+BEGIN:VALARM\r
+ACTION:DISPLAY\r
+DESCRIPTION:Dentist\r
+TRIGGER:-PT15M\r
+END:VALARM\r
+BEGIN:VALARM\r
+ACTION:AUDIO\r
+TRIGGER;RELATED=END:-PT5M\r
+END:VALARM\r
+BEGIN:VALARM\r
+ACTION:DISPLAY\r
+DESCRIPTION:Dentist\r
+TRIGGER;VALUE=DATE-TIME:20261027T090000Z\r
+END:VALARM\r
+BEGIN:VALARM\r
+ACTION:EMAIL\r
+TRIGGER:-PT1H\r
+END:VALARM\r
+BEGIN:VALARM\r
+ACTION:DISPLAY\r
+TRIGGER:PT10M\r
+END:VALARM\r
+END:VEVENT\r
+BEGIN:VEVENT\r
+UID:plain@alarms\r
+DTSTART:20261027T150000Z\r
+DURATION:PT1H\r
+SUMMARY:No alarms\r
+END:VEVENT\r
+END:VCALENDAR\r
+"""
+
+
+def test_a_device_using_calendar_alarms_gets_what_the_author_asked_for(db, settings, feeds):
+    """DISPLAY/AUDIO triggers before the start, before the end and absolute become the item's
+    rules; EMAIL and after-the-start triggers are left out; an event without alarms keeps the
+    device's rules; a device not using alarms ignores them; a dropped alarm voids its row."""
+    url = feeds.calendar("/alarms.ics", ALARMS)
+    now = "2026-10-27T08:00:00.000Z"
+    put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now=now)
+    put_device(db, settings, DeviceSpec("ignores", TOKEN, 3600, (), (url,), "UTC"), now=now)
+    build(db, settings, now=now)
+    got = {(r["device_id"], r["title"], r["rule"]): r["send_after"] for r in rows(db)}
+    assert got == {
+        ("uses", "Dentist", "lead:900"): "2026-10-27T12:45:00.000Z",
+        ("uses", "Dentist", "lead:300@expiry"): "2026-10-27T13:55:00.000Z",
+        ("uses", "Dentist", "lead:14400"): "2026-10-27T09:00:00.000Z",
+        ("uses", "No alarms", "lead:3600"): "2026-10-27T14:00:00.000Z",
+        ("ignores", "Dentist", "lead:3600"): "2026-10-27T12:00:00.000Z",
+        ("ignores", "No alarms", "lead:3600"): "2026-10-27T14:00:00.000Z",
+    }
+    feeds.calendar("/alarms.ics", ALARMS.replace("TRIGGER:-PT15M", "TRIGGER:-PT20M"))
+    summary = build(db, settings, now="2026-10-27T08:01:00.000Z")
+    assert summary.rows_voided == {"rule_removed": 1}
+    assert {r["rule"] for r in rows(db, status="pending") if r["device_id"] == "uses" and r["title"] == "Dentist"} == {
+        "lead:1200", "lead:300@expiry", "lead:14400"
+    }

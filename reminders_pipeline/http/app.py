@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 ROW_ID_TEXT = re.compile(r"[0-9]{1,19}")
 TZ_TEXT = re.compile(r"-?[0-9]{1,6}")
 DEVICE_ERROR_FIELDS = {"rules": "extra_rules", "sources": "source_urls"}  # DeviceError names -> body keys
-DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls", "tz", "all_day_rules", "quiet_hours"}
+DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls", "tz", "all_day_rules", "quiet_hours", "alarms"}
 BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
 NO_CREDENTIAL = credential_hash(b"")  # compared against when a device has none, so the work is the same
 
@@ -206,7 +206,10 @@ def device_spec(device_id: str, doc: dict[str, Any], settings: Settings) -> Devi
     all_day = doc.get("all_day_rules")
     all_day_rules = DEFAULT_ALL_DAY_RULES if all_day is None else string_list(all_day, "all_day_rules", MAX_EXTRA_RULES)
     tz, quiet = optional_text(doc, "tz"), optional_text(doc, "quiet_hours")
-    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls), tz, tuple(all_day_rules), quiet)
+    alarms = doc.get("alarms")
+    if alarms is not None and not isinstance(alarms, bool):
+        raise invalid("alarms", "true, false or null")
+    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls), tz, tuple(all_day_rules), quiet, bool(alarms))
 
 
 def optional_text(doc: dict[str, Any], key: str) -> str | None:

@@ -191,6 +191,10 @@ def _schemas(settings: Settings) -> dict[str, Any]:
                     "type": ["string", "null"], "pattern": QUIET_HOURS_PATTERN,
                     "description": "`22:00-07:00` in the device's zone; reminders due inside are held to its end.",
                 },
+                "alarms": {
+                    "type": ["boolean", "null"],
+                    "description": "Use each calendar event's own alarms (VALARM) as its rules; default false.",
+                },
             },
         },
         "Device": {
@@ -207,6 +211,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
                 "tz_name": {"type": ["string", "null"]},
                 "all_day_rules": {"type": "array", "items": {"type": "string"}},
                 "quiet_hours": {"type": ["string", "null"]},
+                "use_alarms": {"type": "boolean"},
                 "reminders_built_at": ISO_TIME,
                 "token_invalid_at": ISO_TIME,
                 "token_invalid_reason": {"type": ["string", "null"]},

@@ -1,4 +1,5 @@
-"""Calendars as people keep them: a device's IANA zone, all-day rules, quiet hours; outcome quiet_hours.
+"""Calendars as people keep them: a device's IANA zone, all-day rules, quiet hours, the calendar's
+alarms; outcome quiet_hours.
 
 Revision ID: 0007
 Revises: 0004
@@ -80,11 +81,12 @@ def upgrade() -> None:
     op.add_column("devices", sa.Column("tz_name", sa.Text))  # IANA zone, e.g. Europe/Berlin
     op.add_column("devices", sa.Column("all_day_rules", sa.Text, nullable=False, server_default=sa.text("'day:0@09:00'")))
     op.add_column("devices", sa.Column("quiet_hours", sa.Text))  # "22:00-07:00" in the device's zone
+    op.add_column("devices", sa.Column("use_alarms", sa.Integer, nullable=False, server_default=sa.text("0")))  # 1: VALARMs
     _outcomes(NEW_OUTCOMES)
 
 
 def downgrade() -> None:
     op.execute("UPDATE notification_queue SET outcome = 'too_late' WHERE outcome = 'quiet_hours'")
     _outcomes(OLD_OUTCOMES)
-    for column in ("quiet_hours", "all_day_rules", "tz_name"):
+    for column in ("use_alarms", "quiet_hours", "all_day_rules", "tz_name"):
         op.drop_column("devices", column)
