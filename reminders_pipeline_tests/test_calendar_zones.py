@@ -13,6 +13,7 @@ import icalendar
 import pytest
 import recurring_ical_events
 from click.testing import CliRunner
+from sqlalchemy import event
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
@@ -236,6 +237,46 @@ def test_feed_route_stores_the_zone_only_when_it_changes(served):
     for bad in ("Mars/Olympus", "Europe/Berlin/x/y", "../../etc/passwd", "Europe/Berlin\n"):
         r = served.api.get("/v1/devices/phone-1/feed", params={"tz": bad})
         assert r.status_code == 422 and error_of(r)["field"] == "tz", bad
+
+
+def test_a_zone_is_written_only_when_it_changes(served, db):
+    served.put_device("phone-1")
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        if statement.lstrip().upper().startswith("UPDATE") or statement.strip().upper() == "BEGIN IMMEDIATE":
+            seen.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        assert served.api.get("/v1/devices/phone-1/feed", params={"tz": "America/New_York"}).status_code == 200
+        assert len([s for s in seen if "tz_name" in s]) == 1
+        seen.clear()
+        for _ in range(2):
+            assert served.api.get("/v1/devices/phone-1/feed", params={"tz": "America/New_York"}).status_code == 200
+        assert seen == []  # unchanged: no UPDATE, and on SQLite not even a write transaction
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+
+
+def test_widget_feed_resolves_floating_times_in_the_device_zone(served, feeds):
+    """The widget's feed runs on the real clock: a floating 09:00 two days from now, and an
+    all-day item that day, come back as New York's 09:00 and midnight, DST exact."""
+    day = (datetime.now(UTC) + timedelta(days=2)).date()
+    ics = (
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:f@w\r\n"
+        f"DTSTART:{day:%Y%m%d}T090000\r\nDURATION:PT1H\r\nSUMMARY:Floating\r\nEND:VEVENT\r\n"
+        f"BEGIN:VEVENT\r\nUID:a@w\r\nDTSTART;VALUE=DATE:{day:%Y%m%d}\r\nSUMMARY:All day\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    served.put_device("phone-1", source_urls=[feeds.calendar("/w.ics", ics)])
+    feed = served.api.get("/v1/devices/phone-1/feed", params={"tz": "America/New_York"}).json()
+    ny = ZoneInfo("America/New_York")
+    got = {i["title"]: (i["startsAt"], i["expiresAt"]) for i in feed["items"]}
+    nine = datetime(day.year, day.month, day.day, 9, tzinfo=ny)
+    midnight = datetime(day.year, day.month, day.day, tzinfo=ny)
+    following = day + timedelta(days=1)
+    assert got["Floating"] == (int(nine.timestamp()), int(nine.timestamp()) + 3600)
+    assert got["All day"] == (int(midnight.timestamp()), int(datetime(following.year, following.month, following.day, tzinfo=ny).timestamp()))
 
 
 def test_device_api_sets_zone_all_day_rules_and_quiet_hours(served):

@@ -166,3 +166,13 @@ def test_a_stored_zone_the_database_no_longer_knows_falls_back_to_the_offset():
 
     assert local_time({"tz_name": "Gone/Zone", "last_tz_offset_seconds": 3600}) == LocalTime(None, 3600)
     assert local_time({"tz_name": "Europe/Berlin", "last_tz_offset_seconds": 3600}) == LocalTime("Europe/Berlin", 3600)
+
+
+def test_json_feeds_are_capped_too_and_the_cut_counted():
+    import json
+
+    from reminders_pipeline.feed import parse_json_feed
+
+    items = [{"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)]
+    feed = parse_json_feed(json.dumps({"items": items}).encode(), max_items=3)
+    assert [i.id for i in feed.items] == ["e0", "e1", "e2"] and feed.rejected == {"over_item_cap": 2}
