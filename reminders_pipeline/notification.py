@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from dataclasses import replace
 from typing import Any, Mapping
 

@@ -6,7 +6,7 @@ the zone's capture over HTTP and the CLI."""
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import icalendar

@@ -4,13 +4,12 @@ and all-day rules; every expected instant is written out by hand or computed wit
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from zoneinfo import ZoneInfo
 
 import pytest
 
 from reminders_pipeline.feed import Item
 from reminders_pipeline.notification import compose, local_clock
-from reminders_pipeline.rules import Rule, RuleError, device_rules, parse_rule
+from reminders_pipeline.rules import RuleError, device_rules, parse_rule
 from reminders_pipeline.times import iso_from_unix
 from reminders_pipeline.zones import LocalTime, ZoneError, parse_quiet_hours, zone
 
