@@ -211,8 +211,8 @@ def _occurrences(query: Any, lo: datetime, hi: int, deadline: float | None) -> I
         _check(deadline)
         batch = query.between(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
         for event in sorted(batch, key=_start_key):
-            if first or _start_key(event) >= start:
-                yield event
+            if (first or _start_key(event) >= start) and _start_key(event) < end:
+                yield event  # each occurrence once, whichever slices overlap it
         start, size, first = end, size * 2, False
 
 

@@ -168,3 +168,11 @@ def test_read_window_is_per_device_not_the_longest_lead_in_the_chunk(db, setting
     # near: horizon + its own reach (the default all-day rule's day, longer than lead:3600) + slack.
     assert until[near] == iso_from_unix(NOW_S + settings.horizon_seconds + DAY + slack)
     assert until[far] == iso_from_unix(NOW_S + settings.horizon_seconds + 200 * DAY + slack)
+
+
+def test_each_occurrence_once_though_slices_meet_on_it():
+    """Slices of the expansion end on whole minutes here: an occurrence on a boundary is yielded once."""
+    from reminders_pipeline.ics import parse_ics_feed
+
+    feed = parse_ics_feed(MINUTELY, NOW_S, NOW_S + 3 * DAY, max_items=100_000)
+    assert feed.rejected == {} and len(feed.items) == 3 * 1440 + 14 * 60 + 1  # to the window's end + 14 h
