@@ -2,10 +2,13 @@
 
 Shared case: 10,000 devices subscribing to 3 sources each, drawn from 500 shared sources (half
 JSON, half iCalendar) served locally by ``bench/feed_server.py`` in another process. Own-source
-case: 2,000 devices with one source each. Baseline: the naive build every peer starts with, each
+case: 2,000 devices with one source each. Zoned case: 2,000 devices with their own iCalendar
+source each (weekly series with exceptions, a floating stand-up, an all-day item; six zones), with
+the cost of resolving floating and all-day times in each device's zone measured apart. Baseline: the naive build every peer starts with, each
 device reading its own sources one by one (measured on a sample and reported per device).
 
-Usage: ``.venv/bin/python bench/bench_build.py [--devices 10000] [--backend sqlite|postgresql|both]``
+Usage: ``.venv/bin/python bench/bench_build.py [--devices 10000] [--backend sqlite|postgresql|both]
+[--cases shared,own,zoned]``
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
-from reminders_pipeline.build import build  # noqa: E402
+from feed_server import ZONES  # noqa: E402
+
+from reminders_pipeline.build import build, make_reader, read_window  # noqa: E402
+from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
+from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
@@ -39,17 +46,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(json_count: int, ics_count: int, t0: int) -> tuple[subprocess.Popen, str]:
+def start_server(json_count: int, ics_count: int, t0: int, zoned_count: int = 0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "feed_server.py"), str(port), str(json_count), str(ics_count), str(t0)],
+        [sys.executable, str(Path(__file__).parent / "feed_server.py"), str(port), str(json_count), str(ics_count), str(t0), str(zoned_count)],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout and proc.stdout.readline().strip() == b"ready"
     return proc, f"http://127.0.0.1:{port}"
 
 
-def register(db, settings: Settings, subscriptions: dict[str, list[str]]) -> None:
+def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones: dict[str, str] | None = None) -> None:
     """Bulk registration through the ledger (put_device per device would measure registration, not build)."""
     now = now_utc()
     urls = sorted({u for us in subscriptions.values() for u in us})
@@ -57,7 +64,8 @@ def register(db, settings: Settings, subscriptions: dict[str, list[str]]) -> Non
         for i in range(0, len(subscriptions), 2000):
             part = list(subscriptions)[i : i + 2000]
             for d in part:
-                ledger.upsert_device(conn, {"id": d, "apns_token": TOKEN, "reminder_lead_seconds": 3600, "extra_rules": "", "chunk": chunk_of(d, 16)}, now)
+                values = {"id": d, "apns_token": TOKEN, "reminder_lead_seconds": 3600, "extra_rules": "", "chunk": chunk_of(d, 16)}
+                ledger.upsert_device(conn, {**values, "tz_name": (zones or {}).get(d)}, now)
         from reminders_pipeline.ledger import _insert  # noqa: PLC0415
         from reminders_pipeline.schema import device_sources, sources
 
@@ -77,11 +85,31 @@ def naive(subscriptions: dict[str, list[str]], sample: int) -> float:
     return len(devices) / (time.perf_counter() - t)
 
 
-def run_case(kind: str, subscriptions: dict[str, list[str]], t0: int) -> dict:
+def zone_resolution_seconds(subscriptions: dict[str, list[str]], zones: dict[str, str], t0: int) -> float:
+    """What resolving floating and all-day times in each device's zone costs (the build's per-item
+    ``Item.for_local`` and day-rule ``LocalTime.to_unix``), measured apart on the same feeds, cold cache."""
+    reader = make_reader(Settings(source_allow_networks=LOOPBACK_NETWORKS))
+    urls = sorted({u for us in subscriptions.values() for u in us})
+    window = read_window(device_rules(3600, (), DEFAULT_ALL_DAY_RULES), iso_from_unix(t0), 86400)
+    reads = reader.read_all(dict(enumerate(urls)), window)
+    feeds = {urls[i]: r.feed.items for i, r in reads.items() if r.ok}
+    day = parse_rule(DEFAULT_ALL_DAY_RULES[0])
+    _wall_to_unix.cache_clear()
+    t = time.perf_counter()
+    for d, us in subscriptions.items():
+        local = LocalTime(zones[d])
+        for item in feeds[us[0]]:
+            item.for_local(local)
+            if item.all_day:
+                local.to_unix(day.day_wall(item.starts_at))
+    return time.perf_counter() - t
+
+
+def run_case(kind: str, subscriptions: dict[str, list[str]], t0: int, zones: dict[str, str] | None = None) -> dict:
     db, close = fresh(kind)
     try:
         settings = Settings(database_url=db.url, source_allow_networks=LOOPBACK_NETWORKS)
-        register(db, settings, subscriptions)
+        register(db, settings, subscriptions, zones)
         now = iso_from_unix(t0)
         t = time.perf_counter()
         first = build(db, settings, now=now)
@@ -101,9 +129,18 @@ def run_case(kind: str, subscriptions: dict[str, list[str]], t0: int) -> dict:
             "next_tick_devices_per_s": round(n / warm),
             "next_tick_not_modified": second.sources_not_modified,
             "next_tick_rows_written": second.rows_inserted + second.rows_updated,
+            **({} if zones is None else _zone_cost(subscriptions, zones, t0, cold)),
         }
     finally:
         close()
+
+
+def _zone_cost(subscriptions: dict[str, list[str]], zones: dict[str, str], t0: int, cold: float) -> dict:
+    spent = zone_resolution_seconds(subscriptions, zones, t0)
+    return {
+        "zone_resolution_us_per_device": round(spent / len(subscriptions) * 1e6, 1),
+        "zone_resolution_share_of_first_build": round(spent / cold, 4),
+    }
 
 
 def main() -> None:
@@ -112,20 +149,35 @@ def main() -> None:
     ap.add_argument("--own", type=int, default=2_000)
     ap.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--naive-sample", type=int, default=300)
+    ap.add_argument("--zoned", type=int, default=2_000)
+    ap.add_argument("--cases", default="shared,own,zoned")
     args = ap.parse_args()
+    cases = set(args.cases.split(","))
     t0 = int(unix_from_iso(now_utc()))
-    proc, base = start_server(250 + args.own, 250, t0)
+    proc, base = start_server(250 + args.own, 250, t0, args.zoned)
     try:
         rng = random.Random(7)
         shared_urls = [f"{base}/j/{n}.json" for n in range(250)] + [f"{base}/c/{n}.ics" for n in range(250)]
         shared = {f"dev-{i}": rng.sample(shared_urls, 3) for i in range(args.devices)}
         own = {f"own-{i}": [f"{base}/j/{250 + i}.json"] for i in range(args.own)}
+        zoned = {f"zoned-{i}": [f"{base}/z/{i}.ics"] for i in range(args.zoned)}
+        zones = {d: ZONES[i % len(ZONES)] for i, d in enumerate(zoned)}
         results: dict = {"machine": "x86_64, 2 cores", "date": now_utc()[:10]}
-        results["naive_shared_devices_per_s"] = round(naive(shared, args.naive_sample))
-        results["naive_own_devices_per_s"] = round(naive(own, args.naive_sample))
+        if "shared" in cases:
+            results["naive_shared_devices_per_s"] = round(naive(shared, args.naive_sample))
+        if "own" in cases:
+            results["naive_own_devices_per_s"] = round(naive(own, args.naive_sample))
+        if "zoned" in cases:
+            results["naive_zoned_devices_per_s"] = round(naive(zoned, args.naive_sample))
         backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
         for kind in backends:
-            results[kind] = {"shared": run_case(kind, shared, t0), "own_sources": run_case(kind, own, t0)}
+            results[kind] = {}
+            if "shared" in cases:
+                results[kind]["shared"] = run_case(kind, shared, t0)
+            if "own" in cases:
+                results[kind]["own_sources"] = run_case(kind, own, t0)
+            if "zoned" in cases:
+                results[kind]["zoned_own_calendars"] = run_case(kind, zoned, t0, zones)
         print(json.dumps(results, indent=2))
     finally:
         proc.kill()

@@ -1,7 +1,7 @@
 """A standalone process serving many synthetic JSON and iCalendar sources, for build benchmarks.
 
-``python bench/feed_server.py PORT JSON_COUNT ICS_COUNT T0`` serves ``/j/<n>.json`` and ``/c/<n>.ics``,
-each with ETag support, until killed. A separate process so serving does not share the build's GIL.
+``python bench/feed_server.py PORT JSON_COUNT ICS_COUNT T0 [ZONED_COUNT]`` serves ``/j/<n>.json``,
+``/c/<n>.ics`` and ``/z/<n>.ics`` (a person's calendar in a zone), each with ETag support, until killed. A separate process so serving does not share the build's GIL.
 """
 
 from __future__ import annotations
@@ -37,10 +37,40 @@ def ics_body(n: int, t0: int) -> bytes:
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
+ZONES = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "Pacific/Chatham", "America/Los_Angeles"]
+
+
+def zoned_body(n: int, t0: int) -> bytes:
+    """A person's calendar: weekly series in the owner's zone with a deleted and a moved instance,
+    a floating daily stand-up, a weekly all-day item and a few one-off events."""
+    zone = ZONES[n % len(ZONES)]
+    day = datetime.fromtimestamp(t0 - 14 * 86400, timezone.utc)
+    d = day.strftime("%Y%m%d")
+    ex = datetime.fromtimestamp(t0 + 7 * 86400, timezone.utc).strftime("%Y%m%d")
+    events = []
+    for k, (hh, byday) in enumerate((("0930", "MO,WE,FR"), ("1400", "TU,TH"), ("1700", "MO"))):
+        events += [
+            "BEGIN:VEVENT", f"UID:w{n}-{k}@bench", f"DTSTART;TZID={zone}:{d}T{hh}00", "DURATION:PT45M",
+            f"RRULE:FREQ=WEEKLY;BYDAY={byday};COUNT=60", f"EXDATE;TZID={zone}:{ex}T{hh}00",
+            f"SUMMARY:Series {k} of {n}", "END:VEVENT",
+            "BEGIN:VEVENT", f"UID:w{n}-{k}@bench", f"RECURRENCE-ID;TZID={zone}:{d}T{hh}00",
+            f"DTSTART;TZID={zone}:{d}T{int(hh[:2]) + 1:02d}{hh[2:]}00", "DURATION:PT45M", f"SUMMARY:Series {k} moved", "END:VEVENT",
+        ]
+    events += ["BEGIN:VEVENT", f"UID:f{n}@bench", f"DTSTART:{d}T090000", "DURATION:PT15M", "RRULE:FREQ=DAILY;COUNT=120",
+               "SUMMARY:Stand-up", "END:VEVENT"]
+    events += ["BEGIN:VEVENT", f"UID:a{n}@bench", f"DTSTART;VALUE=DATE:{d}", "RRULE:FREQ=WEEKLY;COUNT=20", "SUMMARY:Bins out", "END:VEVENT"]
+    for k in range(5):
+        at = datetime.fromtimestamp(t0 + 3600 + k * 5 * 3600 + n, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        events += ["BEGIN:VEVENT", f"UID:o{n}-{k}@bench", f"DTSTART:{at}", "DURATION:PT30M", f"SUMMARY:One-off {k}", "END:VEVENT"]
+    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
+
+
 def main() -> None:
     port, json_count, ics_count, t0 = (int(a) for a in sys.argv[1:5])
+    zoned_count = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     bodies = {f"/j/{n}.json": (json_body(n, t0), "application/json") for n in range(json_count)}
     bodies |= {f"/c/{n}.ics": (ics_body(n, t0), "text/calendar") for n in range(ics_count)}
+    bodies |= {f"/z/{n}.ics": (zoned_body(n, t0), "text/calendar") for n in range(zoned_count)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

@@ -17,12 +17,15 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .feed import Item
-from .rules import Rule, device_rules
+from .policy import held_send_after
+from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, distinct_sources
 from .times import iso_from_unix, now_utc, shift, unix_from_iso
+from .zones import LocalTime, local_time, parse_quiet_hours
 
 WRITE_BATCH_DEVICES = 500
+ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 
 
 @dataclass
@@ -67,7 +70,8 @@ class DevicePlan:
     feed_items: dict[str, Item]  # namespaced id -> item, from sources read successfully
     ok_sources: set[int]
     subscribed: set[int]
-    rules: dict[str, Rule]
+    rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
+    item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -78,22 +82,28 @@ def namespaced(source_id: int, item_id: str) -> str:
 def plan_device(
     device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now_unix: float, horizon: int
 ) -> DevicePlan:
-    rules = {r.name: r for r in device_rules(device["reminder_lead_seconds"], device["extra_rules"].split())}
-    plan = DevicePlan({}, {}, set(), set(subscribed), rules)
+    """Resolve each item in the device's local time and apply its rules: lead rules to timed items,
+    day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
+    then hold for quiet hours (``policy.held_send_after``)."""
+    rules = {r.name: r for r in rules_of(device)}
+    use_alarms = bool(device.get("use_alarms"))
+    local = local_time(device)
+    quiet = parse_quiet_hours(device.get("quiet_hours"))
+    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules))
     for source_id in plan.subscribed:
         read = reads.get(source_id)
         if read is None or not read.ok:
             continue
         plan.ok_sources.add(source_id)
-        for item in read.feed.items:  # type: ignore[union-attr]
-            item = item.for_offset(device.get("last_tz_offset_seconds"))
+        for raw in read.feed.items:  # type: ignore[union-attr]
+            item = raw.for_local(local)
             item_id = namespaced(source_id, item.id)
             plan.feed_items[item_id] = item
-            for rule in rules.values():
-                anchor = rule.anchor_unix(item.starts_at, item.expires_at)
-                send_after = anchor - rule.lead_seconds
-                if anchor <= now_unix or send_after > now_unix + horizon:
+            for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
+                send_after = _send_after(rule, raw, item, local)
+                if rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix or send_after > now_unix + horizon:
                     continue
+                send_after = held_send_after(send_after, rule, item, quiet, local)
                 plan.wanted[(item_id, rule.name)] = {
                     "device_id": device["id"],
                     "source_id": source_id,
@@ -106,6 +116,32 @@ def plan_device(
                     "body": item.body,
                 }
     return plan
+
+
+def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule], use_alarms: bool) -> list[Rule]:
+    """The calendar's alarms when the device uses them and the item has any; else the device's
+    rules of the item's kind (day rules for all-day items, lead rules for timed ones)."""
+    if use_alarms and raw.alarms:
+        own = [parse_rule(name) for name in raw.alarms]
+        plan.rules.update((r.name, r) for r in own)
+        plan.item_rules[item_id] = {r.name for r in own}
+        return own
+    return [r for r in rules.values() if r.all_day == raw.all_day]
+
+
+def rules_of(device: dict[str, Any]) -> list[Rule]:
+    """A build row's rules: lead rules and all-day rules (the column may be absent in old callers)."""
+    all_day = device.get("all_day_rules")
+    return device_rules(
+        device["reminder_lead_seconds"], device["extra_rules"].split(), DEFAULT_ALL_DAY_RULES if all_day is None else all_day.split()
+    )
+
+
+def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
+    """A day rule names a local time on a local day (DST exact); a lead rule an offset from an instant."""
+    if rule.anchor == "day":
+        return local.to_unix(rule.day_wall(raw.starts_at)) if raw.floating else item.starts_at - rule.lead_seconds + rule.at_minutes * 60
+    return rule.send_after_unix(item.starts_at, item.expires_at)
 
 
 def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
@@ -123,6 +159,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     item = plan.feed_items.get(row["item_id"])
     if item is None:
         return "left_feed"
+    if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
+        return "rule_removed"  # the calendar dropped that alarm
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
         return None
     return "out_of_horizon"
@@ -177,12 +215,10 @@ def build(
     if progress:
         progress(0, len(devices))
 
-    window = read_window(
-        (r for d in devices for r in device_rules(d["reminder_lead_seconds"], d["extra_rules"].split())), now, settings.horizon_seconds
-    )
+    windows = source_windows(devices, subs, now, settings.horizon_seconds)
     cache = read_cache if read_cache is not None else {}
-    missing = {sid: st for sid, st in states.items() if not _covers(cache.get(sid), window)}
-    fresh = reader.read_all(missing, window)
+    missing = {sid: st for sid, st in states.items() if not _covers(cache.get(sid), windows[sid])}
+    fresh = reader.read_all(missing, windows)
     cache.update(fresh)
     reads = {sid: cache[sid] for sid in states}
     summary.sources_alerted = [s["url"] for s in _record_reads(db, fresh, now, settings)]
@@ -206,7 +242,7 @@ def build(
 def make_reader(settings: Settings) -> SourceReader:
     return SourceReader(
         settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host,
-        parse_networks(settings.source_allow_networks),
+        parse_networks(settings.source_allow_networks), settings.source_max_items, settings.source_parse_seconds,
     )
 
 
@@ -216,9 +252,21 @@ def source_state(row: dict[str, Any]) -> SourceState:
 
 def read_window(rules: Iterable[Rule], now: str, horizon: int) -> tuple[int, int]:
     """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
-    longest = max((r.lead_seconds for r in rules), default=0)
+    longest = max((r.reach_seconds for r in rules), default=0)
     start = int(unix_from_iso(now))
     return start, start + horizon + longest
+
+
+def source_windows(devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: str, horizon: int) -> dict[int, tuple[int, int]]:
+    """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
+    so one device with a year-long lead makes only its own calendars expand over a year."""
+    windows: dict[int, tuple[int, int]] = {}
+    for device in devices:
+        start, end = read_window(rules_of(device), now, horizon)
+        window = (start, end + ALARM_REACH_SECONDS) if device.get("use_alarms") else (start, end)
+        for sid in subs.get(device["id"], ()):
+            windows[sid] = max(windows.get(sid, window), window)
+    return windows
 
 
 def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
@@ -326,8 +374,9 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, subs).items()}
     reader = reader or make_reader(settings)
     now = now_utc()
-    window = read_window(device_rules(record.reminder_lead_seconds, record.extra_rules), now, settings.horizon_seconds)
-    reads = reader.read_all(states, window)
+    rules = device_rules(record.reminder_lead_seconds, record.extra_rules, record.all_day_rules)
+    reads = reader.read_all(states, read_window(rules, now, settings.horizon_seconds))
+    local = local_time(record)
     items = [
         {
             "id": namespaced(read.source_id, item.id),
@@ -338,7 +387,7 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
         }
         for read in reads.values()
         if read.ok
-        for item in (i.for_offset(record.last_tz_offset_seconds) for i in read.feed.items)  # type: ignore[union-attr]
+        for item in (i.for_local(local) for i in read.feed.items)  # type: ignore[union-attr]
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))

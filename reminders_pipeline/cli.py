@@ -19,6 +19,7 @@ from . import ledger, migrate
 from .build import build as run_build
 from .check import check as run_check
 from .db import Database
+from .rules import DEFAULT_ALL_DAY_RULES
 from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
 from .drain import default_sender_factory, drain as run_drain
 from .schema import OUTCOMES, STATUSES
@@ -130,13 +131,25 @@ def device() -> None:
 @click.option("--lead", type=click.IntRange(min=0), default=None, help="reminder_lead_seconds (default 3600).")
 @click.option("--rule", "rules", multiple=True, help="Extra rule, e.g. lead:0@expiry. Repeatable.")
 @click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
+@click.option("--tz", default=None, help="IANA time zone, e.g. Europe/Berlin (default: keep the stored one).")
+@click.option("--all-day-rule", "all_day_rules", multiple=True, help="Rule for all-day items, e.g. day:1@18:00 (default day:0@09:00). Repeatable.")
+@click.option("--no-all-day-rules", is_flag=True, help="No reminders for all-day items.")
+@click.option("--quiet-hours", default=None, help="Quiet hours in the device's zone, e.g. 22:00-07:00.")
+@click.option("--alarms", is_flag=True, help="Use each calendar event's own alarms (VALARM) as its rules.")
 @pass_ctx
-def device_put(ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...]) -> None:
+def device_put(
+    ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...],
+    tz: str | None, all_day_rules: tuple[str, ...], no_all_day_rules: bool, quiet_hours: str | None, alarms: bool,
+) -> None:
     """Create or replace a device: exactly these rules and sources.
 
     A new device's own credential (its bearer for GET /v1/devices/ID/feed) is printed this once.
     """
-    spec = DeviceSpec(device_id, apns_token, ctx.settings.default_lead_seconds if lead is None else lead, rules, sources)
+    if no_all_day_rules and all_day_rules:
+        raise click.UsageError("give --all-day-rule or --no-all-day-rules, not both")
+    day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
+    lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
+    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz, day_rules, quiet_hours, alarms)
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:

@@ -17,9 +17,10 @@ from urllib.parse import urlparse
 
 from . import ledger
 from .db import Database
-from .rules import MAX_LEAD_SECONDS, RuleError, parse_rule
+from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
 from .times import now_utc
+from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
 DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
@@ -43,6 +44,10 @@ class DeviceSpec:
     reminder_lead_seconds: int = 3600
     extra_rules: Sequence[str] = field(default_factory=tuple)
     source_urls: Sequence[str] = field(default_factory=tuple)
+    tz: str | None = None  # IANA zone; None keeps the stored one (the widget reports it too)
+    all_day_rules: Sequence[str] = DEFAULT_ALL_DAY_RULES
+    quiet_hours: str | None = None  # "22:00-07:00" in the device's zone
+    alarms: bool = False  # a calendar event's own alarms (VALARM) replace the device's rules for it
 
 
 @dataclass(frozen=True)
@@ -94,20 +99,40 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     lead = spec.reminder_lead_seconds
     if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead <= MAX_LEAD_SECONDS:
         raise DeviceError("reminder_lead_seconds", f"a whole number of seconds from 0 to {MAX_LEAD_SECONDS}")
-    rules = []
-    for text in spec.extra_rules:
-        try:
-            rules.append(parse_rule(text).name)
-        except RuleError as exc:
-            raise DeviceError("rules", str(exc)) from None
+    rules = _rules(spec.extra_rules, "rules", all_day=False)
+    all_day_rules = _rules(spec.all_day_rules, "all_day_rules", all_day=True)
+    try:
+        tz = None if spec.tz is None else valid_zone_name(spec.tz)
+    except ZoneError as exc:
+        raise DeviceError("tz", str(exc)) from None
+    try:
+        quiet = parse_quiet_hours(spec.quiet_hours)
+    except ZoneError as exc:
+        raise DeviceError("quiet_hours", str(exc)) from None
     if len(spec.source_urls) > MAX_SOURCES:
         raise DeviceError("sources", f"at most {MAX_SOURCES} sources")
     for url in spec.source_urls:
         if not _is_source_url(url):
             raise DeviceError("sources", f"not an http(s) or webcal URL: {url!r}")
     return DeviceSpec(
-        spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls))
+        spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls)),
+        tz, tuple(dict.fromkeys(all_day_rules)), quiet.text if quiet else None, bool(spec.alarms),
     )
+
+
+def _rules(texts: Sequence[str], field: str, *, all_day: bool) -> list[str]:
+    """Canonical rule names; lead rules and day rules each in their own list (``field``)."""
+    out = []
+    for text in texts:
+        try:
+            rule = parse_rule(text)
+        except RuleError as exc:
+            raise DeviceError(field, str(exc)) from None
+        if rule.all_day != all_day:
+            want = "day:N@HH:MM rules" if all_day else "lead rules (day:N@HH:MM rules go in all_day_rules)"
+            raise DeviceError(field, f"{text!r}: only {want} here")
+        out.append(rule.name)
+    return out
 
 
 def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | None = None) -> Registration:
@@ -124,6 +149,10 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
         "apns_token": spec.apns_token,
         "reminder_lead_seconds": spec.reminder_lead_seconds,
         "extra_rules": " ".join(spec.extra_rules),
+        "all_day_rules": " ".join(spec.all_day_rules),
+        "quiet_hours": spec.quiet_hours,
+        "tz_name": spec.tz,
+        "use_alarms": 1 if spec.alarms else 0,
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
     with db.write() as conn:

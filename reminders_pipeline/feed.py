@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .times import MAX_UNIX
+from .zones import LocalTime
 
 MAX_ID_LENGTH = 256
 MAX_TITLE_LENGTH = 256
@@ -25,21 +26,31 @@ class Item:
     body: str | None
     starts_at: int  # Unix seconds
     expires_at: int  # Unix seconds, at least starts_at + 1
-    floating: bool = False  # local wall time read as UTC (iCalendar floating/all-day): shifted per device
+    floating: bool = False  # local wall time read as UTC (iCalendar floating/all-day): resolved per device
+    all_day: bool = False  # an iCalendar DATE: day rules apply, not lead rules
+    tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
+    alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
 
-    def for_offset(self, tz_offset_seconds: int | None) -> "Item":
-        """Fixed to a device's UTC offset; unknown offset reads floating times as UTC."""
-        if not self.floating or not tz_offset_seconds:
+    def for_local(self, local: LocalTime) -> "Item":
+        """Fixed to a device's local time (zone, else offset, else UTC); a fixed item is unchanged.
+
+        A DURATION's days were added to the wall time (nominal, RFC 5545); its exact part is added
+        to the resolved instant, so an event across a DST change lasts what it says.
+        """
+        if not self.floating:
             return self
-        shift = tz_offset_seconds
-        return replace(self, starts_at=self.starts_at - shift, expires_at=self.expires_at - shift, floating=False)
+        starts = local.to_unix(self.starts_at)
+        expires = max(local.to_unix(self.expires_at - self.tail_seconds) + self.tail_seconds, starts + 1)
+        return replace(self, starts_at=starts, expires_at=expires, floating=False, tail_seconds=0)
 
     def to_json(self) -> list[Any]:
-        return [self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating]
+        return [
+            self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating, self.all_day, self.tail_seconds, list(self.alarms)
+        ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> "Item":
-        return cls(*data)
+        return cls(*data[:8], tuple(data[8])) if len(data) > 8 else cls(*data)
 
 
 @dataclass
@@ -48,16 +59,25 @@ class ParsedFeed:
     rejected: Counter = field(default_factory=Counter)
     _ids: set[str] = field(default_factory=set, repr=False, compare=False)
 
-    def add(self, raw: Any, floating: bool = False) -> None:
-        """Validate one wire-format item: keep it, or count why it was rejected (duplicates too)."""
+    max_items: int | None = field(default=None, repr=False, compare=False)
+
+    def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
+        """Validate one wire-format item: keep it, or count why it was rejected (duplicates and
+        items past ``max_items`` too: a source that floods is cut, and the cut is counted)."""
         checked = validate_item(raw)
         if isinstance(checked, str):
             self.rejected[checked] += 1
         elif checked.id in self._ids:
             self.rejected["duplicate_id"] += 1
+        elif self.max_items is not None and len(self.items) >= self.max_items:
+            self.rejected["over_item_cap"] += 1
         else:
             self._ids.add(checked.id)
-            self.items.append(replace(checked, floating=True) if floating else checked)
+            if floating:
+                checked = replace(checked, floating=True, all_day=all_day, tail_seconds=tail_seconds)
+            if alarms:
+                checked = replace(checked, alarms=alarms)
+            self.items.append(checked)
 
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""
@@ -117,16 +137,16 @@ def validate_item(raw: Any) -> Item | str:
     return Item(item_id, title, body or None, starts, expires)
 
 
-def parse_items(raw_items: Any) -> ParsedFeed:
+def parse_items(raw_items: Any, max_items: int | None = None) -> ParsedFeed:
     if not isinstance(raw_items, list):
         raise FeedError("items_not_a_list")
-    feed = ParsedFeed()
+    feed = ParsedFeed(max_items=max_items)
     for raw in raw_items:
         feed.add(raw)
     return feed
 
 
-def parse_json_feed(body: bytes) -> ParsedFeed:
+def parse_json_feed(body: bytes, max_items: int | None = None) -> ParsedFeed:
     """The JSON source protocol: ``{"items": [{"id", "title", "body"?, "startsAt", "expiresAt"}]}``."""
     try:
         doc = json.loads(body)
@@ -134,4 +154,4 @@ def parse_json_feed(body: bytes) -> ParsedFeed:
         raise FeedError("not_json") from None
     if not isinstance(doc, dict) or "items" not in doc:
         raise FeedError("no_items")
-    return parse_items(doc["items"])
+    return parse_items(doc["items"], max_items)

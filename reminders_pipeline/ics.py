@@ -1,27 +1,51 @@
 """iCalendar sources: one item per event occurrence in a window, via icalendar + recurring-ical-events.
 
-Recurrence (RRULE, RDATE, EXDATE, RECURRENCE-ID overrides), VTIMEZONE/TZID and DURATION/DTEND are
-the libraries' job; this module only maps occurrences onto the item contract.
+Recurrence (RRULE, RDATE, EXDATE, RECURRENCE-ID overrides) and VTIMEZONE/TZID are the libraries'
+job; this module maps occurrences onto the item contract.
 
 An occurrence's id is its UID plus its *original* start (RECURRENCE-ID), so a moved occurrence keeps
-its id and updates its row, and a deleted one leaves the feed and voids its row.
+its id and updates its row, and a deleted one leaves the feed and voids its row. An event without
+UID (RFC 5545 requires one; exports often lack it) gets one made from its DTSTART, SUMMARY and its
+position among events with the same two, so the id is the same at every read. An event without
+SUMMARY gets ``FALLBACK_TITLE``.
 
-Floating times and all-day dates have no zone of their own: they are returned as if UTC with
-``floating=True``, and the build shifts them by the device's last seen UTC offset. An offset is
-not a zone, so a floating event on the far side of a DST change from the offset's capture is off
-by the DST difference (usually one hour); all-day reminders are approximate in the same way.
+Floating times and all-day dates have no zone of their own: they are returned as wall seconds
+(the wall time read as UTC) with ``floating=True``, and the build resolves them in each device's
+zone (``zones.LocalTime``). So that no occurrence goes missing near the window's edges whatever
+the device's zone, the expansion runs ``MAX_OFFSET_SECONDS`` (14 h) wider on both sides.
+
+A DURATION's days and weeks are nominal (added to the wall time, so a P1D event across a DST
+change still ends at the same clock time) and its hours, minutes and seconds exact (added to the
+instant), as RFC 5545 section 3.3.6 says; recurring-ical-events adds the whole duration to the
+wall time, so the end is computed here.
+
+Expansion is bounded: at most ``max_items`` occurrences are turned into items (soonest first; the
+rest are counted as rejected ``over_item_cap``), and a ``deadline`` (``time.monotonic()``) past
+which the read fails ``parse_timeout``. The caller runs this in a thread.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import time
+from collections import Counter
 from datetime import date, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Iterator
 
 import icalendar
 import recurring_ical_events
 
-from .feed import MAX_ID_LENGTH, FeedError, ParsedFeed
+from .feed import MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed
+from .rules import MAX_LEAD_SECONDS
+from .zones import MAX_OFFSET_SECONDS
+
+FALLBACK_TITLE = "Untitled event"
+COUNT_CUT_FACTOR = 10  # past the cap, occurrences are still counted (not built) up to this many caps
+PRESELECT_ABOVE = 2000  # events in one calendar above which out-of-window single events skip parsing
+_VEVENT = re.compile(rb"^BEGIN:VEVENT\r?\n.*?^END:VEVENT\r?\n", re.S | re.M)
+_RECURRING = re.compile(rb"^(RRULE|RDATE|EXRULE|RECURRENCE-ID)[;:]", re.M)
+_DURATION = re.compile(rb"^DURATION[;:]", re.M)
 
 
 def _unix(value: date | datetime) -> tuple[int, bool]:
@@ -44,54 +68,212 @@ def _occurrence_id(uid: str, original: date | datetime) -> str:
     return item_id
 
 
-def _raw_item(event: Any) -> dict[str, Any] | str:
+def synthesize_uids(calendar: icalendar.Calendar) -> None:
+    """Give every VEVENT without UID a stable one: a hash of DTSTART, SUMMARY and its ordinal among
+    UID-less events with the same two (so adding an unrelated event never renames it)."""
+    seen: Counter = Counter()
+    for event in calendar.walk("VEVENT"):
+        if event.get("UID"):
+            continue
+        start = event.get("DTSTART")
+        key = (start.to_ical().decode() if start is not None else "", str(event.get("SUMMARY", "")))
+        digest = hashlib.sha256("\x00".join((*key, str(seen[key]))).encode()).hexdigest()[:32]
+        seen[key] += 1
+        event.add("UID", f"synth-{digest}")
+
+
+def _durations(calendar: icalendar.Calendar) -> dict[tuple[str, str], timedelta]:
+    """DURATION per (UID, RECURRENCE-ID or ''), read before expansion (occurrences lose it)."""
+    out: dict[tuple[str, str], timedelta] = {}
+    for event in calendar.walk("VEVENT"):
+        duration = event.get("DURATION")
+        if duration is not None and event.get("DTEND") is None:
+            rid = event.get("RECURRENCE-ID")
+            out[(str(event.get("UID")), rid.to_ical().decode() if rid is not None else "")] = duration.dt
+    return out
+
+
+def _end(event: Any, start: date | datetime, durations: dict[tuple[str, str], timedelta]) -> tuple[date | datetime, int]:
+    """(end as a date/datetime, exact seconds still to add to its instant)."""
+    uid, rid = str(event.get("UID")), event.get("RECURRENCE-ID")
+    duration = durations.get((uid, rid.to_ical().decode() if rid is not None else "")) or durations.get((uid, ""))
+    if duration is not None and isinstance(start, datetime):
+        nominal = start + timedelta(days=duration.days)  # wall-clock arithmetic, aware or not
+        return nominal, duration.seconds
+    end_prop = event.get("DTEND")
+    if end_prop is not None:
+        return end_prop.dt, 0
+    if duration is not None:
+        return start + duration, 0
+    return start + (timedelta(days=1) if not isinstance(start, datetime) else timedelta(seconds=1)), 0
+
+
+def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[str, Any] | str:
     """The wire-format dict for one occurrence (validated like a JSON item), or a reject reason."""
     if str(event.get("STATUS", "")).upper() == "CANCELLED":
         return "cancelled"
-    uid, start_prop = event.get("UID"), event.get("DTSTART")
-    if not uid or start_prop is None:
-        return "missing_id" if not uid else "bad_starts_at"
+    start_prop = event.get("DTSTART")
+    if start_prop is None:
+        return "bad_starts_at"
     start = start_prop.dt
-    end_prop = event.get("DTEND")
-    if end_prop is not None:
-        end = end_prop.dt
-    elif event.get("DURATION") is not None:
-        end = start + event["DURATION"].dt
-    else:
-        end = start + (timedelta(days=1) if not isinstance(start, datetime) else timedelta(seconds=1))
+    end, tail = _end(event, start, durations)
     starts_at, floating = _unix(start)
-    expires_at, _ = _unix(end)
+    end_unix, _ = _unix(end)
+    expires_at = end_unix + tail  # floating: the wall-time reading; the build redoes the tail exactly
     original = event["RECURRENCE-ID"].dt if event.get("RECURRENCE-ID") is not None else start
     location = event.get("LOCATION")
+    title = str(event.get("SUMMARY", "")).strip() or FALLBACK_TITLE
     return {
-        "id": _occurrence_id(str(uid), original),
-        "title": str(event.get("SUMMARY", "")).strip(),
+        "id": _occurrence_id(str(event.get("UID")), original),
+        "title": title[: MAX_TITLE_LENGTH - 1] + "…" if len(title) > MAX_TITLE_LENGTH else title,
         "body": str(location).strip() if location else None,
         "startsAt": starts_at,
         "expiresAt": max(expires_at, starts_at + 1),  # an instantaneous event still lasts one second
         "floating": floating,
+        "all_day": not isinstance(start, datetime),
+        "tail": tail if floating else 0,
+        "alarms": alarm_rules(event, start),
     }
 
 
-def parse_ics_feed(body: bytes, window_start: int, window_end: int) -> ParsedFeed:
-    """Occurrences overlapping [window_start, window_end] (Unix seconds); cancelled ones excluded."""
+def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
+    """The event's DISPLAY and AUDIO alarms as rules: a TRIGGER before the start is ``lead:N``,
+    before the end (``RELATED=END``) ``lead:N@expiry``, an absolute one ``lead:N`` from the start.
+    A trigger after its anchor cannot be a lead and is left out; the phone shows what remains."""
+    rules = []
+    for alarm in event.walk("VALARM"):
+        trigger = alarm.get("TRIGGER")
+        if str(alarm.get("ACTION", "")).upper() not in ("DISPLAY", "AUDIO") or trigger is None:
+            continue
+        value = trigger.dt
+        if isinstance(value, timedelta):
+            lead, anchor = -int(value.total_seconds()), "@expiry" if str(trigger.params.get("RELATED", "")).upper() == "END" else ""
+        elif isinstance(value, datetime) and isinstance(start, datetime) and start.tzinfo is not None:
+            lead, anchor = int(_unix(start)[0] - _unix(value)[0]), ""
+        else:
+            continue
+        if 0 <= lead <= MAX_LEAD_SECONDS:
+            rules.append(f"lead:{lead}{anchor}")
+    return tuple(dict.fromkeys(rules))
+
+
+def _start_key(event: Any) -> int:
+    return _unix(event["DTSTART"].dt)[0] if event.get("DTSTART") is not None else 0
+
+
+def parse_ics_feed(
+    body: bytes, window_start: int, window_end: int, *, max_items: int | None = None, deadline: float | None = None
+) -> ParsedFeed:
+    """Occurrences overlapping [window_start, window_end] (Unix seconds, widened by 14 h each side
+    for floating times); cancelled ones excluded; bounded by ``max_items`` and ``deadline``."""
+    body = preselect(body, window_start, window_end)
+    _check(deadline)
     try:
         calendar = icalendar.Calendar.from_ical(body)
     except Exception:  # icalendar raises ValueError and friends on garbage; their text quotes the body
         raise FeedError("not_icalendar") from None
-    lo = datetime.fromtimestamp(window_start, timezone.utc)
-    hi = datetime.fromtimestamp(window_end, timezone.utc)
+    _check(deadline)
+    lo = datetime.fromtimestamp(window_start - MAX_OFFSET_SECONDS, timezone.utc)
+    hi = window_end + MAX_OFFSET_SECONDS
+    synthesize_uids(calendar)
+    durations = _durations(calendar)
+    feed = ParsedFeed(max_items=max_items)
+    expanded = 0
     try:
-        occurrences = recurring_ical_events.of(calendar, skip_bad_series=True).between(lo, hi)
+        for event in _occurrences(recurring_ical_events.of(calendar, skip_bad_series=True), lo, hi, deadline):
+            raw = _raw_item(event, durations)
+            if isinstance(raw, dict) and not raw["floating"] and raw["expiresAt"] <= window_start:
+                continue  # over before the window in every zone: the 14 h widening is for floating times only
+            expanded += 1
+            if max_items is not None and expanded > max_items:
+                feed.rejected["over_item_cap"] += 1
+                if expanded > max_items * COUNT_CUT_FACTOR or _late(deadline):
+                    break  # counted up to here: a lower bound on what was cut
+                continue
+            _add(feed, raw)
+    except FeedError:
+        raise
     except Exception:
         raise FeedError("bad_recurrence") from None
-    feed = ParsedFeed()
-    for event in occurrences:
-        raw = _raw_item(event)
-        if isinstance(raw, str):
-            if raw != "cancelled":
-                feed.rejected[raw] += 1
-            continue
-        floating = raw.pop("floating")
-        feed.add(raw, floating=floating)
     return feed
+
+
+def _occurrences(query: Any, lo: datetime, hi: int, deadline: float | None) -> Iterator[Any]:
+    """Occurrences soonest first, in slices that double from one day: a flood (``FREQ=MINUTELY``)
+    is cut after a slice or two instead of being expanded over the whole window first, and the
+    deadline is checked between slices. (recurring-ical-events' own ``after`` re-expands each
+    series from its start and is far slower.) An occurrence is yielded in the slice where it starts;
+    the first slice also yields those already under way."""
+    start, size = int(lo.timestamp()), 86400
+    first = True
+    while start <= hi:
+        end = min(start + size, hi + 1)
+        _check(deadline)
+        batch = query.between(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))
+        for event in sorted(batch, key=_start_key):
+            if (first or _start_key(event) >= start) and _start_key(event) < end:
+                yield event  # each occurrence once, whichever slices overlap it
+        start, size, first = end, size * 2, False
+
+
+def preselect(body: bytes, window_start: int, window_end: int) -> bytes:
+    """A calendar with more than ``PRESELECT_ABOVE`` events loses, before parsing, the single
+    (non-recurring) events that surely lie outside the window: parsing costs a fraction of a
+    millisecond per event, so years of exported history would otherwise take seconds. "Surely":
+    a local time read as UTC is within 14 h of its instant, and an event whose start or end cannot
+    be read from its raw text is kept. Nothing in the window is dropped, so nothing is counted."""
+    if body.count(b"BEGIN:VEVENT") <= PRESELECT_ABOVE:
+        return body
+    text = re.sub(rb"\r?\n[ \t]", b"", body)  # unfold (RFC 5545 3.1); icalendar does the same
+    lo, hi = window_start - 2 * MAX_OFFSET_SECONDS, window_end + 2 * MAX_OFFSET_SECONDS
+    kept, last = [], 0
+    for block in _VEVENT.finditer(text):
+        if _surely_outside(block.group(), lo, hi):
+            kept.append(text[last : block.start()])
+            last = block.end()
+    kept.append(text[last:])
+    return b"".join(kept)
+
+
+def _surely_outside(block: bytes, lo: int, hi: int) -> bool:
+    if _RECURRING.search(block):
+        return False
+    start = _raw_time(block, b"DTSTART")
+    if start is None:
+        return False
+    if start > hi:
+        return True
+    if _DURATION.search(block):
+        return False
+    end = _raw_time(block, b"DTEND")
+    return (end if end is not None else start + 86400) < lo
+
+
+def _raw_time(block: bytes, name: bytes) -> int | None:
+    """A DATE or DATE-TIME property's value as UTC seconds (local times read as UTC), or None."""
+    match = re.search(rb"^" + name + rb"(?:;[^:\r\n]*)?:(\d{8})(?:T(\d{6})Z?)?\r?$", block, re.M)
+    if not match:
+        return None
+    try:
+        day, clock = match.group(1).decode(), (match.group(2) or b"000000").decode()
+        return int(datetime.strptime(day + clock, "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc).timestamp())
+    except ValueError:
+        return None
+
+
+def _add(feed: ParsedFeed, raw: dict[str, Any] | str) -> None:
+    if isinstance(raw, str):
+        if raw != "cancelled":
+            feed.rejected[raw] += 1
+        return
+    floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
+    feed.add(raw, floating=floating, all_day=all_day, tail_seconds=tail, alarms=alarms)
+
+
+def _late(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
+
+
+def _check(deadline: float | None) -> None:
+    if _late(deadline):
+        raise FeedError("parse_timeout")

@@ -54,10 +54,15 @@ class DeviceRecord:
     created_at: str
     updated_at: str
     has_credential: bool = False  # the device's own credential exists (its hash only is stored)
+    tz_name: str | None = None  # IANA zone; floating and all-day times resolve in it when set
+    all_day_rules: tuple[str, ...] = ("day:0@09:00",)
+    quiet_hours: str | None = None
+    use_alarms: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
+        d["all_day_rules"] = list(self.all_day_rules)
         return d
 
 
@@ -84,6 +89,10 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
             "apns_token": ins.excluded.apns_token,
             "reminder_lead_seconds": ins.excluded.reminder_lead_seconds,
             "extra_rules": ins.excluded.extra_rules,
+            "all_day_rules": ins.excluded.all_day_rules,
+            "quiet_hours": ins.excluded.quiet_hours,
+            "use_alarms": ins.excluded.use_alarms,
+            "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
             "token_invalid_at": _case_keep(token_changed, None, devices.c.token_invalid_at),
@@ -157,6 +166,10 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             created_at=r["created_at"],
             updated_at=r["updated_at"],
             has_credential=r["credential_hash"] is not None,
+            tz_name=r["tz_name"],
+            all_day_rules=tuple(r["all_day_rules"].split()),
+            quiet_hours=r["quiet_hours"],
+            use_alarms=bool(r["use_alarms"]),
         )
         for r in rows
     ]
@@ -194,6 +207,10 @@ def select_build_devices(
             devices.c.reminder_lead_seconds,
             devices.c.extra_rules,
             devices.c.last_tz_offset_seconds,
+            devices.c.tz_name,
+            devices.c.all_day_rules,
+            devices.c.quiet_hours,
+            devices.c.use_alarms,
             devices.c.reminders_built_at,
             devices.c.chunk,
         )
@@ -346,6 +363,12 @@ def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int) -> bo
         .where(devices.c.id == device_id, devices.c.last_tz_offset_seconds.is_distinct_from(offset_seconds))
         .values(last_tz_offset_seconds=offset_seconds)
     )
+    return conn.execute(stmt).rowcount == 1
+
+
+def store_tz_name(conn: Connection, device_id: str, tz_name: str) -> bool:
+    """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
+    stmt = update(devices).where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name)).values(tz_name=tz_name)
     return conn.execute(stmt).rowcount == 1
 
 
@@ -595,11 +618,13 @@ def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[
         return claimed
     dev_ids = sorted({r["device_id"] for r in claimed})
     dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()}
-    empty = {"apns_token": None, "last_tz_offset_seconds": None, "token_invalid_at": None}
+    empty = {c.name: None for c in _CLAIM_DEVICE_COLUMNS}
     return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
 
 
-_CLAIM_DEVICE_COLUMNS = (devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at)
+_CLAIM_DEVICE_COLUMNS = (
+    devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at, devices.c.tz_name, devices.c.quiet_hours,
+)
 
 
 @cache

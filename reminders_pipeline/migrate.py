@@ -71,3 +71,9 @@ def require_head(db: Database) -> None:
     if problem:
         raise SchemaNotCurrent(problem)
     db.at_head = True
+
+
+def downgrade(db: Database, revision: str) -> None:
+    """Back to ``revision`` (tests of a migration's data path; operators use ``alembic`` directly)."""
+    with db.engine.begin() as conn:
+        command.downgrade(_config(conn), revision)

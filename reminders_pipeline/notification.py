@@ -1,8 +1,8 @@
 """The push notification a reminder row becomes: payload and APNs headers, from the row alone.
 
 A row carries the item's whole window, so composing needs no source read. Clock times are shown in
-the device's last seen UTC offset: fine for "starts at 14:30" (an absolute instant rendered once),
-not for quiet hours, which would need an IANA zone to survive a DST change.
+the device's IANA zone (DST exact), else its last seen UTC offset, else UTC marked as such. An
+all-day reminder says which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight.
 """
 
 from __future__ import annotations
@@ -10,24 +10,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from dataclasses import replace
 from typing import Any, Mapping
 
 from .rules import parse_rule
 from .sender import Notification
 from .times import unix_from_iso
+from .zones import LocalTime, ZoneError
 
 MAX_PAYLOAD_BYTES = 4096
 MAX_COLLAPSE_ID_BYTES = 64
 INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
 
-def local_clock(unix: float, tz_offset_seconds: int | None) -> str:
-    """``HH:MM`` in the device's offset, or UTC marked as such when the offset is unknown."""
-    if tz_offset_seconds is None:
-        return time.strftime("%H:%M UTC", time.gmtime(unix))
-    return time.strftime("%H:%M", time.gmtime(unix + tz_offset_seconds))
+def local_clock(unix: float, tz_offset_seconds: int | None, tz_name: str | None = None) -> str:
+    """``HH:MM`` in the device's zone or offset, or UTC marked as such when neither is known."""
+    try:
+        return LocalTime(tz_name, tz_offset_seconds).clock(unix)
+    except ZoneError:  # a zone gone from the database: the offset still reads right most of the year
+        return LocalTime(None, tz_offset_seconds).clock(unix)
+
+
+def _day_text(days: int) -> str:
+    return "Today" if days == 0 else "Tomorrow" if days == 1 else f"In {days} days"
 
 
 def collapse_id(device_id: str, item_id: str) -> str:
@@ -53,13 +58,15 @@ def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", 
     rule = parse_rule(row["rule"])
     starts = unix_from_iso(row["event_at"])
     ends = unix_from_iso(row["expires_at"])
-    tz = row.get("last_tz_offset_seconds")
+    tz, tz_name = row.get("last_tz_offset_seconds"), row.get("tz_name")
     if row.get("body"):
         body = row["body"]
+    elif rule.anchor == "day":
+        body = _day_text(rule.days)
     elif rule.anchor == "expiry":
-        body = f"Ends at {local_clock(ends, tz)}"
+        body = f"Ends at {local_clock(ends, tz, tz_name)}"
     else:
-        body = f"Starts at {local_clock(starts, tz)}"
+        body = f"Starts at {local_clock(starts, tz, tz_name)}"
     payload = {
         "aps": {
             "alert": {"title": row["title"], "body": body},
@@ -76,6 +83,6 @@ def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", 
             device_token=row["apns_token"],
             payload=payload,
             collapse_id=collapse_id(row["device_id"], row["item_id"]),
-            expiration=int(starts if rule.anchor == "start" else ends),
+            expiration=int(starts if rule.anchor == "start" else ends),  # day rules: the end of the last day
         )
     )

@@ -1,4 +1,8 @@
-"""Reminder rules: ``lead:N`` (N seconds before the start) and ``lead:N@expiry`` (before expiresAt).
+"""Reminder rules: ``lead:N`` (N seconds before the start), ``lead:N@expiry`` (before expiresAt) and,
+for all-day items, ``day:N@HH:MM`` (N days before the day, at that local time).
+
+A trailing ``!`` (``lead:0!``, ``day:0@09:00!``) lets the rule's reminders break through the
+device's quiet hours.
 
 A rule names a policy, not a column: an expiry-anchored reminder extends the value rather than
 adding a column, because ``UNIQUE(device_id, item_id, rule)`` is what lets distinct rules coexist
@@ -11,10 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
-Anchor = Literal["start", "expiry"]
+Anchor = Literal["start", "expiry", "day"]
 
-_RULE = re.compile(r"^lead:(?P<lead>[^@]*)(?:@(?P<anchor>.*))?$")
+_RULE = re.compile(r"^lead:(?P<lead>[^@!]*)(?:@(?P<anchor>[^!]*))?(?P<bang>!?)$")
+_DAY_RULE = re.compile(r"^day:(?P<days>[^@!]*)@(?P<hh>\d{2}):(?P<mm>\d{2})(?P<bang>!?)$")
 MAX_LEAD_SECONDS = 366 * 86400
+MAX_DAYS = 366
+DEFAULT_ALL_DAY_RULES = ("day:0@09:00",)
 
 
 class RuleError(ValueError):
@@ -23,17 +30,42 @@ class RuleError(ValueError):
 
 @dataclass(frozen=True, order=True)
 class Rule:
-    lead_seconds: int
+    lead_seconds: int  # day rules: N days before the day, in seconds (for ordering and the read window)
     anchor: Anchor = "start"
+    at_minutes: int = 0  # day rules: the local time of day, minutes after midnight
+    breakthrough: bool = False  # sent during quiet hours
 
     @property
     def name(self) -> str:
         """The canonical text stored in ``notification_queue.rule``."""
+        bang = "!" if self.breakthrough else ""
+        if self.anchor == "day":
+            hours, minutes = divmod(self.at_minutes, 60)
+            return f"day:{self.days}@{hours:02d}:{minutes:02d}{bang}"
         suffix = "" if self.anchor == "start" else "@expiry"
-        return f"lead:{self.lead_seconds}{suffix}"
+        return f"lead:{self.lead_seconds}{suffix}{bang}"
+
+    @property
+    def days(self) -> int:
+        return self.lead_seconds // 86400
+
+    @property
+    def all_day(self) -> bool:
+        """Day rules apply to all-day items only; lead rules to timed items only."""
+        return self.anchor == "day"
+
+    @property
+    def reach_seconds(self) -> int:
+        """How far before an item's start its reminder can fall: what a source read must cover."""
+        return self.lead_seconds + 86400 if self.anchor == "day" else self.lead_seconds
 
     def anchor_unix(self, starts_at: int, expires_at: int) -> int:
+        """What the reminder is about. A day rule is bounded by the end of the event's last day."""
         return starts_at if self.anchor == "start" else expires_at
+
+    def day_wall(self, day_start_wall: int) -> int:
+        """A day rule's send time as wall-clock seconds (read as UTC), from the day's local midnight."""
+        return day_start_wall - self.lead_seconds + self.at_minutes * 60
 
     def send_after_unix(self, starts_at: int, expires_at: int) -> int:
         return self.anchor_unix(starts_at, expires_at) - self.lead_seconds
@@ -43,12 +75,15 @@ class Rule:
 
 
 def parse_rule(text: str) -> Rule:
-    """Parse ``lead:N`` / ``lead:N@expiry`` / ``lead:N@start`` with an error that names the fault."""
+    """Parse ``lead:N``, ``lead:N@expiry``, ``lead:N@start``, ``day:N@HH:MM``, each optionally with ``!``."""
     if not isinstance(text, str):
         raise RuleError(f"rule must be text like 'lead:3600', got {text!r}")
-    match = _RULE.match(text.strip())
+    text = text.strip()
+    if text.startswith("day:"):
+        return _parse_day_rule(text)
+    match = _RULE.match(text)
     if not match:
-        raise RuleError(f"unknown rule {text!r}: expected 'lead:N' or 'lead:N@expiry'")
+        raise RuleError(f"unknown rule {text!r}: expected 'lead:N', 'lead:N@expiry' or 'day:N@HH:MM'")
     lead_text, anchor = match.group("lead"), match.group("anchor")
     if not re.fullmatch(r"-?\d+", lead_text):
         raise RuleError(f"rule {text!r}: lead must be a whole number of seconds, got {lead_text!r}")
@@ -59,11 +94,24 @@ def parse_rule(text: str) -> Rule:
         raise RuleError(f"rule {text!r}: lead is longer than a year")
     if anchor not in (None, "start", "expiry"):
         raise RuleError(f"rule {text!r}: unknown anchor {anchor!r} (use 'expiry' or leave it out)")
-    return Rule(lead, "expiry" if anchor == "expiry" else "start")
+    return Rule(lead, "expiry" if anchor == "expiry" else "start", breakthrough=bool(match.group("bang")))
 
 
-def device_rules(reminder_lead_seconds: int, extra_rules: Iterable[str]) -> list[Rule]:
-    """A device's rules: ``lead:<reminder_lead_seconds>`` plus its extra rules, deduplicated."""
+def _parse_day_rule(text: str) -> Rule:
+    match = _DAY_RULE.match(text)
+    if not match:
+        raise RuleError(f"rule {text!r}: expected 'day:N@HH:MM' (N days before the day, at that local time)")
+    if not re.fullmatch(r"\d{1,3}", match.group("days")) or int(match.group("days")) > MAX_DAYS:
+        raise RuleError(f"rule {text!r}: days must be a whole number from 0 to {MAX_DAYS}")
+    hours, minutes = int(match.group("hh")), int(match.group("mm"))
+    if hours > 23 or minutes > 59:
+        raise RuleError(f"rule {text!r}: time of day must be 00:00 to 23:59")
+    return Rule(int(match.group("days")) * 86400, "day", hours * 60 + minutes, bool(match.group("bang")))
+
+
+def device_rules(reminder_lead_seconds: int, extra_rules: Iterable[str], all_day_rules: Iterable[str] = ()) -> list[Rule]:
+    """A device's rules: ``lead:<reminder_lead_seconds>``, its extra rules and its all-day rules, deduplicated."""
     rules = {Rule(int(reminder_lead_seconds))}
     rules.update(parse_rule(r) for r in extra_rules)
+    rules.update(parse_rule(r) for r in all_day_rules)
     return sorted(rules)

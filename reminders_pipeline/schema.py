@@ -31,7 +31,7 @@ IsoTime = Text().with_variant(postgresql.TEXT(collation="C"), "postgresql")
 RowId = BigInteger().with_variant(Integer(), "sqlite")
 
 STATUSES = ("pending", "claimed", "settled")
-OUTCOMES = ("sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late")
+OUTCOMES = ("sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours")
 
 
 def iso_check(column: str, nullable: bool = True) -> CheckConstraint:
@@ -53,6 +53,10 @@ devices = Table(
     Column("token_invalid_at", IsoTime),  # set when APNs says the token is dead; builds skip it
     Column("token_invalid_reason", Text),
     Column("credential_hash", Text),  # sha256 of the device's own bearer credential; the secret is never stored
+    Column("tz_name", Text),  # IANA zone (Europe/Berlin); beats last_tz_offset_seconds when set
+    Column("all_day_rules", Text, nullable=False, server_default=text("'day:0@09:00'")),  # space-separated day rules
+    Column("quiet_hours", Text),  # "22:00-07:00" in the device's zone, or NULL
+    Column("use_alarms", Integer, nullable=False, server_default=text("0")),  # 1: a calendar's VALARMs are the item's rules
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
     iso_check("reminders_built_at"),
@@ -135,7 +139,7 @@ notification_queue = Table(
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
         "outcome IS NULL OR outcome IN ('sent', 'failed', 'voided', 'disabled', "
-        "'event_started', 'event_expired', 'too_late')",
+        "'event_started', 'event_expired', 'too_late', 'quiet_hours')",
         name="ck_queue_outcome",
     ),
     CheckConstraint("(status = 'settled') = (outcome IS NOT NULL)", name="ck_queue_settled_has_outcome"),

@@ -132,6 +132,9 @@ class Settings:
     db_pool_size: int = 10  # connections kept per process; as many again may open under load
     db_statement_timeout_ms: int = 60_000  # PostgreSQL statement_timeout; 0 = none
     metrics_window_seconds: int = 900  # /metrics counts rows settled this long ago or since
+    # Calendars as people keep them (issue 13): per source per build, items kept and parse time.
+    source_max_items: int = 2000
+    source_parse_seconds: float = 10.0
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -209,6 +212,8 @@ class Settings:
             db_pool_size=_int(env, "REMINDERS_DB_POOL_SIZE", 10, 1),
             db_statement_timeout_ms=_int(env, "REMINDERS_DB_STATEMENT_TIMEOUT_MS", 60_000),
             metrics_window_seconds=_int(env, "REMINDERS_METRICS_WINDOW_SECONDS", 900, 60),
+            source_max_items=_int(env, "REMINDERS_SOURCE_MAX_ITEMS", 2000, 1),
+            source_parse_seconds=_float(env, "REMINDERS_SOURCE_PARSE_SECONDS", 10.0, 0.1),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

@@ -16,9 +16,12 @@ A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,6 +33,12 @@ from .times import iso_from_unix, unix_from_iso
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
 MAX_REDIRECTS = 3
+PARSE_GRACE_SECONDS = 1.0
+# Not the loop's default executor: ``asyncio.run`` waits for that one at exit, which would make a
+# parse past its bound hold up the whole build. A parse left behind finishes here, unread.
+_PARSERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reminders-parse")
+
+Windows = Union[tuple[int, int], Mapping[int, tuple[int, int]], None]
 
 # What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
 READ_ERRORS = {
@@ -41,6 +50,7 @@ READ_ERRORS = {
     "unsupported_url": "a URL (or redirect) the reader cannot fetch",
     "connect_failed": "name resolution, TCP or TLS failed",
     "read_failed": "the connection broke or the answer was not HTTP",
+    "parse_timeout": "parsing took longer than REMINDERS_SOURCE_PARSE_SECONDS",
 }
 
 
@@ -97,21 +107,24 @@ class SourceReader:
         concurrency: int = 32,
         per_host: int = 8,
         allow_networks: Sequence[Network] = (),
+        max_items: int | None = None,
+        parse_seconds: float = 10.0,
     ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.concurrency = concurrency
         self.per_host = per_host
         self.allow_networks = tuple(allow_networks)  # internal networks this deployment may read from
+        self.max_items = max_items  # per source per read: items kept (and calendar occurrences built)
+        self.parse_seconds = parse_seconds  # per source: parsing runs in a thread and fails past this
 
-    def read_all(self, sources: Mapping[int, SourceState | str], window: tuple[int, int] | None = None) -> dict[int, SourceRead]:
+    def read_all(self, sources: Mapping[int, SourceState | str], window: Windows = None) -> dict[int, SourceRead]:
         """Blocking wrapper for sync callers (the build, the CLI)."""
         return asyncio.run(self.read_all_async(sources, window))
 
-    async def read_all_async(
-        self, sources: Mapping[int, SourceState | str], window: tuple[int, int] | None = None
-    ) -> dict[int, SourceRead]:
-        """``window``: (start, end) Unix seconds of the occurrences the caller needs from calendars."""
+    async def read_all_async(self, sources: Mapping[int, SourceState | str], window: Windows = None) -> dict[int, SourceRead]:
+        """``window``: (start, end) Unix seconds of the occurrences the caller needs from calendars,
+        one for every source or a mapping with one per source id (each source's own subscribers')."""
         if not sources:
             return {}
         states = {sid: s if isinstance(s, SourceState) else SourceState(s) for sid, s in sources.items()}
@@ -125,7 +138,8 @@ class SourceReader:
 
             async def one(source_id: int, state: SourceState) -> SourceRead:
                 async with limit, hosts[urlsplit(fetch_url(state.url)).netloc]:
-                    return await self._read(client, source_id, state, window)
+                    own = window.get(source_id) if isinstance(window, Mapping) else window
+                    return await self._read(client, source_id, state, own)
 
             reads = await asyncio.gather(*(one(i, s) for i, s in states.items()))
         return {r.source_id: r for r in reads}
@@ -159,13 +173,27 @@ class SourceReader:
             if is_calendar(url, content_type, body):
                 start, end = window or _default_window()
                 until = end + ICS_CACHE_SLACK_SECONDS
-                feed = usable(parse_ics_feed(body, start, until))
+                feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
                 return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
-            return SourceRead(source_id, url, feed=usable(parse_json_feed(body)), etag=etag, last_modified=last_modified)
+            feed = usable(await self._parse(parse_json_feed, body, self.max_items))
+            return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
         except (FeedError, ReadFailed) as exc:
             return SourceRead(source_id, url, error=exc.code)
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:  # never the exception's text
             return SourceRead(source_id, url, error=read_error_code(exc))
+
+    async def _parse(self, parse: Callable[..., ParsedFeed], *args: Any, **kwargs: Any) -> ParsedFeed:
+        """Parsing in a worker thread, so a huge body delays only its own source. The calendar
+        parser checks the deadline as it expands; the outer bound catches a slow ``from_ical``
+        (the thread finishes in the background, its result dropped)."""
+        if parse is parse_ics_feed:
+            kwargs["deadline"] = time.monotonic() + self.parse_seconds
+        call = functools.partial(parse, *args, **kwargs)
+        try:
+            work = asyncio.get_running_loop().run_in_executor(_PARSERS, call)
+            return await asyncio.wait_for(work, self.parse_seconds + PARSE_GRACE_SECONDS)
+        except asyncio.TimeoutError:
+            raise FeedError("parse_timeout") from None
 
     @staticmethod
     async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> httpx.Response:
@@ -229,8 +257,6 @@ def read_error_code(exc: Exception) -> str:
 
 
 def _default_window() -> tuple[int, int]:
-    import time
-
     now = int(time.time())
     return now, now + 86400
 

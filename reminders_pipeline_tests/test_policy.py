@@ -11,8 +11,16 @@ LIVE = Settings(enabled=True, max_lateness_seconds=1800)
 DRY = Settings(enabled=False, max_lateness_seconds=1800)
 
 
-def row(rule: str, send_after: int, start: int = T, end: int = T + 1800) -> dict:
-    return {"rule": rule, "send_after": iso_from_unix(send_after), "event_at": iso_from_unix(start), "expires_at": iso_from_unix(end)}
+def row(rule: str, send_after: int, start: int = T, end: int = T + 1800, **device: object) -> dict:
+    return {
+        "rule": rule, "send_after": iso_from_unix(send_after), "event_at": iso_from_unix(start), "expires_at": iso_from_unix(end),
+        **device,
+    }
+
+
+DAY = 86400
+D = 1_789_084_800  # 2026-09-10T00:00Z: an all-day event's local midnight (UTC device)
+QUIET = {"tz_name": "UTC", "quiet_hours": "22:00-07:00"}
 
 
 @pytest.mark.parametrize(
@@ -36,6 +44,20 @@ def row(rule: str, send_after: int, start: int = T, end: int = T + 1800) -> dict
         ("one-second item, a second later", row("lead:0", T, end=T + 1), T + 1, LIVE, "event_expired"),
         ("disabled: would have sent", row("lead:3600", T - 3600), T - 3500, DRY, "disabled"),
         ("disabled: too late still reported", row("lead:7200", T - 7200), T - 7200 + 1801, DRY, "too_late"),
+        # All-day rules: bounded by the end of the last day and lateness, never event_started.
+        ("day:0@09:00 after the day began", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600 + 60, LIVE, "send"),
+        ("day:1@18:00 the evening before", row("day:1@18:00", D - 6 * 3600, D, D + DAY), D - 6 * 3600, LIVE, "send"),
+        ("day rule too late", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600 + 1801, LIVE, "too_late"),
+        ("day rule after the last day", row("day:0@23:50", D + DAY - 600, D, D + DAY), D + DAY, LIVE, "event_expired"),
+        ("day rule, dry run", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600, DRY, "disabled"),
+        # Quiet hours (22:00-07:00 UTC): what the build could not hold is settled, ``!`` breaks through.
+        ("inside quiet hours", row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, LIVE, "quiet_hours"),
+        ("quiet hours, dry run too", row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, DRY, "quiet_hours"),
+        ("break-through rule", row("lead:0!", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, LIVE, "send"),
+        ("held to the window's end", row("lead:3600", D + 7 * 3600, D + 9 * 3600, D + DAY, **QUIET), D + 7 * 3600, LIVE, "send"),
+        ("quiet hours in the zone", row("lead:0", D + 20 * 3600, D + 20 * 3600, D + DAY, tz_name="Europe/Berlin",
+                                        quiet_hours="22:00-07:00"), D + 20 * 3600, LIVE, "quiet_hours"),
+        ("too late beats quiet hours", row("lead:0", D, D, D + DAY, **QUIET), D + 1801, LIVE, "too_late"),
     ],
 )
 def test_policy_table(case, r, now, settings, expected):

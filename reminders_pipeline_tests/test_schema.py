@@ -79,3 +79,30 @@ def test_time_columns_are_collate_c_on_postgresql(postgres_url):
         )).all())
     db.dispose()
     assert collations == {"send_after": "C", "claimed_at": "C", "event_at": "C"}
+
+
+def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outcome(db):
+    """Down to 0004 and up again on a ledger with rows: nothing lost, defaults filled, the outcome
+    CHECK widened (on SQLite by copying the table, whose partial due index must survive)."""
+    from sqlalchemy import select, update
+
+    from reminders_pipeline import migrate
+    from reminders_pipeline.schema import devices
+
+    device = dict(id="d", apns_token="ab" * 32, chunk=0, created_at=NOW, updated_at=NOW)
+    try:
+        migrate.downgrade(db, "0004")
+        with db.write() as conn:
+            conn.execute(text("INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
+                              "VALUES (:id, :apns_token, :chunk, :created_at, :updated_at)"), device)
+            conn.execute(text("INSERT INTO notification_queue (device_id, item_id, rule, send_after, event_at, expires_at, title, status, created_at, updated_at) VALUES (:device_id, :item_id, :rule, :send_after, :event_at, :expires_at, :title, :status, :created_at, :updated_at)"), _queue_row())
+        with pytest.raises(IntegrityError):
+            with db.write() as conn:
+                conn.execute(text("UPDATE notification_queue SET status = 'settled', outcome = 'quiet_hours'"))
+    finally:
+        migrate.upgrade(db)
+    with db.write() as conn:
+        conn.execute(update(notification_queue).values(status="settled", outcome="quiet_hours"))
+        assert conn.execute(select(devices.c.all_day_rules, devices.c.tz_name, devices.c.quiet_hours)).one() == ("day:0@09:00", None, None)
+        assert conn.execute(select(notification_queue.c.item_id, notification_queue.c.outcome)).all() == [("1:x", "quiet_hours")]
+    test_the_due_query_uses_the_partial_index(db)

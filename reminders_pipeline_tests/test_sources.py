@@ -30,7 +30,8 @@ def queued(db) -> dict[tuple[str, str], dict]:
 
 
 def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> list[tuple[str, str]]:
-    """What recurring_ical_events itself says, independently of the project's mapping."""
+    """What recurring_ical_events itself says, independently of the project's mapping. All-day
+    items get the default all-day rule (``day:0@09:00``), timed items the lead."""
     cal = icalendar.Calendar.from_ical(ics)
     lo, hi = datetime.fromtimestamp(NOW_S, timezone.utc), datetime.fromtimestamp(until, timezone.utc)
     out = []
@@ -38,7 +39,12 @@ def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> li
         if str(ev.get("STATUS", "")).upper() == "CANCELLED":
             continue
         start = ev["DTSTART"].dt
-        if isinstance(start, datetime) and start.tzinfo:
+        if not isinstance(start, datetime):
+            day = int(datetime(start.year, start.month, start.day, tzinfo=timezone.utc).timestamp()) - offset
+            if day + DAYS > NOW_S:
+                out.append((str(ev["SUMMARY"]), iso_from_unix(day + 9 * 3600)))
+            continue
+        if start.tzinfo:
             s = int(start.timestamp())
         else:
             naive = start if isinstance(start, datetime) else datetime(start.year, start.month, start.day)

@@ -38,10 +38,11 @@ from ..devices import MAX_SOURCES, DeviceError, DeviceSpec, credential_hash, put
 from ..devices import stored_credential_hash
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
-from ..rules import MAX_LEAD_SECONDS
+from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..sender import SenderFactory
 from ..settings import Settings
 from ..times import iso_from_unix, parse_when, unix_from_iso
+from ..zones import ZoneError, valid_zone_name
 from .metrics import Metrics, first_line
 from .openapi import (
     MAX_BODY_BYTES,
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 ROW_ID_TEXT = re.compile(r"[0-9]{1,19}")
 TZ_TEXT = re.compile(r"-?[0-9]{1,6}")
 DEVICE_ERROR_FIELDS = {"rules": "extra_rules", "sources": "source_urls"}  # DeviceError names -> body keys
-DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls"}
+DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls", "tz", "all_day_rules", "quiet_hours", "alarms"}
 BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
 NO_CREDENTIAL = credential_hash(b"")  # compared against when a device has none, so the work is the same
 
@@ -203,7 +204,21 @@ def device_spec(device_id: str, doc: dict[str, Any], settings: Settings) -> Devi
     urls = string_list(doc.get("source_urls"), "source_urls", MAX_SOURCES)
     for url in urls:
         check_url(url)
-    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls))
+    all_day = doc.get("all_day_rules")
+    all_day_rules = DEFAULT_ALL_DAY_RULES if all_day is None else string_list(all_day, "all_day_rules", MAX_EXTRA_RULES)
+    tz, quiet = optional_text(doc, "tz"), optional_text(doc, "quiet_hours")
+    alarms = doc.get("alarms")
+    if alarms is not None and not isinstance(alarms, bool):
+        raise invalid("alarms", "true, false or null")
+    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls), tz, tuple(all_day_rules), quiet, bool(alarms))
+
+
+def optional_text(doc: dict[str, Any], key: str) -> str | None:
+    """A string field or null; the core validates its content."""
+    value = doc.get(key)
+    if value is not None and not isinstance(value, str):
+        raise invalid(key, "a string or null")
+    return value
 
 
 def parse_row_id(request: Request, doc: dict[str, Any]) -> int | None:
@@ -222,13 +237,20 @@ def parse_row_id(request: Request, doc: dict[str, Any]) -> int | None:
     return from_query if from_query is not None else from_body
 
 
-def parse_tz(request: Request) -> int | None:
+def parse_tz(request: Request) -> int | str | None:
+    """An IANA zone name (checked against the zone database) or, from old widgets, an offset in seconds."""
     texts = request.query_params.getlist("tz")
     if not texts:
         return None
-    if len(texts) > 1 or not TZ_TEXT.fullmatch(texts[0]) or abs(int(texts[0])) > MAX_TZ_OFFSET_SECONDS:
-        raise invalid("tz", f"the widget's UTC offset in seconds, -{MAX_TZ_OFFSET_SECONDS} to {MAX_TZ_OFFSET_SECONDS}")
-    return int(texts[0])
+    message = f"an IANA time zone like Europe/Berlin, or a UTC offset in seconds, -{MAX_TZ_OFFSET_SECONDS} to {MAX_TZ_OFFSET_SECONDS}"
+    if len(texts) > 1:
+        raise invalid("tz", message)
+    if TZ_TEXT.fullmatch(texts[0]) and abs(int(texts[0])) <= MAX_TZ_OFFSET_SECONDS:
+        return int(texts[0])
+    try:
+        return valid_zone_name(texts[0])
+    except ZoneError:
+        raise invalid("tz", message) from None
 
 
 # ---------------------------------------------------------------- the routes
@@ -428,19 +450,23 @@ class Api:
             raise no_device(device_id)
         return JSONResponse({"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed})
 
-    def _feed(self, device_id: str, tz: int | None) -> ComposedFeed | None:
+    def _feed(self, device_id: str, tz: int | str | None) -> ComposedFeed | None:
         record = self._device(device_id)
         if record is None:
             return None
-        if tz is not None and tz != record.last_tz_offset_seconds:
-            self._store_tz(device_id, tz)  # before composing: floating calendar times use the offset
+        stored = record.tz_name if isinstance(tz, str) else record.last_tz_offset_seconds
+        if tz is not None and tz != stored:
+            self._store_tz(device_id, tz)  # before composing: floating calendar times use the zone
         return compose_feed(self.db, self.settings, device_id)
 
-    def _store_tz(self, device_id: str, tz: int) -> None:
-        """Conditional (only a changed offset reaches here, and the UPDATE re-checks) and best-effort."""
+    def _store_tz(self, device_id: str, tz: int | str) -> None:
+        """Conditional (only a changed zone or offset reaches here, and the UPDATE re-checks) and best-effort."""
         try:
             with self.db.write() as conn:
-                ledger.store_tz_offset(conn, device_id, tz)
+                if isinstance(tz, str):
+                    ledger.store_tz_name(conn, device_id, tz)
+                else:
+                    ledger.store_tz_offset(conn, device_id, tz)
         except Exception as exc:  # noqa: BLE001 - the seed: it can never fail a feed request
             self.metrics.tz_write_failed()
             log.warning("could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc))

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..devices import APNS_TOKEN_PATTERN as _TOKEN, DEVICE_ID_PATTERN as _DEVICE_ID, MAX_SOURCES
 from ..rules import MAX_LEAD_SECONDS
+from ..zones import MAX_ZONE_NAME
 from ..settings import Settings
 
 # The bounds app.py enforces, stated once: the app imports them from its contract.
@@ -22,6 +23,8 @@ MAX_BODY_BYTES = 256 * 1024  # a device with MAX_SOURCES long URLs fits with roo
 MAX_ROW_ID = 2**63 - 1  # BIGINT on PostgreSQL, INTEGER on SQLite: no larger id can exist
 MAX_TZ_OFFSET_SECONDS = 18 * 3600  # +-18:00, the widest UTC offset any platform represents
 MAX_EXTRA_RULES = 32
+ZONE_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}$"  # zones.zone() then asks the zone database
+QUIET_HOURS_PATTERN = r"^[0-9]{2}:[0-9]{2}-[0-9]{2}:[0-9]{2}$"
 MAX_URL_LENGTH = 2048
 # A pretend clock (``now``) must leave the core room to shift it by leads, horizons and cut-offs
 # without leaving the storable 1970..9999 range: 2000-01-01 to 3000-01-01.
@@ -176,6 +179,23 @@ def _schemas(settings: Settings) -> dict[str, Any]:
                     "type": ["array", "null"], "maxItems": MAX_SOURCES,
                     "items": {"type": "string", "maxLength": MAX_URL_LENGTH, "description": "http(s) URL of a JSON or iCalendar feed"},
                 },
+                "tz": {
+                    "type": ["string", "null"], "maxLength": MAX_ZONE_NAME, "pattern": ZONE_NAME_PATTERN,
+                    "description": "IANA time zone (`Europe/Berlin`); omitted or null keeps the stored one (the widget reports it too).",
+                },
+                "all_day_rules": {
+                    "type": ["array", "null"], "maxItems": MAX_EXTRA_RULES,
+                    "items": {"type": "string", "description": "`day:N@HH:MM`: N days before the day, at that local time"},
+                    "description": "Rules for all-day items; default `[\"day:0@09:00\"]`, `[]` for none.",
+                },
+                "quiet_hours": {
+                    "type": ["string", "null"], "pattern": QUIET_HOURS_PATTERN,
+                    "description": "`22:00-07:00` in the device's zone; reminders due inside are held to its end.",
+                },
+                "alarms": {
+                    "type": ["boolean", "null"],
+                    "description": "Use each calendar event's own alarms (VALARM) as its rules; default false.",
+                },
             },
         },
         "Device": {
@@ -189,6 +209,10 @@ def _schemas(settings: Settings) -> dict[str, Any]:
                 "source_urls": {"type": "array", "items": {"type": "string"}},
                 "chunk": {"type": "integer"},
                 "last_tz_offset_seconds": {"type": ["integer", "null"]},
+                "tz_name": {"type": ["string", "null"]},
+                "all_day_rules": {"type": "array", "items": {"type": "string"}},
+                "quiet_hours": {"type": ["string", "null"]},
+                "use_alarms": {"type": "boolean"},
                 "reminders_built_at": ISO_TIME,
                 "token_invalid_at": ISO_TIME,
                 "token_invalid_reason": {"type": ["string", "null"]},
@@ -345,8 +369,13 @@ def _paths() -> dict[str, Any]:
                 "parameters": [
                     {
                         "name": "tz", "in": "query", "required": False,
-                        "schema": {"type": "integer", "minimum": -MAX_TZ_OFFSET_SECONDS, "maximum": MAX_TZ_OFFSET_SECONDS},
-                        "description": "The widget's UTC offset in seconds.",
+                        "schema": {
+                            "anyOf": [
+                                {"type": "string", "maxLength": MAX_ZONE_NAME, "pattern": ZONE_NAME_PATTERN},
+                                {"type": "integer", "minimum": -MAX_TZ_OFFSET_SECONDS, "maximum": MAX_TZ_OFFSET_SECONDS},
+                            ]
+                        },
+                        "description": "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
                     }
                 ],
                 "responses": {

@@ -1,0 +1,132 @@
+"""A device's local time: its IANA zone when known, else its last seen UTC offset, else UTC.
+
+Floating iCalendar times and all-day dates carry no zone: they are wall-clock times, kept as
+"wall seconds" (the wall time read as if it were UTC) until a device's zone fixes them. Resolution
+follows RFC 5545: a wall time in a spring-forward gap uses the offset before the gap (02:30
+becomes 03:30), an ambiguous one the first occurrence; that is ``zoneinfo`` with ``fold=0``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+MAX_OFFSET_SECONDS = 14 * 3600  # the largest UTC offset in use (Pacific/Kiritimati, +14:00)
+MAX_ZONE_NAME = 64
+_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")
+_QUIET = re.compile(r"(\d{2}):(\d{2})-(\d{2}):(\d{2})")
+_UTC = timezone.utc
+
+
+class ZoneError(ValueError):
+    """Not a zone the zone database knows, or not a quiet-hours window."""
+
+
+@lru_cache(maxsize=1024)
+def zone(name: str) -> ZoneInfo:
+    """The zone called ``name`` (``Europe/Berlin``); ``ZoneError`` for anything else."""
+    if not isinstance(name, str) or len(name) > MAX_ZONE_NAME or not _ZONE_NAME.fullmatch(name):
+        raise ZoneError(f"not an IANA time zone name: {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ZoneError(f"unknown time zone {name!r}") from None
+
+
+def valid_zone_name(name: str) -> str:
+    zone(name)
+    return name
+
+
+@dataclass(frozen=True)
+class LocalTime:
+    """How one device reads wall times: a zone, or a fixed offset (old widgets), or UTC."""
+
+    tz_name: str | None = None
+    offset_seconds: int | None = None
+
+    def to_unix(self, wall: int) -> int:
+        """Wall seconds -> the instant, DST exact in a zone."""
+        if self.tz_name:
+            return _wall_to_unix(wall, self.tz_name)
+        return wall - (self.offset_seconds or 0)
+
+    def to_wall(self, unix: float) -> float:
+        """An instant -> wall seconds in this device's local time."""
+        if self.tz_name:
+            local = datetime.fromtimestamp(unix, zone(self.tz_name))
+            return unix + local.utcoffset().total_seconds()  # type: ignore[union-attr]
+        return unix + (self.offset_seconds or 0)
+
+    def clock(self, unix: float) -> str:
+        """``HH:MM`` in local time, or UTC marked as such when nothing local is known."""
+        if not self.tz_name and self.offset_seconds is None:
+            return datetime.fromtimestamp(unix, _UTC).strftime("%H:%M UTC")
+        return datetime.fromtimestamp(self.to_wall(unix), _UTC).strftime("%H:%M")
+
+
+@lru_cache(maxsize=1 << 16)
+def _wall_to_unix(wall: int, tz_name: str) -> int:
+    """Cached: a build resolves the same floating times for every device in one zone."""
+    naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
+    return int(naive.replace(tzinfo=zone(tz_name)).timestamp())
+
+
+def local_time(device: object) -> LocalTime:
+    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``).
+
+    A stored zone the zone database no longer knows (an upgrade renamed it) falls back to the
+    offset rather than failing the device's build.
+    """
+    get = device.get if isinstance(device, dict) else lambda k: getattr(device, k, None)  # type: ignore[attr-defined]
+    name = get("tz_name")
+    try:
+        return LocalTime(name and valid_zone_name(name), get("last_tz_offset_seconds"))
+    except ZoneError:
+        return LocalTime(None, get("last_tz_offset_seconds"))
+
+
+@dataclass(frozen=True)
+class QuietHours:
+    """A daily window of local time, ``start`` inclusive, ``end`` exclusive; may wrap midnight."""
+
+    start_minutes: int
+    end_minutes: int
+
+    @property
+    def text(self) -> str:
+        return "{:02d}:{:02d}-{:02d}:{:02d}".format(*divmod(self.start_minutes, 60), *divmod(self.end_minutes, 60))
+
+    def _minutes(self, wall: float) -> float:
+        return (wall % 86400) / 60
+
+    def contains(self, unix: float, local: LocalTime) -> bool:
+        m = self._minutes(local.to_wall(unix))
+        if self.start_minutes <= self.end_minutes:
+            return self.start_minutes <= m < self.end_minutes
+        return m >= self.start_minutes or m < self.end_minutes
+
+    def end_after(self, unix: float, local: LocalTime) -> int:
+        """The instant the window containing ``unix`` ends (its local end time, DST exact)."""
+        wall = local.to_wall(unix)
+        day = int(wall // 86400) * 86400
+        end = day + self.end_minutes * 60
+        if end <= wall:
+            end += 86400
+        return local.to_unix(end)
+
+
+def parse_quiet_hours(text: str | None) -> QuietHours | None:
+    """``22:00-07:00`` -> ``QuietHours``; None or empty -> no quiet hours. ``ZoneError`` if malformed."""
+    if text is None or not text.strip():
+        return None
+    match = _QUIET.fullmatch(text.strip()) if isinstance(text, str) else None
+    if not match:
+        raise ZoneError(f"quiet hours must look like 22:00-07:00, got {text!r}")
+    h1, m1, h2, m2 = map(int, match.groups())
+    if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59 or (h1, m1) == (h2, m2):
+        raise ZoneError(f"quiet hours {text!r}: two different times of day, 00:00 to 23:59")
+    return QuietHours(h1 * 60 + m1, h2 * 60 + m2)

@@ -1,0 +1,177 @@
+"""Local time for devices: IANA zones DST exact (RFC 5545 gap and fold), offsets, quiet hours,
+and all-day rules; every expected instant is written out by hand or computed with zoneinfo."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from reminders_pipeline.feed import Item
+from reminders_pipeline.notification import compose, local_clock
+from reminders_pipeline.rules import RuleError, device_rules, parse_rule
+from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.zones import LocalTime, ZoneError, parse_quiet_hours, zone
+
+UTC = timezone.utc
+
+
+def wall(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
+    """Wall seconds: a local wall time read as if it were UTC."""
+    return int(datetime(y, mo, d, h, mi, tzinfo=UTC).timestamp())
+
+
+def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
+    return wall(y, mo, d, h, mi)
+
+
+@pytest.mark.parametrize(
+    "tz, local, expected",
+    [
+        ("Europe/Berlin", (2026, 3, 29, 1, 30), (2026, 3, 29, 0, 30)),  # CET, before the change
+        ("Europe/Berlin", (2026, 3, 29, 2, 30), (2026, 3, 29, 1, 30)),  # in the gap: offset before it (RFC 5545)
+        ("Europe/Berlin", (2026, 3, 29, 3, 30), (2026, 3, 29, 1, 30)),  # CEST
+        ("Europe/Berlin", (2026, 10, 25, 2, 30), (2026, 10, 25, 0, 30)),  # ambiguous: the first (CEST)
+        ("America/New_York", (2026, 3, 8, 2, 30), (2026, 3, 8, 7, 30)),  # gap: EST offset
+        ("America/New_York", (2026, 11, 1, 1, 30), (2026, 11, 1, 5, 30)),  # fold: EDT
+        ("Australia/Lord_Howe", (2026, 10, 4, 2, 15), (2026, 10, 3, 15, 45)),  # 30-minute gap, +10:30 before it
+        ("Australia/Lord_Howe", (2026, 4, 5, 1, 45), (2026, 4, 4, 14, 45)),  # 30-minute fold: +11 first
+        ("Pacific/Chatham", (2026, 9, 27, 3, 0), (2026, 9, 26, 14, 15)),  # gap 02:45-03:45, +12:45 before it
+        ("Asia/Kolkata", (2026, 6, 1, 9, 0), (2026, 6, 1, 3, 30)),
+    ],
+)
+def test_wall_times_resolve_dst_exact(tz, local, expected):
+    assert LocalTime(tz).to_unix(wall(*local)) == utc(*expected)
+
+
+def test_offset_only_and_unknown_keep_todays_behaviour():
+    assert LocalTime(None, -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 13)
+    assert LocalTime(None, None).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 9)
+    assert LocalTime("Europe/Berlin", -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 7)  # the zone wins
+
+
+@pytest.mark.parametrize("name", ["Mars/Olympus", "Europe/Berlin/x/y", "../etc/passwd", "", "x" * 65, "Europe/ Berlin"])
+def test_unknown_zones_are_refused(name):
+    with pytest.raises(ZoneError):
+        zone(name)
+
+
+def test_clock_text_follows_the_zone_across_dst():
+    # 12:30Z is 14:30 in Berlin in summer and 13:30 in winter; the offset form cannot know that.
+    assert local_clock(utc(2026, 7, 1, 12, 30), 3600, "Europe/Berlin") == "14:30"
+    assert local_clock(utc(2026, 12, 1, 12, 30), 7200, "Europe/Berlin") == "13:30"
+    assert local_clock(utc(2026, 12, 1, 12, 30), 7200) == "14:30"
+    assert local_clock(utc(2026, 12, 1, 12, 30), None) == "12:30 UTC"
+    row = {
+        "id": 1, "device_id": "d", "apns_token": "ab" * 32, "item_id": "1:x", "title": "Dentist", "body": None,
+        "rule": "lead:600", "event_at": iso_from_unix(utc(2026, 10, 26, 13, 30)), "expires_at": iso_from_unix(utc(2026, 10, 26, 14)),
+        "last_tz_offset_seconds": 7200, "tz_name": "Europe/Berlin",
+    }
+    assert compose(row).payload["aps"]["alert"]["body"] == "Starts at 14:30"  # CET after 25 October
+
+
+@pytest.mark.parametrize("rule, body", [("day:0@09:00", "Today"), ("day:1@18:00", "Tomorrow"), ("day:7@09:00", "In 7 days")])
+def test_all_day_alert_names_the_day(rule, body):
+    row = {
+        "id": 1, "device_id": "d", "apns_token": "ab" * 32, "item_id": "1:x", "title": "Birthday", "body": None, "rule": rule,
+        "event_at": "2026-10-26T23:00:00.000Z", "expires_at": "2026-10-27T23:00:00.000Z", "tz_name": "Europe/Berlin",
+    }
+    note = compose(row)
+    assert note.payload["aps"]["alert"]["body"] == body
+    assert note.expiration == int(datetime(2026, 10, 27, 23, tzinfo=UTC).timestamp())  # the end of the day
+
+
+@pytest.mark.parametrize(
+    "text, name, days, at, breakthrough",
+    [
+        ("day:0@09:00", "day:0@09:00", 0, 540, False),
+        ("day:1@18:30", "day:1@18:30", 1, 1110, False),
+        ("day:007@00:00!", "day:7@00:00!", 7, 0, True),
+        ("lead:0!", "lead:0!", 0, 0, True),
+        ("lead:600@expiry!", "lead:600@expiry!", 0, 0, True),
+    ],
+)
+def test_day_and_breakthrough_rules_parse(text, name, days, at, breakthrough):
+    rule = parse_rule(text)
+    assert (rule.name, rule.days, rule.at_minutes, rule.breakthrough) == (name, days, at, breakthrough)
+    assert parse_rule(rule.name) == rule
+
+
+@pytest.mark.parametrize("text", ["day:0", "day:0@9:00", "day:0@24:00", "day:0@12:60", "day:-1@09:00", "day:400@09:00", "day:x@09:00", "lead:0!!"])
+def test_bad_day_rules_say_why(text):
+    with pytest.raises(RuleError):
+        parse_rule(text)
+
+
+def test_device_rules_keep_lead_and_day_rules_apart():
+    rules = device_rules(600, ["lead:0@expiry"], ["day:1@18:00", "day:0@09:00"])
+    assert [r.name for r in rules if r.all_day] == ["day:0@09:00", "day:1@18:00"]
+    assert [r.name for r in rules if not r.all_day] == ["lead:0@expiry", "lead:600"]
+
+
+def test_day_rule_send_time_is_a_local_time_on_a_local_day_dst_exact():
+    item = Item("x", "Holiday", None, wall(2026, 3, 29), wall(2026, 3, 30), floating=True, all_day=True)
+    berlin = LocalTime("Europe/Berlin")
+    before = parse_rule("day:1@18:00")
+    assert berlin.to_unix(before.day_wall(item.starts_at)) == utc(2026, 3, 28, 17)  # CET the evening before
+    assert berlin.to_unix(parse_rule("day:0@09:00").day_wall(item.starts_at)) == utc(2026, 3, 29, 7)  # CEST on the day
+    fixed = item.for_local(berlin)
+    assert (fixed.starts_at, fixed.expires_at) == (utc(2026, 3, 28, 23), utc(2026, 3, 29, 22))  # a 23-hour day
+
+
+def test_duration_days_are_nominal_and_hours_exact_for_floating_times():
+    # 23:00 floating + PT4H across Berlin's spring change is 4 real hours; + P1D is the same wall time next day.
+    exact = Item("x", "t", None, wall(2026, 3, 28, 23), wall(2026, 3, 29, 3), floating=True, tail_seconds=4 * 3600)
+    fixed = exact.for_local(LocalTime("Europe/Berlin"))
+    assert fixed.expires_at - fixed.starts_at == 4 * 3600
+    nominal = Item("y", "t", None, wall(2026, 3, 28, 23), wall(2026, 3, 29, 23), floating=True)
+    fixed = nominal.for_local(LocalTime("Europe/Berlin"))
+    assert fixed.expires_at - fixed.starts_at == 23 * 3600
+
+
+@pytest.mark.parametrize(
+    "window, local, inside",
+    [
+        ("22:00-07:00", (2026, 6, 1, 23, 0), True),
+        ("22:00-07:00", (2026, 6, 1, 6, 59), True),
+        ("22:00-07:00", (2026, 6, 1, 7, 0), False),
+        ("22:00-07:00", (2026, 6, 1, 21, 59), False),
+        ("12:00-13:00", (2026, 6, 1, 12, 30), True),
+        ("12:00-13:00", (2026, 6, 1, 13, 30), False),
+    ],
+)
+def test_quiet_hours_contain_local_times(window, local, inside):
+    berlin = LocalTime("Europe/Berlin")
+    instant = berlin.to_unix(wall(*local))
+    assert parse_quiet_hours(window).contains(instant, berlin) is inside
+
+
+def test_quiet_hours_end_is_local_and_dst_exact():
+    berlin = LocalTime("Europe/Berlin")
+    quiet = parse_quiet_hours("22:00-07:00")
+    # The night of the spring change: 23:00 CET -> 07:00 CEST is 05:00Z.
+    assert quiet.end_after(utc(2026, 3, 28, 22), berlin) == utc(2026, 3, 29, 5)
+    assert quiet.end_after(utc(2026, 3, 29, 2), berlin) == utc(2026, 3, 29, 5)
+
+
+@pytest.mark.parametrize("text", ["22:00", "22:00-22:00", "25:00-07:00", "22:00-07:60", "10pm-7am"])
+def test_bad_quiet_hours_are_refused(text):
+    with pytest.raises(ZoneError):
+        parse_quiet_hours(text)
+
+
+def test_a_stored_zone_the_database_no_longer_knows_falls_back_to_the_offset():
+    from reminders_pipeline.zones import local_time
+
+    assert local_time({"tz_name": "Gone/Zone", "last_tz_offset_seconds": 3600}) == LocalTime(None, 3600)
+    assert local_time({"tz_name": "Europe/Berlin", "last_tz_offset_seconds": 3600}) == LocalTime("Europe/Berlin", 3600)
+
+
+def test_json_feeds_are_capped_too_and_the_cut_counted():
+    import json
+
+    from reminders_pipeline.feed import parse_json_feed
+
+    items = [{"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)]
+    feed = parse_json_feed(json.dumps({"items": items}).encode(), max_items=3)
+    assert [i.id for i in feed.items] == ["e0", "e1", "e2"] and feed.rejected == {"over_item_cap": 2}
