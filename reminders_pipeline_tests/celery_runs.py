@@ -1,7 +1,8 @@
 """Launch the code location's own jobs on the Celery executor from a plain process, as a run worker would.
 
 ``python -m reminders_pipeline_tests.celery_runs CONFIG.yaml build 0 1 2 ... [--parallel N]`` starts
-one per-chunk ``build_notification_queue`` run per chunk (N at a time), ``... drain`` one
+one per-chunk ``build_notification_queue`` run per chunk (N processes, each taking every Nth chunk
+in turn: runs in threads of one process deadlock on Dagster's imports), ``... drain`` one
 ``drain_job`` run; each prints one JSON line per run: ``{"run_id", "status", "chunk"}``.
 
 The job is loaded from ``reminders_pipeline.definitions`` (the module ``workspace.yaml`` names), so
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(execute("drain_job", config, {}, {})), flush=True)
         return 0
 
-    def one(chunk: int) -> dict[str, Any]:
-        return execute("build_notification_queue", config, {"dagster/partition": f"{chunk:03d}"}, {"chunk": chunk})
-
-    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
-        for line in pool.map(one, args.chunks):
-            print(json.dumps(line), flush=True)
+    if args.parallel > 1:
+        return parallel(args.config_yaml, args.chunks, args.parallel)
+    for chunk in args.chunks:
+        line = execute("build_notification_queue", config, {"dagster/partition": f"{chunk:03d}"}, {"chunk": chunk})
+        print(json.dumps(line), flush=True)
     return 0
+
+
+def parallel(config_yaml: str, chunks: list[int], n: int) -> int:
+    shares = [chunks[i::n] for i in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "reminders_pipeline_tests.celery_runs", config_yaml, "build", *map(str, share)], stdout=subprocess.PIPE, text=True)
+        for share in shares
+        if share
+    ]
+    codes = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        sys.stdout.write("".join(line + "\n" for line in out.splitlines() if line.startswith("{")))
+        codes.append(proc.returncode)
+    sys.stdout.flush()
+    return max(codes, default=0)
 
 
 if __name__ == "__main__":

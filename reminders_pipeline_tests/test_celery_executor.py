@@ -308,7 +308,7 @@ def test_builds_and_a_drain_run_on_both_workers_and_end_as_in_process(cluster: C
     steps = {}
     for run in [*builds, drain]:
         steps.update({(run["run_id"], k): v for k, v in c.step_workers(run["run_id"]).items()})
-    assert len(steps) == CHUNKS + 12, steps  # a build step per run; fail_abandoned, find_due, 10 batches, summarize
+    assert len(steps) == CHUNKS + 13, steps  # a build step per run; fail_abandoned, find_due, 10 batches, summarize
     hosts = Counter(host.split("@")[0] for host, _ in steps.values())
     assert set(hosts) == {"w1", "w2"}, hosts
     assert all(c.worker_of(pid) == host.split("@")[0] for host, pid in steps.values())
