@@ -54,6 +54,20 @@ def share(path: str, salt: str) -> float:
     return (zlib.crc32(f"{salt}{path}".encode()) % 10_000) / 10_000
 
 
+def light_ics_body(n: int, t0: int) -> bytes:
+    """A person's calendar: six single meetings over the next two days and one weekly series."""
+    def stamp(t: int) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+    events = []
+    for k in range(6):
+        start = t0 + 1800 + k * 8 * 3600 + n % 600
+        events += ["BEGIN:VEVENT", f"UID:s{n}-m{k}@bench", f"DTSTART:{stamp(start)}", "DURATION:PT30M", f"SUMMARY:Meeting {k}", "END:VEVENT"]
+    events += ["BEGIN:VEVENT", f"UID:s{n}-weekly@bench", f"DTSTART:{stamp(t0 + 5400 + n % 600)}", "DURATION:PT1H",
+               "RRULE:FREQ=WEEKLY;COUNT=52", "SUMMARY:Weekly", "END:VEVENT"]
+    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     for name in ("port", "json_count", "ics_count", "t0"):
@@ -64,12 +78,14 @@ def main() -> None:
     ap.add_argument("--fail-share", type=float, default=0.0)
     ap.add_argument("--hosts", default="127.0.0.1")
     ap.add_argument("--slow-host", default=None)
+    ap.add_argument("--light-ics", action="store_true", help="/c/<n>.ics: a person's calendar, not two hourly series")
     args = ap.parse_args()
     port, json_count, ics_count, t0 = args.port, args.json_count, args.ics_count, args.t0
     lock = threading.Lock()
     stats: dict[str, dict[str, float]] = {}
     bodies = {f"/j/{n}.json": (json_body(n, t0), "application/json") for n in range(json_count)}
-    bodies |= {f"/c/{n}.ics": (ics_body(n, t0), "text/calendar") for n in range(ics_count)}
+    ics = light_ics_body if args.light_ics else ics_body
+    bodies |= {f"/c/{n}.ics": (ics(n, t0), "text/calendar") for n in range(ics_count)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
