@@ -236,7 +236,44 @@ def render_latency(r: dict) -> list[str]:
         if d.get("note"):
             lines += [d["note"], ""]
     if "celery_scale_out" in r:
-        lines += ["## Celery scale-out", "", "```json", json.dumps(r["celery_scale_out"], indent=2), "```", ""]
+        c = r["celery_scale_out"]
+        lines += [
+            "## Celery scale-out",
+            "",
+            f"`bench/bench_celery_scale.py`: {c['chunks']} per-chunk build runs of {c['devices_per_chunk']} devices each (own iCalendar",
+            f"source, every read answered after {c['read_latency_s'] * 1000:.0f} ms, `REMINDERS_SOURCE_CONCURRENCY={c['source_concurrency']}` so",
+            "a chunk waits on the network) through one and through two `dagster-celery` workers on RabbitMQ.",
+            "",
+            "| workers | seconds | chunks/s | devices/s |",
+            "|---|---|---|---|",
+            *[f"| {k['workers']} | {k['seconds']} | {k['chunks_per_s']} | {k['devices_per_s']} |" for k in c["cases"]],
+            "",
+            f"Two workers: **{c['speedup_2_over_1']}×** one (bar {c['bar']}×: {'met' if c['passes'] else 'missed'}).",
+            "",
+        ]
+        if c.get("note"):
+            lines += [c["note"], ""]
+    if "row_cost" in r:
+        rc = r["row_cost"]
+        lines += [
+            "## What a queue row costs (PostgreSQL)",
+            "",
+            f"`bench/bench_row_cost.py --rows {rc['rows']}`: {n(rc['rows'])} rows, {rc['pending_share'] * 100:.1f}% pending and the rest",
+            "settled `sent` with their stored payload, after `VACUUM ANALYZE`. Bytes per row:",
+            "",
+            "| relation | bytes/row |",
+            "|---|---|",
+            *[f"| {k} | {v} |" for k, v in rc["bytes_per_row"].items()],
+            "",
+            "Average stored bytes per column (`pg_column_size`):",
+            "",
+            "| column | bytes |",
+            "|---|---|",
+            *[f"| {k} | {v} |" for k, v in rc["avg_column_bytes"].items()],
+            "",
+        ]
+        if rc.get("note"):
+            lines += [rc["note"], ""]
     return lines
 
 
@@ -264,7 +301,7 @@ def main() -> None:
         if args.with_dagster:
             results["dagster"] = run("bench_dagster.py")
         previous = json.loads(results_file.read_text()) if results_file.exists() else {}
-        for key in ("build_latency", "drain_latency", "celery_scale_out"):  # kept until re-measured
+        for key in ("build_latency", "drain_latency", "celery_scale_out", "row_cost"):  # kept until re-measured
             if key in previous:
                 results[key] = previous[key]
         if args.with_latency:
