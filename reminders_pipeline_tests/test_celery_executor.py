@@ -332,7 +332,7 @@ def test_a_configuration_fault_found_by_one_batch_stops_the_batches_on_the_other
     build(c.db, c.settings)  # only the new devices have anything to add
     poison = devices[0]  # its rows are the earliest due: the first slice of batch_000 holds one
     c.mock.script(token_of(poison), status=403, reason="InvalidProviderToken")
-    c.mock.script_default(delay=1.0)  # every batch is on the wire long enough to meet the halt
+    c.mock.script_default(delay=2.0)  # every batch is on the wire long enough to meet the halt (2 s of start skew)
 
     drain = c.runs("drain")[0]
     assert drain["status"] == "FAILURE"  # summarize turns a halt into a red run
