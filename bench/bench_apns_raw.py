@@ -72,6 +72,13 @@ class MockHandle:
     def stats(self) -> dict[str, Any]:
         return self._mock.stats() if self._mock else self._command("stats")
 
+    def delay(self, seconds: float) -> None:
+        """Every answer ``seconds`` after its request (Apple's servers are tens of ms away)."""
+        if self._mock:
+            self._mock.latency = seconds
+        else:
+            self._command(f"delay {seconds}")
+
     def reset(self) -> None:
         if self._mock:
             self._mock.reset()

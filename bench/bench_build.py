@@ -9,6 +9,13 @@ device reading its own sources one by one (measured on a sample and reported per
 
 Usage: ``.venv/bin/python bench/bench_build.py [--devices 10000] [--backend sqlite|postgresql|both]
 [--cases shared,own,zoned]``
+
+``--latency`` instead measures one build process against calendar providers' latency: 5,000 devices
+each with its own iCalendar source, every read answered after 150 ms, 2% of sources after 3 s and 1%
+failing (503), spread over 8 loopback hosts (a person's calendar: ``feed_server.py --light-ics``); devices/s beside the bound the source concurrency
+allows (concurrency / 0.15 s) per concurrency tried, in the same run. Then one extra host whose
+every answer takes 3 s: the other hosts' devices/s with and without it (the per-host limit keeps
+it from starving them).
 """
 
 from __future__ import annotations
@@ -46,14 +53,88 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(json_count: int, ics_count: int, t0: int, zoned_count: int = 0) -> tuple[subprocess.Popen, str]:
+def start_server(json_count: int, ics_count: int, t0: int, *options: str, zoned_count: int = 0) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "feed_server.py"), str(port), str(json_count), str(ics_count), str(t0), str(zoned_count)],
+        [sys.executable, str(Path(__file__).parent / "feed_server.py"), str(port), str(json_count), str(ics_count), str(t0), str(zoned_count), *options],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout and proc.stdout.readline().strip() == b"ready"
     return proc, f"http://127.0.0.1:{port}"
+
+
+READ_LATENCY = 0.15
+FAST_HOSTS = [f"127.0.0.{i}" for i in range(1, 9)]
+SLOW_HOST = "127.0.0.9"
+
+
+def timed_build(subscriptions: dict[str, list[str]], t0: int, concurrency: int, per_host: int) -> tuple[float, object, float]:
+    """(seconds, summary, wall clock at start) of one cold build on a fresh PostgreSQL ledger."""
+    db, close = fresh("postgresql")
+    try:
+        settings = Settings(database_url=db.url, source_allow_networks=LOOPBACK_NETWORKS).with_(
+            source_concurrency=concurrency, source_per_host=per_host
+        )
+        register(db, settings, subscriptions)
+        wall, t = time.time(), time.perf_counter()
+        summary = build(db, settings, now=iso_from_unix(t0))
+        return time.perf_counter() - t, summary, wall
+    finally:
+        close()
+
+
+def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sources: int) -> dict:
+    t0 = int(unix_from_iso(now_utc()))
+    hosts = FAST_HOSTS + [SLOW_HOST]
+    proc, base = start_server(
+        0, devices + slow_sources, t0, "--delay", str(READ_LATENCY), "--slow-share", "0.02", "--slow-delay", "3",
+        "--fail-share", "0.01", "--hosts", ",".join(hosts), "--slow-host", SLOW_HOST, "--light-ics",
+    )
+    port = base.rsplit(":", 1)[1]
+    instant, instant_base = start_server(0, devices, t0, "--hosts", ",".join(FAST_HOSTS), "--light-ics")
+    instant_port = instant_base.rsplit(":", 1)[1]
+    try:
+        own = {f"own-{i}": [f"http://{FAST_HOSTS[i % len(FAST_HOSTS)]}:{port}/c/{i}.ics"] for i in range(devices)}
+        # The CPU limit: the same build with every read answered at once.
+        cpu_seconds, _, _ = timed_build(
+            {d: [u.replace(f":{port}/", f":{instant_port}/")] for d, (u,) in own.items()}, t0, max(concurrencies), per_host
+        )
+        cpu_limit = devices / cpu_seconds
+        out: dict = {"devices": devices, "read_latency_s": READ_LATENCY, "slow_share": 0.02, "slow_s": 3, "fail_share": 0.01,
+                     "hosts": len(FAST_HOSTS), "per_host": per_host, "cpu_limit_devices_per_s": round(cpu_limit, 1),
+                     "by_concurrency": []}
+        for c in concurrencies:
+            seconds, summary, _ = timed_build(own, t0, c, per_host)
+            rate = devices / seconds
+            bound = c / READ_LATENCY
+            # The read mix itself: 97% at 0.15 s, 2% at 3 s, 1% failing at 0.15 s -> mean slot time.
+            mix = 0.98 * READ_LATENCY + 0.02 * 3
+            out["by_concurrency"].append({
+                "concurrency": c, "seconds": round(seconds, 2), "devices_per_s": round(rate, 1),
+                "bound_per_s": round(bound, 1), "ratio_to_bound": round(rate / bound, 2),
+                "mix_bound_per_s": round(c / mix, 1), "ratio_to_mix_bound": round(rate / (c / mix), 2),
+                "ratio_to_lower_of_bound_and_cpu": round(rate / min(bound, cpu_limit), 2),
+                "sources_failed": len(summary.sources_failed), "rows_inserted": summary.rows_inserted,  # type: ignore[attr-defined]
+            })
+        # One slow host: every answer 3 s. Its sources wait for its own per_host slots only.
+        c = concurrencies[0]
+        slow = {f"slow-{i}": [f"http://{SLOW_HOST}:{port}/c/{devices + i}.ics"] for i in range(slow_sources)}
+        runs = {}
+        for name, subs in (("without_slow_host", own), ("with_slow_host", {**slow, **own})):
+            stats_before = httpx.get(f"{base}/_stats").json()
+            seconds, summary, wall = timed_build(subs, t0, c, per_host)
+            stats = httpx.get(f"{base}/_stats").json()
+            last_fast = max(stats[h]["last_answer_at"] for h in FAST_HOSTS)
+            fast_reads = sum(stats[h]["requests"] - stats_before.get(h, {}).get("requests", 0) for h in FAST_HOSTS)
+            runs[name] = {"seconds": round(seconds, 2), "fast_host_reads": fast_reads,
+                          "fast_hosts_done_after_s": round(last_fast - wall, 2),
+                          "fast_devices_per_s": round(devices / (last_fast - wall), 1)}
+        out["slow_host"] = {"concurrency": c, "per_host": per_host, "slow_host_sources": slow_sources, **runs,
+                            "fast_rate_ratio": round(runs["with_slow_host"]["fast_devices_per_s"] / runs["without_slow_host"]["fast_devices_per_s"], 2)}
+        return out
+    finally:
+        proc.kill()
+        instant.kill()
 
 
 def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones: dict[str, str] | None = None) -> None:
@@ -149,12 +230,20 @@ def main() -> None:
     ap.add_argument("--own", type=int, default=2_000)
     ap.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--naive-sample", type=int, default=300)
+    ap.add_argument("--latency", action="store_true", help="the latency-bound case (5,000 own iCalendar sources)")
+    ap.add_argument("--concurrency", default="32,64,128", help="latency case: source concurrencies to try")
+    ap.add_argument("--per-host", type=int, default=8)
+    ap.add_argument("--slow-sources", type=int, default=48)
     ap.add_argument("--zoned", type=int, default=2_000)
     ap.add_argument("--cases", default="shared,own,zoned")
     args = ap.parse_args()
     cases = set(args.cases.split(","))
+    if args.latency:
+        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        print(json.dumps(latency_case(args.devices if args.devices != 10_000 else 5_000, concurrencies, args.per_host, args.slow_sources), indent=2))
+        return
     t0 = int(unix_from_iso(now_utc()))
-    proc, base = start_server(250 + args.own, 250, t0, args.zoned)
+    proc, base = start_server(250 + args.own, 250, t0, zoned_count=args.zoned)
     try:
         rng = random.Random(7)
         shared_urls = [f"{base}/j/{n}.json" for n in range(250)] + [f"{base}/c/{n}.ics" for n in range(250)]
@@ -181,6 +270,7 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     finally:
         proc.kill()
+        instant.kill()
 
 
 if __name__ == "__main__":

@@ -3,6 +3,11 @@ mock APNs, beside raw aioapns sending the same number of notifications to the sa
 same run, on SQLite and PostgreSQL.
 
     .venv/bin/python bench/bench_drain.py [--n 5000] [--rounds 5]
+    .venv/bin/python bench/bench_drain.py --latency 0.04 [--n 5000] [--rounds 3]
+
+With ``--latency``: the full drain on PostgreSQL with the default ``REMINDERS_APNS_CONCURRENCY``
+against a mock that answers that many seconds late, beside the bound the latency allows
+(concurrency / latency) and, same run, the same drain at no latency: this machine's CPU limit.
 
 Also measured: the sender alone (``AioApnsSender.send_many``, no database), which splits the gap
 between raw aioapns and the drain into what the sender costs and what the ledger costs.
@@ -25,6 +30,7 @@ from bench_apns_raw import MockHandle, notifications, send_raw, send_with_sender
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
 from reminders_pipeline.drain import default_sender_factory, drain  # noqa: E402
+from reminders_pipeline.settings import Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix  # noqa: E402
 
 
@@ -51,12 +57,42 @@ def send_only(mock: MockHandle, n: int, concurrency: int, runner) -> dict:  # ty
     return {"sends_per_s": round(n / elapsed, 1), "seconds": round(elapsed, 3)}
 
 
+def latency_bound(n: int, latency: float, rounds: int) -> dict:
+    """Sends/s at ``latency`` with the default concurrency, beside concurrency/latency and the CPU
+    limit (the same drain at no latency), interleaved per round; bar: 0.8 of the lower bound."""
+    concurrency = Settings().apns_concurrency
+    mock = MockHandle(in_process=False)
+    runs: dict[str, list[float]] = {"no_latency": [], "latency": []}
+    try:
+        for _ in range(rounds):
+            mock.delay(0.0)
+            runs["no_latency"].append(full_drain(mock, "postgresql", n, concurrency)["sends_per_s"])
+            mock.delay(latency)
+            runs["latency"].append(full_drain(mock, "postgresql", n, concurrency)["sends_per_s"])
+    finally:
+        mock.close()
+    cpu_limit = statistics.median(runs["no_latency"])
+    measured = statistics.median(runs["latency"])
+    latency_limit = concurrency / latency
+    bound = min(latency_limit, cpu_limit)
+    return {
+        "n": n, "apns_latency_seconds": latency, "apns_concurrency": concurrency, "cpus": os.cpu_count(),
+        "sends_per_s": measured, "latency_bound_per_s": latency_limit, "cpu_limit_per_s": cpu_limit,
+        "bound": "latency" if latency_limit <= cpu_limit else "cpu", "ratio_to_bound": round(measured / bound, 2),
+        "bar": 0.8, "passes": measured >= 0.8 * bound, "runs": runs,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--latency", type=float, default=None, help="APNs answer delay in seconds (latency mode)")
     args = parser.parse_args()
+    if args.latency is not None:
+        print(json.dumps(latency_bound(args.n, args.latency, args.rounds), indent=2))
+        return
     mock = MockHandle(in_process=False)
     runs: dict[str, list[dict]] = {"raw_aioapns": [], "sender_only": [], "drain_sqlite": [], "drain_postgresql": []}
     try:

@@ -1,13 +1,26 @@
 """A standalone process serving many synthetic JSON and iCalendar sources, for build benchmarks.
 
 ``python bench/feed_server.py PORT JSON_COUNT ICS_COUNT T0 [ZONED_COUNT]`` serves ``/j/<n>.json``,
-``/c/<n>.ics`` and ``/z/<n>.ics`` (a person's calendar in a zone), each with ETag support, until killed. A separate process so serving does not share the build's GIL.
+``/c/<n>.ics`` and ``/z/<n>.ics`` (a person's calendar in a zone), each with ETag support, until
+killed. A separate process so serving does not share the build's GIL.
+
+Latency where calendar providers have it (options after the four positional arguments):
+``--delay S`` answers every request S seconds late; ``--slow-share F --slow-delay S`` makes that share
+of the sources (the same ones every read, chosen by a hash of the path) answer S seconds late;
+``--fail-share F`` makes that share answer 503 (after the delay); ``--hosts A,B`` listens on several
+loopback addresses (each its own "host" for the reader's per-host limit) and ``--slow-host A``
+makes every answer from A take ``--slow-delay``. ``GET /_stats`` returns per host: requests and the
+wall time the last answer finished.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+import threading
+import time
+import zlib
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -62,21 +75,78 @@ def zoned_body(n: int, t0: int) -> bytes:
     for k in range(5):
         at = datetime.fromtimestamp(t0 + 3600 + k * 5 * 3600 + n, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         events += ["BEGIN:VEVENT", f"UID:o{n}-{k}@bench", f"DTSTART:{at}", "DURATION:PT30M", f"SUMMARY:One-off {k}", "END:VEVENT"]
+
+
+def share(path: str, salt: str) -> float:
+    """A stable number in [0, 1) per path: the same sources are slow (or failing) on every read."""
+    return (zlib.crc32(f"{salt}{path}".encode()) % 10_000) / 10_000
+
+
+def light_ics_body(n: int, t0: int) -> bytes:
+    """A person's calendar: six single meetings over the next two days and one weekly series."""
+    def stamp(t: int) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+    events = []
+    for k in range(6):
+        start = t0 + 1800 + k * 8 * 3600 + n % 600
+        events += ["BEGIN:VEVENT", f"UID:s{n}-m{k}@bench", f"DTSTART:{stamp(start)}", "DURATION:PT30M", f"SUMMARY:Meeting {k}", "END:VEVENT"]
+    events += ["BEGIN:VEVENT", f"UID:s{n}-weekly@bench", f"DTSTART:{stamp(t0 + 5400 + n % 600)}", "DURATION:PT1H",
+               "RRULE:FREQ=WEEKLY;COUNT=52", "SUMMARY:Weekly", "END:VEVENT"]
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
 def main() -> None:
-    port, json_count, ics_count, t0 = (int(a) for a in sys.argv[1:5])
-    zoned_count = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    ap = argparse.ArgumentParser()
+    for name in ("port", "json_count", "ics_count", "t0"):
+        ap.add_argument(name, type=int)
+    ap.add_argument("zoned_count", type=int, nargs="?", default=0)
+    ap.add_argument("--delay", type=float, default=0.0)
+    ap.add_argument("--slow-share", type=float, default=0.0)
+    ap.add_argument("--slow-delay", type=float, default=3.0)
+    ap.add_argument("--fail-share", type=float, default=0.0)
+    ap.add_argument("--hosts", default="127.0.0.1")
+    ap.add_argument("--slow-host", default=None)
+    ap.add_argument("--light-ics", action="store_true", help="/c/<n>.ics: a person's calendar, not two hourly series")
+    args = ap.parse_args()
+    port, json_count, ics_count, t0 = args.port, args.json_count, args.ics_count, args.t0
+    lock = threading.Lock()
+    stats: dict[str, dict[str, float]] = {}
     bodies = {f"/j/{n}.json": (json_body(n, t0), "application/json") for n in range(json_count)}
-    bodies |= {f"/c/{n}.ics": (ics_body(n, t0), "text/calendar") for n in range(ics_count)}
-    bodies |= {f"/z/{n}.ics": (zoned_body(n, t0), "text/calendar") for n in range(zoned_count)}
+    ics = light_ics_body if args.light_ics else ics_body
+    bodies |= {f"/c/{n}.ics": (ics(n, t0), "text/calendar") for n in range(ics_count)}
+    bodies |= {f"/z/{n}.ics": (zoned_body(n, t0), "text/calendar") for n in range(args.zoned_count)}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # headers and body go in two writes: no 40 ms delayed-ACK stall
 
         def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/_stats":
+                with lock:
+                    body = json.dumps(stats).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            host = self.server.server_address[0]
+            slow = host == args.slow_host or share(self.path, "slow") < args.slow_share
+            time.sleep(args.slow_delay if slow else args.delay)
+            try:
+                self._answer(share(self.path, "fail") < args.fail_share)
+            finally:
+                with lock:
+                    entry = stats.setdefault(host, {"requests": 0, "last_answer_at": 0.0})
+                    entry["requests"] += 1
+                    entry["last_answer_at"] = time.time()
+
+        def _answer(self, fail: bool) -> None:
+            if fail:
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             body, kind = bodies.get(self.path, (b"", "text/plain"))
             etag = f'"{hash(body) & 0xFFFFFFFF:x}"'
             if self.headers.get("If-None-Match") == etag:
@@ -95,10 +165,17 @@ def main() -> None:
         def log_message(self, *args: object) -> None:
             return None
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 1024  # hundreds of connections open at once
+
+    servers = []
+    for host in args.hosts.split(","):
+        servers.append(Server((host, port), Handler))
+    for server in servers[1:]:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     print("ready", flush=True)
-    server.serve_forever()
+    servers[0].serve_forever()
 
 
 if __name__ == "__main__":

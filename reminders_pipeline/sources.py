@@ -137,7 +137,8 @@ class SourceReader:
         async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
 
             async def one(source_id: int, state: SourceState) -> SourceRead:
-                async with limit, hosts[urlsplit(fetch_url(state.url)).netloc]:
+                # Host slot first: a read waiting for its (slow) host holds none of the shared slots.
+                async with hosts[urlsplit(fetch_url(state.url)).netloc], limit:
                     own = window.get(source_id) if isinstance(window, Mapping) else window
                     return await self._read(client, source_id, state, own)
 

@@ -46,6 +46,7 @@ class FeedServer:
         self.hits: Counter = Counter()
         self.not_modified: Counter = Counter()
         self.request_headers: dict[str, list[dict[str, str]]] = defaultdict(list)
+        self.arrivals: dict[str, list[float]] = defaultdict(list)  # time.monotonic() per request, per path
         self.posts: dict[str, list[Any]] = defaultdict(list)
         self.in_flight = 0
         self.max_in_flight = 0
@@ -60,6 +61,7 @@ class FeedServer:
                 with server._lock:
                     server.hits[self.path] += 1
                     server.request_headers[self.path].append(dict(self.headers))
+                    server.arrivals[self.path].append(time.monotonic())
                     route = server.routes.get(self.path, Route(404, b"not found", content_type="text/plain"))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +295,8 @@ class MockApns:
     ) -> None:
         # After this many requests on one connection, the next one gets GOAWAY; None = never.
         self.goaway_after: int | None = None
+        # Seconds before every answer that has no delay of its own: the network to Apple. Kept by reset().
+        self.latency = 0.0
         self.key_id = key_id
         self.team_id = team_id
         self.topics = topics
@@ -570,7 +572,10 @@ class MockApns:
         problem = self._check_headers(h) or self._check_body(bytes(stream.body))
         if problem is not None:
             return problem, True
-        return self._scripted(match["token"].lower()), True
+        answer = self._scripted(match["token"].lower())
+        if self.latency and not answer.delay:
+            answer = replace(answer, delay=self.latency)
+        return answer, True
 
     def _check_provider_token(self, authorization: str | None) -> Answer | None:
         if not authorization:
@@ -676,10 +681,15 @@ def _is_uuid(value: str) -> bool:
 
 
 def _serve_stdio(mock: MockApns) -> None:
-    """Line protocol for a parent process (the benchmark): ``stats``, ``reset``, ``stop``."""
+    """Line protocol for a parent process (the benchmark): ``stats``, ``reset``, ``stop``, and
+    ``delay SECONDS`` (every answer that long after its request, as Apple's servers tens of
+    milliseconds away answer; ``reset`` keeps it)."""
     for line in sys.stdin:
         command = line.strip()
-        if command == "stats":
+        if command.startswith("delay "):
+            mock.latency = float(command.split()[1])
+            print(json.dumps({"ok": True, "delay": mock.latency}), flush=True)
+        elif command == "stats":
             print(json.dumps(mock.stats()), flush=True)
         elif command == "reset":
             mock.reset()

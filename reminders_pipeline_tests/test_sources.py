@@ -178,6 +178,28 @@ def test_reads_are_bounded_per_host(feeds):
     assert feeds.max_in_flight == 2
 
 
+def test_a_slow_host_waits_for_its_own_slots_not_the_shared_ones(feeds):
+    """A source waiting for its host's slot must not hold one of the overall slots meanwhile: six
+    slow reads on one host (one at a time) would otherwise fill every slot and keep another host's
+    source waiting behind them."""
+    from .http_sources import FeedServer
+
+    fast = FeedServer()
+    fast.start()
+    try:
+        for i in range(6):
+            feeds.set(f"/slow{i}.json", Route(delay=0.5))
+        fast.set("/fast.json", Route())
+        reader = SourceReader(timeout=10, concurrency=3, per_host=1, allow_networks=LOOPBACK)
+        sources = {i: feeds.url(f"/slow{i}.json") for i in range(6)} | {6: fast.url("/fast.json")}
+        reads = reader.read_all(sources)
+        assert all(r.ok for r in reads.values())
+        slow_arrivals = sorted(t for i in range(6) for t in feeds.arrivals[f"/slow{i}.json"])
+        assert fast.arrivals["/fast.json"][0] < slow_arrivals[1]  # before the slow host's second read began
+    finally:
+        fast.stop()
+
+
 def test_body_cap_fails_the_source(feeds):
     feeds.items("/big.json", [{"id": str(i), "title": "x" * 100, "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120} for i in range(100)])
     read = SourceReader(timeout=5, max_bytes=2000, allow_networks=LOOPBACK).read_all({1: feeds.url("/big.json")})[1]
