@@ -25,21 +25,19 @@ import argparse
 import json
 import random
 import statistics
-import tempfile
+import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-from sqlalchemy import create_engine, text
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ledger import fresh  # noqa: E402  one way to make a throwaway ledger for every benchmark
 
-from reminders_pipeline import migrate
 from reminders_pipeline.db import Database
 from reminders_pipeline.http.metrics import Metrics
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
 
-PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 T0 = 1_789_000_000  # the scrape's now
 NOW = iso_from_unix(T0)
 WINDOW = 900
@@ -143,28 +141,6 @@ def seed(db: Database, total: int, window_rows: int) -> None:
             cur.execute("ANALYZE")
     finally:
         raw.close()
-
-
-def fresh(kind: str) -> tuple[Database, Callable[[], None]]:
-    if kind == "sqlite":
-        path = Path(tempfile.mkdtemp()) / "bench.sqlite3"
-        db = Database(f"sqlite:///{path}")
-        migrate.upgrade(db)
-        return db, db.dispose
-    name = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    db = Database(PG_SERVER.rsplit("/", 1)[0] + f"/{name}")
-    migrate.upgrade(db)
-
-    def drop() -> None:
-        db.dispose()
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return db, drop
 
 
 def timed(fn: Callable[[], object], n: int) -> dict[str, float]:
