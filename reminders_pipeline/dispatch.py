@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from . import ledger
 from .db import Database
-from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async
+from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async, waiting_off_the_loop
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
 from .times import iso_floor, iso_from_unix, unix_from_iso
@@ -109,7 +109,7 @@ class Dispatcher:
                     now = self.timer.now()
                     if until is not None and now >= until:
                         break
-                    self._housekeeping(now)
+                    await self._housekeeping(now)
                     if heard is not None:
                         heard.clear()  # before the read: a NOTIFY after it wakes the wait below
                     wake_at = self._dispatch_due(now)
@@ -199,14 +199,15 @@ class Dispatcher:
             for w in waiters:
                 w.cancel()
 
-    def _housekeeping(self, now: float) -> None:
-        """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left."""
+    async def _housekeeping(self, now: float) -> None:
+        """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left. Both
+        are writes: on SQLite they wait for the write lock off the loop that reads APNs' answers."""
         try:
             if now >= self._next_sweep:
-                self.summary.abandoned += fail_abandoned(self.db, self.settings, iso_floor(now))
+                self.summary.abandoned += await waiting_off_the_loop(self.db, fail_abandoned, self.db, self.settings, iso_floor(now))
                 self._next_sweep = now + ABANDON_SWEEP_SECONDS
             if now >= self._next_beat:
-                self._beat(now)
+                await waiting_off_the_loop(self.db, self._beat, now)
                 self._next_beat = now + self.settings.dispatch_heartbeat_seconds
         except Exception:  # noqa: BLE001 - bookkeeping never stops dispatching
             log.exception("dispatcher %s: heartbeat or abandoned sweep failed", self.name)
@@ -221,14 +222,17 @@ class Dispatcher:
                 started_at=self._started, ends_at=ends_at, sent=sent, settled=sum(self.summary.outcomes.values()),
             )  # fmt: skip
 
+    def _stopped(self, now: str) -> None:
+        with self.db.write() as conn:
+            ledger.dispatcher_stopped(conn, self.name, now)
+
     async def _finish(self) -> None:
         if self._batches:
             await asyncio.wait(list(self._batches))
         await self._sender.aclose()
         self.summary.duration_seconds = time.perf_counter() - self._began
         try:
-            with self.db.write() as conn:
-                ledger.dispatcher_stopped(conn, self.name, iso_floor(self.timer.now()))
+            await waiting_off_the_loop(self.db, self._stopped, iso_floor(self.timer.now()))
         except Exception:  # noqa: BLE001 - a stale heartbeat says the same
             log.exception("dispatcher %s: could not record its stop", self.name)
         log.info("dispatcher %s stopped: %s", self.name, self.summary.as_dict())

@@ -217,22 +217,24 @@ async def send_batch_async(
                     halted = ledger.halt_of(conn, scope)
                     return written, halted, [] if halted else ledger.claim(conn, slice_ids, claim_time, claimer)
 
-            written, summary.halted, rows = await _waiting_off_the_loop(db, settle_and_claim, ids[i : i + settings.claim_batch_size])
+            written, halted, rows = await waiting_off_the_loop(db, settle_and_claim, ids[i : i + settings.claim_batch_size])
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
+            if halted and not summary.halted:
+                summary.halted, halted_elsewhere = halted, True
+                log.warning("stopped claiming: drain scope %s halted (%s)", scope, halted)
             if summary.halted:
-                halted_elsewhere = True
-                log.warning("stopped claiming: drain scope %s halted (%s)", scope, summary.halted)
+                # A send on the wire may have found the fault while this claim ran in its thread
+                # (SQLite): the rows just claimed were never sent, so they go back to pending.
+                returned.append(_Settlement(clock(), [], [], [{"id": r["id"], "outcome_detail": "halted"} for r in rows]))
                 break
             summary.claimed += len(rows)
-            if progress:  # (ids claimed or passed over so far, ids given)
-                progress(min(i + settings.claim_batch_size, len(ids)), len(ids))
-            if not rows:
-                continue
-            plan = _decide_all(rows, claim_time, settings)
-            if plan.to_send and sender is None:
-                sender = sender_factory()
-            in_flight.add(asyncio.ensure_future(dispatch(rows, plan)))
+            if rows:
+                plan = _decide_all(rows, claim_time, settings)
+                if plan.to_send and sender is None:
+                    sender = sender_factory()
+                in_flight.add(asyncio.ensure_future(dispatch(rows, plan)))
+            _report_progress(progress, min(i + settings.claim_batch_size, len(ids)), len(ids))
         await collect(0)
     finally:
         if in_flight:  # only after an error: let what is on the wire answer, then settle it
@@ -250,7 +252,7 @@ async def send_batch_async(
                             ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
                         return written
 
-                _count_settlements(returned, await _waiting_off_the_loop(db, settle_last), summary)
+                _count_settlements(returned, await waiting_off_the_loop(db, settle_last), summary)
         finally:
             if owned and sender is not None:
                 await sender.aclose()
@@ -259,7 +261,17 @@ async def send_batch_async(
     return summary
 
 
-async def _waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
+def _report_progress(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
+    """After the slice is on its way: a failing progress display (a closed terminal) never strands a claim."""
+    if progress is None:
+        return
+    try:
+        progress(done, total)
+    except Exception:  # noqa: BLE001 - progress is decoration
+        log.warning("progress display failed; draining on", exc_info=True)
+
+
+async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
     """Run a write transaction where its wait cannot stall the sends on the wire.
 
     SQLite's write lock may be held by another process (a build, another drainer) for seconds, and
@@ -268,7 +280,7 @@ async def _waiting_off_the_loop(db: Database, transaction: Callable[..., T], *ar
     PostgreSQL's claims take row locks with SKIP LOCKED and never wait; kept on the loop, they
     spare a thread hop per slice.
     """
-    if db.dialect == "sqlite":
+    if db.dialect == "sqlite" and db.engine.url.database not in (None, "", ":memory:"):  # in memory: one connection per thread
         return await asyncio.to_thread(transaction, *args)
     return transaction(*args)
 
@@ -381,7 +393,7 @@ def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) 
     """When APNs answered this row, on the drain's clock: true lateness per row, not per slice."""
     if res.answered_at is None or started is None:
         return done
-    return shift(started[0], max(0.0, res.answered_at - started[1]))
+    return min(done, shift(started[0], max(0.0, res.answered_at - started[1])))  # a fixed clock stands still
 
 
 def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary, started: tuple[str, float] | None = None) -> _Settlement:  # type: ignore[no-untyped-def]

@@ -426,7 +426,7 @@ SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
-    outcome = NULL, outcome_detail = NULL, payload = NULL, apns_id = NULL, claimed_by = NULL,
+    outcome = NULL, outcome_detail = NULL, payload = NULL, apns_id = NULL, claimed_by = NULL, attempts = 0,
     claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title

@@ -8,13 +8,16 @@ current, so the check costs one query per engine, not per request.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Iterator
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
 
 from .db import Database
 
@@ -34,9 +37,29 @@ def _config(connection=None) -> Config:  # type: ignore[no-untyped-def]
 
 
 def upgrade(db: Database, revision: str = "head") -> None:
-    with db.engine.begin() as conn:
+    with _migrating(db) as conn:
         command.upgrade(_config(conn), revision)
     db.at_head = False  # checked again on next use
+
+
+@contextmanager
+def _migrating(db: Database) -> Iterator[Connection]:
+    """A migration's transaction. On SQLite, foreign keys are off while it runs: SQLite alters a
+    table by copying and dropping it, and with foreign keys on the drop would cascade (0002's
+    rebuild of ``sources`` deleted every ``device_sources`` row). They are checked afterwards."""
+    with db.engine.connect() as conn:
+        sqlite = db.dialect == "sqlite"
+        raw = conn.connection.dbapi_connection  # the pragma works only outside a transaction:
+        if sqlite:  # on the driver connection, SQLAlchemy does not begin one first
+            raw.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+        try:
+            with conn.begin():
+                yield conn
+                if sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
+                    raise RuntimeError("the migration left rows that break a foreign key; rolled back")
+        finally:
+            if sqlite:
+                raw.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
 
 
 def current_revision(db: Database) -> str | None:
@@ -75,5 +98,5 @@ def require_head(db: Database) -> None:
 
 def downgrade(db: Database, revision: str) -> None:
     """Back to ``revision`` (tests of a migration's data path; operators use ``alembic`` directly)."""
-    with db.engine.begin() as conn:
+    with _migrating(db) as conn:
         command.downgrade(_config(conn), revision)

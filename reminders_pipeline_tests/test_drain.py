@@ -373,3 +373,55 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
         notes = list(listener.notifies(timeout=5, stop_after=1))
     assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, rows(db)[0]["send_after"])]
     assert find_due(db, at(0)) == ids
+
+
+def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_halt(db, live, feeds, monkeypatch):
+    """On SQLite the next slice's claim waits for the write lock in a thread while sends are on
+    the wire. A configuration fault answered meanwhile must not be overwritten by the ledger's
+    "no halt" of that claim: the drain stops, records the halt, and gives back what it claimed."""
+    import asyncio
+    import time as _time
+
+    live = live.with_(claim_batch_size=1, apns_concurrency=2)
+    ids = _due_items(db, live, feeds, 6)
+    slow_halt_of = ledger.halt_of
+
+    def halt_of(conn, scope):  # the write lock held elsewhere for a while
+        _time.sleep(0.3)
+        return slow_halt_of(conn, scope)
+
+    monkeypatch.setattr(ledger, "halt_of", halt_of)
+    calls = []
+
+    class FaultOnSecond(RecordingSender):
+        async def send_many(self, notifications):
+            calls.append([n.row_id for n in notifications])
+            if len(calls) == 2:
+                await asyncio.sleep(0.1)
+                return [SendResult(n.row_id, False, reason="InvalidProviderToken", status=403, config_fault=True) for n in notifications]
+            return await super().send_many(notifications)
+
+    summary = send_batch(db, live, ids, FaultOnSecond().factory(), now=at(0), claimer="c", halt_scope="scope-1")
+    assert summary.halted == "InvalidProviderToken"
+    with db.read() as conn:
+        assert slow_halt_of(conn, "scope-1") == "InvalidProviderToken"  # recorded for every batch of the scope
+    statuses = Counter(r["status"] for r in rows(db))
+    assert statuses["claimed"] == 0, statuses  # nothing stranded
+    if db.dialect == "sqlite":  # the fault came in while the third claim waited in its thread: it is given back
+        assert len(calls) == 2 and statuses["pending"] == 4, (calls, statuses)
+
+
+def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds):
+    """Attempts count sends of *this* queueing that never reached APNs; an item that left the feed
+    and came back is queued anew, so it gets its full REMINDERS_SEND_MAX_ATTEMPTS again."""
+    (row_id,) = _due_items(db, live, feeds, 1)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    for _ in range(2):
+        drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
+    (row,) = rows(db)
+    assert (row["status"], row["attempts"]) == ("pending", 2)
+    with db.write() as conn:
+        ledger.void_rows(conn, [row_id], "left_feed", at(1))
+    build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
+    (back,) = rows(db)
+    assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 0, None)

@@ -106,3 +106,32 @@ def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outco
         assert conn.execute(select(devices.c.all_day_rules, devices.c.tz_name, devices.c.quiet_hours)).one() == ("day:0@09:00", None, None)
         assert conn.execute(select(notification_queue.c.item_id, notification_queue.c.outcome)).all() == [("1:x", "quiet_hours")]
     test_the_due_query_uses_the_partial_index(db)
+
+
+def test_upgrading_a_first_release_database_keeps_every_subscription(db_url):
+    """0002 rebuilds ``sources`` on SQLite (copy, drop, rename): with foreign keys on, the drop
+    cascaded and deleted every ``device_sources`` row. Migrations run with them off, checked after."""
+    from sqlalchemy import text
+
+    from reminders_pipeline import migrate
+    from reminders_pipeline.db import Database
+
+    db = Database(db_url)
+    try:
+        migrate.downgrade(db, "0001")
+        now = "2026-11-30T10:00:00.000Z"
+        with db.write() as conn:
+            conn.execute(text("INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) VALUES ('d', 'ab', 0, :n, :n)"), {"n": now})
+            conn.execute(text("INSERT INTO sources (url, created_at) VALUES ('https://example.com/a.ics', :n)"), {"n": now})
+            conn.execute(text("INSERT INTO device_sources (device_id, source_id) SELECT 'd', id FROM sources"))
+        migrate.upgrade(db)
+        with db.read() as conn:
+            assert conn.execute(text("SELECT count(*) FROM device_sources")).scalar() == 1
+            assert migrate.current_revision(db) == migrate.head_revision()
+    finally:
+        with db.write() as conn:
+            conn.execute(text("DELETE FROM device_sources"))
+            conn.execute(text("DELETE FROM sources"))
+            conn.execute(text("DELETE FROM devices"))
+        migrate.upgrade(db)
+        db.dispose()

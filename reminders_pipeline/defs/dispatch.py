@@ -9,12 +9,9 @@ is harmless because the claim is the only lock. A second sensor watches the due 
 they start to wait (or stop waiting), runs the ``dispatch_on_time`` check, which alerts.
 """
 
-import asyncio
 import json
-import signal
 import time
-from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import dagster as dg
 
@@ -26,6 +23,7 @@ from .build import IN_FLIGHT, LOAD_SETTINGS, RUN_KIND_TAG, notification_queue
 from .drain import summary_metadata
 from .monitoring import check_result
 from .resources import AlertingResource, LedgerResource, SenderResource
+from .signals import stop_on_signals
 
 MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this long past its planned end
 
@@ -60,27 +58,6 @@ async def dispatch(
         raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first", metadata=meta)
     context.add_output_metadata(meta)
     return summary.as_dict()
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[asyncio.Event]:
-    """Run termination reaches the run worker as SIGINT (SIGTERM in a pod). Dagster's own handler
-    would raise inside the event loop and abandon the sends on the wire; this one stops claiming,
-    lets them answer and settle, and then gives the signals back to Dagster."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for sig in previous:
-            loop.add_signal_handler(sig, stop.set)
-    except (RuntimeError, ValueError):  # not the main thread: Dagster's handling stays
-        pass
-    try:
-        yield stop
-    finally:
-        for sig, handler in previous.items():
-            loop.remove_signal_handler(sig)
-            signal.signal(sig, handler)
 
 
 @dg.job(

@@ -18,6 +18,7 @@ from reminders_pipeline.times import now_utc
 from .build import LOAD_SETTINGS, RUN_KIND_TAG
 from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SenderResource
+from .signals import stop_on_signals
 
 
 class FindDueConfig(dg.Config):
@@ -59,8 +60,10 @@ async def send_batch(
     settings = alerting.apply(sender.apply(ledger.settings()))  # the core alerts on APNs faults itself
     factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
     claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
-    with ledger.open() as db:
-        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id)
+    with ledger.open() as db, stop_on_signals() as stop:
+        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id, stop=stop)
+    if stop.is_set():  # terminated: the rows not yet claimed stay pending for the next drain
+        raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first")
     if summary.halted and not summary.claimed:
         context.log.warning(f"skipped: this run halted ({summary.halted})")
     return summary
