@@ -197,7 +197,8 @@ def delete_queue(queue: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) -> Iterator[Cluster]:
-    """On the session's PostgreSQL and the machine's RabbitMQ; either missing fails, never skips."""
+    """On the session's PostgreSQL (missing: a failure) and RabbitMQ on 127.0.0.1:5672 (missing: a
+    skip on a laptop, a failure under CI=true, where .ci/run starts it)."""
     try:
         databases = ThrowawayDatabases(postgres_server_url)
         instance_url = dagster_url(databases.create("dagster_celery"))
@@ -209,7 +210,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) 
         delete_queue("reminders_celery_probe")
     except Exception as exc:  # noqa: BLE001 - no broker here
         databases.drop_all()
-        pytest.fail(f"RabbitMQ unavailable on {BROKER}: {exc}")
+        if os.environ.get("CI") == "true":  # .ci/run starts RabbitMQ: missing there is a failure
+            pytest.fail(f"RabbitMQ unavailable on {BROKER}: {exc}")
+        pytest.skip(f"RabbitMQ unavailable on {BROKER} (a laptop without a broker): {exc}")
     tmp = tmp_path_factory.mktemp("celery")
     home = tmp / "dagster_home"
     home.mkdir()
