@@ -37,7 +37,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jwt
 import trustme
@@ -447,6 +447,8 @@ class MockApns:
         self._jwts: list[str] = []
         self._jwt_first_seen: dict[str, float] = {}
         self._verified: dict[str, dict[str, Any]] = {}
+        # Apple's clock for provider-token ages and refresh spacing; a test may pin it. Reset to real time.
+        self.token_clock: Callable[[], float] = time.time
         # Streams still open from before a reset stay counted, so the counter never goes negative.
         self._in_flight = getattr(self, "_in_flight", 0)
         self.max_in_flight = self._in_flight
@@ -586,7 +588,7 @@ class MockApns:
         claims = self._verify(token)
         if claims is None:
             return Answer(403, "InvalidProviderToken")
-        age = time.time() - claims["iat"]
+        age = self.token_clock() - claims["iat"]
         if age > TOKEN_MAX_AGE_SECONDS:
             return Answer(403, "ExpiredProviderToken")
         if age < -60:
@@ -617,7 +619,7 @@ class MockApns:
         return claims
 
     def _note_token(self, token: str) -> Answer | None:
-        now = time.time()
+        now = self.token_clock()
         with self._lock:
             if token in self._jwt_first_seen:
                 return None

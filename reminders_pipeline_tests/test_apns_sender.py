@@ -444,11 +444,16 @@ def test_one_provider_token_across_connections_and_senders(mock: MockApns, setti
 
 def test_token_churn_is_answered_429_by_apns_but_not_provoked(mock: MockApns, settings: Settings) -> None:
     mock.min_token_refresh_seconds = 20 * 60
-    first = send(settings, [note(1)])
-    second = send(settings, [note(2)])  # a later run signs the same token
+    # Both clocks pinned mid-window: against the real clock, the previous window's token is over an
+    # hour old (expired, not churned) in the last SKEW_SECONDS of every window.
+    window = ProviderToken.REFRESH_SECONDS
+    now = time.time() // window * window + window / 2
+    mock.token_clock = lambda: now
+    first = send(settings, [note(1)], clock=lambda: now)
+    second = send(settings, [note(2)], clock=lambda: now)  # a later run signs the same token
     assert first[0].ok and second[0].ok
     # A token from another window (still valid, 30 min older) is a change APNs refuses this soon.
-    [churned] = send(settings, [note(3)], clock=lambda: time.time() - ProviderToken.REFRESH_SECONDS)
+    [churned] = send(settings, [note(3)], clock=lambda: now - window)
     assert (churned.status, churned.reason, churned.config_fault) == (429, "TooManyProviderTokenUpdates", True)
 
 
