@@ -147,10 +147,10 @@ def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones:
             for d in part:
                 values = {"id": d, "apns_token": TOKEN, "reminder_lead_seconds": 3600, "extra_rules": "", "chunk": chunk_of(d, 16)}
                 ledger.upsert_device(conn, {**values, "tz_name": (zones or {}).get(d)}, now)
-        from reminders_pipeline.ledger import _insert  # noqa: PLC0415
+        from reminders_pipeline.ledger._common import insert_on_conflict  # noqa: PLC0415
         from reminders_pipeline.schema import device_sources, sources
 
-        conn.execute(_insert(conn)(sources).on_conflict_do_nothing(), [{"url": u, "created_at": now} for u in urls])
+        conn.execute(insert_on_conflict(conn)(sources).on_conflict_do_nothing(), [{"url": u, "created_at": now} for u in urls])
         ids = dict(conn.execute(sources.select().with_only_columns(sources.c.url, sources.c.id)).all())
         conn.execute(device_sources.insert(), [{"device_id": d, "source_id": ids[u]} for d, us in subscriptions.items() for u in us])
 

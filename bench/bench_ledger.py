@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from reminders_pipeline import ledger, migrate
+from reminders_pipeline.ledger import queue as ledger_queue
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import send_batch
 from reminders_pipeline.sender import RecordingSender
@@ -119,8 +120,8 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
     data = rows_for(n)
     cols = ledger.UPSERT_COLUMNS
     sqlite = db.dialect == "sqlite"
-    sql = ledger._UPSERT.format(
-        rows=ledger._UPSERT_ROWS_SOURCE[db.dialect], distinct="IS NOT" if sqlite else "IS DISTINCT FROM"
+    sql = ledger_queue._UPSERT.format(
+        rows=ledger_queue._UPSERT_ROWS_SOURCE[db.dialect], distinct=ledger_queue._NULL_SAFE_DIFFERENT[db.dialect]
     ).replace(":rows", "?" if sqlite else "%(rows)s").replace(":now", "?" if sqlite else "%(now)s")
     raw = db.engine.raw_connection()
     try:

@@ -11,6 +11,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.dispatch import Dispatcher
 from reminders_pipeline.drain import drain
+from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
@@ -114,7 +115,7 @@ def test_the_dispatcher_beats_and_records_its_stop(db, live):
     assert row is None  # stopped: no longer live
     with db.read() as conn:
         assert ledger.latest_beat(conn) is None
-        (rec,) = conn.execute(ledger.dispatchers.select()).mappings().all()
+        (rec,) = conn.execute(dispatchers.select()).mappings().all()
     assert rec["name"] == "beating" and rec["started_at"] == at(0) and rec["ends_at"] == at(100)
     assert rec["stopped_at"] == at(100) and rec["beat_at"] == at(100)
 

@@ -1,0 +1,98 @@
+"""Every SQL statement the project runs against the ledger, and nowhere else.
+
+Shells (Dagster, HTTP, CLI) and the core's orchestration modules call these functions with a
+connection from ``Database.write()``/``read()``; nothing outside this package writes SQL. No statement
+computes a time: every stored time arrives as a bound parameter made by ``reminders_pipeline.times``.
+
+One module per table or concern:
+
+- ``devices``: registration, credentials, the build's selection and locks, zones, dead tokens;
+- ``sources``: subscriptions and each feed's last read;
+- ``queue``: the build's upserts, re-arms and voids, and the NOTIFY that wakes dispatchers;
+- ``claims``: due ids, the claim, settle, return to pending, abandoned claims, drain halts;
+- ``heartbeats``: exact-time dispatchers' heartbeats;
+- ``reports``: reads for people and the bounded reads of /metrics;
+- ``retention``: pruning settled rows and history.
+
+Callers use the package (``ledger.claim(conn, ...)``); the modules are how it is read.
+"""
+
+from __future__ import annotations
+
+from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED  # noqa: F401
+from .claims import (  # noqa: F401
+    SETTLE_FIELDS,
+    claim,
+    due_ids,
+    fail_abandoned,
+    halt_of,
+    prune_halts,
+    record_halt,
+    return_to_pending,
+    settle,
+)
+from .devices import (  # noqa: F401
+    DeviceRecord,
+    delete_device,
+    device_credential_hash,
+    devices_per_chunk,
+    get_device,
+    list_devices,
+    lock_devices,
+    mark_token_invalid,
+    min_lead_seconds,
+    oldest_built,
+    rules_in_use,
+    select_build_devices,
+    set_chunks,
+    set_device_credential,
+    stalest_chunks,
+    stamp_built,
+    store_tz_name,
+    store_tz_offset,
+    upsert_device,
+)
+from .heartbeats import (  # noqa: F401
+    beat,
+    dispatcher_stopped,
+    latest_beat,
+    live_dispatchers,
+    prune_dispatchers,
+)
+from .queue import (  # noqa: F401
+    DUE_CHANNEL,
+    REARM_BOUNDS,
+    UPSERT_COLUMNS,
+    announce_pending,
+    existing_rows,
+    next_send_after,
+    upsert_rows,
+    void_pending_of_device,
+    void_rows,
+)
+from .reports import (  # noqa: F401
+    COUNT_CAP,
+    QUEUE_COLUMNS,
+    QueueGauges,
+    built_after,
+    get_row,
+    history_of,
+    latest_settled,
+    list_queue,
+    oldest_due_pending,
+    ping,
+    queue_gauges,
+)
+from .retention import (  # noqa: F401
+    prune_history,
+    prune_settled,
+)
+from .sources import (  # noqa: F401
+    claim_source_alerts,
+    list_sources,
+    record_source_failure,
+    record_source_success,
+    set_subscriptions,
+    sources_by_id,
+    subscriptions,
+)

@@ -1,0 +1,27 @@
+"""What every ledger module shares: the status literals the partial indexes are defined on,
+batching under SQLite's parameter limit, and the dialect's INSERT with ON CONFLICT."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import Connection, literal_column
+from sqlalchemy.dialects import postgresql, sqlite
+
+# Literal, not bound: the partial indexes are defined on these exact predicates.
+PENDING = literal_column("'pending'")
+CLAIMED = literal_column("'claimed'")
+SETTLED = literal_column("'settled'")
+
+# Sized under SQLite's 32,766 bound-parameter limit with room for the other parameters.
+IN_LIST_MAX = 10_000
+
+
+def batches(seq: Sequence[Any], size: int = IN_LIST_MAX) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
+
+
+def insert_on_conflict(conn: Connection):  # type: ignore[no-untyped-def]
+    """SQLAlchemy's generic insert() has no ON CONFLICT; each dialect's own insert() has one."""
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert

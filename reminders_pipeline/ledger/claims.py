@@ -1,0 +1,157 @@
+"""The drain's side of a queue row: due ids, the claim (the only lock), settle, return to
+pending, abandoned claims, and the halts that stop every drain of a scope."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, select, text, update
+from sqlalchemy.dialects import postgresql
+
+from ..schema import devices, drain_halts, notification_queue as q
+from ._common import CLAIMED, PENDING, insert_on_conflict
+from .queue import announce_pending
+
+
+def fail_abandoned(conn: Connection, cutoff: str, now: str) -> int:
+    """Claims older than ``cutoff`` belong to a run that died mid-send: failed, never retried."""
+    return conn.execute(
+        update(q)
+        .where(q.c.status == CLAIMED, q.c.claimed_at < cutoff)
+        .values(status="settled", outcome="failed", outcome_detail="abandoned", settled_at=now, updated_at=now)
+    ).rowcount
+
+
+def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
+    """The due predicate: pending and ``send_after`` has passed. Plain text comparison."""
+    stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now).order_by(q.c.send_after, q.c.id)
+    if row_id is not None:
+        stmt = stmt.where(q.c.id == row_id)
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(conn.scalars(stmt))
+
+
+def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[dict[str, Any]]:
+    """The compare-and-swap. A row is this caller's to send iff it comes back.
+
+    On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
+    never deadlock and never wait on each other; the status and due check runs on the locked,
+    latest row version.
+    """
+    if not ids:
+        return []
+    params = {"claim_ids": sorted(ids), "now": now, "claimer": claimer}
+    dialect = conn.dialect.name
+    claimed = [dict(r) for r in conn.execute(_claim_statement(dialect), params).mappings()]
+    if dialect == "postgresql" or not claimed:
+        return claimed
+    dev_ids = sorted({r["device_id"] for r in claimed})
+    dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()}
+    empty = {c.name: None for c in _CLAIM_DEVICE_COLUMNS}
+    return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
+
+
+_CLAIM_DEVICE_COLUMNS = (
+    devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at, devices.c.tz_name, devices.c.quiet_hours,
+)
+
+
+@cache
+def _claim_statement(dialect: str) -> Any:
+    """Built once per dialect: the drain claims every slice with the same statement."""
+    now = bindparam("now")
+    if dialect == "postgresql":
+        # Lock by primary key only: a status predicate here would steer the planner onto the
+        # partial due index and scan every pending row for each claim.
+        ids = bindparam("claim_ids", type_=postgresql.ARRAY(BigInteger))
+        target: Any = select(q.c.id).where(q.c.id == any_(ids)).order_by(q.c.id).with_for_update(skip_locked=True).scalar_subquery()
+    else:
+        target = bindparam("claim_ids", expanding=True)
+    stmt = (
+        update(q)
+        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now)
+        .values(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
+        .returning(*q.c)
+    )
+    if dialect != "postgresql":
+        return stmt
+    claimed = stmt.cte("claimed")  # one round trip: the UPDATE as a CTE joined to devices
+    return select(claimed, *_CLAIM_DEVICE_COLUMNS).outerjoin(devices, devices.c.id == claimed.c.device_id)
+
+
+SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "apns_id", "sent_at")
+
+
+_SETTLE_ROWS_SOURCE = {
+    "postgresql": (
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome text, "
+        "outcome_detail text, payload text, apns_id text, sent_at text)"
+    ),
+    "sqlite": "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS) + " FROM json_each(:rows)",
+}
+
+
+_SETTLE = """
+UPDATE notification_queue AS q SET status = 'settled', outcome = r.outcome, outcome_detail = r.outcome_detail,
+    payload = r.payload, apns_id = r.apns_id, sent_at = r.sent_at, settled_at = :now, updated_at = :now
+FROM ({rows}) AS r
+WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
+"""
+
+
+def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+    """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
+
+    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, apns_id, sent_at``.
+    """
+    if not settlements:
+        return 0
+    stmt = text(_SETTLE.format(rows=_SETTLE_ROWS_SOURCE[conn.dialect.name]))
+    payload = json.dumps([{c: s.get(c) for c in SETTLE_FIELDS} for s in settlements], separators=(",", ":"))
+    return conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).rowcount
+
+
+_RETURN_ROWS_SOURCE = {
+    "postgresql": "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text)",
+    "sqlite": "SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.outcome_detail') AS outcome_detail FROM json_each(:rows)",
+}
+
+
+_RETURN_TO_PENDING = """
+UPDATE notification_queue AS q SET status = 'pending', attempts = q.attempts + 1, outcome_detail = r.outcome_detail,
+    claimed_by = NULL, claimed_at = NULL, updated_at = :now
+FROM ({rows}) AS r
+WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
+RETURNING send_after
+"""
+
+
+def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+    """Give the claimer's claimed rows back to pending, one attempt more: each certainly never reached
+    APNs. ``outcome_detail`` keeps why, until the row settles. Wakes listening dispatchers."""
+    if not rows:
+        return 0
+    stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
+    payload = json.dumps([{"id": r["id"], "outcome_detail": r.get("outcome_detail")} for r in rows], separators=(",", ":"))
+    send_afters = list(conn.scalars(stmt, {"rows": payload, "claimer": claimer, "now": now}))
+    if send_afters:
+        announce_pending(conn, min(send_afters))
+    return len(send_afters)
+
+
+def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: str) -> None:
+    """Halt every drain of ``scope`` (written once: the first fault found is the one kept)."""
+    ins = insert_on_conflict(conn)(drain_halts).values(scope=scope, reason=reason, claimer=claimer, halted_at=now)
+    conn.execute(ins.on_conflict_do_nothing(index_elements=[drain_halts.c.scope]))
+
+
+def halt_of(conn: Connection, scope: str) -> str | None:
+    """Why drains of ``scope`` halted, or None: one primary-key read before each claim."""
+    return conn.scalar(select(drain_halts.c.reason).where(drain_halts.c.scope == scope))
+
+
+def prune_halts(conn: Connection, before: str) -> int:
+    return conn.execute(delete(drain_halts).where(drain_halts.c.halted_at < before)).rowcount

@@ -1,0 +1,276 @@
+"""Devices: registration, credentials, the build's device selection and locks, zones, dead tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Connection, and_, bindparam, case, delete, func, null, or_, select, update
+
+from ..schema import device_sources, devices, sources
+from ._common import batches, insert_on_conflict
+from .queue import void_pending_of_device
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    id: str
+    apns_token: str
+    reminder_lead_seconds: int
+    extra_rules: tuple[str, ...]
+    source_urls: tuple[str, ...]
+    chunk: int
+    last_tz_offset_seconds: int | None
+    reminders_built_at: str | None
+    token_invalid_at: str | None
+    token_invalid_reason: str | None
+    created_at: str
+    updated_at: str
+    has_credential: bool = False  # the device's own credential exists (its hash only is stored)
+    tz_name: str | None = None  # IANA zone; floating and all-day times resolve in it when set
+    all_day_rules: tuple[str, ...] = ("day:0@09:00",)
+    quiet_hours: str | None = None
+    use_alarms: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
+        d["all_day_rules"] = list(self.all_day_rules)
+        return d
+
+
+def set_device_credential(conn: Connection, device_id: str, credential_hash: str, *, only_if_missing: bool = False) -> bool:
+    """Store a device's credential hash; ``only_if_missing`` keeps an existing one (two racing
+    first registrations: one issues, the other is told nothing was issued)."""
+    stmt = update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)
+    if only_if_missing:
+        stmt = stmt.where(devices.c.credential_hash.is_(None))
+    return conn.execute(stmt).rowcount == 1
+
+
+def device_credential_hash(conn: Connection, device_id: str) -> str | None:
+    return conn.execute(select(devices.c.credential_hash).where(devices.c.id == device_id)).scalar_one_or_none()
+
+
+def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None:
+    """Create or replace a device's registration. A newly registered token clears the invalid marker."""
+    ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now)
+    token_changed = devices.c.apns_token.is_distinct_from(ins.excluded.apns_token)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[devices.c.id],
+        set_={
+            "apns_token": ins.excluded.apns_token,
+            "reminder_lead_seconds": ins.excluded.reminder_lead_seconds,
+            "extra_rules": ins.excluded.extra_rules,
+            "all_day_rules": ins.excluded.all_day_rules,
+            "quiet_hours": ins.excluded.quiet_hours,
+            "use_alarms": ins.excluded.use_alarms,
+            "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
+            "chunk": ins.excluded.chunk,
+            "updated_at": ins.excluded.updated_at,
+            "token_invalid_at": _case_keep(token_changed, None, devices.c.token_invalid_at),
+            "token_invalid_reason": _case_keep(token_changed, None, devices.c.token_invalid_reason),
+        },
+    )
+    conn.execute(stmt)
+
+
+def _case_keep(cond, new, old):  # type: ignore[no-untyped-def]
+    return case((cond, null() if new is None else new), else_=old)
+
+
+def set_chunks(conn: Connection, chunk_of: Mapping[str, int], now: str) -> int:
+    """Rewrite stored chunks (after the chunk count changes); returns rows changed."""
+    stmt = (
+        update(devices)
+        .where(devices.c.id == bindparam("b_id"), devices.c.chunk != bindparam("b_chunk"))
+        .values(chunk=bindparam("b_chunk"), updated_at=now)
+    )
+    rows = [{"b_id": k, "b_chunk": v} for k, v in chunk_of.items()]
+    return conn.execute(stmt, rows).rowcount if rows else 0
+
+
+def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
+    stmt = select(devices).order_by(devices.c.id)
+    if where is not None:
+        stmt = stmt.where(where)
+    rows = conn.execute(stmt).mappings().all()
+    urls: dict[str, list[str]] = {r["id"]: [] for r in rows}
+    if rows:
+        for ids in batches(list(urls)):
+            sub = (
+                select(device_sources.c.device_id, sources.c.url)
+                .join(sources, sources.c.id == device_sources.c.source_id)
+                .where(device_sources.c.device_id.in_(ids))
+                .order_by(sources.c.url)
+            )
+            for dev, url in conn.execute(sub):
+                urls[dev].append(url)
+    return [
+        DeviceRecord(
+            id=r["id"],
+            apns_token=r["apns_token"],
+            reminder_lead_seconds=r["reminder_lead_seconds"],
+            extra_rules=tuple(r["extra_rules"].split()),
+            source_urls=tuple(urls[r["id"]]),
+            chunk=r["chunk"],
+            last_tz_offset_seconds=r["last_tz_offset_seconds"],
+            reminders_built_at=r["reminders_built_at"],
+            token_invalid_at=r["token_invalid_at"],
+            token_invalid_reason=r["token_invalid_reason"],
+            created_at=r["created_at"],
+            updated_at=r["updated_at"],
+            has_credential=r["credential_hash"] is not None,
+            tz_name=r["tz_name"],
+            all_day_rules=tuple(r["all_day_rules"].split()),
+            quiet_hours=r["quiet_hours"],
+            use_alarms=bool(r["use_alarms"]),
+        )
+        for r in rows
+    ]
+
+
+def get_device(conn: Connection, device_id: str) -> DeviceRecord | None:
+    found = _device_records(conn, devices.c.id == device_id)
+    return found[0] if found else None
+
+
+def list_devices(conn: Connection) -> list[DeviceRecord]:
+    return _device_records(conn)
+
+
+def delete_device(conn: Connection, device_id: str, now: str) -> int | None:
+    """Void the device's pending rows and delete it. Returns rows voided, or None if it did not exist."""
+    if conn.execute(select(devices.c.id).where(devices.c.id == device_id).with_for_update()).first() is None:
+        return None
+    voided = void_pending_of_device(conn, device_id, "device_removed", now)
+    conn.execute(delete(devices).where(devices.c.id == device_id))
+    return voided
+
+
+def select_build_devices(
+    conn: Connection,
+    *,
+    device_ids: Sequence[str] | None = None,
+    chunks: Sequence[int] | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
+    """Devices to build, stalest ``reminders_built_at`` first (never built first); dead tokens skipped."""
+    stmt = (
+        select(
+            devices.c.id,
+            devices.c.reminder_lead_seconds,
+            devices.c.extra_rules,
+            devices.c.last_tz_offset_seconds,
+            devices.c.tz_name,
+            devices.c.all_day_rules,
+            devices.c.quiet_hours,
+            devices.c.use_alarms,
+            devices.c.reminders_built_at,
+            devices.c.chunk,
+        )
+        .where(devices.c.token_invalid_at.is_(None))
+        .order_by(devices.c.reminders_built_at.asc().nulls_first(), devices.c.id)
+    )
+    if device_ids is not None:
+        stmt = stmt.where(devices.c.id.in_(list(device_ids)))
+    if chunks is not None:
+        stmt = stmt.where(devices.c.chunk.in_(list(chunks)))
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: str | None = None) -> set[str]:
+    """Row-lock these devices in id order; returns the ids locked.
+
+    Lock order rule: a transaction that writes devices and queue rows takes its device locks
+    first, in id order (the build for its batch, the drain for dead tokens, device removal).
+    Without it a build (queue rows, then ``stamp_built``) and a drain settling a 410 (device, then
+    that device's pending rows) deadlock, and PostgreSQL aborts one of them.
+
+    ``not_built_after``: the build's own ``now``. Devices a newer build has already written are
+    left out: a build whose reads are older (it started earlier and stalled) must not write them
+    back, or a cancelled item would return to pending. PostgreSQL re-checks the predicate on the
+    latest row version after waiting for a lock, so the later of two overlapping builds sees the
+    earlier one's stamp. SQLite serialises writers anyway.
+    """
+    locked: set[str] = set()
+    for ids in batches(sorted(set(device_ids))):
+        stmt = select(devices.c.id).where(devices.c.id.in_(ids)).order_by(devices.c.id).with_for_update()
+        if not_built_after is not None:
+            stmt = stmt.where(or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= not_built_after))
+        locked.update(conn.scalars(stmt))
+    return locked
+
+
+def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
+    for ids in batches(list(device_ids)):
+        conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
+
+
+def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int) -> bool:
+    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read."""
+    stmt = (
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.last_tz_offset_seconds.is_distinct_from(offset_seconds))
+        .values(last_tz_offset_seconds=offset_seconds)
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def store_tz_name(conn: Connection, device_id: str, tz_name: str) -> bool:
+    """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
+    stmt = update(devices).where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name)).values(tz_name=tz_name)
+    return conn.execute(stmt).rowcount == 1
+
+
+def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str) -> int:
+    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows."""
+    marked = conn.execute(
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None))
+        .values(token_invalid_at=at, token_invalid_reason=reason, updated_at=now)
+    ).rowcount
+    if not marked:
+        return 0
+    return void_pending_of_device(conn, device_id, "unregistered" if reason == "Unregistered" else "token_invalid", now)
+
+
+def rules_in_use(conn: Connection) -> list[tuple[int, str]]:
+    """Each distinct (reminder_lead_seconds, extra_rules) of live devices."""
+    stmt = select(devices.c.reminder_lead_seconds, devices.c.extra_rules).where(devices.c.token_invalid_at.is_(None)).distinct()
+    return [(lead, extra) for lead, extra in conn.execute(stmt)]
+
+
+def min_lead_seconds(conn: Connection) -> int | None:
+    return conn.scalar(select(func.min(devices.c.reminder_lead_seconds)).where(devices.c.token_invalid_at.is_(None)))
+
+
+def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, str | None]:
+    """(devices never built, oldest ``reminders_built_at`` among the rest), live tokens only."""
+    live = devices.c.token_invalid_at.is_(None)
+    if chunks is not None:
+        live = and_(live, devices.c.chunk.in_(list(chunks)))
+    never = conn.scalar(select(func.count()).where(live, devices.c.reminders_built_at.is_(None)))
+    oldest = conn.scalar(select(func.min(devices.c.reminders_built_at)).where(live))
+    return int(never or 0), oldest
+
+
+def devices_per_chunk(conn: Connection) -> dict[int, int]:
+    stmt = select(devices.c.chunk, func.count()).where(devices.c.token_invalid_at.is_(None)).group_by(devices.c.chunk)
+    return {c: n for c, n in conn.execute(stmt)}
+
+
+def stalest_chunks(conn: Connection, limit: int | None = None) -> list[int]:
+    """Chunks ordered by their oldest build (never-built devices first)."""
+    oldest = func.min(func.coalesce(devices.c.reminders_built_at, ""))
+    stmt = (
+        select(devices.c.chunk)
+        .where(devices.c.token_invalid_at.is_(None))
+        .group_by(devices.c.chunk)
+        .order_by(oldest, devices.c.chunk)
+    )
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(conn.scalars(stmt))

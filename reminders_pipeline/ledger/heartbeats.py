@@ -1,0 +1,46 @@
+"""Exact-time dispatchers' heartbeats (``reminders_pipeline.dispatch``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, select, update
+
+from ..schema import dispatchers
+from ._common import insert_on_conflict
+
+
+def beat(conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int) -> None:
+    """Record a dispatcher's heartbeat (inserted on its first beat)."""
+    values = {"name": name, "started_at": started_at, "beat_at": now, "ends_at": ends_at, "sent": sent, "settled": settled}
+    ins = insert_on_conflict(conn)(dispatchers).values(**values)
+    conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=[dispatchers.c.name],
+            set_={"beat_at": ins.excluded.beat_at, "sent": ins.excluded.sent, "settled": ins.excluded.settled},
+        )
+    )
+
+
+def dispatcher_stopped(conn: Connection, name: str, now: str) -> None:
+    conn.execute(update(dispatchers).where(dispatchers.c.name == name).values(stopped_at=now, beat_at=now))
+
+
+def live_dispatchers(conn: Connection, beat_after: str) -> list[dict[str, Any]]:
+    """Dispatchers that have beaten since ``beat_after`` and not stopped, newest beat first."""
+    stmt = (
+        select(dispatchers)
+        .where(dispatchers.c.beat_at > beat_after, dispatchers.c.stopped_at.is_(None))
+        .order_by(dispatchers.c.beat_at.desc())
+    )
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def latest_beat(conn: Connection) -> str | None:
+    """The newest heartbeat of any running dispatcher (None when none has ever beaten)."""
+    return conn.scalar(select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None)))
+
+
+def prune_dispatchers(conn: Connection, before: str) -> int:
+    """Forget dispatchers whose last beat is older than ``before``."""
+    return conn.execute(delete(dispatchers).where(dispatchers.c.beat_at < before)).rowcount

@@ -1,0 +1,179 @@
+"""Queue rows as the build writes them: upserts, re-arms with their history, voids, and the
+NOTIFY that wakes dispatchers when pending rows arrive or move."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import Connection, func, select, text, update
+
+from ..schema import notification_queue as q
+from ..times import shift
+from ._common import PENDING, batches
+
+
+def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Every queue row of these devices (any status): the basis for insert/update counts and voiding."""
+    out: list[dict[str, Any]] = []
+    cols = (
+        q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status, q.c.outcome,
+        q.c.send_after, q.c.event_at, q.c.expires_at, q.c.title, q.c.body,
+    )
+    for ids in batches(list(device_ids)):
+        out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
+    return out
+
+
+UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body")
+
+
+# Per row, the send_after values a settled row's own must reach or pass to count as "moved"
+# (made in Python: no time is computed in SQL).
+REARM_BOUNDS = ("rearm_before", "rearm_after")
+
+
+# The whole batch travels as one JSON parameter, unpacked by the database (json_to_recordset /
+# json_each): one statement and one round trip per batch, several times faster than executemany.
+_UPSERT_ROWS_SOURCE = {
+    "postgresql": (
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(device_id text, source_id bigint, "
+        "item_id text, rule text, send_after text, event_at text, expires_at text, title text, body text, "
+        "rearm_before text, rearm_after text)"
+    ),
+    "sqlite": (
+        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
+        + " FROM json_each(:rows) WHERE true"
+    ),
+}
+
+
+# Comparing a nullable column (body, source_id) with NULL as a value: the standard spelling is
+# PostgreSQL's; SQLite spells it IS NOT.
+_NULL_SAFE_DIFFERENT = {"postgresql": "IS DISTINCT FROM", "sqlite": "IS NOT"}
+
+_UPSERT = """
+INSERT INTO notification_queue AS q
+    (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, status, created_at, updated_at)
+SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.expires_at, r.title, r.body,
+    'pending', :now, :now FROM ({rows}) AS r WHERE true  -- WHERE: SQLite's upsert parse needs it
+ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
+    source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
+    expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
+    outcome = NULL, outcome_detail = NULL, payload = NULL, apns_id = NULL, claimed_by = NULL, attempts = 0,
+    claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
+WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
+        OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
+        OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id))
+   OR (q.status = 'settled' AND q.outcome = 'voided')
+RETURNING id
+"""
+
+
+# A settled (not voided) row whose send_after moved by at least the threshold: the re-arm below.
+_MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
+    AND q.status = 'settled' AND q.outcome <> 'voided'
+    AND (q.send_after <= r.rearm_before OR q.send_after >= r.rearm_after)"""
+
+
+_KEEP_HISTORY = """
+INSERT INTO notification_history
+    (queue_id, device_id, item_id, rule, send_after, outcome, outcome_detail, payload, apns_id, sent_at, settled_at, rearmed_at)
+SELECT q.id, q.device_id, q.item_id, q.rule, q.send_after, q.outcome, q.outcome_detail, q.payload, q.apns_id,
+    q.sent_at, q.settled_at, :now
+FROM notification_queue AS q, ({rows}) AS r WHERE """ + _MOVED + """
+ON CONFLICT (queue_id, settled_at) DO NOTHING
+RETURNING queue_id
+"""
+
+
+# Only a settlement already in the history is re-armed (same settled_at): a row settled between
+# the two statements waits for the next build instead of losing what it recorded.
+_REARM = """
+UPDATE notification_queue AS q SET
+    source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
+    title = r.title, body = r.body, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
+    apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
+    updated_at = :now
+FROM ({rows}) AS r
+WHERE """ + _MOVED + """
+    AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
+RETURNING id
+"""
+
+
+def upsert_rows(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, batch: int = 2000, *, rearm_threshold_seconds: int = 300
+) -> set[int]:
+    """Insert or refresh one row per (device, item, rule); returns the ids actually written.
+
+    A pending row is rewritten only when something about the item changed (an unchanged item writes
+    nothing). A voided row comes back to pending (its item returned). A row that was settled in any
+    other way comes back only if its ``send_after`` moved by at least ``rearm_threshold_seconds``:
+    the item was rescheduled and the new time deserves its own reminder, while a feed jittering by
+    a second does not; what it recorded (apns id, sent_at, outcome) is first copied to
+    ``notification_history``. A claimed row is in flight and is not touched.
+    """
+    dialect = conn.dialect.name
+    source = _UPSERT_ROWS_SOURCE[dialect]
+    upsert = text(_UPSERT.format(rows=source, distinct=_NULL_SAFE_DIFFERENT[dialect]))
+    keep, rearm = text(_KEEP_HISTORY.format(rows=source)), text(_REARM.format(rows=source))
+    written: set[int] = set()
+    for part in batches(list(rows), batch):
+        payload = json.dumps([_upsert_row(r, rearm_threshold_seconds) for r in part], separators=(",", ":"))
+        params = {"rows": payload, "now": now}
+        if conn.execute(keep, params).first() is not None:
+            written.update(row[0] for row in conn.execute(rearm, params))
+        written.update(row[0] for row in conn.execute(upsert, params))
+    if written:
+        announce_pending(conn, min(r["send_after"] for r in rows))
+    return written
+
+
+def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    out = {c: row[c] for c in UPSERT_COLUMNS}
+    out["rearm_before"], out["rearm_after"] = shift(row["send_after"], -threshold), shift(row["send_after"], threshold)
+    return out
+
+
+def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
+    """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ..."""
+    n = 0
+    for batch in batches(sorted(ids)):
+        n += conn.execute(
+            update(q)
+            .where(q.c.id.in_(batch), q.c.status == PENDING)
+            .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+        ).rowcount
+    return n
+
+
+def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: str) -> int:
+    return conn.execute(
+        update(q)
+        .where(q.c.device_id == device_id, q.c.status == PENDING)
+        .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+    ).rowcount
+
+
+DUE_CHANNEL = "reminders_due"
+
+
+def announce_pending(conn: Connection, earliest_send_after: str) -> None:
+    """Tell listening dispatchers that pending rows were inserted or moved (PostgreSQL NOTIFY).
+
+    Delivered when this transaction commits, so a dispatcher that wakes finds the rows visible.
+    The payload is the earliest ``send_after`` written; a listener re-reads the queue anyway. SQLite
+    has no notifications: its dispatchers poll.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after)))
+
+
+def next_send_after(conn: Connection, after: str | None = None) -> str | None:
+    """The earliest pending ``send_after`` (later than ``after``, if given): one step down the
+    partial due index."""
+    stmt = select(func.min(q.c.send_after)).where(q.c.status == PENDING)
+    if after is not None:
+        stmt = stmt.where(q.c.send_after > after)
+    return conn.scalar(stmt)

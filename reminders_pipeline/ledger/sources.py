@@ -1,0 +1,130 @@
+"""Sources and subscriptions: which feeds a device reads, and how each feed's last read went."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import Connection, bindparam, delete, func, literal, select, update
+
+from ..schema import device_sources, sources
+from ._common import batches, insert_on_conflict
+
+
+def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now: str) -> None:
+    """Make the device subscribe to exactly ``urls``, creating sources on first use."""
+    if urls:
+        ins = insert_on_conflict(conn)(sources)
+        conn.execute(ins.on_conflict_do_nothing(index_elements=[sources.c.url]), [{"url": u, "created_at": now} for u in urls])
+    wanted = select(sources.c.id).where(sources.c.url.in_(list(urls))) if urls else None
+    drop = delete(device_sources).where(device_sources.c.device_id == device_id)
+    if wanted is not None:
+        drop = drop.where(device_sources.c.source_id.not_in(wanted))
+    conn.execute(drop)
+    if urls:
+        ins = insert_on_conflict(conn)(device_sources).from_select(
+            ["device_id", "source_id"],
+            select(literal(device_id).label("device_id"), sources.c.id).where(sources.c.url.in_(list(urls))),
+        )
+        conn.execute(ins.on_conflict_do_nothing())
+
+
+def subscriptions(conn: Connection, device_ids: Sequence[str]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {d: [] for d in device_ids}
+    for ids in batches(list(device_ids)):
+        stmt = select(device_sources.c.device_id, device_sources.c.source_id).where(device_sources.c.device_id.in_(ids))
+        for dev, src in conn.execute(stmt):
+            out[dev].append(src)
+    return out
+
+
+def sources_by_id(conn: Connection, source_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    ids = sorted(set(source_ids))
+    out: dict[int, dict[str, Any]] = {}
+    for batch in batches(ids):
+        for r in conn.execute(select(sources).where(sources.c.id.in_(batch))).mappings():
+            out[r["id"]] = dict(r)
+    return out
+
+
+def list_sources(conn: Connection) -> list[dict[str, Any]]:
+    subs = (
+        select(device_sources.c.source_id, func.count().label("n"))
+        .group_by(device_sources.c.source_id)
+        .subquery()
+    )
+    stmt = (
+        select(sources, func.coalesce(subs.c.n, 0).label("subscribers"))
+        .outerjoin(subs, subs.c.source_id == sources.c.id)
+        .order_by(sources.c.id)
+    )
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: str) -> None:
+    """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until"}``
+    per source read successfully. ``feed_cache`` None (a 304) keeps the cached feed as it is."""
+    if not results:
+        return
+    stmt = (
+        update(sources)
+        .where(sources.c.id == bindparam("b_id"))
+        .values(
+            last_read_at=now,
+            last_success_at=now,
+            consecutive_failures=0,
+            failing_since=None,
+            alerted_at=None,
+            last_error=None,
+            last_item_count=bindparam("b_items"),
+            last_rejected_count=bindparam("b_rejected"),
+            etag=bindparam("b_etag"),
+            last_modified=bindparam("b_last_modified"),
+            feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
+            cache_until=func.coalesce(bindparam("b_cache_until"), sources.c.cache_until),
+        )
+    )
+    conn.execute(
+        stmt,
+        [
+            {
+                "b_id": r["id"],
+                "b_items": r["items"],
+                "b_rejected": r["rejected"],
+                "b_etag": r.get("etag"),
+                "b_last_modified": r.get("last_modified"),
+                "b_feed_cache": r.get("feed_cache"),
+                "b_cache_until": r.get("cache_until"),
+            }
+            for r in results
+        ],
+    )
+
+
+def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: str) -> None:
+    """``failures``: ``{"id", "error"}`` per source whose read failed. Its rows are left alone."""
+    if not failures:
+        return
+    stmt = (
+        update(sources)
+        .where(sources.c.id == bindparam("b_id"))
+        .values(
+            last_read_at=now,
+            last_error_at=now,
+            last_error=bindparam("b_error"),
+            consecutive_failures=sources.c.consecutive_failures + 1,
+            failing_since=func.coalesce(sources.c.failing_since, now),
+        )
+    )
+    conn.execute(stmt, [{"b_id": f["id"], "b_error": f["error"]} for f in failures])
+
+
+def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list[dict[str, Any]]:
+    """Sources failing since before ``failing_before`` and not yet alerted; marks them alerted (once per streak)."""
+    due = select(sources.c.id).where(sources.c.failing_since < failing_before, sources.c.alerted_at.is_(None))
+    rows = conn.execute(
+        update(sources)
+        .where(sources.c.id.in_(due.scalar_subquery()))
+        .values(alerted_at=now)
+        .returning(sources.c.id, sources.c.url, sources.c.failing_since, sources.c.last_error, sources.c.consecutive_failures)
+    ).mappings()
+    return [dict(r) for r in rows]

@@ -1,0 +1,47 @@
+"""The package's layout rules, checked on its source: every SQL statement lives under ``ledger/``."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import reminders_pipeline
+
+PACKAGE = Path(reminders_pipeline.__file__).parent
+
+# Outside ledger/: the table definitions (DDL, CHECK constraints), the database owner's connection
+# settings (PRAGMAs, BEGIN, LISTEN) and Alembic's migrations.
+NOT_LEDGER_BUT_ALLOWED = {"schema.py", "db.py", "migrate.py"}
+STATEMENT_BUILDERS = {"select", "insert", "update", "delete", "text", "func", "literal_column"}
+SQL_TEXT = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+INTO|UPDATE\b.+\bSET|DELETE\s+FROM)\b", re.S)
+
+
+def _outside_ledger() -> list[Path]:
+    return [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] not in ("ledger", "migrations") and p.name not in NOT_LEDGER_BUT_ALLOWED
+    ]
+
+
+def _sql_written_in(source: str, name: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+            builders = {a.name for a in node.names} & STATEMENT_BUILDERS
+            if builders:
+                found.append(f"{name}:{node.lineno} imports {sorted(builders)}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and SQL_TEXT.search(node.value):
+            found.append(f"{name}:{node.lineno}: {node.value[:60]!r}")
+    return found
+
+
+def test_sql_is_written_only_under_ledger():
+    offenders = [hit for p in _outside_ledger() for hit in _sql_written_in(p.read_text(), str(p.relative_to(PACKAGE)))]
+    assert offenders == []
+
+
+def test_the_rule_catches_a_statement_built_or_written_outside_ledger():
+    source = 'from sqlalchemy import select, Connection\nQ = """SELECT id\n FROM notification_queue"""\n'
+    assert _sql_written_in(source, "x.py") == ["x.py:1 imports ['select']", "x.py:2: 'SELECT id\\n FROM notification_queue'"]
