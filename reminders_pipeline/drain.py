@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence, TypeVar
 
+from sqlalchemy import Connection
+
 from . import ledger
 from .alerts import raise_alert
 from .notification import compose
@@ -186,7 +188,7 @@ async def send_batch_async(
     summary = DrainSummary(now=clock())
     outage = _Outage(settings.apns_halt_after)
     halted_elsewhere = False
-    window = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
+    slices_on_the_wire = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
     owned = sender is None
     in_flight: set[asyncio.Task[_Settlement]] = set()
     returned: list[_Settlement] = []
@@ -205,15 +207,14 @@ async def send_batch_async(
 
     try:
         for n, i in enumerate(range(0, len(ids), settings.claim_batch_size)):
-            await collect(0 if n == 1 else window - 1)
+            await collect(_may_stay_on_the_wire(n, slices_on_the_wire))
             if summary.halted or (stop is not None and stop.is_set()):
                 break
             claim_time = clock()
 
             def settle_and_claim(slice_ids: Sequence[int]) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
                 with db.write() as conn:
-                    _lock_dead_devices(conn, returned)
-                    written = [_write_settlement(conn, done, claimer) for done in returned]
+                    written = _write_returned(conn, returned, claimer)
                     halted = ledger.halt_of(conn, scope)
                     return written, halted, [] if halted else ledger.claim(conn, slice_ids, claim_time, claimer)
 
@@ -246,8 +247,7 @@ async def send_batch_async(
 
                 def settle_last() -> list[tuple[int, int]]:
                     with db.write() as conn:
-                        _lock_dead_devices(conn, returned)
-                        written = [_write_settlement(conn, done, claimer) for done in returned]
+                        written = _write_returned(conn, returned, claimer)
                         if halt_found:
                             ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
                         return written
@@ -259,6 +259,15 @@ async def send_batch_async(
     if summary.halted and not halted_elsewhere:
         _alert_halt(settings, summary, claimer)
     return summary
+
+
+def _may_stay_on_the_wire(slice_number: int, slices_on_the_wire: int) -> int:
+    """How many earlier slices may still be unanswered when slice ``slice_number`` is claimed.
+
+    The first slice goes alone: its answers are in before the second is claimed, so a
+    configuration fault (wrong key, topic) stops the run after one slice instead of a window.
+    """
+    return 0 if slice_number == 1 else slices_on_the_wire - 1
 
 
 def _report_progress(progress: Callable[[int, int], None] | None, done: int, total: int) -> None:
@@ -449,14 +458,20 @@ def _return_undelivered(
     return out
 
 
-def _lock_dead_devices(conn, settlements: list[_Settlement]) -> None:  # type: ignore[no-untyped-def]
+def _write_returned(conn: Connection, returned: Sequence[_Settlement], claimer: str) -> list[tuple[int, int]]:
+    """Write the settlements that have come back, dead devices locked first."""
+    _lock_dead_devices(conn, returned)
+    return [_write_settlement(conn, done, claimer) for done in returned]
+
+
+def _lock_dead_devices(conn: Connection, settlements: Sequence[_Settlement]) -> None:
     """Devices first, in id order (see ``ledger.lock_devices``): a concurrent build cannot deadlock us."""
     dead = [row["device_id"] for s in settlements for row, _ in s.dead_tokens]
     if dead:
         ledger.lock_devices(conn, dead)
 
 
-def _write_settlement(conn, s: _Settlement, claimer: str) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+def _write_settlement(conn: Connection, s: _Settlement, claimer: str) -> tuple[int, int]:
     """Write one settlement; returns (rows voided by dead tokens, tokens invalidated). Idempotent:
     rewriting it after an ambiguous commit settles nothing twice (only the claimer's claimed rows)."""
     settled = ledger.settle(conn, s.rows, claimer, s.at)
