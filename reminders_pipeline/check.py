@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from sqlalchemy import Connection
+
 from . import ledger
 from .db import Database
 from .rules import Rule, device_rules
 from .settings import Settings
-from .times import now_utc
+from .times import now_utc, seconds_between
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,13 @@ class Finding:
     name: str
     ok: bool
     detail: str
+
+
+def oldest_due_wait(conn: Connection, now: str) -> tuple[str | None, float]:
+    """The oldest due pending row's ``send_after`` and how long it has waited past it (0 when none
+    is due): how far behind sending is, read by the drain_backlog check and the dispatcher's."""
+    oldest = ledger.oldest_due_pending(conn, now)
+    return oldest, 0.0 if oldest is None else seconds_between(oldest, now)
 
 
 def sweep_period_seconds(settings: Settings, devices_per_chunk: Mapping[int, int]) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import ledger
+from .check import oldest_due_wait
 from .db import Database
 from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async, waiting_off_the_loop
 from .sender import Notification, SendResult, Sender, SenderFactory
@@ -247,11 +248,8 @@ class DispatchHealth:
     enabled: bool
     late_after_seconds: int
     oldest_due: str | None  # the oldest pending row whose send_after has passed
+    wait_seconds: float  # how long it has waited past its send_after
     latest_beat: str | None  # newest heartbeat of a running dispatcher
-
-    @property
-    def wait_seconds(self) -> float:
-        return 0.0 if self.oldest_due is None else unix_from_iso(self.now) - unix_from_iso(self.oldest_due)
 
     @property
     def on_time(self) -> bool:
@@ -279,9 +277,9 @@ class DispatchHealth:
 
 def dispatch_health(db: Database, settings: Settings, now: str) -> DispatchHealth:
     with db.read() as conn:
-        oldest = ledger.oldest_due_pending(conn, now)
+        oldest, wait = oldest_due_wait(conn, now)
         beat = ledger.latest_beat(conn)
-    return DispatchHealth(now, settings.dispatch_enabled, settings.dispatch_late_seconds, oldest, beat)
+    return DispatchHealth(now, settings.dispatch_enabled, settings.dispatch_late_seconds, oldest, wait, beat)
 
 
 def batch_line(summary: DrainSummary) -> str:

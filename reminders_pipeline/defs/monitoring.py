@@ -18,7 +18,7 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
 )
 
 from reminders_pipeline import ledger as ledger_sql
-from reminders_pipeline.check import sweep_period_seconds
+from reminders_pipeline.check import oldest_due_wait, sweep_period_seconds
 from reminders_pipeline.db import Database
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc, unix_from_iso
@@ -185,8 +185,7 @@ def drain_backlog(
     settings = ledger.settings()
     now = now_utc()
     with ledger.open() as db, db.read() as conn:
-        oldest = ledger_sql.oldest_due_pending(conn, now)
-    age = 0.0 if oldest is None else unix_from_iso(now) - unix_from_iso(oldest)
+        oldest, age = oldest_due_wait(conn, now)
     metadata = {
         "oldest_due_age_seconds": round(age, 1),
         "max_lateness_seconds": settings.max_lateness_seconds,
