@@ -270,7 +270,6 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     finally:
         proc.kill()
-        instant.kill()
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def render(r: dict) -> str:
         "",
         f"`bench/bench_drain.py --n {drn['n']}`: the full drain (abandoned sweep, due query, claim, policy,",
         "payload, send over HTTP/2 TLS through aioapns, settle) against the mock APNs in another process,",
-        f"beside raw aioapns sending the same number of notifications to the same mock, interleaved over",
+        "beside raw aioapns sending the same number of notifications to the same mock, interleaved over",
         f"{len(drn['runs']['raw_aioapns'])} rounds (medians). Concurrency {drn['concurrency']}.",
         "",
         "| sends/s | median | ratio to raw (medians) | ratio to raw, each round against its own raw run |",

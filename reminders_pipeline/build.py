@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from sqlalchemy import Connection
+
 from . import ledger
 from .alerts import raise_alert
 from .db import Database
@@ -391,3 +393,10 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))
+
+
+def chunks_for_tick(settings: Settings, conn: Connection) -> list[int]:
+    """Every chunk by default; with REMINDERS_CHUNKS_PER_TICK, the stalest that many."""
+    if settings.effective_chunks_per_tick >= settings.chunk_count:
+        return list(range(settings.chunk_count))
+    return ledger.stalest_chunks(conn, limit=settings.effective_chunks_per_tick)

@@ -11,7 +11,7 @@ Cadences come from the cron strings the schedules run on, so retuning one side a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from sqlalchemy import Connection
 
@@ -139,3 +139,75 @@ def check(db: Database, settings: Settings, now: str | None = None) -> list[Find
         built_in_future = ledger.built_after(conn, now)
     in_use = (r for lead, extra in rules for r in device_rules(lead, extra.split()))
     return evaluate(settings, per_chunk, min_lead, in_use) + clock_findings(now, built_in_future)
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    """The seed's ``full sweep period < lead time - margin``, measured instead of predicted."""
+
+    now: str
+    oldest_built_at: str | None  # among devices built at least once (live tokens only)
+    never_built: int
+    budget_seconds: int  # min lead - margin
+    sweep_period_seconds: int  # what the configuration promises for today's device count
+    built_in_future: int = 0  # devices stamped later than now: builds skip them until then
+
+    @property
+    def age_seconds(self) -> float | None:
+        """Age of the oldest build; None when nothing is built or even the oldest lies in the future."""
+        if self.oldest_built_at is None or self.oldest_built_at > self.now:
+            return None
+        return seconds_between(self.oldest_built_at, self.now)
+
+    @property
+    def breached(self) -> bool:
+        """A device built "in the future" is never rebuilt until then: its reminders stop queueing too."""
+        age = self.age_seconds
+        return self.built_in_future > 0 or (age is not None and age >= self.budget_seconds)
+
+    def fields(self) -> dict[str, Any]:
+        age = self.age_seconds
+        return {
+            "oldest_reminders_built_at": self.oldest_built_at,
+            "oldest_build_age_seconds": None if age is None else round(age, 1),
+            "budget_seconds": self.budget_seconds,
+            "sweep_period_seconds": self.sweep_period_seconds,
+            "never_built_devices": self.never_built,
+            "devices_built_in_future": self.built_in_future,
+        }
+
+    def describe(self) -> str:
+        age = self.age_seconds
+        text = f"oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; budget (min lead - margin) is {self.budget_seconds}s"
+        if self.built_in_future:
+            text += (
+                f"; {self.built_in_future} device(s) have reminders_built_at later than now "
+                "(a wrong clock or a forged now): builds skip them until then"
+            )
+        return text
+
+
+def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
+    with db.read() as conn:
+        never, oldest = ledger.oldest_built(conn)
+        per_chunk = ledger.devices_per_chunk(conn)
+        min_lead = ledger.min_lead_seconds(conn)
+        future = ledger.built_after(conn, now)
+    lead = settings.default_lead_seconds if min_lead is None else min_lead
+    return SweepStatus(
+        now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk), future
+    )
+
+
+def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
+    """Chunks holding a never-built device or one older than the budget, stalest first."""
+    stale = []
+    with db.read() as conn:
+        for chunk in ledger.stalest_chunks(conn):
+            never, oldest = ledger.oldest_built(conn, [chunk])
+            # A chunk built "in the future" is not stale: a catch-up build would skip it anyway.
+            age = 0.0 if oldest is None or oldest > status.now else seconds_between(oldest, status.now)
+            if not never and age < status.budget_seconds:
+                break  # ordered stalest first: every later chunk is fresher
+            stale.append(chunk)
+    return stale

@@ -10,8 +10,7 @@ from typing import Any, Sequence
 
 import dagster as dg
 
-from reminders_pipeline import ledger as ledger_sql
-from reminders_pipeline.build import BuildSummary, build
+from reminders_pipeline.build import BuildSummary, build, chunks_for_tick
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 
@@ -134,13 +133,6 @@ def builds_in_flight(instance: dg.DagsterInstance) -> int:
             limit=1,
         )
     )
-
-
-def chunks_for_tick(settings: Settings, conn: Any) -> list[int]:
-    """Every chunk by default; with REMINDERS_CHUNKS_PER_TICK, the stalest that many."""
-    if settings.effective_chunks_per_tick >= settings.chunk_count:
-        return list(range(settings.chunk_count))
-    return ledger_sql.stalest_chunks(conn, limit=settings.effective_chunks_per_tick)
 
 
 @dg.schedule(

@@ -9,7 +9,6 @@ alert on their own transitions (the previous evaluation is in the instance).
 """
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -17,9 +16,7 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
     AssetCheckExecutionRecordStatus as CheckStatus,
 )
 
-from reminders_pipeline import ledger as ledger_sql
-from reminders_pipeline.check import oldest_due_wait, sweep_period_seconds
-from reminders_pipeline.db import Database
+from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc, unix_from_iso
 
@@ -28,77 +25,6 @@ from .resources import AlertingResource, LedgerResource
 
 CATCH_UP_TAG = "reminders/trigger"
 
-
-@dataclass(frozen=True)
-class SweepStatus:
-    """The seed's ``full sweep period < lead time - margin``, measured instead of predicted."""
-
-    now: str
-    oldest_built_at: str | None  # among devices built at least once (live tokens only)
-    never_built: int
-    budget_seconds: int  # min lead - margin
-    sweep_period_seconds: int  # what the configuration promises for today's device count
-    built_in_future: int = 0  # devices stamped later than now: builds skip them until then
-
-    @property
-    def age_seconds(self) -> float | None:
-        """Age of the oldest build; None when nothing is built or even the oldest lies in the future."""
-        if self.oldest_built_at is None or self.oldest_built_at > self.now:
-            return None
-        return unix_from_iso(self.now) - unix_from_iso(self.oldest_built_at)
-
-    @property
-    def breached(self) -> bool:
-        """A device built "in the future" is never rebuilt until then: its reminders stop queueing too."""
-        age = self.age_seconds
-        return self.built_in_future > 0 or (age is not None and age >= self.budget_seconds)
-
-    def fields(self) -> dict[str, Any]:
-        age = self.age_seconds
-        return {
-            "oldest_reminders_built_at": self.oldest_built_at,
-            "oldest_build_age_seconds": None if age is None else round(age, 1),
-            "budget_seconds": self.budget_seconds,
-            "sweep_period_seconds": self.sweep_period_seconds,
-            "never_built_devices": self.never_built,
-            "devices_built_in_future": self.built_in_future,
-        }
-
-    def describe(self) -> str:
-        age = self.age_seconds
-        text = f"oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; budget (min lead - margin) is {self.budget_seconds}s"
-        if self.built_in_future:
-            text += (
-                f"; {self.built_in_future} device(s) have reminders_built_at later than now "
-                "(a wrong clock or a forged now): builds skip them until then"
-            )
-        return text
-
-
-def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
-    with db.read() as conn:
-        never, oldest = ledger_sql.oldest_built(conn)
-        per_chunk = ledger_sql.devices_per_chunk(conn)
-        min_lead = ledger_sql.min_lead_seconds(conn)
-        future = ledger_sql.built_after(conn, now)
-    lead = settings.default_lead_seconds if min_lead is None else min_lead
-    return SweepStatus(
-        now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk), future
-    )
-
-
-def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
-    """Chunks holding a never-built device or one older than the budget, stalest first."""
-    stale = []
-    with db.read() as conn:
-        for chunk in ledger_sql.stalest_chunks(conn):
-            never, oldest = ledger_sql.oldest_built(conn, [chunk])
-            # A chunk built "in the future" is not stale: a catch-up build would skip it anyway.
-            age = 0.0 if oldest is None or oldest > status.now else unix_from_iso(status.now) - unix_from_iso(oldest)
-            if not never and age < status.budget_seconds:
-                break  # ordered stalest first: every later chunk is fresher
-            stale.append(chunk)
-    return stale
 
 
 def transition(was_ok: bool, ok: bool) -> str | None:
