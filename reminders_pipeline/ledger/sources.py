@@ -60,62 +60,47 @@ def list_sources(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: str, **values: Any) -> None:
+    """One UPDATE executed once per read source: each read's fields arrive as ``b_<field>`` parameters."""
+    if not reads:
+        return
+    stmt = update(sources).where(sources.c.id == bindparam("b_id")).values(last_read_at=now, **values)
+    conn.execute(stmt, [{f"b_{k}": v for k, v in r.items()} for r in reads])
+
+
 def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: str) -> None:
     """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until"}``
     per source read successfully. ``feed_cache`` None (a 304) keeps the cached feed as it is."""
-    if not results:
-        return
-    stmt = (
-        update(sources)
-        .where(sources.c.id == bindparam("b_id"))
-        .values(
-            last_read_at=now,
-            last_success_at=now,
-            consecutive_failures=0,
-            failing_since=None,
-            alerted_at=None,
-            last_error=None,
-            last_item_count=bindparam("b_items"),
-            last_rejected_count=bindparam("b_rejected"),
-            etag=bindparam("b_etag"),
-            last_modified=bindparam("b_last_modified"),
-            feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
-            cache_until=func.coalesce(bindparam("b_cache_until"), sources.c.cache_until),
-        )
-    )
-    conn.execute(
-        stmt,
-        [
-            {
-                "b_id": r["id"],
-                "b_items": r["items"],
-                "b_rejected": r["rejected"],
-                "b_etag": r.get("etag"),
-                "b_last_modified": r.get("last_modified"),
-                "b_feed_cache": r.get("feed_cache"),
-                "b_cache_until": r.get("cache_until"),
-            }
-            for r in results
-        ],
+    fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until")
+    _record_reads(
+        conn,
+        [{f: r.get(f) for f in fields} for r in results],
+        now,
+        last_success_at=now,
+        consecutive_failures=0,
+        failing_since=None,
+        alerted_at=None,
+        last_error=None,
+        last_item_count=bindparam("b_items"),
+        last_rejected_count=bindparam("b_rejected"),
+        etag=bindparam("b_etag"),
+        last_modified=bindparam("b_last_modified"),
+        feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
+        cache_until=func.coalesce(bindparam("b_cache_until"), sources.c.cache_until),
     )
 
 
 def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: str) -> None:
     """``failures``: ``{"id", "error"}`` per source whose read failed. Its rows are left alone."""
-    if not failures:
-        return
-    stmt = (
-        update(sources)
-        .where(sources.c.id == bindparam("b_id"))
-        .values(
-            last_read_at=now,
-            last_error_at=now,
-            last_error=bindparam("b_error"),
-            consecutive_failures=sources.c.consecutive_failures + 1,
-            failing_since=func.coalesce(sources.c.failing_since, now),
-        )
+    _record_reads(
+        conn,
+        [{"id": f["id"], "error": f["error"]} for f in failures],
+        now,
+        last_error_at=now,
+        last_error=bindparam("b_error"),
+        consecutive_failures=sources.c.consecutive_failures + 1,
+        failing_since=func.coalesce(sources.c.failing_since, now),
     )
-    conn.execute(stmt, [{"b_id": f["id"], "b_error": f["error"]} for f in failures])
 
 
 def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list[dict[str, Any]]:
