@@ -48,6 +48,12 @@ def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[
     claimed = [dict(r) for r in conn.execute(_claim_statement(dialect), params).mappings()]
     if dialect == "postgresql" or not claimed:
         return claimed
+    return _with_devices_read_after(conn, claimed)
+
+
+def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """SQLite cannot use UPDATE ... RETURNING as a CTE, so the device columns PostgreSQL joins in
+    the claim's own statement come from a second read here, in the same transaction."""
     dev_ids = sorted({r["device_id"] for r in claimed})
     dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()}
     empty = {c.name: None for c in _CLAIM_DEVICE_COLUMNS}
