@@ -25,6 +25,8 @@ from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
 DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 MAX_SOURCES = 100
+MAX_URL_LENGTH = 2048
+MAX_EXTRA_RULES = 32  # per rule list (extra_rules, all_day_rules); enforced by the HTTP contract
 CREDENTIAL_BYTES = 32
 
 
@@ -81,7 +83,7 @@ def chunk_of(device_id: str, chunk_count: int) -> int:
 
 
 def _is_source_url(url: object) -> bool:
-    if not isinstance(url, str) or len(url) > 2048 or any(ord(c) < 33 for c in url):
+    if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or any(ord(c) < 33 for c in url):
         return False
     try:
         parsed = urlparse(url)
