@@ -32,7 +32,7 @@ from .. import ledger, migrate
 from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
 from ..db import Database
-from ..devices import DEVICE_ID_PATTERN, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
+from ..devices import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
 from ..devices import stored_credential_hash
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
@@ -339,7 +339,7 @@ class Api:
         device_id = request.path_params["device_id"]
         doc = await read_json(request, required=True) or {}
         if not valid_device_id(device_id):
-            raise invalid("id", "1-128 characters of letters, digits and . _ : @ -")
+            raise invalid("id", DEVICE_ID_SHAPE)
         spec = device_spec(device_id, validated(self.contract.device, doc), self.settings)
         try:
             registration = await run_in_threadpool(put_device, self.db, self.settings, spec)

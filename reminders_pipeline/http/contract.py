@@ -18,6 +18,7 @@ fields without breaking the contract; ``test_http_schemathesis.py`` checks every
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -25,8 +26,8 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
-from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN, MAX_EXTRA_RULES, MAX_SOURCES, MAX_URL_LENGTH
-from ..rules import MAX_LEAD_SECONDS
+from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN, MAX_DEVICE_ID, MAX_EXTRA_RULES, MAX_SOURCES, MAX_URL_LENGTH
+from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, iso_from_unix, parse_when, unix_from_iso
@@ -76,7 +77,7 @@ def _pretend_time(value: str | float) -> str:
     return now
 
 
-DeviceId = Annotated[str, Field(pattern=anchored(DEVICE_ID_PATTERN), max_length=128)]
+DeviceId = Annotated[str, Field(pattern=anchored(DEVICE_ID_PATTERN), max_length=MAX_DEVICE_ID)]
 RowId = whole(1, MAX_ROW_ID)
 TzOffset = whole(-MAX_TZ_OFFSET_SECONDS, MAX_TZ_OFFSET_SECONDS)
 ZoneName = Annotated[str, Field(pattern=anchored(ZONE_NAME_PATTERN), max_length=MAX_ZONE_NAME)]
@@ -87,7 +88,8 @@ Counts = dict[str, int]
 
 NOW_FIELD = Field(
     None,
-    description="Pretend it is this time (like `--now`): ISO-8601 with a zone, or Unix seconds; 2000-01-01 to 3000-01-01. "
+    description="Pretend it is this time (like `--now`): ISO-8601 with a zone, or Unix seconds; "
+    f"{iso_from_unix(MIN_NOW_UNIX)[:10]} to {iso_from_unix(MAX_NOW_UNIX)[:10]}. "
     "Listed only when `REMINDERS_HTTP_ACCEPT_NOW=true` (tests); otherwise `now` is refused (422).",
     examples=["2026-09-10T08:00:00Z", 1788940800],
 )
@@ -127,7 +129,7 @@ class DeviceRegistration(Request):
     extra_rules: list[Annotated[str, Field(description="`lead:N` or `lead:N@expiry`")]] | None = Field(None, max_length=MAX_EXTRA_RULES)
     source_urls: list[SourceUrl] | None = Field(None, max_length=MAX_SOURCES)
     all_day_rules: list[Annotated[str, Field(description="`day:N@HH:MM`: N days before the day, at that local time")]] | None = Field(
-        None, max_length=MAX_EXTRA_RULES, description='Rules for all-day items; default `["day:0@09:00"]`, `[]` for none.'
+        None, max_length=MAX_EXTRA_RULES, description=f"Rules for all-day items; default `{json.dumps(DEFAULT_ALL_DAY_RULES)}`, `[]` for none."
     )
     tz: ZoneName | None = Field(None, description="IANA time zone (`Europe/Berlin`); omitted or null keeps the stored one (the widget reports it too).")
     # The core parses quiet hours (it also takes blank for none); the document states the shape.
@@ -305,7 +307,7 @@ UNAVAILABLE = _answer(
     "The database is not at this release's migration head (`schema_not_current`, `detail` is the one line "
     "naming both revisions), or it is unreachable or timed out (`database_unavailable`)."
 )
-DEVICE_ID_PARAM = {"name": "device_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": anchored(DEVICE_ID_PATTERN), "maxLength": 128}}
+DEVICE_ID_PARAM = {"name": "device_id", "in": "path", "required": True, "schema": TypeAdapter(DeviceId).json_schema()}
 BEARER = [{"bearer": []}]
 DEVICE_OR_BEARER = [{"deviceCredential": []}, {"bearer": []}]
 BODY_ERRORS = {"400": MALFORMED, "401": UNAUTHORIZED, "413": TOO_LARGE, "422": INVALID}
