@@ -23,8 +23,12 @@ from .times import now_utc
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
-DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+MAX_DEVICE_ID = 128
+DEVICE_ID_PATTERN = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_DEVICE_ID}}}")
+DEVICE_ID_SHAPE = f"1-{MAX_DEVICE_ID} characters of letters, digits and . _ : @ -"
 MAX_SOURCES = 100
+MAX_URL_LENGTH = 2048
+MAX_EXTRA_RULES = 32  # per rule list (extra_rules, all_day_rules); enforced by the HTTP contract
 CREDENTIAL_BYTES = 32
 
 
@@ -81,7 +85,7 @@ def chunk_of(device_id: str, chunk_count: int) -> int:
 
 
 def _is_source_url(url: object) -> bool:
-    if not isinstance(url, str) or len(url) > 2048 or any(ord(c) < 33 for c in url):
+    if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or any(ord(c) < 33 for c in url):
         return False
     try:
         parsed = urlparse(url)
@@ -93,7 +97,7 @@ def _is_source_url(url: object) -> bool:
 
 def validate(spec: DeviceSpec) -> DeviceSpec:
     if not isinstance(spec.id, str) or not DEVICE_ID_PATTERN.fullmatch(spec.id):
-        raise DeviceError("id", "1-128 characters of letters, digits and . _ : @ -")
+        raise DeviceError("id", DEVICE_ID_SHAPE)
     if not isinstance(spec.apns_token, str) or not APNS_TOKEN_PATTERN.fullmatch(spec.apns_token):
         raise DeviceError("apns_token", "hex string of 64 to 200 characters")
     lead = spec.reminder_lead_seconds

@@ -29,6 +29,7 @@ metadata = MetaData()
 IsoTime = Text().with_variant(postgresql.TEXT(collation="C"), "postgresql")
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 RowId = BigInteger().with_variant(Integer(), "sqlite")
+MAX_ROW_ID = 2**63 - 1  # BIGINT on PostgreSQL, INTEGER on SQLite: no larger id can exist
 
 STATUSES = ("pending", "claimed", "settled")
 OUTCOMES = ("sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours")

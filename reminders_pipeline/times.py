@@ -20,6 +20,10 @@ ISO_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 # Years outside 1970..9999 cannot be written fixed-width (or are not plausible event times).
 MIN_UNIX = 0
 MAX_UNIX = 253402300799  # 9999-12-31T23:59:59Z
+# A pretend clock (``--now``, the HTTP ``now``) must leave the core room to shift it by leads,
+# horizons and cut-offs without leaving the storable range: 2000-01-01 to 3000-01-01.
+MIN_NOW_UNIX = 946684800
+MAX_NOW_UNIX = 32503680000
 
 
 def iso_from_unix(seconds: float) -> str:

@@ -15,9 +15,14 @@ from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 MAX_OFFSET_SECONDS = 14 * 3600  # the largest UTC offset in use (Pacific/Kiritimati, +14:00)
+# The widest UTC offset a widget may report (+-18:00, what any platform represents); wider than
+# any zone in use, so an old widget's offset is stored as it comes.
+MAX_TZ_OFFSET_SECONDS = 18 * 3600
 MAX_ZONE_NAME = 64
-_ZONE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")
-_QUIET = re.compile(r"(\d{2}):(\d{2})-(\d{2}):(\d{2})")
+# Public because the HTTP contract states them (anchored) in /openapi.json.
+ZONE_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")
+# Blank (or only whitespace) means no quiet hours.
+QUIET_HOURS_PATTERN = re.compile(r"\s*(?:(\d{2}):(\d{2})-(\d{2}):(\d{2}))?\s*")
 _UTC = timezone.utc
 
 
@@ -28,7 +33,7 @@ class ZoneError(ValueError):
 @lru_cache(maxsize=1024)
 def zone(name: str) -> ZoneInfo:
     """The zone called ``name`` (``Europe/Berlin``); ``ZoneError`` for anything else."""
-    if not isinstance(name, str) or len(name) > MAX_ZONE_NAME or not _ZONE_NAME.fullmatch(name):
+    if not isinstance(name, str) or len(name) > MAX_ZONE_NAME or not ZONE_NAME_PATTERN.fullmatch(name):
         raise ZoneError(f"not an IANA time zone name: {name!r}")
     try:
         return ZoneInfo(name)
@@ -121,11 +126,13 @@ class QuietHours:
 
 def parse_quiet_hours(text: str | None) -> QuietHours | None:
     """``22:00-07:00`` -> ``QuietHours``; None or empty -> no quiet hours. ``ZoneError`` if malformed."""
-    if text is None or not text.strip():
+    if text is None:
         return None
-    match = _QUIET.fullmatch(text.strip()) if isinstance(text, str) else None
+    match = QUIET_HOURS_PATTERN.fullmatch(text) if isinstance(text, str) else None
     if not match:
         raise ZoneError(f"quiet hours must look like 22:00-07:00, got {text!r}")
+    if match.group(1) is None:
+        return None
     h1, m1, h2, m2 = map(int, match.groups())
     if h1 > 23 or h2 > 23 or m1 > 59 or m2 > 59 or (h1, m1) == (h2, m2):
         raise ZoneError(f"quiet hours {text!r}: two different times of day, 00:00 to 23:59")

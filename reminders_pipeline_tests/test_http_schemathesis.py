@@ -8,6 +8,9 @@ and a body ``id`` that disagree), and those 422s are the contract, not a bug.
 
 The CLI runs as a subprocess against the app served in this process, with a fixed seed so CI
 replays the same cases; ``REMINDERS_FUZZ_EXAMPLES``/``REMINDERS_FUZZ_SEED`` widen or vary a local run.
+A generated device may name any URL, and a build reads every device's sources: in this process
+every source socket is refused before a name is resolved or a packet sent, so the fuzz reads
+nothing from anywhere (a refused read is an ordinary ``address_refused`` failure to the app).
 """
 
 from __future__ import annotations
@@ -19,22 +22,47 @@ from pathlib import Path
 
 import pytest
 
+from reminders_pipeline.egress import AddressRefused, GuardedBackend
+
 from .test_http_support import SECRET, http_settings, serve  # noqa: F401 - fixtures
 
-EXAMPLES = os.environ.get("REMINDERS_FUZZ_EXAMPLES", "25")
+EXAMPLES = os.environ.get("REMINDERS_FUZZ_EXAMPLES", "100")
 SEED = os.environ.get("REMINDERS_FUZZ_SEED", "20260910")
 
 
-@pytest.mark.parametrize("accept_now", [False, True], ids=["production", "now-accepted"])
-def test_no_server_error_for_any_generated_input(serve, settings, tmp_path: Path, accept_now: bool):
-    # Dry run (no APNs), short source reads: a generated device may point anywhere. The document
-    # lists ``now`` only where it is accepted, so both shapes are fuzzed.
+@pytest.fixture
+def no_source_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every source connection the app attempts, each refused before DNS (``host:port``)."""
+    attempted: list[str] = []
+
+    async def refuse(self: GuardedBackend, host: str, port: int, *args: object, **kwargs: object) -> None:
+        attempted.append(f"{host}:{port}")
+        raise AddressRefused("the fuzz test reads no source")
+
+    monkeypatch.setattr(GuardedBackend, "connect_tcp", refuse)
+    return attempted
+
+
+# The document lists ``now`` only where it is accepted, so both shapes are fuzzed; they differ only
+# in the internal routes' bodies, so the second fuzzes those (the time goes to generating cases).
+@pytest.mark.parametrize(
+    ("accept_now", "operations"), [(False, ".*"), (True, "^/internal/")], ids=["production", "now-accepted"]
+)
+def test_no_server_error_for_any_generated_input(serve, settings, no_source_reads, tmp_path: Path, accept_now: bool, operations: str):
+    # Dry run (no APNs), no source reads (no_source_reads).
     s = serve(http_settings(settings, source_timeout_seconds=1.0, http_accept_now=accept_now))
+    # The guard is in place: a public source is refused before DNS, an ordinary failed read.
+    public = "https://example.com/feed.json"
+    assert s.put_device("fuzz-guard", source_urls=[public]).status_code == 200
+    built = s.api.post("/internal/reminders/build", json={"device_id": "fuzz-guard"})
+    assert built.json()["sources_failed"] == [{"url": public, "error": "address_refused"}], built.text
+    assert no_source_reads == ["example.com:443"]
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{s.url}/openapi.json",
         "--header", f"Authorization: Bearer {SECRET}",
         "--checks", "all",
         "--exclude-checks", "positive_data_acceptance",
+        "--include-path-regex", operations,
         "--max-examples", EXAMPLES,
         "--seed", SEED,
         "--request-timeout", "30",

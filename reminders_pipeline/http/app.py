@@ -1,9 +1,9 @@
 """Routes, authentication and request parsing for the HTTP shell.
 
 Every answer is JSON (``/metrics`` aside). A request the app cannot use is a 4xx whose body names
-what is wrong (``field`` for a validation error), never a 500: the shell checks shapes and ranges
-before the core sees a value, because the core trusts its typed callers (the CLI, Dagster) and a
-value it was never meant to see (a 20-digit id, a NUL byte, a lead longer than the epoch) would
+what is wrong (``field`` for a validation error), never a 500: each body is checked against its
+model in ``contract.py`` (the models that also generate ``/openapi.json``) before the core sees a
+value, because the core trusts its typed callers (the CLI, Dagster) and a value it was never meant to see (a 20-digit id, a NUL byte, a lead longer than the epoch) would
 surface as a database error.
 
 Core calls block (source reads and sends run ``asyncio.run`` inside), so each runs in Starlette's
@@ -17,10 +17,9 @@ import json
 import logging
 import re
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
-from urllib.parse import urlsplit
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
-import httpx
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import OperationalError, TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -33,38 +32,28 @@ from .. import ledger, migrate
 from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
 from ..db import Database
-from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN  # the core's own patterns, so the two cannot drift
-from ..devices import MAX_SOURCES, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
+from ..devices import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
 from ..devices import stored_credential_hash
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
-from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
+from ..rules import DEFAULT_ALL_DAY_RULES
+from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory
 from ..settings import Settings
-from ..times import iso_from_unix, parse_when, unix_from_iso
-from ..zones import ZoneError, valid_zone_name
+from ..zones import MAX_TZ_OFFSET_SECONDS, ZoneError, valid_zone_name
+from .contract import MAX_BODY_BYTES, Contract, DeviceRegistration
 from .metrics import Metrics, first_line
-from .openapi import (
-    MAX_BODY_BYTES,
-    MAX_EXTRA_RULES,
-    MAX_NOW_UNIX,
-    MAX_ROW_ID,
-    MAX_TZ_OFFSET_SECONDS,
-    MAX_URL_LENGTH,
-    MIN_NOW_UNIX,
-    document,
-)
 
 log = logging.getLogger(__name__)
 
 ROW_ID_TEXT = re.compile(r"[0-9]{1,19}")
 TZ_TEXT = re.compile(r"-?[0-9]{1,6}")
 DEVICE_ERROR_FIELDS = {"rules": "extra_rules", "sources": "source_urls"}  # DeviceError names -> body keys
-DEVICE_BODY_KEYS = {"apns_token", "reminder_lead_seconds", "extra_rules", "source_urls", "tz", "all_day_rules", "quiet_hours", "alarms"}
 BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
 NO_CREDENTIAL = credential_hash(b"")  # compared against when a device has none, so the work is the same
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+Body = TypeVar("Body", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -97,7 +86,11 @@ def _reject_constant(name: str) -> None:
 
 
 async def read_json(request: Request, *, required: bool) -> dict[str, Any] | None:
-    """The body as a JSON object; ``None`` for an empty optional body. Bounded by ``MAX_BODY_BYTES``."""
+    """The body as a JSON object; ``None`` for an empty optional body. Bounded by ``MAX_BODY_BYTES``.
+
+    Read here rather than by pydantic's JSON parser: ``NaN`` is not JSON (400, not a number), and
+    the size bound holds while the body streams in.
+    """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, "too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
@@ -119,109 +112,42 @@ async def read_json(request: Request, *, required: bool) -> dict[str, Any] | Non
     return doc
 
 
-def only_keys(doc: dict[str, Any], allowed: Iterable[str]) -> None:
-    """Unknown keys are refused: a misspelt optional field would otherwise be silently ignored."""
-    unknown = sorted(set(doc) - set(allowed))
-    if unknown:
-        raise invalid(unknown[0], f"unknown field; expected one of {', '.join(sorted(allowed))}")
+def validated(model: type[Body], doc: dict[str, Any]) -> Body:
+    """The body as its contract model, or a 422 naming one field: an unknown key first (as a
+    misspelling it explains the rest), else the first field in the model's order."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+    first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", str(e["loc"][0]) if e["type"] == "extra_forbidden" else ""))
+    field = str(first["loc"][0]) if first["loc"] else "body"
+    if first["type"] == "extra_forbidden":
+        raise invalid(field, f"unknown field; expected one of {', '.join(sorted(model.model_fields))}")
+    raise invalid(field, str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"])
 
 
-def whole(value: Any, field: str, minimum: int, maximum: int) -> int:
-    """JSON Schema's integer: ``3600.0`` is one too, so an integral float is accepted."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise invalid(field, f"a whole number from {minimum} to {maximum}")
-    return value
-
-
-def pretend_now(doc: dict[str, Any], settings: Settings) -> str | None:
+def refuse_now(doc: dict[str, Any], settings: Settings) -> None:
     """``now`` only where a test deployment asked for it: over the wire it would let anyone holding
     the token stamp devices built in 2999 or settle every pending row ``event_expired``."""
     if "now" in doc and not settings.http_accept_now:
         raise invalid("now", "not accepted: the routes run on the server's clock (REMINDERS_HTTP_ACCEPT_NOW=true is for tests)")
-    return parse_now(doc.get("now"))
-
-
-def parse_now(value: Any) -> str | None:
-    """Optional ``now`` (ISO-8601 with a zone, or Unix seconds): pretend it is then, like ``--now``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise invalid("now", "ISO-8601 with a zone (2026-09-10T08:30:00Z) or Unix seconds")
-    bounds = f"from {iso_from_unix(MIN_NOW_UNIX)} to {iso_from_unix(MAX_NOW_UNIX)}"
-    if not isinstance(value, str) and not MIN_NOW_UNIX <= value <= MAX_NOW_UNIX:  # NaN fails this too
-        raise invalid("now", f"Unix seconds {bounds}")
-    try:
-        now = parse_when(str(value))
-    except (ValueError, OverflowError) as exc:
-        raise invalid("now", str(exc)) from None
-    if not MIN_NOW_UNIX <= unix_from_iso(now) <= MAX_NOW_UNIX:
-        raise invalid("now", f"a time {bounds}")
-    return now
 
 
 def valid_device_id(device_id: Any) -> bool:
     return isinstance(device_id, str) and DEVICE_ID_PATTERN.fullmatch(device_id) is not None
 
 
-def string_list(value: Any, field: str, most: int) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise invalid(field, "a list of strings")
-    if len(value) > most:
-        raise invalid(field, f"at most {most} entries")
-    return value
+def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) -> DeviceSpec:
+    """The PUT body as a ``DeviceSpec``, omitted fields defaulted; the core's ``validate`` still has the last word."""
+    lead = settings.default_lead_seconds if body.reminder_lead_seconds is None else body.reminder_lead_seconds
+    all_day = DEFAULT_ALL_DAY_RULES if body.all_day_rules is None else tuple(body.all_day_rules)
+    return DeviceSpec(
+        device_id, body.apns_token, lead, tuple(body.extra_rules or ()), tuple(body.source_urls or ()),
+        body.tz, all_day, body.quiet_hours, bool(body.alarms),
+    )
 
 
-def check_url(url: str) -> None:
-    """A URL the source reader can fetch at all; scheme and host are the core's ``validate``.
-
-    Printable ASCII only (an IRI must be percent-encoded): a NUL or control character cannot be
-    stored in PostgreSQL text, and an unparseable URL would fail every build that reads it.
-    """
-    if len(url) > MAX_URL_LENGTH or not all(0x21 <= ord(c) < 0x7F for c in url):
-        raise invalid("source_urls", f"not a URL of printable ASCII up to {MAX_URL_LENGTH} characters: {url[:100]!r}")
-    try:
-        urlsplit(url).port  # noqa: B018 - raises ValueError for a bad or out-of-range port
-        httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
-        raise invalid("source_urls", f"not a usable URL: {url[:100]!r} ({exc})") from None
-
-
-def device_spec(device_id: str, doc: dict[str, Any], settings: Settings) -> DeviceSpec:
-    """The PUT body as a ``DeviceSpec``; the core's ``validate`` still has the last word."""
-    only_keys(doc, DEVICE_BODY_KEYS)
-    if not valid_device_id(device_id):
-        raise invalid("id", "1-128 characters of letters, digits and . _ : @ -")
-    token = doc.get("apns_token")
-    if not isinstance(token, str) or APNS_TOKEN_PATTERN.fullmatch(token) is None:
-        raise invalid("apns_token", "required: a hex string of 64 to 200 characters")
-    lead = doc.get("reminder_lead_seconds")
-    lead = settings.default_lead_seconds if lead is None else whole(lead, "reminder_lead_seconds", 0, MAX_LEAD_SECONDS)
-    rules = string_list(doc.get("extra_rules"), "extra_rules", MAX_EXTRA_RULES)
-    urls = string_list(doc.get("source_urls"), "source_urls", MAX_SOURCES)
-    for url in urls:
-        check_url(url)
-    all_day = doc.get("all_day_rules")
-    all_day_rules = DEFAULT_ALL_DAY_RULES if all_day is None else string_list(all_day, "all_day_rules", MAX_EXTRA_RULES)
-    tz, quiet = optional_text(doc, "tz"), optional_text(doc, "quiet_hours")
-    alarms = doc.get("alarms")
-    if alarms is not None and not isinstance(alarms, bool):
-        raise invalid("alarms", "true, false or null")
-    return DeviceSpec(device_id, token, lead, tuple(rules), tuple(urls), tz, tuple(all_day_rules), quiet, bool(alarms))
-
-
-def optional_text(doc: dict[str, Any], key: str) -> str | None:
-    """A string field or null; the core validates its content."""
-    value = doc.get(key)
-    if value is not None and not isinstance(value, str):
-        raise invalid(key, "a string or null")
-    return value
-
-
-def parse_row_id(request: Request, doc: dict[str, Any]) -> int | None:
+def parse_row_id(request: Request, from_body: int | None) -> int | None:
     """``?id=`` or the body's ``id`` (both only if they agree); None means sweep every due row."""
     texts = request.query_params.getlist("id")
     if len(texts) > 1:
@@ -231,7 +157,6 @@ def parse_row_id(request: Request, doc: dict[str, Any]) -> int | None:
         if not ROW_ID_TEXT.fullmatch(texts[0]) or not 1 <= int(texts[0]) <= MAX_ROW_ID:
             raise invalid("id", f"a queue row id: a whole number from 1 to {MAX_ROW_ID}")
         from_query = int(texts[0])
-    from_body = None if doc.get("id") is None else whole(doc["id"], "id", 1, MAX_ROW_ID)
     if from_query is not None and from_body is not None and from_query != from_body:
         raise invalid("id", "the query and the body name different rows")
     return from_query if from_query is not None else from_body
@@ -267,7 +192,7 @@ class Api:
         # The internal token, and while it is being rotated the one before it; none if unset.
         current = (settings.token, settings.token_previous) if settings.token else ()
         self.tokens = tuple(t.encode("utf-8") for t in current if t)
-        self.openapi = document(settings)
+        self.contract = Contract(settings)
 
     @staticmethod
     def bearer(request: Request) -> bytes | None:
@@ -354,37 +279,33 @@ class Api:
         return Response(body, headers={"Content-Type": self.metrics.content_type})
 
     async def openapi_json(self, request: Request) -> Response:
-        return JSONResponse(self.openapi)
+        return JSONResponse(self.contract.document)
 
     # -- internal: what the crons do
 
     async def build(self, request: Request) -> Response:
         """``{}`` every device; ``{"device_id"}`` the immediate rebuild; ``{"chunk"}`` one partition."""
         doc = await read_json(request, required=False) or {}
-        now = pretend_now(doc, self.settings)
-        only_keys(doc, ("device_id", "chunk", "now"))
-        if "device_id" in doc and "chunk" in doc:
+        refuse_now(doc, self.settings)
+        body = validated(self.contract.build, doc)
+        if {"device_id", "chunk"} <= body.model_fields_set:
             raise invalid("chunk", "give device_id or chunk, not both")
-        device_id, chunk = doc.get("device_id"), doc.get("chunk")
-        kwargs: dict[str, Any] = {}
-        if device_id is not None:
-            if not valid_device_id(device_id):
-                raise invalid("device_id", "1-128 characters of letters, digits and . _ : @ -")
-            if await run_in_threadpool(self._device, device_id) is None:
-                raise no_device(device_id)
-            kwargs = {"device_ids": [device_id]}
-        elif chunk is not None:
-            # Exactly what the Dagster asset does for one partition.
-            kwargs = {"chunks": [whole(chunk, "chunk", 0, self.settings.chunk_count - 1)], "limit": self.settings.chunk_size}
+        now, kwargs = getattr(body, "now", None), dict[str, Any]()
+        if body.device_id is not None:
+            if await run_in_threadpool(self._device, body.device_id) is None:
+                raise no_device(body.device_id)
+            kwargs = {"device_ids": [body.device_id]}
+        elif body.chunk is not None:  # exactly what the Dagster asset does for one partition
+            kwargs = {"chunks": [body.chunk], "limit": self.settings.chunk_size}
         summary = await run_in_threadpool(lambda: run_build(self.db, self.settings, now=now, **kwargs))
         return JSONResponse(summary.as_dict())
 
     async def drain(self, request: Request) -> Response:
         """Every due row, or just ``id`` if it is due; a second call for the same row sends nothing."""
         doc = await read_json(request, required=False) or {}
-        now = pretend_now(doc, self.settings)
-        only_keys(doc, ("id", "now"))
-        row_id = parse_row_id(request, doc)
+        refuse_now(doc, self.settings)
+        body = validated(self.contract.drain, doc)
+        now, row_id = getattr(body, "now", None), parse_row_id(request, body.id)
         factory = self.sender_factory
         if factory is None:
             try:  # APNs credentials are checked here, before anything is claimed
@@ -416,7 +337,10 @@ class Api:
     async def put_device(self, request: Request) -> Response:
         """Create or replace: exactly these rules and sources; omitted optional fields take defaults."""
         device_id = request.path_params["device_id"]
-        spec = device_spec(device_id, await read_json(request, required=True) or {}, self.settings)
+        doc = await read_json(request, required=True) or {}
+        if not valid_device_id(device_id):
+            raise invalid("id", DEVICE_ID_SHAPE)
+        spec = device_spec(device_id, validated(self.contract.device, doc), self.settings)
         try:
             registration = await run_in_threadpool(put_device, self.db, self.settings, spec)
         except DeviceError as exc:
