@@ -26,6 +26,7 @@ from .zones import LocalTime, ZoneError
 
 MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
+DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
 INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
@@ -60,7 +61,7 @@ def _fit(note: Notification) -> Notification:
     return note
 
 
-def compose(row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = "default") -> Notification:
+def compose(row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = DEFAULT_SOUND) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
     rule = parse_rule(row["rule"])
     starts = unix_from_iso(row["event_at"])
@@ -101,13 +102,21 @@ def stored_payload(note: Notification) -> str:
 
 
 def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str | None]:
-    """The columns that record ``note`` on its queue ``row``: ``sent_body`` alone when the row
-    re-renders it exactly (checked here, byte for byte), else the full ``payload``."""
-    sent = stored_payload(note)
-    body = note.payload["aps"]["alert"]["body"]
-    if body and _rerender(row, body) == sent:
+    """The columns that record ``note`` (composed from ``row``) on its queue row: ``sent_body`` alone
+    when ``sent_payload`` gives the payload back byte for byte, else the whole ``payload``.
+
+    Decided without composing again (that doubled the drain's composing cost): besides the row's
+    columns, ``compose`` takes the interruption level, the sound and, for the body alone, the
+    device's zone; and ``_fit`` may cut the title or body. With the body kept as sent, the re-render
+    matches exactly when the level and sound are the defaults and the title went out uncut (a cut
+    body is kept cut; a payload that fit once fits again). test_sent_payload checks this against an
+    actual re-render over every rule kind, level and cut.
+    """
+    aps = note.payload["aps"]
+    body = aps["alert"]["body"]
+    if body and aps["alert"]["title"] == row["title"] and aps["interruption-level"] == DEFAULT_INTERRUPTION_LEVEL and aps["sound"] == DEFAULT_SOUND:
         return {"payload": None, "sent_body": body}
-    return {"payload": sent, "sent_body": None}
+    return {"payload": stored_payload(note), "sent_body": None}
 
 
 def sent_payload(row: Mapping[str, Any]) -> str | None:

@@ -113,3 +113,28 @@ def test_a_send_without_a_body_to_keep_is_stored_whole(body):
     note = compose(row)
     note.payload["aps"]["alert"]["body"] = body
     assert record_of_send(row, note) == {"payload": stored_payload(note), "sent_body": None}
+
+
+MATRIX_ROW = {"id": 7, "device_id": "d", "item_id": "3:standup", "event_at": "2026-09-10T08:30:00.000Z",
+              "expires_at": "2026-09-10T09:00:00.000Z", "apns_token": "ab" * 32}
+
+
+@pytest.mark.parametrize("rule", ["lead:600", "lead:0@expiry", "day:1@09:00", "lead:0!"])
+@pytest.mark.parametrize("zone", [(None, None), ("Europe/Berlin", None), (None, -18000), ("Gone/Zone", 3600)])
+@pytest.mark.parametrize("level", ["time-sensitive", "active"])
+@pytest.mark.parametrize("title, body", [
+    ("Standup", None), ("Standup", "Bring the numbers"), ("T" * 300, "é" * 5000), ("x" * 5000, None), ("🎉" * 3000, "\x01" * 2000),
+])
+def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level, title, body):
+    """``record_of_send`` decides without composing again; whatever it keeps, ``sent_payload`` of the
+    row gives back the bytes sent, for every rule kind, zone, level and cut (the device's zone is
+    gone from the row when it is read back: the clock text must come from what was kept)."""
+    from reminders_pipeline.notification import compose, record_of_send, sent_payload
+
+    row = {**MATRIX_ROW, "rule": rule, "title": title, "body": body, "tz_name": zone[0], "last_tz_offset_seconds": zone[1]}
+    note = compose(row, level)
+    record = record_of_send(row, note)
+    stored_row = {k: v for k, v in row.items() if k not in ("tz_name", "last_tz_offset_seconds", "apns_token")}
+    assert sent_payload({**stored_row, **record}) == stored_payload(note)
+    uncut = note.payload["aps"]["alert"]["title"] == title
+    assert (record["payload"] is None) == (level == "time-sensitive" and uncut)
