@@ -371,26 +371,68 @@ def render_latency(r: dict) -> list[str]:
         if c.get("note"):
             lines += [c["note"], ""]
     if "row_cost" in r:
-        rc = r["row_cost"]
+        lines += _row_cost(r["row_cost"])
+    return lines
+
+
+def _row_cost(rc: dict) -> list[str]:
+    """The row-cost section: the figure against its bar, where the bytes go, HOT updates, and the
+    plan of every ledger statement on the queue (so each index kept is shown to be used)."""
+    total = rc["bytes_per_row"]["table_with_indexes_and_toast"]
+    lines = [
+        "## What a queue row costs (PostgreSQL)",
+        "",
+        f"`bench/bench_row_cost.py --rows {rc['rows']} --plans --hot-rows {rc.get('hot_rows', 20000)}`: {n(rc['rows'])} rows,"
+        f" {rc['pending_share'] * 100:.1f}% pending and the rest settled `sent`, recording their alert as the drain does"
+        " (`sent_body`; the whole `payload` only where the row cannot re-render it, none at default settings), after `VACUUM ANALYZE`."
+        f" Table options: {', '.join(rc.get('reloptions') or [])}.",
+        "",
+    ]
+    if "bar" in rc:
+        met = "met" if total <= rc["bar"] else "missed"
+        lines += [f"**{total:,.1f} bytes a row** with its indexes (bar ≤ {rc['bar']}: {met}).", ""]
+    lines += [
+        "| relation | bytes/row |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in rc["bytes_per_row"].items()],
+        "",
+        "Average stored bytes per column (`pg_column_size`, over the rows where it is not NULL):",
+        "",
+        "| column | bytes |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in rc["avg_column_bytes"].items()],
+        "",
+    ]
+    if rc.get("steps"):
         lines += [
-            "## What a queue row costs (PostgreSQL)",
+            "Where the reduction came from, each step measured at the same row count (table with indexes):",
             "",
-            f"`bench/bench_row_cost.py --rows {rc['rows']}`: {n(rc['rows'])} rows, {rc['pending_share'] * 100:.1f}% pending and the rest",
-            "settled `sent` with their stored payload, after `VACUUM ANALYZE`. Bytes per row:",
-            "",
-            "| relation | bytes/row |",
+            "| schema and fill | bytes/row |",
             "|---|---|",
-            *[f"| {k} | {v} |" for k, v in rc["bytes_per_row"].items()],
-            "",
-            "Average stored bytes per column (`pg_column_size`):",
-            "",
-            "| column | bytes |",
-            "|---|---|",
-            *[f"| {k} | {v} |" for k, v in rc["avg_column_bytes"].items()],
+            *[f"| {step['what']} | {step['bytes_per_row']} |" for step in rc["steps"]],
             "",
         ]
-        if rc.get("note"):
-            lines += [rc["note"], ""]
+    if rc.get("hot_updates"):
+        lines += [
+            f"HOT updates (no new index entries) of {n(rc.get('hot_rows', 0))} rows through the real ledger, per fillfactor:",
+            "",
+            "| fillfactor | phase | updates | HOT |",
+            "|---|---|---|---|",
+            *[f"| {ff.split()[-1]} | {phase} | {n(c['updates'])} | {n(c['hot'])} |"
+              for ff, phases in rc["hot_updates"].items() for phase, c in phases.items()],
+            "",
+        ]
+    if rc.get("note"):
+        lines += [rc["note"], ""]
+    if rc.get("plans"):
+        lines += [
+            "Plans (`EXPLAIN (COSTS OFF)`) of each ledger statement on the queue, as the ledger sends it, on the",
+            "filled table (long id lists cut):",
+            "",
+        ]
+        for name, plan in rc["plans"].items():
+            cut = [line if len(line) <= 160 else line[:150] + " …" for line in plan]
+            lines += [f"*{name}*", "", "```", *cut, "```", ""]
     return lines
 
 

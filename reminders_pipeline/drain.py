@@ -12,7 +12,6 @@ batch) while the CLI and HTTP route run them in one call (``drain``).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -24,7 +23,7 @@ from sqlalchemy import Connection
 
 from . import ledger
 from .alerts import raise_alert
-from .notification import compose
+from .notification import compose, record_of_send
 from .db import Database
 from .policy import decide
 from .sender import Notification, SendResult, Sender, SenderFactory
@@ -337,7 +336,7 @@ class _Outage:
 class _Plan:
     settlements: list[dict[str, Any]]
     to_send: list[Notification]
-    payloads: dict[int, str]
+    records: dict[int, dict[str, str | None]]  # per row id: what its settlement records of the alert (``record_of_send``)
 
 
 @dataclass
@@ -358,20 +357,15 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
                 continue
             try:
                 note = compose(row, settings.interruption_level)
-                plan.payloads[row["id"]] = _stored_payload(note)
+                plan.records[row["id"]] = record_of_send(row, note)
             except ValueError as exc:  # text that cannot be encoded fails its row, not the claimed slice
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": f"invalid:{type(exc).__name__}"})
                 continue
             if decision == "send":
                 plan.to_send.append(note)
                 continue
-        plan.settlements.append({"id": row["id"], "outcome": decision, "payload": plan.payloads.get(row["id"])})
+        plan.settlements.append({"id": row["id"], "outcome": decision, **plan.records.get(row["id"], {})})
     return plan
-
-
-def _stored_payload(note: Notification) -> str:
-    """What the row records of its alert: the body exactly as sent (serialised once), its headers."""
-    return f'{{"payload":{note.body.decode()},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
 
 
 async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
@@ -423,7 +417,7 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
                 "id": res.row_id,
                 "outcome": "sent" if res.ok else "failed",
                 "outcome_detail": None if res.ok else (res.reason or f"http {res.status}"),
-                "payload": plan.payloads.get(res.row_id),
+                **plan.records.get(res.row_id, {}),
                 "apns_id": res.apns_id,
                 "sent_at": sent_at,
             }

@@ -3,6 +3,12 @@
 A row carries the item's whole window, so composing needs no source read. Clock times are shown in
 the device's IANA zone (DST exact), else its last seen UTC offset, else UTC marked as such. An
 all-day reminder says which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight.
+
+What a row records of its send (``record_of_send``, read back by ``sent_payload``): the whole payload
+is ~300 bytes, most of a settled row, and all of it but the alert body follows from the row's own
+columns. The body does not (a clock text depends on the device's zone, which may change after the
+send), so the row keeps the body as sent, and the full payload only when re-rendering from the row
+and that body does not give back the exact bytes sent (a title cut to fit, another interruption level).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from .times import unix_from_iso
 from .zones import LocalTime, ZoneError
 
 MAX_PAYLOAD_BYTES = 4096
+DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
+DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
 INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
@@ -53,7 +61,7 @@ def _fit(note: Notification) -> Notification:
     return note
 
 
-def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", sound: str = "default") -> Notification:
+def compose(row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = DEFAULT_SOUND) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
     rule = parse_rule(row["rule"])
     starts = unix_from_iso(row["event_at"])
@@ -86,3 +94,39 @@ def compose(row: Mapping[str, Any], interruption_level: str = "time-sensitive", 
             expiration=int(starts if rule.anchor == "start" else ends),  # day rules: the end of the last day
         )
     )
+
+
+def stored_payload(note: Notification) -> str:
+    """The record of an alert: the body exactly as sent (serialised once), and its headers."""
+    return f'{{"payload":{note.body.decode()},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
+
+
+def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str | None]:
+    """The columns that record ``note`` (composed from ``row``) on its queue row: ``sent_body`` alone
+    when ``sent_payload`` gives the payload back byte for byte, else the whole ``payload``.
+
+    Decided without composing again (that doubled the drain's composing cost): besides the row's
+    columns, ``compose`` takes the interruption level, the sound and, for the body alone, the
+    device's zone; and ``_fit`` may cut the title or body. With the body kept as sent, the re-render
+    matches exactly when the level and sound are the defaults and the title went out uncut (a cut
+    body is kept cut; a payload that fit once fits again). test_sent_payload checks this against an
+    actual re-render over every rule kind, level and cut.
+    """
+    aps = note.payload["aps"]
+    body = aps["alert"]["body"]
+    if body and aps["alert"]["title"] == row["title"] and aps["interruption-level"] == DEFAULT_INTERRUPTION_LEVEL and aps["sound"] == DEFAULT_SOUND:
+        return {"payload": None, "sent_body": body}
+    return {"payload": stored_payload(note), "sent_body": None}
+
+
+def sent_payload(row: Mapping[str, Any]) -> str | None:
+    """What the row's send carried (or would have, in a dry run), as ``stored_payload`` wrote it;
+    None when nothing was composed. Every reader of the ledger shows payloads through this."""
+    if row.get("payload") is not None or row.get("sent_body") is None:
+        return row.get("payload")
+    return _rerender(row, row["sent_body"])
+
+
+def _rerender(row: Mapping[str, Any], body: str) -> str:
+    """The row's payload with the given alert body: nothing from the device or the settings."""
+    return stored_payload(compose({**row, "body": body, "apns_token": ""}))

@@ -126,7 +126,10 @@ notification_queue = Table(
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("outcome", Text),
     Column("outcome_detail", Text),
-    Column("payload", Text),  # JSON of what was sent, or would have been (dry run)
+    # What was sent (or would have been, in a dry run): the alert body as sent when the row
+    # re-renders the rest exactly, else the whole payload's JSON (``notification.record_of_send``;
+    # read back through ``notification.sent_payload``). Both NULL: nothing was composed.
+    Column("payload", Text),
     Column("apns_id", Text),
     Column("claimed_by", Text),
     Column("claimed_at", IsoTime),
@@ -136,6 +139,7 @@ notification_queue = Table(
     Column("updated_at", IsoTime, nullable=False),
     # Times this row went back to pending after a send that certainly never reached APNs.
     Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("sent_body", Text),  # from 0008, see payload
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(

@@ -135,3 +135,39 @@ def test_upgrading_a_first_release_database_keeps_every_subscription(db_url):
             conn.execute(text("DELETE FROM devices"))
         migrate.upgrade(db)
         db.dispose()
+
+
+def test_migration_0008_folds_rerenderable_payloads_into_their_body_and_back(db):
+    """Rows settled before 0008 with whole payloads: a payload the row re-renders exactly becomes its
+    body, any other stays whole, every reader shows the same payload, and a downgrade restores them."""
+    from sqlalchemy import select
+
+    from reminders_pipeline import ledger, migrate
+    from reminders_pipeline.notification import compose, stored_payload
+
+    base = dict(_queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z")
+    rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
+    device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
+    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}))  # "Starts at 12:00": folds
+    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active"))  # another level: stays
+    rows[2]["payload"] = "{}"  # not a payload this release writes: stays
+    columns = ", ".join(rows[0])
+    try:
+        migrate.downgrade(db, "0007")
+        with db.write() as conn:
+            conn.execute(text(f"INSERT INTO notification_queue (id, {columns}) VALUES "
+                              f"(:id, {', '.join(':' + c for c in rows[0])})"), [dict(r, id=i + 1) for i, r in enumerate(rows)])
+    finally:
+        migrate.upgrade(db)
+    q = notification_queue
+    with db.read() as conn:
+        held = conn.execute(select(q.c.payload, q.c.sent_body, q.c.attempts).order_by(q.c.id)).all()
+        shown = [r["payload"] for r in ledger.list_queue(conn)]
+    assert [tuple(h) for h in held] == [(None, "Starts at 12:00", 2), (rows[1]["payload"], None, 2), ("{}", None, 2)]
+    assert shown == [r["payload"] for r in rows]
+    try:
+        migrate.downgrade(db, "0007")
+        with db.read() as conn:
+            assert conn.execute(text("SELECT payload FROM notification_queue ORDER BY id")).scalars().all() == shown
+    finally:
+        migrate.upgrade(db)

@@ -88,13 +88,13 @@ def _claim_statement(dialect: str) -> Any:
     return select(claimed, *_CLAIM_DEVICE_COLUMNS).outerjoin(devices, devices.c.id == claimed.c.device_id)
 
 
-SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "apns_id", "sent_at")
+SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "sent_body", "apns_id", "sent_at")
 
 
 _SETTLE_ROWS_SOURCE = {
     "postgresql": (
         "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome text, "
-        "outcome_detail text, payload text, apns_id text, sent_at text)"
+        "outcome_detail text, payload text, sent_body text, apns_id text, sent_at text)"
     ),
     "sqlite": "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS) + " FROM json_each(:rows)",
 }
@@ -102,7 +102,7 @@ _SETTLE_ROWS_SOURCE = {
 
 _SETTLE = """
 UPDATE notification_queue AS q SET status = 'settled', outcome = r.outcome, outcome_detail = r.outcome_detail,
-    payload = r.payload, apns_id = r.apns_id, sent_at = r.sent_at, settled_at = :now, updated_at = :now
+    payload = r.payload, sent_body = r.sent_body, apns_id = r.apns_id, sent_at = r.sent_at, settled_at = :now, updated_at = :now
 FROM ({rows}) AS r
 WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 """
@@ -111,7 +111,8 @@ WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
     """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
 
-    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, apns_id, sent_at``.
+    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, sent_body, apns_id, sent_at``
+    (``payload``/``sent_body`` as ``notification.record_of_send`` makes them).
     """
     if not settlements:
         return 0

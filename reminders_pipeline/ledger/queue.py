@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import Connection, func, select, text, update
+from sqlalchemy import Connection, bindparam, func, select, text, update
 
-from ..schema import notification_queue as q
+from ..notification import sent_payload
+from ..schema import notification_history, notification_queue as q
 from ..times import shift
 from ._common import PENDING, batches
 
@@ -60,8 +61,8 @@ SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
-    outcome = NULL, outcome_detail = NULL, payload = NULL, apns_id = NULL, claimed_by = NULL, attempts = 0,
-    claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
+    outcome = NULL, outcome_detail = NULL, payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
+    attempts = 0, claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
         OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id))
@@ -93,7 +94,7 @@ _REARM = """
 UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
-    apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
+    sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
     updated_at = :now
 FROM ({rows}) AS r
 WHERE """ + _MOVED + """
@@ -122,12 +123,29 @@ def upsert_rows(
     for part in batches(list(rows), batch):
         payload = json.dumps([_upsert_row(r, rearm_threshold_seconds) for r in part], separators=(",", ":"))
         params = {"rows": payload, "now": now}
-        if conn.execute(keep, params).first() is not None:
+        kept = list(conn.scalars(keep, params))
+        if kept:
+            _render_history_payloads(conn, kept)
             written.update(row[0] for row in conn.execute(rearm, params))
         written.update(row[0] for row in conn.execute(upsert, params))
     if written:
         announce_pending(conn, min(r["send_after"] for r in rows))
     return written
+
+
+def _render_history_payloads(conn: Connection, queue_ids: Sequence[int]) -> None:
+    """History keeps the whole payload: once re-armed, the queue row no longer re-renders what it
+    sent (its title and times change). Called before the re-arm, while the rows still do."""
+    h = notification_history
+    stmt = select(q).where(q.c.id.in_(sorted(queue_ids)), q.c.payload.is_(None), q.c.sent_body.is_not(None))
+    rendered = [{"b_id": r["id"], "b_settled": r["settled_at"], "b_payload": sent_payload(r)} for r in conn.execute(stmt).mappings()]
+    if rendered:
+        conn.execute(
+            update(h)
+            .where(h.c.queue_id == bindparam("b_id"), h.c.settled_at == bindparam("b_settled"), h.c.payload.is_(None))
+            .values(payload=bindparam("b_payload")),
+            rendered,
+        )
 
 
 def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:

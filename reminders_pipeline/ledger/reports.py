@@ -6,10 +6,11 @@ milliseconds (bench/bench_metrics.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from sqlalchemy import Connection, func, literal, select
 
+from ..notification import sent_payload
 from ..schema import devices, dispatchers, notification_history, notification_queue as q
 from ._common import CLAIMED, PENDING, SETTLED
 
@@ -33,7 +34,16 @@ def list_queue(
         stmt = stmt.where(q.c.outcome == outcome)
     if limit is not None:
         stmt = stmt.limit(limit)
-    return [dict(r) for r in conn.execute(stmt).mappings()]
+    return [_shown(r) for r in conn.execute(stmt).mappings()]
+
+
+def _shown(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue row as readers see it: ``payload`` is what was sent, stored or re-rendered
+    (``notification.sent_payload``); ``sent_body`` is how it is stored, not shown."""
+    out = dict(row)
+    out["payload"] = sent_payload(out)
+    out.pop("sent_body", None)
+    return out
 
 
 def ping(conn: Connection) -> None:
@@ -43,7 +53,7 @@ def ping(conn: Connection) -> None:
 
 def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
     r = conn.execute(select(q).where(q.c.id == row_id)).mappings().first()
-    return dict(r) if r else None
+    return _shown(r) if r else None
 
 
 def oldest_due_pending(conn: Connection, now: str) -> str | None:
