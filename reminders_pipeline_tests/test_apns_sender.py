@@ -731,20 +731,3 @@ def test_1500_error_answers_on_one_connection_all_arrive(mock: MockApns, setting
     results = send(settings.with_(apns_concurrency=200), notes, max_connections=1)
     assert [(r.status, r.reason, r.token_invalid) for r in results] == [(410, "Unregistered", True)] * 1500
     assert mock.connections_opened == 1
-
-
-def test_canary_aioapns_internals_the_fault_patches_rely_on() -> None:
-    """aioapns 4.0 is pinned: apns.py reads its request maps and stream slots directly. If an
-    upgrade returns flow-control credit or handles resets itself, drop those patches."""
-    import inspect
-
-    from aioapns.connection import APNsBaseClientProtocol, H2Protocol
-
-    assert "acknowledge_received_data" not in inspect.getsource(H2Protocol)
-    assert "StreamReset" not in inspect.getsource(H2Protocol.data_received)
-    loop = asyncio.new_event_loop()
-    try:
-        protocol = APNsBaseClientProtocol("com.example.reminders", loop=loop)
-    finally:
-        loop.close()
-    assert {"requests", "request_streams", "request_statuses", "free_channels"} <= set(vars(protocol))
