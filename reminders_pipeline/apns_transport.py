@@ -25,6 +25,7 @@ Patches (what changes / the upstream bug or cost / the test that proves it, in
    bound until it has seen a valid token) rather than aioapns' 1000.
    Tests: ``test_stream_slots_raise_to_the_full_new_limit_with_a_stream_in_flight``,
    ``test_stream_slots_lower_and_raise_keep_the_count``,
+   ``test_stream_slots_hand_out_aioapns_stream_ids_and_wait_at_the_bound``,
    ``test_a_burst_uses_one_connection_raised_after_the_first_answer``,
    ``test_in_flight_sends_are_bounded_by_apns_concurrency``.
 3. The exact ``apns-expiration`` and a compact JSON body (``WireH2Connection.send_headers`` and
