@@ -5,8 +5,9 @@ aioapns does the HTTP/2 work; ``reminders_pipeline/apns.py`` (the Sender) builds
 running aioapns against the mock APNs (``reminders_pipeline_tests/mock_apns.py``). aioapns, h2 and
 hpack are pinned to exact versions in pyproject.toml because these patches read or override their
 internals; ``reminders_pipeline_tests/test_canaries.py`` checks each internal they rely on and fails,
-naming the library, its version and the attribute, when an upgrade changes it. Upstream, as of
-aioapns 4.0 (also its newest source), none of these is fixed.
+naming the library, its version and the attribute, when an upgrade changes it. None of these is
+fixed in aioapns 4.0, the pinned release; some canaries fail when upstream fixes one, so the patch
+can go. "No upstream issue found" means none turned up in a search of the issue trackers.
 
 Patches (what changes / the upstream bug or cost / the test that proves it, in
 ``reminders_pipeline_tests/test_apns_sender.py`` unless named otherwise):
