@@ -162,7 +162,7 @@ def render(r: dict) -> str:
         "",
         "The client process is CPU-bound (its CPU time is within a few percent of the wall time), so the",
         "drain reaches raw aioapns' rate only by spending less CPU per request than aioapns does, to",
-        "pay for the ledger work. Where the sender saves it (`reminders_pipeline/apns.py`):",
+        "pay for the ledger work. Where the sender saves it (`reminders_pipeline/apns_transport.py`):",
         "",
         "- **HPACK**: the provider token and the other constant headers are indexed once per connection",
         "  (h2's default re-sends the ~250-byte token as a never-indexed literal in every request), and",

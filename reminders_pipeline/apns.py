@@ -1,25 +1,21 @@
 """The APNs sender: aioapns 4.0 with token auth, plus what aioapns lacks for at-most-once reminders.
 
-aioapns does the HTTP/2 work. Around it this module adds, each for a reason found by running it
-against the mock APNs (reminders_pipeline_tests/mock_apns.py):
+This module is the drain's ``Sender`` adapter: its configuration, the provider token and the
+mapping of every answer and failure to a ``SendResult``. What it changes inside aioapns, h2 and
+hpack (stream slots, flow control, resets, header indexing, Huffman, TLS writes) lives in
+``apns_transport.py``, whose docstring lists each patch, the upstream bug it answers and its test.
+Around aioapns' public API this module adds, each for a reason found against the mock APNs
+(reminders_pipeline_tests/mock_apns.py):
 
-* one provider JWT for every connection, sender and process: aioapns signs one per connection,
-  and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
-* a correct stream-count semaphore: aioapns' caps the count at the *old* bound when APNs raises
-  MAX_CONCURRENT_STREAMS from 1 after the first valid token, leaving ~2 usable streams;
-* HTTP/2 flow control, both ways: aioapns fails (and leaks a half-open stream) instead of waiting
-  when a burst spends the connection window, and never returns credit for the answers it reads, so
-  after ~64 KB of error bodies on one connection APNs can send no more answers;
+* one provider JWT for every connection, sender and process (``ProviderToken``): aioapns signs one
+  per connection, and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
 * which failures certainly never reached APNs (no connection, TLS failed, REFUSED_STREAM, a stream
   above a GOAWAY's last stream id, a request never written): ``SendResult.retry``, so the drain
   can return those rows to pending, while one that may have arrived stays failed;
-* the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies;
+* the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies, each
+  serialised once (``Wire``);
 * a shielded response timeout: aioapns has none, and a plain ``wait_for`` breaks the connection;
-* no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent;
-* less CPU per request than aioapns alone, because the drain is CPU-bound and must also do the
-  ledger's work: the constant headers (the provider token above all) indexed in HPACK once per
-  connection, one TLS write per loop pass, a faster Huffman coder, each payload serialised once
-  (docs/benchmarks.md has the figures).
+* no retries: ``max_connection_attempts=1``, so a request that may have reached APNs is never resent.
 """
 
 from __future__ import annotations
@@ -32,31 +28,18 @@ import re
 import ssl
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from aioapns import APNs, NotificationRequest, PushType
 from aioapns.common import NotificationResult
-from aioapns.connection import (
-    APNsDevelopmentClientProtocol,
-    APNsProductionClientProtocol,
-    APNsTLSClientProtocol,
-    AuthorizationHeaderProvider,
-    ChannelPool,
-)
-from aioapns.exceptions import ConnectionClosed
+from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol, AuthorizationHeaderProvider
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.errors import ErrorCodes
-from h2.events import ConnectionTerminated, DataReceived, RemoteSettingsChanged, StreamReset, WindowUpdated
-from hpack import HeaderTuple, NeverIndexedHeaderTuple
-from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
+from .apns_transport import Endpoint, NotProcessed, Wire, protocol_class
 from .sender import Notification, SenderFactory, SendResult
 from .settings import Settings
 from .times import iso_from_unix
@@ -78,19 +61,10 @@ TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection 
 NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendResult.retry)
 # APNs declined to process the request for now: nothing was delivered, the row may go again.
 TRANSIENT_STATUSES = frozenset({429, 500, 503})
-CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
 
 
 class ApnsConfigError(ValueError):
     """APNs settings that cannot work; the message names the environment variable."""
-
-
-class NotProcessed(ConnectionError):
-    """APNs said it did not process this stream (REFUSED_STREAM, or above a GOAWAY's last stream id)."""
-
-
-class StreamResetByApns(ConnectionError):
-    """APNs reset the stream for another reason: it may have processed the request."""
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -126,13 +100,6 @@ def load_signing_key(path: str) -> ec.EllipticCurvePrivateKey:
     if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
         raise ApnsConfigError(f"REMINDERS_APNS_KEY_FILE {path!r} is not an EC P-256 key (an APNs .p8 key)")
     return key
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-    base: type[APNsTLSClientProtocol]
 
 
 def endpoint(settings: Settings) -> Endpoint:
@@ -206,249 +173,11 @@ class ProviderToken(AuthorizationHeaderProvider):
 
 
 def _ecdsa() -> ec.ECDSA:
+    """RFC 6979 signing (``deterministic_signing``, cryptography 43+, the floor in pyproject.toml)."""
     try:
         return ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
-    except (TypeError, UnsupportedAlgorithm):  # cryptography < 43 or OpenSSL < 3.2: shared per process only
+    except UnsupportedAlgorithm:  # an OpenSSL older than 3.2 under cryptography: shared per process only
         return ec.ECDSA(hashes.SHA256())
-
-
-# -- aioapns patches -------------------------------------------------------------------------
-
-
-class StreamSlots(ChannelPool):
-    """aioapns' stream semaphore with a correct ``bound`` setter.
-
-    aioapns raises the bound by calling ``release()`` while the old bound still caps the count, so
-    1 -> 1000 with a stream in flight leaves 2 usable streams on that connection for good.
-    """
-
-    @property
-    def bound(self) -> int:
-        return self._bound_value
-
-    @bound.setter
-    def bound(self, new_bound: int) -> None:
-        self._value += new_bound - self._bound_value
-        self._bound_value = new_bound
-        for _ in range(len(self._waiters or ())):
-            if self._value <= 0:
-                break
-            self._wake_up_next()
-
-
-@dataclass
-class Wire:
-    """What this module puts on the wire instead of aioapns' choice; ``written`` once h2 has
-    encoded the request's HEADERS (from then on it may reach APNs)."""
-
-    expiration: str
-    body: bytes
-    written: bool = False
-
-
-class WireH2Connection(H2Connection):
-    """The h2 connection under aioapns, patched where aioapns' own code gets the wire wrong.
-
-    * The exact ``apns-expiration`` and a compact body, found by ``apns-id``: aioapns computes
-      ``now + ttl`` when it sends, and serialises with spaces (bigger than the 4 KB the payload
-      was fitted to). Both happen inside one aioapns method; h2 is the smallest place to fix them.
-    * Flow control: aioapns sends HEADERS, then DATA, and if the connection window is spent it
-      raises FlowControlError in between, leaking a half-open stream on both ends. A burst of a
-      few hundred requests spends the default 64 KB window, so each request first reserves room
-      for its body (``reserve_window``) and waits for a WINDOW_UPDATE when there is none.
-    * Incoming flow control: aioapns reads every answer body but never acknowledges it, so the
-      window APNs may send into only shrinks; credit is returned here for every DATA frame read,
-      on the stream and the connection (h2 sends a WINDOW_UPDATE once enough has accumulated).
-    * Resets: aioapns ignores RST_STREAM, leaving its request to time out as "maybe sent" and its
-      stream slot taken; they are kept in ``resets`` for the protocol to settle.
-    """
-
-    def __init__(self, wire: dict[str, Wire]) -> None:
-        # aioapns builds every header itself from values checked in AioApnsSender.send_one (hex
-        # token, collapse id) or before (topic; uuid apns-id), so h2's per-header normalising and
-        # validation are skipped.
-        super().__init__(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
-        self.encoder.huffman_coder = HuffmanCodes()
-        self._wire = wire
-        self._bodies: dict[int, bytes] = {}
-        self._stream_requests: dict[int, str] = {}
-        self._reserved: dict[str, int] = {}
-        self._reserved_total = 0
-        self._window_moved: asyncio.Event | None = None
-        self._closed: BaseException | None = None
-        self.resets: list[StreamReset] = []
-
-    def body_size(self, request: NotificationRequest) -> int:
-        wire = self._wire.get(request.notification_id)
-        return len(wire.body) if wire is not None else 0
-
-    async def reserve_window(self, apns_id: str, size: int) -> None:
-        while self._closed is None and self.outbound_flow_control_window - self._reserved_total < size:
-            if self._window_moved is None:
-                self._window_moved = asyncio.Event()
-            self._window_moved.clear()
-            await self._window_moved.wait()
-        if self._closed is not None:
-            raise ConnectionClosed(str(self._closed))
-        self._reserved[apns_id] = size
-        self._reserved_total += size
-
-    def release_window(self, apns_id: str) -> None:
-        self._reserved_total -= self._reserved.pop(apns_id, 0)
-        self._wake()
-
-    def closed(self, exc: BaseException) -> None:
-        self._closed = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._window_moved is not None:
-            self._window_moved.set()
-
-    def receive_data(self, data: Any) -> list[Any]:
-        events = super().receive_data(data)
-        for event in events:
-            if isinstance(event, DataReceived):
-                self.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, StreamReset):
-                self.resets.append(event)
-        if any(isinstance(e, (WindowUpdated, RemoteSettingsChanged)) for e in events):
-            self._wake()
-        return events
-
-    def send_headers(self, stream_id: int, headers: Any, *args: Any, **kwargs: Any) -> None:
-        apns_id = next((v for k, v in headers if k == "apns-id"), None)
-        wire = self._wire.pop(apns_id, None) if apns_id else None
-        if wire is not None:
-            headers = [(k, v) for k, v in headers if k != "apns-expiration"] + [("apns-expiration", wire.expiration)]
-            self._bodies[stream_id] = wire.body
-        if apns_id:
-            self._stream_requests[stream_id] = apns_id
-        super().send_headers(stream_id, hpack_headers(headers, first=stream_id == 1), *args, **kwargs)
-        if wire is not None:
-            wire.written = True
-
-    def send_data(self, stream_id: int, data: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            super().send_data(stream_id, self._bodies.pop(stream_id, data), *args, **kwargs)
-        finally:
-            self.release_window(self._stream_requests.pop(stream_id, ""))
-
-
-class HuffmanCodes:
-    """HPACK's Huffman code (RFC 7541 Appendix B) as one string join: hpack's own encoder shifts a
-    big integer byte by byte, about four times slower, and every request has four values to code."""
-
-    BITS = [format(code, f"0{length}b") for code, length in zip(REQUEST_CODES, REQUEST_CODES_LENGTH)]
-
-    def encode(self, data: bytes) -> bytes:
-        if not data:
-            return b""
-        bits = "".join([self.BITS[byte] for byte in data])
-        pad = -len(bits) % 8  # padded with the most significant bits of EOS, all ones
-        return int(bits + "1" * pad, 2).to_bytes((len(bits) + pad) // 8, "big")
-
-
-PER_REQUEST_HEADERS = frozenset({":path", "apns-id", "apns-expiration", "apns-collapse-id"})
-
-
-def hpack_headers(headers: Sequence[tuple[str, str]], first: bool) -> list[HeaderTuple]:
-    """Which headers go into the connection's HPACK table.
-
-    The constant ones (method, host, topic, priority, push type and the provider token) are
-    indexed, so after the first request each costs one byte. Values that change with every request
-    (token path, ids, expiration) are kept out of the table, where they would only evict the
-    constant ones; the first request indexes them too, so their names are in the table and later
-    requests send only the values.
-
-    h2's default keeps ``authorization`` out of the table, against compression attacks. Those work
-    by guessing a secret piece by piece, while HPACK only matches a whole name and value; and
-    nothing an outsider controls (feed text reaches only the body and a hashed collapse id) is ever
-    sent under the ``authorization`` name. (hpack's own debug log, off unless someone turns it
-    on, then prints the token when it enters the table.)
-    """
-    if first:
-        return [HeaderTuple(k, v) for k, v in headers]
-    return [NeverIndexedHeaderTuple(k, v) if k in PER_REQUEST_HEADERS else HeaderTuple(k, v) for k, v in headers]
-
-
-def protocol_class(where: Endpoint, token: ProviderToken, wire: dict[str, Wire]) -> type[APNsTLSClientProtocol]:
-    """aioapns' connection class for ``where``, with the shared token and the patches above."""
-
-    class ReminderApnsProtocol(where.base):  # type: ignore[misc, valid-type]
-        APNS_SERVER = where.host
-        APNS_PORT = where.port
-        INACTIVITY_TIME = CONNECTION_IDLE_SECONDS
-        conn: WireH2Connection
-
-        def __init__(self, apns_topic: str, loop: Any = None, on_connection_lost: Any = None, auth_provider: Any = None) -> None:
-            super().__init__(apns_topic, loop, on_connection_lost, token)
-            self.conn = WireH2Connection(wire)
-            # Apple allows one stream until it has seen a valid token; start there instead of
-            # bursting before its SETTINGS arrive.
-            self.free_channels = StreamSlots(1)
-            self._flush_scheduled = False
-
-        async def send_notification(self, request: NotificationRequest) -> NotificationResult:
-            await self.conn.reserve_window(request.notification_id, self.conn.body_size(request))
-            try:
-                return await super().send_notification(request)
-            finally:
-                self.conn.release_window(request.notification_id)  # no-op once its DATA went out
-
-        def flush(self) -> None:
-            """One TLS write per loop pass, not one per request: a burst of sends shares records."""
-            if not self._flush_scheduled:
-                self._flush_scheduled = True
-                self.loop.call_soon(self._flush_now)
-
-        def _flush_now(self) -> None:
-            self._flush_scheduled = False
-            if self.transport is not None and not self.transport.is_closing():
-                super().flush()
-
-        def close(self) -> None:
-            if self._flush_scheduled:  # frames already encoded (their sends count as made) go out first
-                self._flush_now()
-            super().close()
-
-        def on_stream_ended(self, stream_id: int) -> None:
-            self.request_streams.pop(stream_id, None)  # aioapns keeps it forever after a 200
-            super().on_stream_ended(stream_id)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self.conn.closed(exc or ConnectionError("connection closed"))
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            while self.conn.resets:
-                self._stream_reset(self.conn.resets.pop(0))
-
-        def _stream_reset(self, event: StreamReset) -> None:
-            """REFUSED_STREAM means APNs did not process the request (RFC 9113 8.7); any other reset may not."""
-            refused = event.error_code == ErrorCodes.REFUSED_STREAM
-            error = NotProcessed("REFUSED_STREAM") if refused else StreamResetByApns(str(event.error_code))
-            if self._fail_stream(event.stream_id, error):
-                self.free_channels.release()  # aioapns releases a slot only when a stream ends
-
-        def on_connection_terminated(self, event: ConnectionTerminated) -> None:
-            """GOAWAY: streams above its last stream id were never processed; the rest may have been."""
-            for stream_id in [s for s in self.request_streams if s > (event.last_stream_id or 0)]:
-                self._fail_stream(stream_id, NotProcessed("GOAWAY"))
-            super().on_connection_terminated(event)
-
-        def _fail_stream(self, stream_id: int, error: Exception) -> bool:
-            notification_id = self.request_streams.pop(stream_id, None)
-            if notification_id is None:
-                return False
-            self.request_statuses.pop(notification_id, None)
-            future = self.requests.pop(notification_id, None)
-            if future is not None and not future.done():
-                future.set_exception(error)
-            return True
-
-    return ReminderApnsProtocol
 
 
 # -- answers ---------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Answer:
     drop_connection: bool = False  # abort the TCP connection instead of answering
     omit_apns_id: bool = False  # a broken server: aioapns cannot match the answer to its request
     refuse_stream: bool = False  # RST_STREAM(REFUSED_STREAM): the request was not processed
+    hold: bool = False  # no answer until the test calls MockApns.release_held(): a late answer without a clock
 
 
 @dataclass
@@ -208,6 +209,8 @@ class _ApnsConnection(asyncio.Protocol):
             self.streams.pop(stream_id, None)
             self.server._finished()
             self.conn.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+        elif answer.hold:
+            self.server._held.append((self, stream_id, stream, answer))
         elif answer.delay > 0:
             asyncio.get_running_loop().call_later(answer.delay, self._answer, stream_id, stream, answer)
         else:
@@ -390,6 +393,21 @@ class MockApns:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def release_held(self) -> int:
+        """Answer every request held by ``Answer(hold=True)`` now, as a late APNs would; returns how
+        many answers went out (a held request whose connection is gone gets none)."""
+        assert self._loop is not None
+
+        async def answer_held() -> int:
+            held, self._held = self._held, []
+            sent = 0
+            for connection, stream_id, stream, answer in held:
+                sent += stream_id in connection.streams
+                connection._answer(stream_id, stream, answer)
+            return sent
+
+        return asyncio.run_coroutine_threadsafe(answer_held(), self._loop).result(timeout=10)
+
     def drop_all_connections(self) -> None:
         """Abort every open connection, as a network failure would."""
         assert self._loop is not None
@@ -443,6 +461,8 @@ class MockApns:
     def _reset_state(self) -> None:
         self._scripts: dict[str, _Scripted] = {}
         self._default = Answer()
+        # Requests answered with hold=True, waiting for release_held() (server thread only).
+        self._held: list[tuple[_ApnsConnection, int, _Stream, Answer]] = []
         self._requests: list[RecordedRequest] = []
         self._jwts: list[str] = []
         self._jwt_first_seen: dict[str, float] = {}

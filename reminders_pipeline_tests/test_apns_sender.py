@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
@@ -31,16 +32,13 @@ from reminders_pipeline.apns import (
     TIMEOUT_NOT_SENT,
     ApnsConfigError,
     AioApnsSender,
-    PER_REQUEST_HEADERS,
-    HuffmanCodes,
     ProviderToken,
-    StreamSlots,
-    WireH2Connection,
     apns_sender_factory,
     load_signing_key,
     result_from_apns,
     validate_apns_settings,
 )
+from reminders_pipeline.apns_transport import CONNECTION_IDLE_SECONDS, PER_REQUEST_HEADERS, HuffmanCodes, StreamSlots, WireH2Connection
 from reminders_pipeline.sender import Notification, SendResult
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
@@ -49,6 +47,10 @@ from .mock_apns import MockApns, write_p8_key
 
 T = TypeVar("T")
 SCENARIO_LIMIT_SECONDS = 20
+# The send timeout of the tests about it. Which sends time out is decided by answers the mock holds
+# until released, not by this number; it only has to let the other sends of those tests (a few
+# requests, answered in milliseconds) through on a loaded runner.
+SHORT_TIMEOUT = 2
 
 
 pytestmark = pytest.mark.usefixtures("fresh_mock")  # conftest: one mock APNs per module, reset per test
@@ -56,7 +58,11 @@ pytestmark = pytest.mark.usefixtures("fresh_mock")  # conftest: one mock APNs pe
 
 @pytest.fixture
 def settings(mock: MockApns) -> Settings:
-    return Settings().with_(**mock.apns_settings(), send_timeout_seconds=2, apns_concurrency=20)
+    # The tests about the timeout set SHORT_TIMEOUT, against answers held until released; for the
+    # rest a send's timeout is only a safety net. A local answer takes milliseconds, but a burst of a
+    # few hundred requests, client and mock sharing one process on a loaded 2-core runner, has been
+    # seen to take over 2 s: 10 s is the margin.
+    return Settings().with_(**mock.apns_settings(), send_timeout_seconds=10, apns_concurrency=20)
 
 
 def token(i: int) -> str:
@@ -96,6 +102,11 @@ def send(settings: Settings, notifications: list[Notification], **sender_args: A
 
 def by_row(results: list[SendResult]) -> dict[int, SendResult]:
     return {r.row_id: r for r in results}
+
+
+def failures(results: list[SendResult]) -> Counter[str | None]:
+    """How the failed sends failed, for an assertion message."""
+    return Counter(r.reason for r in results if not r.ok)
 
 
 # -- success and what goes on the wire ---------------------------------------------------------
@@ -245,10 +256,7 @@ def test_closing_a_connection_first_writes_what_was_already_encoded(mock: MockAp
             await sender.aclose()
 
     run(scenario)
-    deadline = time.monotonic() + 5
-    while len(mock.requests) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert [r.token for r in mock.requests] == [token(1), token(2)]
+    assert [r.token for r in mock.wait_for_requests(2, timeout=10)] == [token(1), token(2)]
 
 
 def test_unserialisable_payload_fails_that_row_only(settings: Settings) -> None:
@@ -260,16 +268,23 @@ def test_unserialisable_payload_fails_that_row_only(settings: Settings) -> None:
 # -- timeouts and transport failures ------------------------------------------------------------
 
 
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait (polling the loop) until ``condition()`` holds; the scenario's own limit bounds it."""
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
 def test_late_answer_times_out_without_breaking_the_connection(mock: MockApns, settings: Settings) -> None:
     """A plain wait_for would cancel aioapns' future and its late answer would kill the connection."""
-    mock.script(token(2), delay=1.5)
-    settings = settings.with_(send_timeout_seconds=1)
+    mock.script(token(2), hold=True)  # answered only once the send has timed out, however slow the runner
+    settings = settings.with_(send_timeout_seconds=SHORT_TIMEOUT)
 
     async def scenario() -> tuple[list[SendResult], list[SendResult]]:
         sender = AioApnsSender(settings)
         try:
             first = await sender.send_many([note(1), note(2), note(3), note(4)])
-            await asyncio.sleep(0.8)  # the late answer to 2 arrives meanwhile
+            assert mock.release_held() == 1  # the late answer to 2 goes out now ...
+            await until(lambda: not sender._tasks)  # ... and the sender has read it (its abandoned send ended)
             return first, await sender.send_many([note(5), note(6)])
         finally:
             await sender.aclose()
@@ -299,7 +314,7 @@ def two_sends_on_one_sender(settings: Settings) -> dict[int, SendResult]:
 def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: MockApns, settings: Settings) -> None:
     """aioapns matches answers by apns-id; without one the request would wait forever."""
     mock.script(token(2), omit_apns_id=True)
-    settings = settings.with_(send_timeout_seconds=1)
+    settings = settings.with_(send_timeout_seconds=SHORT_TIMEOUT)
 
     results = two_sends_on_one_sender(settings)
     assert results[2].reason == TIMEOUT and not results[2].ok
@@ -320,28 +335,29 @@ def test_dropped_connection_fails_the_send_once_and_the_next_send_reconnects(moc
 def test_send_still_waiting_for_a_stream_at_the_timeout_is_never_sent(mock: MockApns, settings: Settings) -> None:
     """A timed-out send that never left is cancelled, so it cannot arrive after being failed."""
     mock.raised_max_streams = 1  # one stream per connection, one connection: 3 waits behind 2
-    mock.script(token(2), delay=1.5)
+    mock.script(token(2), hold=True)  # 2 keeps the only stream until both timeouts have passed
 
     async def scenario() -> list[SendResult]:
-        sender = AioApnsSender(settings.with_(send_timeout_seconds=1), max_connections=1)
+        sender = AioApnsSender(settings.with_(send_timeout_seconds=SHORT_TIMEOUT), max_connections=1)
         try:
-            return await sender.send_many([note(1), note(2), note(3)])
+            first = await sender.send_many([note(1), note(2), note(3)])
+            mock.release_held()  # 2's late answer frees the stream: 3, were it still queued, would take it now
+            return first + await sender.send_many([note(4)])  # so 4 goes after 3 would have
         finally:
             await sender.aclose()
 
     results = by_row(run(scenario))
-    assert results[1].ok
+    assert results[1].ok and results[4].ok
     assert results[2] == SendResult(2, False, reason=TIMEOUT)
     assert results[3] == SendResult(3, False, reason=TIMEOUT_NOT_SENT, retry=True)  # certainly not delivered
-    time.sleep(0.2)
-    assert token(3) not in {r.token for r in mock.requests}
+    assert [r.token for r in mock.requests] == [token(1), token(2), token(4)]
 
 
 def test_burst_beyond_the_flow_control_window_waits_instead_of_failing(mock: MockApns, settings: Settings) -> None:
     """200 bodies of ~1 KB spend h2's default 64 KB connection window several times over."""
     payload = {"aps": {"alert": {"title": "t", "body": "x" * 1000}}}
     results = send(settings.with_(apns_concurrency=200), [note(i, payload=payload) for i in range(200)])
-    assert all(r.ok for r in results)
+    assert all(r.ok for r in results), failures(results)
     assert mock.connections_opened == 1
     assert len(mock.requests) == 200
 
@@ -400,8 +416,8 @@ def test_streams_above_a_goaway_last_stream_id_are_certainly_not_sent(mock: Mock
 
 
 def test_aclose_with_a_send_still_awaiting_its_answer_returns_promptly(mock: MockApns, settings: Settings) -> None:
-    mock.script(token(2), delay=5)
-    settings = settings.with_(send_timeout_seconds=1)
+    mock.script(token(2), hold=True)  # never answered: an aclose that waited for it would hang
+    settings = settings.with_(send_timeout_seconds=SHORT_TIMEOUT)
 
     async def scenario() -> float:
         sender = AioApnsSender(settings)
@@ -410,7 +426,10 @@ def test_aclose_with_a_send_still_awaiting_its_answer_returns_promptly(mock: Moc
         await sender.aclose()
         return time.monotonic() - started
 
-    assert run(scenario) < 2.5
+    # aclose's own waits add up to 2 s at most (1 s for sends in flight, 1 s for connections to
+    # close; it takes milliseconds here): 6 s leaves 4 s for a loaded runner, and an aclose waiting
+    # for the held answer runs into the scenario's limit instead.
+    assert run(scenario) < 6
 
 
 # -- concurrency, connections, the shared provider token ----------------------------------------
@@ -419,24 +438,38 @@ def test_aclose_with_a_send_still_awaiting_its_answer_returns_promptly(mock: Moc
 def test_in_flight_sends_are_bounded_by_apns_concurrency(mock: MockApns, settings: Settings) -> None:
     mock.script_default(delay=0.1)
     results = send(settings.with_(apns_concurrency=4), [note(i) for i in range(24)])
-    assert all(r.ok for r in results)
+    assert all(r.ok for r in results), failures(results)
     assert mock.max_in_flight == 4
     assert mock.stream_limit_violations == 0
 
 
 def test_a_burst_uses_one_connection_raised_after_the_first_answer(mock: MockApns, settings: Settings) -> None:
     results = send(settings.with_(apns_concurrency=200), [note(i) for i in range(300)])
-    assert all(r.ok for r in results)
+    assert all(r.ok for r in results), failures(results)
     assert mock.connections_opened == 1
     assert mock.stream_limit_violations == 0
 
 
 def test_one_provider_token_across_connections_and_senders(mock: MockApns, settings: Settings) -> None:
     mock.raised_max_streams = 1  # every connection stays at one stream, so the pool opens several
-    mock.script_default(delay=0.1)
-    results = send(settings.with_(apns_concurrency=6), [note(i) for i in range(12)], max_connections=3)
+    for i in range(1, 12):
+        mock.script(token(i), hold=True)  # answers wait until the pool has opened all its connections
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings.with_(apns_concurrency=6), max_connections=3)
+        sending = asyncio.ensure_future(sender.send_many([note(i) for i in range(12)]))
+        try:
+            await until(lambda: mock.connections_opened == 3)  # every stream is held: the pool must open a third
+            while not sending.done():
+                mock.release_held()
+                await asyncio.sleep(0.005)
+            return await sending
+        finally:
+            await sender.aclose()
+
+    results = run(scenario)
     results += send(settings, [note(99)])  # another run, as the next drain tick would be
-    assert all(r.ok for r in results)
+    assert all(r.ok for r in results), failures(results)
     assert mock.connections_opened >= 4
     assert len(mock.jwts_seen) == 1
     assert mock.stream_limit_violations == 0
@@ -476,11 +509,51 @@ def test_provider_token_is_stable_within_a_window_and_refreshed_after(tmp_path: 
     assert provider.get_header() != header
 
 
+def test_a_connection_forgets_each_stream_once_it_ended(mock: MockApns, settings: Settings) -> None:
+    """aioapns keeps a stream's entry in ``request_streams`` for good after a 200: one per request."""
+    mock.script(token(3), status=410, reason="Unregistered")
+
+    async def scenario() -> tuple[list[SendResult], dict, dict]:
+        sender = AioApnsSender(settings)
+        try:
+            results = await sender.send_many([note(i) for i in range(20)])
+            [connection] = sender.apns.pool.connections
+            return results, dict(connection.request_streams), dict(connection.requests)
+        finally:
+            await sender.aclose()
+
+    results, streams, requests = run(scenario)
+    assert sum(r.ok for r in results) == 19 and by_row(results)[3].status == 410
+    assert streams == {} and requests == {}
+
+
+def test_a_connection_stays_open_between_batches(mock: MockApns, settings: Settings) -> None:
+    """aioapns closes a connection after 10 s idle; the drain's batches can be further apart."""
+
+    async def scenario() -> float:
+        sender = AioApnsSender(settings)
+        try:
+            await sender.send_many([note(1)])
+            [connection] = sender.apns.pool.connections
+            return connection.inactivity_timer.when() - asyncio.get_running_loop().time()
+        finally:
+            await sender.aclose()
+
+    idle = run(scenario)
+    # the timer was set at the last write, a moment ago: 10 s of margin for a loaded runner
+    assert CONNECTION_IDLE_SECONDS - 10 < idle <= CONNECTION_IDLE_SECONDS == 60
+
+
 # -- aioapns' stream semaphore ------------------------------------------------------------------
 
 
-def _capacity(slots: ChannelPool) -> int:
-    return slots._value  # streams that can open now
+async def _capacity(slots: ChannelPool) -> int:
+    """Streams that can open now on aioapns' own semaphore, by its public API: acquire until locked."""
+    opened = 0
+    while not slots.locked():
+        await slots.acquire()
+        opened += 1
+    return opened
 
 
 def test_stream_slots_raise_to_the_full_new_limit_with_a_stream_in_flight() -> None:
@@ -489,7 +562,7 @@ def test_stream_slots_raise_to_the_full_new_limit_with_a_stream_in_flight() -> N
         await ours.acquire()
         await theirs.acquire()
         ours.bound = theirs.bound = 1000
-        return _capacity(ours), _capacity(theirs)
+        return ours.available, await _capacity(theirs)
 
     ours, theirs = run(scenario)
     assert ours == 999
@@ -502,13 +575,42 @@ def test_stream_slots_lower_and_raise_keep_the_count() -> None:
         for _ in range(3):
             await slots.acquire()
         slots.bound = 1
-        lowered = _capacity(slots)
+        lowered = slots.available
         slots.bound = 500
-        raised = _capacity(slots)
+        raised = slots.available
         slots.release()
-        return [lowered, raised, _capacity(slots)]
+        return [lowered, raised, slots.available]
 
     assert run(scenario) == [-2, 497, 498]
+
+
+def test_stream_slots_hand_out_aioapns_stream_ids_and_wait_at_the_bound() -> None:
+    """What aioapns' connection expects of its slots: odd client stream ids in order, a busy flag,
+    an acquire that waits for a release, and waiters failed when the connection is lost."""
+
+    async def scenario() -> None:
+        slots = StreamSlots(2)
+        assert [await slots.acquire(), await slots.acquire()] == [1, 3]
+        assert slots.is_busy
+        third = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        assert not third.done()
+        slots.release()
+        assert await asyncio.wait_for(third, 5) == 5
+        slots.bound = 1  # APNs lowers the limit below the two in flight: nothing opens until two end
+        fourth = asyncio.ensure_future(slots.acquire())
+        slots.release()
+        await asyncio.sleep(0)
+        assert not fourth.done() and slots.available == 0
+        slots.release()
+        assert await asyncio.wait_for(fourth, 5) == 7
+        fifth = asyncio.ensure_future(slots.acquire())
+        await asyncio.sleep(0)
+        slots.destroy(ConnectionError("gone"))
+        with pytest.raises(ConnectionError, match="gone"):
+            await asyncio.wait_for(fifth, 5)
+
+    run(scenario)
 
 
 # -- mapping corner cases -----------------------------------------------------------------------
@@ -624,8 +726,12 @@ def test_a_burst_of_sends_shares_tls_writes(mock: MockApns, settings: Settings) 
             await sender.aclose()
 
     results = run(scenario)
-    assert all(r.ok for r in results) and len(mock.requests) == 101
-    assert writes <= 10  # one per loop pass, not one per request (aioapns alone: 100)
+    assert all(r.ok for r in results), failures(results)
+    assert len(mock.requests) == 101
+    # One write per loop pass, not one per request: aioapns alone makes 100 here; with the patch the
+    # burst went out in 1 write, measured idle and with both cores busy. 25 is the margin for answers
+    # read between passes on a loaded runner, still four times below the 100 it guards against.
+    assert writes <= 25
 
 
 def test_valid_settings_pass_and_the_factory_builds_inside_the_loop(mock: MockApns, settings: Settings) -> None:
@@ -654,20 +760,3 @@ def test_1500_error_answers_on_one_connection_all_arrive(mock: MockApns, setting
     results = send(settings.with_(apns_concurrency=200), notes, max_connections=1)
     assert [(r.status, r.reason, r.token_invalid) for r in results] == [(410, "Unregistered", True)] * 1500
     assert mock.connections_opened == 1
-
-
-def test_canary_aioapns_internals_the_fault_patches_rely_on() -> None:
-    """aioapns 4.0 is pinned: apns.py reads its request maps and stream slots directly. If an
-    upgrade returns flow-control credit or handles resets itself, drop those patches."""
-    import inspect
-
-    from aioapns.connection import APNsBaseClientProtocol, H2Protocol
-
-    assert "acknowledge_received_data" not in inspect.getsource(H2Protocol)
-    assert "StreamReset" not in inspect.getsource(H2Protocol.data_received)
-    loop = asyncio.new_event_loop()
-    try:
-        protocol = APNsBaseClientProtocol("com.example.reminders", loop=loop)
-    finally:
-        loop.close()
-    assert {"requests", "request_streams", "request_statuses", "free_channels"} <= set(vars(protocol))

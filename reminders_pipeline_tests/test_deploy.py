@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -87,3 +89,46 @@ def test_the_dispatcher_has_its_own_run_slots_and_a_standalone_deployment():
     from reminders_pipeline.settings import Settings
 
     assert pod["terminationGracePeriodSeconds"] > Settings().send_timeout_seconds
+
+
+# -- the lock file the image and CI install ---------------------------------------------------------
+
+
+def _locked() -> dict[str, str]:
+    """requirements.lock's pins (``name==version``, maybe followed by a marker), by normalised name."""
+    from packaging.utils import canonicalize_name
+
+    text = (ROOT / "requirements.lock").read_text()
+    return {canonicalize_name(name): v for name, v in re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", text, re.MULTILINE)}
+
+
+def test_the_lock_pins_every_declared_dependency_within_its_range():
+    """A dependency added to pyproject.toml without running bin/lock would be missing from CI's
+    install and float in the image: this names it."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    locked = _locked()
+    for line in project["dependencies"] + project["optional-dependencies"]["test"]:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        name = canonicalize_name(requirement.name)
+        assert name in locked, f"{requirement.name} is declared in pyproject.toml but not in requirements.lock: run bin/lock"
+        assert requirement.specifier.contains(Version(locked[name]), prereleases=True), (
+            f"requirements.lock has {requirement.name}=={locked[name]}, outside pyproject.toml's {requirement}: run bin/lock"
+        )
+
+
+def test_the_image_installs_the_lock_on_the_python_the_suite_runs_on():
+    from packaging.specifiers import SpecifierSet
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    (base,) = re.findall(r"^FROM python:(\d+\.\d+)\S*", dockerfile, re.MULTILINE)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert SpecifierSet(requires).contains(f"{base}.0") and f"{sys.version_info.major}.{sys.version_info.minor}" == base
+    assert re.search(r"^RUN pip install .*-c requirements\.lock", dockerfile, re.MULTILINE)
+    assert "COPY requirements.lock" in dockerfile
+    assert "-r requirements.lock" in (ROOT / ".ci" / "run").read_text()

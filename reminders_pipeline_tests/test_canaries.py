@@ -1,0 +1,263 @@
+"""Canaries for the library internals that reminders_pipeline/apns_transport.py patches or reads.
+
+aioapns, h2 and hpack are pinned to exact versions in pyproject.toml because apns_transport.py
+overrides their methods and reads their attributes. Each test here checks one such internal and,
+when an upgrade changes it, fails with a message naming the library, its installed version and the
+attribute, so the upgrade is a conscious re-check of the patch (its docstring says what each patch
+answers) rather than a silent change of behaviour. Some canaries are the other way round: they
+fail when upstream *fixes* a bug a patch works around, so the patch can go.
+
+asyncio: ``StreamSlots`` uses only the public ``asyncio.Semaphore`` API, which the last test keeps so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import re
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from aioapns import APNs
+from aioapns.common import NotificationResult
+from aioapns.connection import (
+    APNsBaseClientProtocol,
+    APNsBaseConnectionPool,
+    APNsDevelopmentClientProtocol,
+    APNsKeyConnectionPool,
+    APNsProductionClientProtocol,
+    H2Protocol,
+)
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
+from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
+from hpack import huffman_constants
+
+from reminders_pipeline import apns_transport
+from reminders_pipeline.apns_transport import StreamSlots
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHED = ("aioapns", "h2", "hpack")
+
+
+def pins() -> dict[str, str]:
+    """``name==version`` pins from pyproject.toml's runtime dependencies."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    found = (re.fullmatch(r"([A-Za-z0-9_.-]+)==([^;,\s]+)", d.strip()) for d in dependencies)
+    return {m[1].lower(): m[2] for m in found if m}
+
+
+def changed(library: str, attribute: str, expected: str) -> str:
+    """The failure message: which library, which version, which attribute, and where to look."""
+    return (
+        f"{library} {version(library)} (pyproject.toml pins {pins().get(library, 'nothing')}): {attribute} "
+        f"is no longer {expected}. reminders_pipeline/apns_transport.py relies on it: re-check the patch its "
+        f"docstring lists for it before moving the pin."
+    )
+
+
+def source(obj: object) -> str:
+    return inspect.getsource(obj)  # type: ignore[arg-type]
+
+
+def params(function: object) -> list[str]:
+    return list(inspect.signature(function).parameters)  # type: ignore[arg-type]
+
+
+# -- pins ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("library", PATCHED)
+def test_each_patched_library_is_pinned_to_the_installed_version(library: str) -> None:
+    pinned = pins().get(library)
+    assert pinned is not None, f"{library} {version(library)}: pyproject.toml must pin it exactly (==), apns_transport.py patches it"
+    assert version(library) == pinned, f"{library} {version(library)} is installed but pyproject.toml pins {pinned}"
+
+
+def test_cryptography_signs_deterministically() -> None:
+    """ProviderToken's "the same token in every process" needs RFC 6979 signing (cryptography 43+)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    try:
+        algorithm = ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
+    except Exception as exc:  # noqa: BLE001 - any failure here is the message
+        pytest.fail(f"cryptography {version('cryptography')}: ECDSA(deterministic_signing=True) fails: {exc!r}")
+    assert key.sign(b"x", algorithm) == key.sign(b"x", algorithm), (
+        f"cryptography {version('cryptography')}: deterministic_signing=True gave two signatures"
+    )
+
+
+# -- aioapns: what protocol_class subclasses and the sender reads -------------------------------------
+
+
+def test_aioapns_protocol_constructor_takes_topic_loop_callback_and_auth_provider() -> None:
+    """ReminderApnsProtocol.__init__ replaces the pool's per-connection auth provider by the shared token."""
+    assert params(APNsBaseClientProtocol.__init__) == ["self", "apns_topic", "loop", "on_connection_lost", "auth_provider"], changed(
+        "aioapns", "APNsBaseClientProtocol.__init__'s signature", "(apns_topic, loop, on_connection_lost, auth_provider)"
+    )
+    create = source(APNsKeyConnectionPool.create_connection)
+    assert "self.apns_topic" in create and "self.discard_connection" in create and "auth_provider," in create, changed(
+        "aioapns", "APNsKeyConnectionPool.create_connection", "a partial(protocol_class, topic, loop, discard_connection, auth_provider)"
+    )
+
+
+def test_aioapns_protocol_instance_attributes_the_patches_use() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = APNsBaseClientProtocol("com.example.reminders", loop=loop)
+    finally:
+        loop.close()
+    expected = {"conn", "free_channels", "requests", "request_streams", "request_statuses", "inactivity_timer", "loop", "transport"}
+    missing = expected - set(vars(protocol))
+    assert not missing, changed("aioapns", f"APNsBaseClientProtocol instance attributes {sorted(missing)}", "set by __init__")
+    assert isinstance(protocol.conn, H2Connection), changed("aioapns", "APNsBaseClientProtocol.conn", "an h2 H2Connection")
+
+
+def test_aioapns_endpoint_and_idle_time_are_class_attributes() -> None:
+    """Endpoint (patch 14) and CONNECTION_IDLE_SECONDS (patch 9) override class attributes."""
+    for cls in (APNsProductionClientProtocol, APNsDevelopmentClientProtocol):
+        assert isinstance(cls.APNS_SERVER, str) and isinstance(cls.APNS_PORT, int), changed(
+            "aioapns", f"{cls.__name__}.APNS_SERVER/APNS_PORT", "class attributes"
+        )
+    assert "self.protocol_class.APNS_SERVER" in source(APNsKeyConnectionPool._create_connection), changed(
+        "aioapns", "APNsKeyConnectionPool._create_connection", "connecting to protocol_class.APNS_SERVER/APNS_PORT"
+    )
+    assert "self.INACTIVITY_TIME" in source(APNsBaseClientProtocol.refresh_inactivity_timer), changed(
+        "aioapns", "APNsBaseClientProtocol.refresh_inactivity_timer", "timed by INACTIVITY_TIME"
+    )
+
+
+def test_aioapns_pool_attributes_the_sender_sets_and_reads() -> None:
+    init = source(APNsBaseConnectionPool.__init__)
+    assert "self.protocol_class" in init and "self.connections" in init, changed(
+        "aioapns", "APNsBaseConnectionPool.protocol_class/connections", "attributes set in __init__"
+    )
+    assert "self.pool" in source(APNs.__init__), changed("aioapns", "APNs.pool", "set in __init__")
+    expected = ["key", "key_id", "team_id", "topic", "max_connections", "max_connection_attempts", "use_sandbox", "ssl_context", "err_func"]
+    missing = [p for p in expected if p not in params(APNs.__init__)]
+    assert not missing, changed("aioapns", f"APNs.__init__ parameters {missing}", "accepted")
+
+
+def test_aioapns_uses_only_the_stream_slot_interface_stream_slots_provides() -> None:
+    """StreamSlots stands in for ChannelPool: aioapns must use nothing else on free_channels."""
+    import aioapns.connection
+
+    used = set(re.findall(r"free_channels\.(\w+)", source(aioapns.connection)))
+    assert used == {"acquire", "release", "bound", "is_busy", "destroy"}, changed(
+        "aioapns", f"the free_channels members used ({sorted(used)})", "acquire, release, bound, is_busy, destroy"
+    )
+    assert all(hasattr(StreamSlots, name) for name in used)
+
+
+def test_aioapns_send_notification_order_the_wire_patches_rely_on() -> None:
+    """WireH2Connection swaps apns-expiration in send_headers and the body in send_data, and marks a
+    request written once its HEADERS are encoded; aioapns must acquire, send HEADERS, DATA, then flush."""
+    body = source(APNsBaseClientProtocol.send_notification)
+    steps = [
+        "self.free_channels.acquire()",
+        '("apns-id", request.notification_id)',
+        "request.time_to_live",
+        "self.conn.send_headers(",
+        "self.conn.send_data(",
+        "self.flush()",
+        "self.requests[request.notification_id] =",
+        "self.request_streams[stream_id] = request.notification_id",
+    ]
+    positions = [body.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), changed(
+        "aioapns", "APNsBaseClientProtocol.send_notification", "acquire, headers (apns-id, TTL), send_headers, send_data, flush, then register the request"
+    )
+
+
+def test_aioapns_result_fields_the_answer_mapping_reads() -> None:
+    assert NotificationResult.__slots__ == ("notification_id", "status", "description", "timestamp"), changed(
+        "aioapns", "NotificationResult's fields", "(notification_id, status, description, timestamp)"
+    )
+
+
+def test_aioapns_still_ignores_flow_control_credit_and_resets() -> None:
+    """The other way round: if aioapns returns flow-control credit or handles RST_STREAM itself,
+    patches 5 and 6 would act twice: drop them."""
+    assert "acknowledge_received_data" not in source(H2Protocol), changed(
+        "aioapns", "H2Protocol", "silent on flow-control credit (patch 5 returns it; upstream PR Fatal1ty/aioapns#75)"
+    )
+    assert "StreamReset" not in source(H2Protocol.data_received), changed("aioapns", "H2Protocol.data_received", "ignoring StreamReset (patch 6)")
+
+
+def test_aioapns_still_keeps_ended_streams_and_overrides_what_the_protocol_overrides() -> None:
+    assert "request_streams" not in source(H2Protocol.on_stream_ended), changed(
+        "aioapns", "H2Protocol.on_stream_ended", "keeping request_streams' entry (patch 8 drops it)"
+    )
+    overridden = ("send_notification", "flush", "close", "on_stream_ended", "connection_lost", "data_received", "on_connection_terminated")
+    missing = [name for name in overridden if not callable(getattr(APNsBaseClientProtocol, name, None))]
+    assert not missing, changed("aioapns", f"APNsBaseClientProtocol methods {missing}", "present (ReminderApnsProtocol overrides them)")
+
+
+# -- h2 -------------------------------------------------------------------------------------------
+
+
+def test_h2_methods_wire_h2_connection_overrides() -> None:
+    assert params(H2Connection.send_headers)[:3] == ["self", "stream_id", "headers"], changed("h2", "H2Connection.send_headers", "(stream_id, headers, ...)")
+    assert params(H2Connection.send_data)[:3] == ["self", "stream_id", "data"], changed("h2", "H2Connection.send_data", "(stream_id, data, ...)")
+    assert params(H2Connection.acknowledge_received_data)[:3] == ["self", "acknowledged_size", "stream_id"], changed(
+        "h2", "H2Connection.acknowledge_received_data", "(acknowledged_size, stream_id)"
+    )
+    assert H2Connection.HIGHEST_ALLOWED_STREAM_ID == 2**31 - 1, changed("h2", "H2Connection.HIGHEST_ALLOWED_STREAM_ID", "2**31 - 1")
+    connection = H2Connection()
+    assert isinstance(connection.outbound_flow_control_window, int), changed("h2", "H2Connection.outbound_flow_control_window", "an int")
+    assert isinstance(connection.encoder, Encoder), changed("h2", "H2Connection.encoder", "the hpack Encoder h2 encodes headers with")
+
+
+def test_h2_configuration_switches_and_event_fields() -> None:
+    config = H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False)
+    assert (config.normalize_outbound_headers, config.validate_outbound_headers) == (False, False), changed(
+        "h2", "H2Configuration(normalize_outbound_headers, validate_outbound_headers)", "accepted"
+    )
+    for event, names in ((DataReceived, ("flow_controlled_length", "stream_id")), (StreamReset, ("error_code", "stream_id")), (ConnectionTerminated, ("last_stream_id",))):
+        present = {f.name for f in dataclasses.fields(event)} if dataclasses.is_dataclass(event) else set(vars(event()))
+        missing = [name for name in names if name not in present]
+        assert not missing, changed("h2", f"{event.__name__}.{missing}", "event attributes")
+
+
+def test_h2_keeps_the_indexing_each_header_tuple_asks_for() -> None:
+    """hpack_headers (patch 10) relies on h2 passing HeaderTuple/NeverIndexedHeaderTuple through
+    to hpack with normalising off: the first enters the HPACK table, the second never does."""
+    client = H2Connection(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
+    server = H2Connection(H2Configuration(client_side=False))
+    client.initiate_connection()
+    server.initiate_connection()
+    request = [(":method", "POST"), (":scheme", "https"), (":path", "/"), (":authority", "a")]
+    client.send_headers(1, [NeverIndexedHeaderTuple(k, v) for k, v in request] + [HeaderTuple("x-indexed", "1"), NeverIndexedHeaderTuple("x-never", "2")], end_stream=True)
+    [received] = [e for e in server.receive_data(client.data_to_send()) if isinstance(e, RequestReceived)]
+    assert [type(h) for h in received.headers[-2:]] == [HeaderTuple, NeverIndexedHeaderTuple], changed(
+        "h2", "H2Connection.send_headers", "keeping each header tuple's indexing"
+    )
+    table = [name for name, _ in server.decoder.header_table.dynamic_entries]
+    assert table == [b"x-indexed"], changed("hpack", "Decoder.header_table.dynamic_entries (also read by test_apns_sender.py)", f"the indexed entries; got {table}")
+
+
+# -- hpack ----------------------------------------------------------------------------------------
+
+
+def test_hpack_huffman_coder_is_the_attribute_the_encoder_uses() -> None:
+    """HuffmanCodes replaces Encoder.huffman_coder (patch 11); hpack must still code through it."""
+    assert hasattr(Encoder(), "huffman_coder"), changed("hpack", "Encoder().huffman_coder", "an attribute")
+    assert "self.huffman_coder.encode(" in source(Encoder), changed("hpack", "Encoder", "coding strings through self.huffman_coder.encode")
+    assert len(huffman_constants.REQUEST_CODES) == len(huffman_constants.REQUEST_CODES_LENGTH) == 257, changed(
+        "hpack", "huffman_constants.REQUEST_CODES/REQUEST_CODES_LENGTH", "RFC 7541's 257 codes"
+    )
+
+
+# -- asyncio ----------------------------------------------------------------------------------------
+
+
+def test_stream_slots_use_no_private_asyncio_attribute() -> None:
+    """StreamSlots was a subclass of aioapns' ChannelPool, which edits asyncio.Semaphore's private
+    _value and _waiters; it now uses the public Semaphore API only. Keep it so."""
+    private = set(re.findall(r"\._(?:value|waiters|wake_up_next|bound_value)\b", source(apns_transport)))
+    assert not private, f"apns_transport.py touches asyncio.Semaphore internals again: {sorted(private)}"
