@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -37,6 +38,33 @@ def test_schedules_run_on_the_crons_reminders_check_reads():
     assert repo.get_schedule_def("build_schedule").cron_schedule == settings.build_cron
     assert repo.get_schedule_def("drain_schedule").cron_schedule == settings.drain_cron
     assert all(s.execution_timezone == "UTC" for s in repo.schedule_defs)
+
+
+LOADED_CRONS = """
+import json
+from reminders_pipeline.definitions import defs
+repo = defs().get_repository_def()
+print(json.dumps({name: repo.get_schedule_def(name).cron_schedule for name in ("drain_schedule", "queue_checks_schedule")}))
+"""
+
+
+def loaded_crons(**env: str) -> dict:
+    """The schedules' crons as a fresh code location loads them (settings are read at import)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED_CRONS], env={**environ, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_check_schedule_follows_reminders_drain_cron_five_minutes_behind():
+    """Before, the check schedule was hard-coded to "10,25,40,55 * * * *" whatever the drain cron."""
+    assert loaded_crons()["queue_checks_schedule"] == "10,25,40,55 * * * *"  # the default drain cron's
+    moved = loaded_crons(REMINDERS_DRAIN_CRON="7,37 * * * *")
+    assert moved == {"drain_schedule": "7,37 * * * *", "queue_checks_schedule": "12,42 * * * *"}
+    hourly = loaded_crons(REMINDERS_DRAIN_CRON="0,58 */6 * * *")  # 05:58 + 5 min is 06:03: two hour sets
+    assert hourly["queue_checks_schedule"] == ["5 0,6,12,18 * * *", "3 1,7,13,19 * * *"]
 
 
 def test_dagster_definitions_validate_on_the_workspace(tmp_path):

@@ -380,14 +380,23 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
     the wire. A configuration fault answered meanwhile must not be overwritten by the ledger's
     "no halt" of that claim: the drain stops, records the halt, and gives back what it claimed."""
     import asyncio
+    import threading
     import time as _time
 
     live = live.with_(claim_batch_size=1, apns_concurrency=2)
     ids = _due_items(db, live, feeds, 6)
     slow_halt_of = ledger.halt_of
+    fault_answered = threading.Event()
+    halt_reads = []
 
     def halt_of(conn, scope):  # the write lock held elsewhere for a while
-        _time.sleep(0.3)
+        halt_reads.append(scope)
+        if db.dialect == "sqlite" and len(halt_reads) == 3:
+            # The third claim (in its thread) waits until the second send's fault is back: the
+            # overlap under test, by event instead of a 0.3 s wait racing a 0.1 s send.
+            assert fault_answered.wait(60), "the second send never answered"
+        else:  # PostgreSQL claims run on the loop: a wait for the loop would deadlock
+            _time.sleep(0.3)
         return slow_halt_of(conn, scope)
 
     monkeypatch.setattr(ledger, "halt_of", halt_of)
@@ -398,6 +407,7 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
             calls.append([n.row_id for n in notifications])
             if len(calls) == 2:
                 await asyncio.sleep(0.1)
+                fault_answered.set()  # the drain sees these results before the loop turns again
                 return [SendResult(n.row_id, False, reason="InvalidProviderToken", status=403, config_fault=True) for n in notifications]
             return await super().send_many(notifications)
 

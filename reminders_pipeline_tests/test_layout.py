@@ -45,3 +45,30 @@ def test_sql_is_written_only_under_ledger():
 def test_the_rule_catches_a_statement_built_or_written_outside_ledger():
     source = 'from sqlalchemy import select, Connection\nQ = """SELECT id\n FROM notification_queue"""\n'
     assert _sql_written_in(source, "x.py") == ["x.py:1 imports ['select']", "x.py:2: 'SELECT id\\n FROM notification_queue'"]
+
+
+def _readme_layout() -> str:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1]
+    return block.split("```", 2)[1]
+
+
+def test_the_readme_layout_names_every_module_of_the_package():
+    layout = _readme_layout()
+    named = set(re.findall(r"[\w/]+\.py|[\w]+/", layout))
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p.name != "__init__.py"
+        and "migrations" not in p.parts
+        and p.name not in named
+        and f"{p.parent.name}/{p.name}" not in named
+    ]
+    assert missing == [], f"README's Layout does not name: {missing}"
+
+
+def test_every_path_the_readme_layout_names_exists():
+    root = PACKAGE.parent
+    top = [line.split("  ")[0].split() for line in _readme_layout().splitlines() if line and not line.startswith(" ")]
+    missing = [name for names in top for name in names if not (root / name).exists()]
+    assert missing == []

@@ -181,14 +181,15 @@ def test_reads_are_bounded_per_host(feeds):
 def test_a_slow_host_waits_for_its_own_slots_not_the_shared_ones(feeds):
     """A source waiting for its host's slot must not hold one of the overall slots meanwhile: six
     slow reads on one host (one at a time) would otherwise fill every slot and keep another host's
-    source waiting behind them."""
+    source waiting behind them. Each slow read takes 1.5 s: the fast read has that long to arrive
+    before the slow host's second read (scheduling noise on a loaded 2-core runner; it was 0.5 s)."""
     from .http_sources import FeedServer
 
     fast = FeedServer()
     fast.start()
     try:
         for i in range(6):
-            feeds.set(f"/slow{i}.json", Route(delay=0.5))
+            feeds.set(f"/slow{i}.json", Route(delay=1.5))
         fast.set("/fast.json", Route())
         reader = SourceReader(timeout=10, concurrency=3, per_host=1, allow_networks=LOOPBACK)
         sources = {i: feeds.url(f"/slow{i}.json") for i in range(6)} | {6: fast.url("/fast.json")}

@@ -16,15 +16,18 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
     AssetCheckExecutionRecordStatus as CheckStatus,
 )
 
+from reminders_pipeline.cadence import crons_after
 from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc, unix_from_iso
 
-from .build import RANGE_END_TAG, RANGE_START_TAG, build_job, build_requests, builds_in_flight, notification_queue
+from .build import LOAD_SETTINGS, RANGE_END_TAG, RANGE_START_TAG, build_job, build_requests, builds_in_flight, notification_queue
 from .resources import AlertingResource, LedgerResource
 
 CATCH_UP_TAG = "reminders/trigger"
-
+# The checks run this long after each drain tick (REMINDERS_DRAIN_CRON), so drain_backlog sees what
+# the drain left rather than the rows it is about to send.
+CHECKS_AFTER_DRAIN_MINUTES = 5
 
 
 def transition(was_ok: bool, ok: bool) -> str | None:
@@ -123,14 +126,16 @@ def drain_backlog(
     return check_result(context, alerting, settings, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata)
 
 
+_check_crons = crons_after(LOAD_SETTINGS.drain_cron, CHECKS_AFTER_DRAIN_MINUTES)
 queue_checks_schedule = dg.ScheduleDefinition(
     name="queue_checks_schedule",
-    # Five minutes after each default drain tick, so drain_backlog sees what the drain left.
-    cron_schedule="10,25,40,55 * * * *",
+    # The default drain cron gives "10,25,40,55 * * * *"; a list only when the delayed ticks'
+    # hours differ by minute (an hour field other than "*").
+    cron_schedule=_check_crons[0] if len(_check_crons) == 1 else list(_check_crons),
     execution_timezone="UTC",
     target=dg.AssetSelection.checks_for_assets(notification_queue),
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Evaluate sweep_period_invariant and drain_backlog.",
+    description="Evaluate sweep_period_invariant and drain_backlog 5 minutes after each drain tick (REMINDERS_DRAIN_CRON).",
 )
 
 
