@@ -7,7 +7,9 @@ attribute, so the upgrade is a conscious re-check of the patch (its docstring sa
 answers) rather than a silent change of behaviour. Some canaries are the other way round: they
 fail when upstream *fixes* a bug a patch works around, so the patch can go.
 
-asyncio: ``StreamSlots`` uses only the public ``asyncio.Semaphore`` API, which the last test keeps so.
+asyncio: ``StreamSlots`` uses only the public ``asyncio.Semaphore`` API, which a test keeps so.
+dagster (pinned exactly): defs/monitoring.py reads a check's history through names 1.13 does not
+export; the last test watches them.
 """
 
 from __future__ import annotations
@@ -261,3 +263,28 @@ def test_stream_slots_use_no_private_asyncio_attribute() -> None:
     _value and _waiters; it now uses the public Semaphore API only. Keep it so."""
     private = set(re.findall(r"\._(?:value|waiters|wake_up_next|bound_value)\b", source(apns_transport)))
     assert not private, f"apns_transport.py touches asyncio.Semaphore internals again: {sorted(private)}"
+
+
+# -- dagster ---------------------------------------------------------------------------------------
+
+
+def test_dagster_check_history_the_monitoring_checks_read() -> None:
+    """defs/monitoring.py's ``previous_passed`` reads a check's last completed evaluation through
+    names Dagster 1.13 does not export publicly (pinned exactly in pyproject.toml)."""
+    import dagster
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus as Status
+    from dagster._core.storage.event_log.base import EventLogStorage
+
+    where = "defs/monitoring.py previous_passed"
+    message = (
+        f"dagster {version('dagster')} (pyproject.toml pins {pins().get('dagster', 'nothing')}): "
+        "{attribute} is no longer {expected}; " + f"{where} relies on it."
+    )
+    assert {"PLANNED", "SUCCEEDED", "FAILED"} <= set(Status.__members__), message.format(
+        attribute="AssetCheckExecutionRecordStatus", expected="an enum with PLANNED, SUCCEEDED and FAILED"
+    )
+    history = EventLogStorage.get_asset_check_execution_history
+    assert {"check_key", "limit", "status"} <= set(params(history)), message.format(
+        attribute="EventLogStorage.get_asset_check_execution_history", expected="(check_key, limit, ..., status)"
+    )
+    assert dagster.__version__ == pins()["dagster"], message.format(attribute="the version", expected="the pinned one")
