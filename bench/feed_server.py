@@ -74,6 +74,7 @@ def zoned_body(n: int, t0: int) -> bytes:
     for k in range(5):
         at = datetime.fromtimestamp(t0 + 3600 + k * 5 * 3600 + n, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         events += ["BEGIN:VEVENT", f"UID:o{n}-{k}@bench", f"DTSTART:{at}", "DURATION:PT30M", f"SUMMARY:One-off {k}", "END:VEVENT"]
+    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
 def share(path: str, salt: str) -> float:
