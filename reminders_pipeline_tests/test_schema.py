@@ -137,10 +137,11 @@ def test_upgrading_a_first_release_database_keeps_every_subscription(db_url):
         db.dispose()
 
 
-def test_migration_0008_folds_rerenderable_payloads_into_their_body_and_back(db):
-    """Rows settled before 0008 with whole payloads: a payload the row re-renders exactly becomes its
-    body, any other stays whole, every reader shows the same payload, and a downgrade restores them."""
-    from sqlalchemy import select
+def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_payloads(db):
+    """Rows settled before 0008 keep their whole payloads (no rewrite of the table under the
+    migration's lock; retention prunes them); rows settled after it store their body, and a
+    downgrade writes their whole payload back."""
+    from sqlalchemy import select, update
 
     from reminders_pipeline import ledger, migrate
     from reminders_pipeline.notification import compose, stored_payload
@@ -148,9 +149,9 @@ def test_migration_0008_folds_rerenderable_payloads_into_their_body_and_back(db)
     base = dict(_queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z")
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
     device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
-    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}))  # "Starts at 12:00": folds
-    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active"))  # another level: stays
-    rows[2]["payload"] = "{}"  # not a payload this release writes: stays
+    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}))  # "Starts at 12:00"
+    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active"))  # another level
+    rows[2]["payload"] = "{}"  # not a payload this release writes
     columns = ", ".join(rows[0])
     try:
         migrate.downgrade(db, "0007")
@@ -160,10 +161,13 @@ def test_migration_0008_folds_rerenderable_payloads_into_their_body_and_back(db)
     finally:
         migrate.upgrade(db)
     q = notification_queue
-    with db.read() as conn:
+    with db.write() as conn:
         held = conn.execute(select(q.c.payload, q.c.sent_body, q.c.attempts).order_by(q.c.id)).all()
         shown = [r["payload"] for r in ledger.list_queue(conn)]
-    assert [tuple(h) for h in held] == [(None, "Starts at 12:00", 2), (rows[1]["payload"], None, 2), ("{}", None, 2)]
+        # Row 1 as a settlement after 0008 records it: its body only.
+        conn.execute(update(q).where(q.c.id == 1).values(payload=None, sent_body="Starts at 12:00"))
+        assert [r["payload"] for r in ledger.list_queue(conn)] == shown
+    assert [tuple(h) for h in held] == [(r["payload"], None, 2) for r in rows]
     assert shown == [r["payload"] for r in rows]
     try:
         migrate.downgrade(db, "0007")

@@ -138,3 +138,26 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
     assert sent_payload({**stored_row, **record}) == stored_payload(note)
     uncut = note.payload["aps"]["alert"]["title"] == title
     assert (record["payload"] is None) == (level == "time-sensitive" and uncut)
+
+
+# The exact bytes a row stored as its body re-renders to. Rows settled by an earlier release are
+# shown through today's compose: a change to compose (keys, thread-id, collapse id, expiration,
+# defaults) changes what every such row says was sent. If this fails, the change needs a way to
+# keep old rows' records (store their payload whole first, or version sent_body), not a new literal.
+PINNED_ROW = dict(
+    id=42, device_id="dev-1", item_id="1:e", rule="lead:3600", event_at="2026-09-10T10:00:00.000Z",
+    expires_at="2026-09-10T11:00:00.000Z", title="Weekly planning", body=None, payload=None,
+    sent_body="Starts at 12:00", apns_token="ab", tz_name="Europe/Berlin", last_tz_offset_seconds=None,
+)
+PINNED_PAYLOAD = (
+    '{"payload":{"aps":{"alert":{"title":"Weekly planning","body":"Starts at 12:00"},"sound":"default",'
+    '"interruption-level":"time-sensitive","thread-id":"1:e"},"reminder":{"item_id":"1:e","rule":"lead:3600",'
+    '"starts_at":1789034400}},"collapse_id":"6e07793709caf54da2a7246ec890d1669e8971caa89b6bc1fd7918d49ac77d27",'
+    '"expiration":1789034400}'
+)
+
+
+def test_a_stored_body_re_renders_to_the_bytes_earlier_releases_sent():
+    from reminders_pipeline.notification import sent_payload
+
+    assert sent_payload(PINNED_ROW) == PINNED_PAYLOAD

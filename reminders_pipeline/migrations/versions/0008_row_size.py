@@ -2,17 +2,16 @@
 
 * ``notification_queue.sent_body``: the alert body as sent. With it, a settled row re-renders its
   whole payload (``notification.sent_payload``), so ``payload`` is stored only where the re-render
-  would differ (a title cut to fit, another interruption level). Existing rows are folded: a stored
-  payload becomes its body only where the re-render gives back the same bytes, checked row by row
-  (a payload that does not, or does not parse, stays as it is).
+  would differ (a title cut to fit, another interruption level).
 * PostgreSQL: ``fillfactor`` 85 -> 100. Every claim and settlement changes ``status``, which the
   partial indexes' predicates read, so no queue update can be HOT and the reserved 15% of each page
   only made the table larger (docs/benchmarks.md, "What a queue row costs").
 
-The fold reads the rows in id order in batches and rewrites each batch in one statement; on
-PostgreSQL the rows it rewrites leave dead versions that VACUUM makes reusable, and the new
-fillfactor applies to pages written from now on (a rewrite such as VACUUM FULL or pg_repack
-repacks the old ones). Measured: 8,896 rows/s on PostgreSQL (docs/benchmarks.md).
+Rows settled before this revision keep their whole payloads until retention prunes them: folding
+them here would rewrite the table inside the migration's transaction, holding its exclusive lock
+(every claim, settlement and build waiting) for about an hour per 30 million rows. Both changes
+above are catalog-only, so the upgrade takes no time whatever the queue holds. A downgrade writes
+the payload back into every row that holds only its body.
 
 Revision ID: 0008
 Revises: 0007
@@ -47,27 +46,10 @@ def _batches(conn: sa.Connection, where: str):  # type: ignore[no-untyped-def]
         yield rows
 
 
-def _sent_body(row) -> str | None:  # type: ignore[no-untyped-def]
-    """The body a stored payload carried, if it re-renders the payload exactly from the row."""
-    try:
-        body = json.loads(row["payload"])["payload"]["aps"]["alert"]["body"]
-        if isinstance(body, str) and body and sent_payload({**row, "payload": None, "sent_body": body}) == row["payload"]:
-            return body
-    except (ValueError, KeyError, TypeError):  # not a payload this release wrote: kept as it is
-        pass
-    return None
-
-
 def upgrade() -> None:
     op.add_column("notification_queue", sa.Column("sent_body", sa.Text))
-    conn = op.get_bind()
-    if conn.dialect.name == "postgresql":
+    if op.get_bind().dialect.name == "postgresql":
         op.execute("ALTER TABLE notification_queue SET (fillfactor = 100)")
-    fold = _update(conn, "payload = NULL, sent_body = r.value", "payload IS NOT NULL")
-    for rows in _batches(conn, "payload IS NOT NULL"):
-        folded = [{"id": r["id"], "value": body} for r in rows if (body := _sent_body(r)) is not None]
-        if folded:
-            conn.execute(fold, {"rows": json.dumps(folded)})
 
 
 def _update(conn: sa.Connection, assignments: str, guard: str) -> sa.TextClause:
