@@ -453,8 +453,10 @@ def _return_undelivered(
 
 
 def _write_returned(conn: Connection, returned: Sequence[_Settlement], claimer: str) -> list[tuple[int, int]]:
-    """Write the settlements that have come back, dead devices locked first."""
+    """Write the settlements that have come back: dead devices locked first, then every row in id
+    order (the lock order the build keeps too, see ``ledger.lock_rows``)."""
     _lock_dead_devices(conn, returned)
+    ledger.lock_rows(conn, [row["id"] for s in returned for row in (*s.rows, *s.returned)])
     return [_write_settlement(conn, done, claimer) for done in returned]
 
 

@@ -1283,3 +1283,50 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     assert longest < bound, f"a claim waited {longest:.2f}s during the {p1 - p0:.2f}s prune"
     assert any(0 < c < 30_000 for c in old_counts), f"no intermediate state seen: batches not committed separately? {sorted(set(old_counts))[:5]}"
     print(f"\nprune of 30,000 rows: {p1 - p0:.2f}s; {len(during)} claims during it, longest {longest * 1000:.0f} ms")
+
+
+def _queue_row(item_id: str, title: str = "Meeting") -> dict[str, Any]:
+    return {
+        "device_id": "dev-lock", "source_id": None, "item_id": item_id, "rule": "lead:600", "send_after": shift(NOW, -60),
+        "event_at": shift(NOW, 540), "expires_at": shift(NOW, 2340), "title": title, "body": None,
+    }
+
+
+@pytest.mark.parametrize("writer", ["build_upsert", "drain_settlement"])
+def test_build_and_drain_lock_claimed_rows_in_id_order_whatever_order_they_arrive_in(pg, writer):
+    """The lock order that keeps a build and a drain from deadlocking on the same claimed rows.
+
+    Each locks the rows it writes in ascending id order: then one waits for the other's commit,
+    where two different orders would each hold a row the other needs (PostgreSQL aborts one: a
+    drain's settlements lost or a build failed; seen in CI on PostgreSQL 18). Rows are handed over
+    highest id first; with the higher row held elsewhere, the writer must already hold the lower.
+    """
+    with pg.write() as conn:
+        ledger.upsert_rows(conn, [_queue_row("a"), _queue_row("b")], NOW)
+        low, high = sorted(ledger.due_ids(conn, NOW))
+        assert len(ledger.claim(conn, [low, high], NOW, "drainer")) == 2
+
+    def write() -> None:
+        with pg.write() as conn:
+            if writer == "build_upsert":
+                ledger.upsert_rows(conn, [_queue_row("b", "Moved"), _queue_row("a", "Moved")], NOW)
+            else:
+                ledger.lock_rows(conn, [high, low])
+
+    holder = pg.engine.connect()
+    holder.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE"), {"id": high})
+    writing = threading.Thread(target=write)
+    writing.start()
+    try:
+        deadline = time.monotonic() + 30
+        while lock_waiters(pg) == 0:
+            assert time.monotonic() < deadline, "the writer never waited for the held row"
+            time.sleep(0.02)
+        with pg.engine.connect() as probe:
+            with pytest.raises(OperationalError, match="could not obtain lock"):
+                probe.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE NOWAIT"), {"id": low})
+    finally:
+        holder.rollback()
+        holder.close()
+        writing.join(30)
+    assert not writing.is_alive()

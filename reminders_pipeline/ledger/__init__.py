@@ -26,6 +26,7 @@ from .claims import (  # noqa: F401
     due_ids,
     fail_abandoned,
     halt_of,
+    lock_rows,
     prune_halts,
     record_halt,
     return_to_pending,

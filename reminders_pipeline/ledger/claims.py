@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 
 from ..schema import devices, drain_halts, notification_queue as q
-from ._common import CLAIMED, PENDING, insert_on_conflict
+from ._common import CLAIMED, PENDING, batches, insert_on_conflict
 from .queue import announce_pending
+
+
+def lock_rows(conn: Connection, ids: Iterable[int]) -> None:
+    """Row-lock these queue rows in id order before statements write them.
+
+    The build's upsert locks the rows it conflicts with (claimed ones included) in id order too, so
+    a drain settling its claimed rows and a build re-reading the same devices wait for each other's
+    commit instead of deadlocking, which PostgreSQL would answer by aborting one of them. SQLite
+    serialises writers: nothing to order there.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    for batch in batches(sorted(set(ids))):
+        conn.execute(select(q.c.id).where(q.c.id.in_(batch)).order_by(q.c.id).with_for_update()).all()
 
 
 def fail_abandoned(conn: Connection, cutoff: str, now: str) -> int:

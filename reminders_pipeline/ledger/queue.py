@@ -57,7 +57,10 @@ _UPSERT = """
 INSERT INTO notification_queue AS q
     (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, status, created_at, updated_at)
 SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.expires_at, r.title, r.body,
-    'pending', :now, :now FROM ({rows}) AS r WHERE true  -- WHERE: SQLite's upsert parse needs it
+    'pending', :now, :now FROM ({rows}) AS r
+    LEFT JOIN notification_queue AS held ON held.device_id = r.device_id AND held.item_id = r.item_id AND held.rule = r.rule
+WHERE true  -- SQLite's upsert parse needs it
+ORDER BY held.id  -- conflicts lock rows in id order, as a drain's settlement does (claims.lock_rows)
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
