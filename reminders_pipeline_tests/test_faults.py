@@ -582,7 +582,9 @@ def test_hostile_apns_the_ledger_matches_what_the_mock_recorded_row_for_row(pg, 
             mock.script(token_of(d), times=1, drop_connection=True)
         elif cls != "ok":
             mock.script(token_of(d), **ANSWER_CLASSES[d % 20][1])
-    settings = live_settings(pg.url, mock, send_timeout_seconds=1)
+    # Outage halting is not this test's subject (test_apns_drain covers it): a dropped connection fails
+    # every stream in flight on it, and under load more than REMINDERS_APNS_HALT_AFTER (20) can be.
+    settings = live_settings(pg.url, mock, send_timeout_seconds=1, apns_halt_after=100_000)
     started = time.perf_counter()
     summary = drain(pg, settings, default_sender_factory(settings))
     elapsed = time.perf_counter() - started
@@ -1274,7 +1276,9 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     assert not [r for r in rows.values() if r["status"] == "settled" and r["settled_at"] < shift(now, -7 * 86400)]
     assert len(rows) == 2_000 + 500 + 500 + 20_000
     during = [(a, b) for a, b in claims if a < p1 and b > p0]
-    assert len(during) >= 2, f"only {len(during)} claims overlapped the {p1 - p0:.2f}s prune"  # a loaded 2-core runner: a claim may take 0.5 s
+    # On a loaded 2-core runner a claim may take 0.8 s and a prune 0.6 s (seen on PostgreSQL 18), so one
+    # claim can span the whole prune: at least one must run beside it.
+    assert len(during) >= 1, f"no claim overlapped the {p1 - p0:.2f}s prune"
     longest = max(b - a for a, b in during)
     # A claim blocked behind a one-transaction prune would wait about all of it (1.7 s unloaded, more under
     # load); claims beside it took 0.1 s. Half the prune, or 1 s when it is quick, leaves the rest to
