@@ -179,6 +179,14 @@ class Cluster:
         return "\n".join(f"--- {w.name}\n{w.output()[-3000:]}" for w in self.workers)
 
 
+def worker_names(queue: str) -> tuple[str, str]:
+    """Node names unique to this session: Celery gives each node an exclusive control queue on the
+    broker (``<name>@<host>.celery.pidbox``), so a second suite beside this one on the same RabbitMQ
+    could not start a worker of the same name."""
+    suffix = queue.rsplit("_", 1)[-1]
+    return f"w1-{suffix}", f"w2-{suffix}"
+
+
 def celery_config(path: Path, queue: str) -> None:
     """deploy/celery's run config with the broker filled in and this test's own queue."""
     config = yaml.safe_load((ROOT / "deploy/celery/drain_run_config.yaml").read_text())
@@ -247,7 +255,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) 
         os.environ.update(DAGSTER_HOME=str(home), DAGSTER_POSTGRES_URL=instance_url)
         # The instance's tables exist before two workers race to create them.
         with dg.DagsterInstance.from_config(str(home)) as instance:
-            for name in ("w1", "w2"):
+            for name in worker_names(queue):
                 args = [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app", "-y", str(config),
                         "-q", queue, "--name", name, "--", "--concurrency=1"]
                 workers.append(Worker(name, args, env, tmp))
@@ -310,7 +318,7 @@ def test_builds_and_a_drain_run_on_both_workers_and_end_as_in_process(cluster: C
         steps.update({(run["run_id"], k): v for k, v in c.step_workers(run["run_id"]).items()})
     assert len(steps) == CHUNKS + 13, steps  # a build step per run; fail_abandoned, find_due, 10 batches, summarize
     hosts = Counter(host.split("@")[0] for host, _ in steps.values())
-    assert set(hosts) == {"w1", "w2"}, hosts
+    assert set(hosts) == {w.name for w in c.workers} and len(hosts) == 2, hosts
     assert all(c.worker_of(pid) == host.split("@")[0] for host, pid in steps.values())
     batches = [v for (run, key), v in steps.items() if run == drain["run_id"] and key.startswith("send_batch[")]
     assert len(batches) == 10 and len({host for host, _ in batches}) == 2
