@@ -65,5 +65,5 @@ def held_send_after(send_after: int, rule: Rule, item: Item, quiet: QuietHours |
     keeps its time and the drain settles it ``quiet_hours``. ``!`` rules are never held."""
     if quiet is None or rule.breakthrough or not quiet.contains(send_after, local):
         return send_after
-    end = quiet.end_after(send_after, local)
+    end = max(send_after, quiet.end_after(send_after, local))
     return end if end < rule.anchor_unix(item.starts_at, item.expires_at) else send_after

@@ -4,6 +4,8 @@ Floating iCalendar times and all-day dates carry no zone: they are wall-clock ti
 "wall seconds" (the wall time read as if it were UTC) until a device's zone fixes them. Resolution
 follows RFC 5545: a wall time in a spring-forward gap uses the offset before the gap (02:30
 becomes 03:30), an ambiguous one the first occurrence; that is ``zoneinfo`` with ``fold=0``.
+Quiet hours are different: a window of the clock, not a time to resolve once, so their end is the
+first instant after a send at which the clock reads it (in a fold, the pass the send is in).
 """
 
 from __future__ import annotations
@@ -66,6 +68,31 @@ class LocalTime:
             return unix + local.utcoffset().total_seconds()  # type: ignore[union-attr]
         return unix + (self.offset_seconds or 0)
 
+    def first_reading(self, wall: int, after: float) -> int:
+        """The first instant after ``after`` at which this clock reads ``wall`` or later, given that it
+        reads earlier than ``wall`` at ``after``.
+
+        In a fold the clock reads ``wall`` twice: this is the reading in the pass ``after`` is in (or
+        the next one), never the first pass's when ``after`` is already in the second. In a
+        spring-forward gap the clock never reads ``wall``: this is the instant it jumps past it.
+        """
+        if not self.tz_name:
+            return wall - (self.offset_seconds or 0)
+        naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
+        both = sorted(int(naive.replace(tzinfo=zone(self.tz_name), fold=f).timestamp()) for f in (0, 1))
+        exact = [t for t in both if t > after and self.to_wall(t) == wall]
+        if exact:
+            return exact[0]
+        # A gap: the clock reads before ``wall`` at ``lo`` and past it at ``hi``; find the jump.
+        lo, hi = int(after), max(both[-1], int(after) + 1)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.to_wall(mid) >= wall:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
     def clock(self, unix: float) -> str:
         """``HH:MM`` in local time, or UTC marked as such when nothing local is known."""
         if not self.tz_name and self.offset_seconds is None:
@@ -115,13 +142,14 @@ class QuietHours:
         return m >= self.start_minutes or m < self.end_minutes
 
     def end_after(self, unix: float, local: LocalTime) -> int:
-        """The instant the window containing ``unix`` ends (its local end time, DST exact)."""
+        """When the window containing ``unix`` is over: the first instant after ``unix`` at which the
+        local clock reads the end time (``LocalTime.first_reading``: the right pass of a fold, the
+        jump of a gap). Never before ``unix``: a hold only ever moves a send later."""
         wall = local.to_wall(unix)
-        day = int(wall // 86400) * 86400
-        end = day + self.end_minutes * 60
+        end = int(wall // 86400) * 86400 + self.end_minutes * 60
         if end <= wall:
             end += 86400
-        return local.to_unix(end)
+        return max(int(unix), local.first_reading(end, unix))
 
 
 def parse_quiet_hours(text: str | None) -> QuietHours | None:

@@ -67,3 +67,17 @@ def test_policy_table(case, r, now, settings, expected):
 def test_enabled_only_when_exactly_true():
     for value, enabled in [("true", True), ("TRUE", False), ("1", False), ("yes", False), ("", False)]:
         assert Settings.from_env({"REMINDERS_ENABLED": value}).enabled is enabled
+
+
+def test_a_hold_in_the_second_pass_of_the_fold_never_moves_a_send_earlier():
+    """Berlin, quiet 22:00-02:30, a reminder due 02:15 CET (01:15Z, after the clocks went back at
+    01:00Z) for an event at 04:00 CET: held to 02:30 CET (01:30Z), not to 02:30 CEST (00:30Z)."""
+    from reminders_pipeline.feed import Item
+    from reminders_pipeline.policy import held_send_after
+    from reminders_pipeline.rules import parse_rule
+    from reminders_pipeline.zones import LocalTime, parse_quiet_hours
+
+    due, start = 1792891800 - 900, 1792897200  # 2026-10-25T01:15Z, 2026-10-25T03:00Z
+    event = Item("x", "Flight", None, start, start + 3600)
+    held = held_send_after(due, parse_rule("lead:6300"), event, parse_quiet_hours("22:00-02:30"), LocalTime("Europe/Berlin"))
+    assert held == 1792891800 == due + 900  # 2026-10-25T01:30Z

@@ -175,3 +175,60 @@ def test_json_feeds_are_capped_too_and_the_cut_counted():
     items = [{"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)]
     feed = parse_json_feed(json.dumps({"items": items}).encode(), max_items=3)
     assert [i.id for i in feed.items] == ["e0", "e1", "e2"] and feed.rejected == {"over_item_cap": 2}
+
+
+# The two DST nights of 2026 in two zones: (zone, quiet hours, a time inside them in the second pass
+# of the fold or just before the gap, the instant quiet hours are over).
+DST_NIGHTS = [
+    # Berlin falls back at 01:00Z (03:00 CEST -> 02:00 CET): 02:15 CET is 01:15Z; 02:30 CET is 01:30Z.
+    ("Europe/Berlin", "22:00-02:30", utc(2026, 10, 25, 1, 15), utc(2026, 10, 25, 1, 30)),
+    # New York falls back at 06:00Z (02:00 EDT -> 01:00 EST): 01:15 EST is 06:15Z; 01:30 EST is 06:30Z.
+    ("America/New_York", "22:00-01:30", utc(2026, 11, 1, 6, 15), utc(2026, 11, 1, 6, 30)),
+    # Berlin springs forward at 01:00Z (02:00 CET -> 03:00 CEST): 02:30 never happens, quiet hours
+    # are over when the clock jumps past it, at 01:00Z (03:00 CEST), not 01:30Z (03:30 CEST).
+    ("Europe/Berlin", "22:00-02:30", utc(2026, 3, 29, 0, 45), utc(2026, 3, 29, 1, 0)),
+    # New York springs forward at 07:00Z (02:00 EST -> 03:00 EDT).
+    ("America/New_York", "22:00-02:30", utc(2026, 3, 8, 6, 45), utc(2026, 3, 8, 7, 0)),
+]
+
+
+@pytest.mark.parametrize("tz, window, inside, over", DST_NIGHTS, ids=["berlin-fold", "new-york-fold", "berlin-gap", "new-york-gap"])
+def test_quiet_hours_end_on_both_dst_nights_is_when_the_clock_leaves_them(tz, window, inside, over):
+    local, quiet = LocalTime(tz), parse_quiet_hours(window)
+    assert quiet.contains(inside, local)
+    assert quiet.end_after(inside, local) == over
+    assert quiet.contains(over - 1, local) and not quiet.contains(over, local)
+
+
+@pytest.mark.parametrize(
+    "tz, instant, inside",
+    [
+        ("Europe/Berlin", utc(2026, 10, 25, 0, 15), True),  # 02:15 CEST, first pass
+        ("Europe/Berlin", utc(2026, 10, 25, 0, 45), False),  # 02:45 CEST: past 02:30 in the first pass
+        ("Europe/Berlin", utc(2026, 10, 25, 1, 15), True),  # 02:15 CET, second pass: the clock reads 02:15 again
+        ("Europe/Berlin", utc(2026, 10, 25, 1, 45), False),  # 02:45 CET
+        ("America/New_York", utc(2026, 11, 1, 5, 15), True),  # 01:15 EDT
+        ("America/New_York", utc(2026, 11, 1, 5, 45), False),  # 01:45 EDT
+        ("America/New_York", utc(2026, 11, 1, 6, 15), True),  # 01:15 EST
+    ],
+)
+def test_quiet_hours_contain_what_the_clock_reads_in_the_fold(tz, instant, inside):
+    window = "22:00-02:30" if tz == "Europe/Berlin" else "22:00-01:30"
+    assert parse_quiet_hours(window).contains(instant, LocalTime(tz)) is inside
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York"])
+@pytest.mark.parametrize("window", ["22:00-02:30", "22:00-01:30", "01:00-03:00", "02:15-02:45", "23:00-07:00"])
+@pytest.mark.parametrize("night", [(2026, 3, 7), (2026, 3, 28), (2026, 10, 24), (2026, 10, 31)], ids=lambda d: f"{d[1]:02d}-{d[2]:02d}")
+def test_a_hold_ends_exactly_when_quiet_hours_do_never_earlier(tz, window, night):
+    """Every 5 minutes across both DST nights: a time inside quiet hours ends them later, at the
+    first instant outside them, and every sampled instant in between is inside."""
+    local, quiet = LocalTime(tz), parse_quiet_hours(window)
+    start = utc(*night, 18)
+    for t in range(start, start + 16 * 3600, 300):
+        if not quiet.contains(t, local):
+            continue
+        end = quiet.end_after(t, local)
+        assert end > t, (t, end)
+        assert not quiet.contains(end, local) and quiet.contains(end - 1, local), (t, end)
+        assert all(quiet.contains(s, local) for s in range(t, end, 60)), (t, end)
