@@ -74,6 +74,7 @@ class DevicePlan:
     subscribed: set[int]
     rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
     item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
+    uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -91,7 +92,7 @@ def plan_device(
     use_alarms = bool(device.get("use_alarms"))
     local = local_time(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
-    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules))
+    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
     for source_id in plan.subscribed:
         read = reads.get(source_id)
         if read is None or not read.ok:
@@ -149,14 +150,20 @@ def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
 def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
     """Why a pending row no longer belongs, or None to leave it.
 
-    Rows of a source whose read failed are left alone: a failed read never voids. A row whose item is
-    still in the feed but has begun is left for the drain, which settles it with the true reason.
+    A failed read never voids. A row of a subscribed source whose read failed is voided only for
+    what the device itself changed: a rule it dropped, when no calendar alarm can have given that
+    rule (the device does not use alarms, so a successful read would void it all the same). For a
+    device using alarms a rule outside its own may be the calendar's, and only a successful read
+    can say: the row waits for one. A row whose item is still in the feed but has begun is left for
+    the drain, which settles it with the true reason.
     """
-    if row["rule"] not in plan.rules:
-        return "rule_removed"
     if row["source_id"] not in plan.subscribed:
         return "source_removed"
-    if row["source_id"] not in plan.ok_sources or (row["item_id"], row["rule"]) in plan.wanted:
+    if row["source_id"] not in plan.ok_sources:
+        return "rule_removed" if row["rule"] not in plan.rules and not plan.uses_alarms else None
+    if row["rule"] not in plan.rules:
+        return "rule_removed"
+    if (row["item_id"], row["rule"]) in plan.wanted:
         return None
     item = plan.feed_items.get(row["item_id"])
     if item is None:

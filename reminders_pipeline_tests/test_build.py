@@ -6,10 +6,11 @@ import json
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
+from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.times import iso_from_unix
 
 from .http_sources import Route
-from .support import NOW, NOW_S, at, by_key, device, item, rows
+from .support import NOW, NOW_S, TOKEN, at, by_key, device, item, rows
 
 
 def test_one_row_per_future_item_and_rule_with_exact_send_after(db, settings, feeds):
@@ -344,3 +345,56 @@ def test_a_rearmed_row_keeps_what_it_sent_as_history(db, settings, feeds):
     with db.read() as conn:
         assert [h["sent_at"] for h in ledger.history_of(conn, row["id"])] == [at(3600), at(3900)]
 
+
+
+ALARM_ICS = """BEGIN:VCALENDAR\r
+VERSION:2.0\r
+PRODID:-//alarms//EN\r
+BEGIN:VEVENT\r
+UID:meet@alarms\r
+DTSTART:20261027T150000Z\r
+DURATION:PT1H\r
+SUMMARY:Meeting\r
+BEGIN:VALARM\r
+ACTION:DISPLAY\r
+DESCRIPTION:Meeting\r
+TRIGGER:-PT25M\r
+END:VALARM\r
+END:VEVENT\r
+BEGIN:VEVENT\r
+UID:plain@alarms\r
+DTSTART:20261027T160000Z\r
+DURATION:PT1H\r
+SUMMARY:No alarms\r
+END:VEVENT\r
+END:VCALENDAR\r
+"""
+
+
+def test_a_failed_read_keeps_the_calendar_alarms_rows(db, settings, feeds):
+    url = feeds.calendar("/alarms.ics", ALARM_ICS)
+    put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now="2026-10-27T08:00:00.000Z")
+    build(db, settings, now="2026-10-27T08:00:00.000Z")
+    before = {(r["title"], r["rule"]): r for r in rows(db)}
+    assert set(before) == {("Meeting", "lead:1500"), ("No alarms", "lead:3600")}
+    feeds.fail("/alarms.ics", 503)
+    summary = build(db, settings, now="2026-10-27T08:15:00.000Z")
+    assert summary.sources_failed and summary.rows_voided == {}
+    assert {(r["title"], r["rule"]): r for r in rows(db)} == before
+    # the device changes its own lead while the calendar still fails: what the alarm gave stays
+    put_device(db, settings, DeviceSpec("uses", TOKEN, 1800, (), (url,), "UTC", alarms=True), now="2026-10-27T08:20:00.000Z")
+    assert build(db, settings, now="2026-10-27T08:30:00.000Z").rows_voided == {}
+    assert rows(db, status="pending") == list(before.values())
+
+
+def test_a_rule_the_device_drops_while_its_calendar_fails_is_voided(db, settings, feeds):
+    """Not a loss to the failure: the device asked for it, and a successful read would void it too."""
+    url = feeds.items("/a.json", [item("e", 7200)])
+    device(db, settings, sources=[url], rules=("lead:600",))
+    build(db, settings, now=NOW)
+    feeds.fail("/a.json", 503)
+    device(db, settings, sources=[url])
+    summary = build(db, settings, now=at(60))
+    got = by_key(db)
+    assert summary.rows_voided == {"rule_removed": 1}
+    assert got[("e", "lead:600")]["outcome_detail"] == "rule_removed" and got[("e", "lead:3600")]["status"] == "pending"
