@@ -128,7 +128,7 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
         cur = raw.cursor()
         t = time.perf_counter()
         for i in range(0, n, batch):
-            doc = json.dumps([{c: r[c] for c in cols} for r in data[i : i + batch]], separators=(",", ":"))
+            doc = json.dumps([{c: r.get(c) for c in cols} for r in data[i : i + batch]], separators=(",", ":"))
             if sqlite:
                 cur.execute("BEGIN IMMEDIATE")
                 cur.execute(sql, (NOW, NOW, doc)).fetchall()

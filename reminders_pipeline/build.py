@@ -117,6 +117,7 @@ def plan_device(
                     "expires_at": iso_from_unix(item.expires_at),
                     "title": item.title,
                     "body": item.body,
+                    "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
                 }
     return plan
 
@@ -147,6 +148,12 @@ def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
     return rule.send_after_unix(item.starts_at, item.expires_at)
 
 
+def _own_anchor(rule: Rule, raw: Item) -> int:
+    """A floating item's own time at the rule's anchor, as wall seconds, before any zone fixes it:
+    what must move for a settled row to be re-armed (``ledger.rearm_anchor``'s counterpart)."""
+    return raw.expires_at if rule.anchor == "expiry" else raw.starts_at
+
+
 def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
     """Why a pending row no longer belongs, or None to leave it.
 
@@ -175,7 +182,7 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     return "out_of_horizon"
 
 
-_COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body")
+_COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body", "item_at")
 
 
 def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_threshold: int) -> bool:
@@ -190,8 +197,21 @@ def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_thr
         return True
     if current["status"] == "pending":
         return all(current[c] == wanted[c] for c in _COMPARED)
-    moved = abs(unix_from_iso(current["send_after"]) - unix_from_iso(wanted["send_after"]))
-    return current["outcome"] != "voided" and moved < rearm_threshold
+    return current["outcome"] != "voided" and not item_moved(current, wanted, rearm_threshold)
+
+
+def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:
+    """Whether a settled row's item itself moved by at least ``threshold``, the only reason it is
+    re-armed (mirrors ``ledger.upsert_rows``; change both together): its anchor instant moved, and
+    so did a floating item's own wall time when both rows know it. ``send_after`` is not compared:
+    a quiet-hours hold or a zone moves it while the item stays put."""
+
+    def apart(a: str, b: str) -> bool:
+        return abs(unix_from_iso(a) - unix_from_iso(b)) >= threshold
+
+    if not apart(ledger.rearm_anchor(settled), ledger.rearm_anchor(wanted)):
+        return False
+    return settled["item_at"] is None or wanted["item_at"] is None or apart(settled["item_at"], wanted["item_at"])
 
 
 def build(

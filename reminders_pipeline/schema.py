@@ -140,6 +140,10 @@ notification_queue = Table(
     # Times this row went back to pending after a send that certainly never reached APNs.
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("sent_body", Text),  # from 0008, see payload
+    # From 0009: a floating or all-day item's own time at this rule's anchor, as wall time (read as
+    # UTC) before any zone; NULL for an item fixed in time. A re-arm needs the item to move, and a
+    # zone change moves event_at without moving the item.
+    Column("item_at", IsoTime),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
@@ -154,6 +158,7 @@ notification_queue = Table(
     iso_check("claimed_at"),
     iso_check("settled_at"),
     iso_check("sent_at"),
+    iso_check("item_at"),
     iso_check("created_at", False),
     iso_check("updated_at", False),
     # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.

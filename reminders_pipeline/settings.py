@@ -127,7 +127,7 @@ class Settings:
     http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
     send_max_attempts: int = 3  # sends of one row that certainly never reached APNs, before it fails
     apns_halt_after: int = 20  # consecutive certain non-deliveries that halt a drain (an outage)
-    rearm_threshold_seconds: int = 300  # a settled row is re-armed only if send_after moves this far
+    rearm_threshold_seconds: int = 300  # a settled row is re-armed only if its item moves this far
     # Operations (issue 12): the per-process engine and what /metrics reads.
     db_pool_size: int = 10  # connections kept per process; as many again may open under load
     db_statement_timeout_ms: int = 60_000  # PostgreSQL statement_timeout; 0 = none

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
@@ -398,3 +399,83 @@ def test_a_rule_the_device_drops_while_its_calendar_fails_is_voided(db, settings
     got = by_key(db)
     assert summary.rows_voided == {"rule_removed": 1}
     assert got[("e", "lead:600")]["outcome_detail"] == "rule_removed" and got[("e", "lead:3600")]["status"] == "pending"
+
+
+def test_a_sent_reminder_is_not_sent_again_when_quiet_hours_change(db, settings, feeds):
+    """Quiet 22:00-07:30 hold a 07:00 reminder to 07:30 and it is sent; quiet hours then end at
+    07:50: the item did not move, so the settled row stays history."""
+    start = 1789027200  # 2026-09-10T08:00:00Z
+    url = feeds.items("/a.json", [{"id": "e", "title": "Flight", "startsAt": start, "expiresAt": start + 3600}])
+    spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "UTC", quiet_hours="22:00-07:30")
+    put_device(db, settings, spec, now="2026-09-10T05:00:00.000Z")
+    build(db, settings, now="2026-09-10T05:00:00.000Z")
+    row = by_key(db)[("e", "lead:3600")]
+    assert row["send_after"] == "2026-09-10T07:30:00.000Z"
+    _send(db, row["id"], "2026-09-10T07:30:00.000Z")
+    put_device(db, settings, replace(spec, quiet_hours="22:00-07:50"), now="2026-09-10T07:31:00.000Z")
+    assert build(db, settings, now="2026-09-10T07:32:00.000Z").rows_updated == 0
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
+    # the upsert itself, without the build's pre-filter, holds the same line
+    with db.write() as conn:
+        held_later = {**row, "send_after": "2026-09-10T07:50:00.000Z"}
+        assert ledger.upsert_rows(conn, [held_later], "2026-09-10T07:32:00.000Z", rearm_threshold_seconds=300) == set()
+    assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
+
+
+ALL_DAY_ICS = """BEGIN:VCALENDAR\r
+VERSION:2.0\r
+PRODID:-//days//EN\r
+BEGIN:VEVENT\r
+UID:bday@days\r
+DTSTART;VALUE=DATE:20261027\r
+RRULE:FREQ=YEARLY\r
+SUMMARY:Birthday\r
+END:VEVENT\r
+{moved}END:VCALENDAR\r
+"""
+# This year's occurrence moved a day later: the same occurrence (same id), rescheduled.
+MOVED_DAY = """BEGIN:VEVENT\r
+UID:bday@days\r
+RECURRENCE-ID;VALUE=DATE:20261027\r
+DTSTART;VALUE=DATE:20261028\r
+SUMMARY:Birthday\r
+END:VEVENT\r
+"""
+
+
+def test_a_sent_all_day_reminder_is_not_sent_again_when_the_device_changes_zone(db, settings, feeds):
+    """Sent at 09:00 in Lisbon (09:00Z); the device moves to the Azores (UTC-1), which moves the
+    row's event_at and send_after by an hour: the item did not move, nothing is re-armed. Moving
+    the event to the next day does re-arm it."""
+    url = feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=""))
+    spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "Europe/Lisbon")
+    put_device(db, settings, spec, now="2026-10-26T20:00:00.000Z")
+    build(db, settings, now="2026-10-26T20:00:00.000Z")
+    [row] = rows(db)
+    assert (row["send_after"], row["event_at"]) == ("2026-10-27T09:00:00.000Z", "2026-10-27T00:00:00.000Z")
+    _send(db, row["id"], "2026-10-27T09:00:00.000Z")
+    put_device(db, settings, replace(spec, tz="Atlantic/Azores"), now="2026-10-27T09:10:00.000Z")
+    assert build(db, settings, now="2026-10-27T09:15:00.000Z").rows_updated == 0
+    [after] = rows(db)
+    assert (after["status"], after["outcome"], after["send_after"]) == ("settled", "sent", "2026-10-27T09:00:00.000Z")
+    with db.write() as conn:  # the upsert itself: the Azores row, same item
+        azores = {**row, "send_after": "2026-10-27T10:00:00.000Z", "event_at": "2026-10-27T01:00:00.000Z", "expires_at": "2026-10-28T01:00:00.000Z"}
+        assert ledger.upsert_rows(conn, [azores], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+    feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
+    assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
+    [moved] = rows(db)
+    assert (moved["status"], moved["send_after"]) == ("pending", "2026-10-28T10:00:00.000Z")
+
+
+def test_an_expiry_rule_is_rearmed_by_its_end_moving_not_its_start(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e", 7200, duration=1800)])
+    device(db, settings, sources=[url], rules=("lead:0@expiry",))
+    build(db, settings, now=NOW)
+    row = by_key(db)[("e", "lead:0@expiry")]
+    _send(db, row["id"], at(9000))
+    feeds.items("/a.json", [item("e", 3600, duration=5400)])  # starts an hour earlier, same end
+    build(db, settings, now=at(9100))
+    assert by_key(db)[("e", "lead:0@expiry")]["outcome"] == "sent"
+    feeds.items("/a.json", [item("e", 7200, duration=3600)])  # ends 30 minutes later
+    build(db, settings, now=at(9200))
+    assert by_key(db)[("e", "lead:0@expiry")]["status"] == "pending"

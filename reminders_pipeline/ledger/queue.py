@@ -4,11 +4,13 @@ NOTIFY that wakes dispatchers when pending rows arrive or move."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import Connection, bindparam, func, select, text, update
 
 from ..notification import sent_payload
+from ..rules import parse_rule
 from ..schema import notification_history, notification_queue as q
 from ..times import shift
 from ._common import PENDING, batches
@@ -19,28 +21,29 @@ def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str,
     out: list[dict[str, Any]] = []
     cols = (
         q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status, q.c.outcome,
-        q.c.send_after, q.c.event_at, q.c.expires_at, q.c.title, q.c.body,
+        q.c.send_after, q.c.event_at, q.c.expires_at, q.c.title, q.c.body, q.c.item_at,
     )
     for ids in batches(list(device_ids)):
         out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
     return out
 
 
-UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body")
+UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body", "item_at")
 
 
-# Per row, the send_after values a settled row's own must reach or pass to count as "moved"
-# (made in Python: no time is computed in SQL).
-REARM_BOUNDS = ("rearm_before", "rearm_after")
+# Per row, the values a settled row's anchor (event_at, or expires_at for an @expiry rule) and its
+# item's own time must reach or pass to count as "moved" (made in Python: no time is computed in SQL).
+REARM_BOUNDS = ("by_expiry", "anchor_before", "anchor_after", "item_before", "item_after")
+_TYPES = {"source_id": "bigint", "by_expiry": "boolean"}
 
 
 # The whole batch travels as one JSON parameter, unpacked by the database (json_to_recordset /
 # json_each): one statement and one round trip per batch, several times faster than executemany.
 _UPSERT_ROWS_SOURCE = {
     "postgresql": (
-        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(device_id text, source_id bigint, "
-        "item_id text, rule text, send_after text, event_at text, expires_at text, title text, body text, "
-        "rearm_before text, rearm_after text)"
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r("
+        + ", ".join(f"{c} {_TYPES.get(c, 'text')}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
+        + ")"
     ),
     "sqlite": (
         "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
@@ -55,29 +58,35 @@ _NULL_SAFE_DIFFERENT = {"postgresql": "IS DISTINCT FROM", "sqlite": "IS NOT"}
 
 _UPSERT = """
 INSERT INTO notification_queue AS q
-    (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, status, created_at, updated_at)
-SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.expires_at, r.title, r.body,
+    (device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body, item_at, status, created_at, updated_at)
+SELECT r.device_id, r.source_id, r.item_id, r.rule, r.send_after, r.event_at, r.expires_at, r.title, r.body, r.item_at,
     'pending', :now, :now FROM ({rows}) AS r
     LEFT JOIN notification_queue AS held ON held.device_id = r.device_id AND held.item_id = r.item_id AND held.rule = r.rule
 WHERE true  -- SQLite's upsert parse needs it
 ORDER BY held.id  -- conflicts lock rows in id order, as a drain's settlement does (claims.lock_rows)
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
-    expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, status = 'pending',
+    expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, item_at = excluded.item_at, status = 'pending',
     outcome = NULL, outcome_detail = NULL, payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
     attempts = 0, claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
-        OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id))
+        OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id
+        OR q.item_at {distinct} excluded.item_at))
    OR (q.status = 'settled' AND q.outcome = 'voided')
 RETURNING id
 """
 
 
-# A settled (not voided) row whose send_after moved by at least the threshold: the re-arm below.
+# A settled (not voided) row whose item itself moved by at least the threshold: the re-arm below.
+# Its anchor instant must have moved, and for a floating item (item_at known on both sides) its own
+# wall time too: a zone change moves the instant, not the item. send_after is not compared: a
+# quiet-hours hold or a zone moves it without the item moving.
 _MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
     AND q.status = 'settled' AND q.outcome <> 'voided'
-    AND (q.send_after <= r.rearm_before OR q.send_after >= r.rearm_after)"""
+    AND ((CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) <= r.anchor_before
+        OR (CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) >= r.anchor_after)
+    AND (q.item_at IS NULL OR r.item_before IS NULL OR q.item_at <= r.item_before OR q.item_at >= r.item_after)"""
 
 
 _KEEP_HISTORY = """
@@ -96,7 +105,7 @@ RETURNING queue_id
 _REARM = """
 UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
-    title = r.title, body = r.body, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
+    title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
     sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
     updated_at = :now
 FROM ({rows}) AS r
@@ -113,10 +122,12 @@ def upsert_rows(
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
     nothing). A voided row comes back to pending (its item returned). A row that was settled in any
-    other way comes back only if its ``send_after`` moved by at least ``rearm_threshold_seconds``:
-    the item was rescheduled and the new time deserves its own reminder, while a feed jittering by
-    a second does not; what it recorded (apns id, sent_at, outcome) is first copied to
-    ``notification_history``. A claimed row is in flight and is not touched.
+    other way is history: it comes back only if its item itself moved by at least
+    ``rearm_threshold_seconds`` (``rearm_anchor``): the item was rescheduled and the new time
+    deserves its own reminder, while a feed jittering by a second, a quiet-hours hold or a zone
+    change does not; what it recorded (apns id, sent_at, outcome) is first copied to
+    ``notification_history``. A claimed row is in flight and is not touched. ``item_at`` is
+    optional (None: the item is fixed in time).
     """
     dialect = conn.dialect.name
     source = _UPSERT_ROWS_SOURCE[dialect]
@@ -151,9 +162,23 @@ def _render_history_payloads(conn: Connection, queue_ids: Sequence[int]) -> None
         )
 
 
+def rearm_anchor(row: Mapping[str, Any]) -> str:
+    """The instant a settled row's re-arm compares: the end for an ``@expiry`` rule, else the start
+    (a day rule's day, a lead rule's start)."""
+    return row["expires_at"] if _by_expiry(row["rule"]) else row["event_at"]
+
+
+@lru_cache(maxsize=4096)
+def _by_expiry(rule: str) -> bool:
+    return parse_rule(rule).anchor == "expiry"
+
+
 def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
-    out = {c: row[c] for c in UPSERT_COLUMNS}
-    out["rearm_before"], out["rearm_after"] = shift(row["send_after"], -threshold), shift(row["send_after"], threshold)
+    out = {c: row.get(c) for c in UPSERT_COLUMNS}
+    anchor, item_at = rearm_anchor(row), row.get("item_at")
+    out["by_expiry"] = _by_expiry(row["rule"])
+    out["anchor_before"], out["anchor_after"] = shift(anchor, -threshold), shift(anchor, threshold)
+    out["item_before"], out["item_after"] = (shift(item_at, -threshold), shift(item_at, threshold)) if item_at else (None, None)
     return out
 
 
