@@ -75,6 +75,8 @@ class DevicePlan:
     rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
     item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
     uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
+    # Rows of items whose anchor has passed: never queued anew, only used to bring a pending row in line.
+    begun: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -104,21 +106,22 @@ def plan_device(
             plan.feed_items[item_id] = item
             for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
                 send_after = _send_after(rule, raw, item, local)
-                if rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix or send_after > now_unix + horizon:
+                if send_after > now_unix + horizon:
                     continue
-                send_after = held_send_after(send_after, rule, item, quiet, local)
-                plan.wanted[(item_id, rule.name)] = {
+                begun = rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix
+                row = {
                     "device_id": device["id"],
                     "source_id": source_id,
                     "item_id": item_id,
                     "rule": rule.name,
-                    "send_after": iso_from_unix(send_after),
+                    "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
                     "event_at": iso_from_unix(item.starts_at),
                     "expires_at": iso_from_unix(item.expires_at),
                     "title": item.title,
                     "body": item.body,
                     "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
                 }
+                (plan.begun if begun else plan.wanted)[(item_id, rule.name)] = row
     return plan
 
 
@@ -180,6 +183,25 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
         return None
     return "out_of_horizon"
+
+
+_ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
+
+
+def stale_begun_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
+    """Pending rows whose item has begun, so the build no longer queues it, but now reads
+    differently (moved, possibly into the past, or retitled): each as the item was last read.
+
+    Written over the pending row (``ledger.realign_pending``), so no alert goes out for the item's
+    old version and the drain's policy settles it by the truth: ``event_started`` for a lead whose
+    start has passed, a ``lead:0`` still sent while within lateness. Settled rows are never touched.
+    """
+    out = []
+    for row in existing:
+        now_is = plans[row["device_id"]].begun.get((row["item_id"], row["rule"]))
+        if row["status"] == "pending" and now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
+            out.append(now_is)
+    return out
 
 
 _COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body", "item_at")
@@ -368,6 +390,7 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
         if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row, rearm_threshold)
     ]
     written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
+    written |= ledger.realign_pending(conn, stale_begun_rows(existing, plans), now)
     summary.rows_inserted += len(written - existing_ids)
     summary.rows_updated += len(written & existing_ids)
 

@@ -8,6 +8,8 @@ from dataclasses import replace
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
+from reminders_pipeline.drain import drain
+from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.times import iso_from_unix
 
 from .http_sources import Route
@@ -479,3 +481,37 @@ def test_an_expiry_rule_is_rearmed_by_its_end_moving_not_its_start(db, settings,
     feeds.items("/a.json", [item("e", 7200, duration=3600)])  # ends 30 minutes later
     build(db, settings, now=at(9200))
     assert by_key(db)[("e", "lead:0@expiry")]["status"] == "pending"
+
+
+def test_a_meeting_moved_into_the_past_sends_nothing_for_its_old_time(db, settings, feeds):
+    """13:00 meeting (lead:3600 due 12:00) moved to 10:30; the build at 11:00 no longer queues it,
+    but the pending row takes the item as read, and the drain at 12:00 settles it event_started
+    instead of sending "Starts at 13:00". A sent row of a past item stays as it was."""
+    live = settings.with_(enabled=True)
+    url = feeds.items("/a.json", [item("m", 5 * 3600, 7200, "Meeting"), item("done", 2 * 3600, title="Standup")])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    _send(db, by_key(db)[("done", "lead:3600")]["id"], at(3600))
+    feeds.items("/a.json", [item("m", 2 * 3600 + 1800, 7200, "Meeting"), item("done", 1800, title="Standup, moved")])
+    build(db, live, now=at(3 * 3600))
+    row = by_key(db)[("m", "lead:3600")]
+    assert (row["status"], row["event_at"], row["send_after"]) == ("pending", at(2 * 3600 + 1800), at(3600 + 1800))
+    assert (by_key(db)[("done", "lead:3600")]["status"], by_key(db)[("done", "lead:3600")]["title"]) == ("settled", "Standup")
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(4 * 3600))
+    assert sender.sent == [] and by_key(db)[("m", "lead:3600")]["outcome"] == "event_started"
+
+
+def test_a_lead_zero_reminder_of_a_meeting_moved_to_just_now_goes_with_its_new_time(db, settings, feeds):
+    live = settings.with_(enabled=True)
+    url = feeds.items("/a.json", [item("m", 5 * 3600, title="Meeting")])
+    device(db, live, sources=[url], lead=0)
+    build(db, live, now=NOW)
+    feeds.items("/a.json", [item("m", 3 * 3600 - 120, title="Meeting, moved")])  # 10:58, built at 11:00
+    build(db, live, now=at(3 * 3600))
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(3 * 3600 + 300))
+    [sent] = sender.sent
+    row = by_key(db)[("m", "lead:0")]
+    assert (row["outcome"], row["event_at"], row["title"]) == ("sent", at(3 * 3600 - 120), "Meeting, moved")
+    assert sent.payload["aps"]["alert"]["title"] == "Meeting, moved"

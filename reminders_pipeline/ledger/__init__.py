@@ -67,6 +67,7 @@ from .queue import (  # noqa: F401
     announce_pending,
     existing_rows,
     next_send_after,
+    realign_pending,
     rearm_anchor,
     upsert_rows,
     void_pending_of_device,

@@ -182,6 +182,32 @@ def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
     return out
 
 
+_REALIGN = """
+UPDATE notification_queue AS q SET
+    source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
+    title = r.title, body = r.body, item_at = r.item_at, updated_at = :now
+FROM ({rows}) AS r
+WHERE q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule AND q.status = 'pending'
+RETURNING id
+"""
+
+
+def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -> set[int]:
+    """Rewrite still-pending rows as their items now read (the build's ``stale_begun_rows``);
+    returns the ids written. Only pending rows: a claimed row is in flight, a settled one history,
+    and nothing here brings a row back to pending."""
+    if not rows:
+        return set()
+    stmt = text(_REALIGN.format(rows=_UPSERT_ROWS_SOURCE[conn.dialect.name]))
+    written: set[int] = set()
+    for part in batches(list(rows), 2000):
+        payload = json.dumps([{c: r.get(c) for c in UPSERT_COLUMNS} for r in part], separators=(",", ":"))
+        written.update(row[0] for row in conn.execute(stmt, {"rows": payload, "now": now}))
+    if written:
+        announce_pending(conn, min(r["send_after"] for r in rows))
+    return written
+
+
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
     """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ..."""
     n = 0
