@@ -301,17 +301,18 @@ def _report_progress(progress: Callable[[int, int], None] | None, done: int, tot
 
 
 async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
-    """Run a write transaction where its wait cannot stall the sends on the wire.
+    """Run a transaction in a worker thread, where its waits cannot stall the sends on the wire.
 
-    SQLite's write lock may be held by another process (a build, another drainer) for seconds, and
-    its busy timeout waits inside the call: on the event loop, that wait would stop every answer
-    from being read (and time sends out). So on SQLite the transaction runs in a worker thread.
-    PostgreSQL's claims take row locks with SKIP LOCKED and never wait; kept on the loop, they
-    spare a thread hop per slice.
+    Every statement may wait: SQLite's write lock held by another process (a build, another
+    drainer) for seconds, PostgreSQL's row locks taken to settle (``ledger.lock_rows``, the device
+    locks of dead tokens) held by a build until it commits, a full pool, a slow network. On the
+    event loop, any such wait would stop every APNs answer from being read, and sends that were
+    delivered would be recorded ``timeout``. The claim itself skips rows held elsewhere (SKIP
+    LOCKED) and takes them on a later pass. The thread hop costs well under a millisecond per slice.
     """
-    if db.dialect == "sqlite" and db.engine.url.database not in (None, "", ":memory:"):  # in memory: one connection per thread
-        return await asyncio.to_thread(transaction, *args)
-    return transaction(*args)
+    if db.dialect == "sqlite" and db.engine.url.database in (None, "", ":memory:"):  # in memory: one connection per thread
+        return transaction(*args)
+    return await asyncio.to_thread(transaction, *args)
 
 
 def _alert_halt(settings: Settings, summary: DrainSummary, claimer: str) -> None:
