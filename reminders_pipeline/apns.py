@@ -10,7 +10,7 @@ Around aioapns' public API this module adds, each for a reason found against the
 * one provider JWT for every connection, sender and process (``ProviderToken``): aioapns signs one
   per connection, and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
 * which failures certainly never reached APNs (no connection, TLS failed, REFUSED_STREAM, a stream
-  above a GOAWAY's last stream id, a request never written): ``SendResult.retry``, so the drain
+  above a GOAWAY's last stream id, a request never written, one stopped by its claim's fence): ``SendResult.retry``, so the drain
   can return those rows to pending, while one that may have arrived stays failed;
 * the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies, each
   serialised once (``Wire``);
@@ -39,8 +39,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
-from .apns_transport import Endpoint, NotProcessed, Wire, protocol_class
-from .sender import Notification, SenderFactory, SendResult
+from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
+from .sender import Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
 from .times import iso_from_unix
 
@@ -217,6 +217,8 @@ def _stored_time_from_ms(timestamp: Any) -> str | None:
 def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendResult:
     """A failed send: certainly not delivered when it was never written or APNs said it did not
     process it; otherwise it may have reached APNs (the connection died after the write)."""
+    if isinstance(exc, FenceExpired):
+        return fence_expired(row_id)
     if isinstance(exc, NotProcessed):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{exc}", retry=True)
     if not written:
@@ -227,7 +229,7 @@ def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendRes
 def wire_for(n: Notification, now: float) -> Wire:
     """APNs' ``0`` means "try once, do not store": the right thing for an already stale alert."""
     expiration = n.expiration if n.expiration > now else 0
-    return Wire(str(expiration), n.body)
+    return Wire(str(expiration), n.body, send_by=n.send_by)
 
 
 # -- the sender ------------------------------------------------------------------------------

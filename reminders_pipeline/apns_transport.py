@@ -76,11 +76,18 @@ Patches (what changes / the upstream bug or cost / the test that proves it, in
 14. The endpoint (``Endpoint``; ``APNS_SERVER``/``APNS_PORT`` class attributes): aioapns can only
     reach Apple's two hosts, so a proxy or the mock needs a subclass. Tests: every mock test, and
     ``test_unreachable_endpoint_is_certainly_not_sent``.
+15. The claim's fence (``WireH2Connection.send_headers``, ``FenceExpired``): the last check before
+    a request's HEADERS are encoded, after every await of the send (stream slot, flow-control
+    window). A request whose claim may by now have been failed as abandoned elsewhere is refused,
+    its stream slot released, and it certainly never reached APNs. Not an upstream bug: the drain's
+    at-most-once rule (``drain.fence_deadline``). Tests: ``test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written``
+    (test_apns_sender.py), ``test_a_paused_sender_never_sends_a_row_another_claimer_sent`` (test_apns_drain.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -101,6 +108,10 @@ CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can
 
 class NotProcessed(ConnectionError):
     """APNs said it did not process this stream (REFUSED_STREAM, or above a GOAWAY's last stream id)."""
+
+
+class FenceExpired(NotProcessed):
+    """The request's claim fence passed before its HEADERS were encoded: it was never written."""
 
 
 class StreamResetByApns(ConnectionError):
@@ -196,11 +207,13 @@ class StreamSlots:
 @dataclass
 class Wire:
     """What goes on the wire instead of aioapns' choice (set by the sender, keyed by ``apns-id``);
-    ``written`` once h2 has encoded the request's HEADERS (from then on it may reach APNs)."""
+    ``written`` once h2 has encoded the request's HEADERS (from then on it may reach APNs);
+    ``send_by``: the claim's fence on ``time.monotonic()``, past which the HEADERS are never encoded."""
 
     expiration: str
     body: bytes
     written: bool = False
+    send_by: float | None = None
 
 
 class WireH2Connection(H2Connection):
@@ -275,7 +288,11 @@ class WireH2Connection(H2Connection):
 
     def send_headers(self, stream_id: int, headers: Any, *args: Any, **kwargs: Any) -> None:
         apns_id = next((v for k, v in headers if k == "apns-id"), None)
-        wire = self._wire.pop(apns_id, None) if apns_id else None
+        wire = self._wire.get(apns_id) if apns_id else None
+        if wire is not None and wire.send_by is not None and time.monotonic() >= wire.send_by:
+            raise FenceExpired("fence_expired")  # before h2 encodes a byte: the stream was never opened
+        if wire is not None:
+            del self._wire[apns_id]
         if wire is not None:
             headers = [(k, v) for k, v in headers if k != "apns-expiration"] + [("apns-expiration", wire.expiration)]
             self._bodies[stream_id] = wire.body
@@ -350,6 +367,9 @@ def protocol_class(where: Endpoint, token: AuthorizationHeaderProvider, wire: di
             await self.conn.reserve_window(request.notification_id, self.conn.body_size(request))
             try:
                 return await super().send_notification(request)
+            except FenceExpired:
+                self.free_channels.release()  # raised only after aioapns took a stream slot
+                raise
             finally:
                 self.conn.release_window(request.notification_id)  # no-op once its DATA went out
 

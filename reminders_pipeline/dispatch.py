@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from . import ledger
 from .check import oldest_due_wait
 from .db import Database
-from .drain import DrainSummary, fail_abandoned, find_due, send_batch_async, waiting_off_the_loop
+from .drain import DrainSummary, fail_abandoned, send_batch_async, waiting_off_the_loop
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
 from .times import iso_floor, iso_from_unix, unix_from_iso
@@ -113,39 +113,42 @@ class Dispatcher:
                     await self._housekeeping(now)
                     if heard is not None:
                         heard.clear()  # before the read: a NOTIFY after it wakes the wait below
-                    wake_at = self._dispatch_due(now)
+                    wake_at = await self._dispatch_due(now)
                     await self._wait(wake_at, heard, stop)
             finally:
                 await self._finish()
         return self.summary
 
-    def _dispatch_due(self, now: float) -> float:
-        """Start a batch for the due rows not already in flight; return when to look again."""
+    async def _dispatch_due(self, now: float) -> float:
+        """Start a batch for the due rows not already in flight; return when to look again.
+
+        The reads run off the loop (``waiting_off_the_loop``): this loop reads APNs' answers, and a
+        read can wait too (a table lock, a full pool, the network)."""
         poll_at = now + self.settings.dispatch_poll_seconds
         if now < self._not_before:
             return min(self._not_before, poll_at)
         self._held = {i: t for i, t in self._held.items() if t > now}
+        busy = self._in_flight | set(self._held)  # a copy: batches end on the loop meanwhile
         try:
-            with self.db.read() as conn:
-                earliest = ledger.next_send_after(conn)
-            if earliest is None:
-                return poll_at
-            due_at = unix_from_iso(earliest)
-            if due_at > now:
-                return min(due_at, poll_at)
-            clock = self.clock()
-            ready = [i for i in find_due(self.db, clock) if i not in self._in_flight and i not in self._held]
-            if not ready:
-                # Every due row is in a batch of ours or held back: wake for the next row to come due
-                # (a batch ending or a hold expiring wakes us too).
-                with self.db.read() as conn:
-                    later = ledger.next_send_after(conn, after=clock)
-                return min([poll_at, *self._held.values()] + ([unix_from_iso(later)] if later else []))
+            ready, later = await waiting_off_the_loop(self.db, self._read_due, now, self.clock(), busy)
         except Exception:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
             log.exception("dispatcher %s: reading the queue failed; retrying in %ss", self.name, self.settings.dispatch_poll_seconds)
             return poll_at
-        self._start_batch(ready)
-        return now
+        if ready:
+            self._start_batch(ready)
+            return now
+        # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
+        # the next row to come due; a batch ending or a hold expiring wakes us too.
+        return min([poll_at, *self._held.values()] + ([unix_from_iso(later)] if later else []))
+
+    def _read_due(self, now: float, clock: str, busy: set[int]) -> tuple[list[int], str | None]:
+        """The due rows not in ``busy``, or else the next ``send_after`` to wake for."""
+        with self.db.read() as conn:
+            earliest = ledger.next_send_after(conn)
+            if earliest is None or unix_from_iso(earliest) > now:
+                return [], earliest
+            ready = [i for i in ledger.due_ids(conn, clock) if i not in busy]
+            return (ready, None) if ready else ([], ledger.next_send_after(conn, after=clock))
 
     def _start_batch(self, ids: list[int]) -> None:
         batch = send_batch_async(

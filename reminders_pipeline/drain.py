@@ -26,7 +26,7 @@ from .alerts import raise_alert
 from .notification import compose, record_of_send
 from .db import Database
 from .policy import decide
-from .sender import Notification, SendResult, Sender, SenderFactory
+from .sender import FENCE_EXPIRED, Notification, SendResult, Sender, SenderFactory, fence_expired
 from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
 
@@ -121,6 +121,20 @@ def fail_abandoned(db: Database, settings: Settings, now: str | None = None) -> 
     return n
 
 
+def fence_deadline(settings: Settings, claimed_at: float) -> float:
+    """When a claim taken at ``claimed_at`` (``time.monotonic()``, read before the claim's transaction)
+    stops sending: no request of it may leave after this.
+
+    No other process touches a claim younger than ``abandon_after_seconds`` (it is failed as
+    abandoned only after that). A request written before this deadline is answered within the send
+    timeout, and ``fence_margin_seconds`` covers clock skew between hosts and the settling commit,
+    so the claim is settled by its owner before anyone may fail it. A process paused past the
+    deadline (GC, SIGSTOP, a stalled VM) therefore never sends a row that may have been failed,
+    re-armed and sent elsewhere meanwhile. A local clock, not a database round trip per send.
+    """
+    return claimed_at + settings.abandon_after_seconds - settings.send_timeout_seconds - settings.fence_margin_seconds
+
+
 def find_due(db: Database, now: str | None = None, row_id: int | None = None, limit: int | None = None) -> list[int]:
     with db.read() as conn:
         return ledger.due_ids(conn, now or now_utc(), row_id=row_id, limit=limit)
@@ -164,6 +178,7 @@ async def send_batch_async(
     stop: asyncio.Event | None = None,
     halt_scope: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -180,6 +195,8 @@ async def send_batch_async(
     CLI or HTTP drain its claimer. A halt recorded under it by any process stops this batch before
     its next claim; a halt found here is recorded there, and alerted once. A halt is permanent for
     its scope, so a long-lived caller passes a new scope per pass (none: this call alone).
+    ``monotonic``: the clock of each claim's fence (``fence_deadline``); a test advances its own
+    (and the sender's) to simulate a process paused between claim and send.
     """
     clock = clock_for(now) if now or clock is None else clock
     claimer = claimer or new_claimer()
@@ -192,11 +209,15 @@ async def send_batch_async(
     in_flight: set[asyncio.Task[_Settlement]] = set()
     returned: list[_Settlement] = []
 
-    async def dispatch(rows: list[dict[str, Any]], plan: _Plan) -> _Settlement:
+    async def dispatch(rows: list[dict[str, Any]], plan: _Plan, send_by: float) -> _Settlement:
         started = (clock(), time.monotonic())
-        results = await _send(sender, plan.to_send) if plan.to_send else []  # type: ignore[arg-type]
+        results, fenced = await _send_fenced(sender, plan.to_send, send_by, monotonic) if plan.to_send else ([], [])  # type: ignore[arg-type]
+        if fenced:
+            plan = replace(plan, to_send=[n for n in plan.to_send if n.row_id not in fenced])
         done = _settlement(rows, plan, results, clock(), summary, started)
-        return _return_undelivered(done, rows, results, settings, outage, summary)
+        done = _return_undelivered(done, rows, results, settings, outage, summary)
+        done.returned.extend({"id": row_id, "outcome_detail": FENCE_EXPIRED} for row_id in fenced)
+        return done
 
     async def collect(until: int) -> None:
         nonlocal in_flight
@@ -209,7 +230,7 @@ async def send_batch_async(
             await collect(_may_stay_on_the_wire(n, slices_on_the_wire))
             if summary.halted or (stop is not None and stop.is_set()):
                 break
-            claim_time = clock()
+            claim_time, claimed_at = clock(), monotonic()
 
             def settle_and_claim(slice_ids: Sequence[int]) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
                 with db.write() as conn:
@@ -233,7 +254,7 @@ async def send_batch_async(
                 plan = _decide_all(rows, claim_time, settings)
                 if plan.to_send and sender is None:
                     sender = sender_factory()
-                in_flight.add(asyncio.ensure_future(dispatch(rows, plan)))
+                in_flight.add(asyncio.ensure_future(dispatch(rows, plan, fence_deadline(settings, claimed_at))))
             _report_progress(progress, min(i + settings.claim_batch_size, len(ids)), len(ids))
         await collect(0)
     finally:
@@ -280,17 +301,18 @@ def _report_progress(progress: Callable[[int, int], None] | None, done: int, tot
 
 
 async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
-    """Run a write transaction where its wait cannot stall the sends on the wire.
+    """Run a transaction in a worker thread, where its waits cannot stall the sends on the wire.
 
-    SQLite's write lock may be held by another process (a build, another drainer) for seconds, and
-    its busy timeout waits inside the call: on the event loop, that wait would stop every answer
-    from being read (and time sends out). So on SQLite the transaction runs in a worker thread.
-    PostgreSQL's claims take row locks with SKIP LOCKED and never wait; kept on the loop, they
-    spare a thread hop per slice.
+    Every statement may wait: SQLite's write lock held by another process (a build, another
+    drainer) for seconds, PostgreSQL's row locks taken to settle (``ledger.lock_rows``, the device
+    locks of dead tokens) held by a build until it commits, a full pool, a slow network. On the
+    event loop, any such wait would stop every APNs answer from being read, and sends that were
+    delivered would be recorded ``timeout``. The claim itself skips rows held elsewhere (SKIP
+    LOCKED) and takes them on a later pass. The thread hop costs well under a millisecond per slice.
     """
-    if db.dialect == "sqlite" and db.engine.url.database not in (None, "", ":memory:"):  # in memory: one connection per thread
-        return await asyncio.to_thread(transaction, *args)
-    return transaction(*args)
+    if db.dialect == "sqlite" and db.engine.url.database in (None, "", ":memory:"):  # in memory: one connection per thread
+        return transaction(*args)
+    return await asyncio.to_thread(transaction, *args)
 
 
 def _alert_halt(settings: Settings, summary: DrainSummary, claimer: str) -> None:
@@ -366,6 +388,26 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
                 continue
         plan.settlements.append({"id": row["id"], "outcome": decision, **plan.records.get(row["id"], {})})
     return plan
+
+
+async def _send_fenced(
+    sender: Sender, notes: list[Notification], send_by: float, monotonic: Callable[[], float]
+) -> tuple[list[SendResult], set[int]]:
+    """Send ``notes`` fenced by ``send_by``; returns the answers and the ids refused by the fence.
+
+    Checked here once for every sender, and again by the sender itself at the moment the bytes
+    leave (the APNs transport, ``RecordingSender``), so a pause anywhere before the write is caught.
+    A fenced row certainly never reached APNs: it goes back to pending, guarded by our claim, so if
+    the claim was failed as abandoned meanwhile the row is left as the other process settled it.
+    """
+    if monotonic() >= send_by:
+        results = [fence_expired(n.row_id) for n in notes]
+    else:
+        results = await _send(sender, [n.fenced(send_by) for n in notes])
+    fenced = {r.row_id for r in results if r.reason == FENCE_EXPIRED}
+    if fenced:
+        log.error("%d claimed row(s) not sent: the claim's fence passed (a paused process?); pending again if still ours", len(fenced))
+    return [r for r in results if r.reason != FENCE_EXPIRED], fenced
 
 
 async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, Protocol, Sequence
 
@@ -23,6 +24,19 @@ class Notification:
     expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
     priority: int = 10
     push_type: str = "alert"
+    # time.monotonic() after which the request must not leave: the claim's fence (drain.fence_deadline).
+    send_by: float | None = None
+
+    def fenced(self, send_by: float) -> "Notification":
+        """This notification, sent only before ``send_by``; the body already serialised is kept."""
+        out = replace(self, send_by=send_by)
+        if "body" in self.__dict__:
+            out.__dict__["body"] = self.__dict__["body"]
+        return out
+
+    def past_deadline(self, now: float) -> bool:
+        """True once the claim may be taken as abandoned elsewhere: sending now could duplicate."""
+        return self.send_by is not None and now >= self.send_by
 
     @cached_property
     def body(self) -> bytes:
@@ -59,22 +73,35 @@ class Sender(Protocol):
 
 SenderFactory = Callable[[], Sender]
 
+# The reason a send was refused at the last moment because its claim's fence had passed: it
+# certainly never left this process, and the row goes back to pending if the claim is still ours.
+FENCE_EXPIRED = "not-sent:fence_expired"
+
+
+def fence_expired(row_id: int) -> SendResult:
+    return SendResult(row_id, False, reason=FENCE_EXPIRED, retry=True)
+
 
 @dataclass
 class RecordingSender:
     """Records what it would send; answers from a script keyed by device token (default: 200).
 
     Used by tests and by anything that wants a sender without a network. ``sent`` outlives the
-    event loop, so a test can inspect it after the drain returns.
+    event loop, so a test can inspect it after the drain returns. Like the APNs sender, it refuses a
+    notification whose fence has passed on ``monotonic`` (a test drives it to simulate a pause).
     """
 
     script: dict[str, SendResult | Callable[[Notification], SendResult]] = field(default_factory=dict)
     sent: list[Notification] = field(default_factory=list)
+    monotonic: Callable[[], float] = time.monotonic
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         results = []
         for n in notifications:
+            if n.past_deadline(self.monotonic()):
+                results.append(fence_expired(n.row_id))
+                continue
             self.sent.append(n)
             scripted = self.script.get(n.device_token)
             if scripted is None:

@@ -91,6 +91,8 @@ class Settings:
     horizon_seconds: int = 86400
     abandon_after_seconds: int = 600
     send_timeout_seconds: int = 10
+    # A claim sends only until abandon_after - send_timeout - this (clock skew, settling): drain.fence_deadline.
+    fence_margin_seconds: int = 60
     drain_batch_size: int = 500
     drain_max_batches: int = 40
     claim_batch_size: int = 100
@@ -174,6 +176,7 @@ class Settings:
             horizon_seconds=_int(env, "REMINDERS_HORIZON_SECONDS", 86400, 1),
             abandon_after_seconds=_int(env, "REMINDERS_ABANDON_AFTER_SECONDS", 600, 1),
             send_timeout_seconds=_int(env, "REMINDERS_SEND_TIMEOUT_SECONDS", 10, 1),
+            fence_margin_seconds=_int(env, "REMINDERS_FENCE_MARGIN_SECONDS", 60, 1),
             drain_batch_size=_int(env, "REMINDERS_DRAIN_BATCH_SIZE", 500, 1),
             drain_max_batches=_int(env, "REMINDERS_DRAIN_MAX_BATCHES", 40, 1),
             claim_batch_size=_int(env, "REMINDERS_CLAIM_BATCH_SIZE", 100, 1),
@@ -228,6 +231,11 @@ class Settings:
                 raise SettingsError(f"{name}: {exc}") from None
         if s.dispatch_handover_seconds >= s.dispatch_run_seconds:
             raise SettingsError("REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS")
+        if s.abandon_after_seconds <= s.send_timeout_seconds + s.fence_margin_seconds:
+            raise SettingsError(
+                "REMINDERS_ABANDON_AFTER_SECONDS must exceed REMINDERS_SEND_TIMEOUT_SECONDS + REMINDERS_FENCE_MARGIN_SECONDS: "
+                "a claim may send only until that much before another drain may fail it as abandoned"
+            )
         if s.chunks_per_tick > s.chunk_count:
             raise SettingsError("REMINDERS_CHUNKS_PER_TICK must not exceed REMINDERS_CHUNK_COUNT")
         return s

@@ -6,16 +6,20 @@ Every row of the README's APNs table, on SQLite and PostgreSQL. Times are real (
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 from collections import Counter
 from typing import Iterator
 
 import pytest
 
 from reminders_pipeline import ledger
+from reminders_pipeline.apns import AioApnsSender
 from reminders_pipeline.build import build
-from reminders_pipeline.drain import default_sender_factory, drain
-from reminders_pipeline.times import now_utc, unix_from_iso
+from reminders_pipeline.drain import DrainSummary, default_sender_factory, drain, fail_abandoned, send_batch_async
+from reminders_pipeline.times import now_utc, shift, unix_from_iso
 
 from .mock_apns import MockApns
 from .support import device, rows
@@ -226,3 +230,99 @@ def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_e
     assert mock.connections_opened == 1
     with db.read() as conn:
         assert all(d.token_invalid_reason == "Unregistered" for d in ledger.list_devices(conn))
+
+
+class PausedApns:
+    """The real APNs sender in a process frozen between its claim and the write: ``meanwhile`` runs
+    (another process's work) and the clock passes the claim's fence before the send goes on."""
+
+    def __init__(self, settings, meanwhile) -> None:
+        self.settings, self.meanwhile, self.inner = settings, meanwhile, None
+
+    async def send_many(self, notifications):
+        other = threading.Thread(target=self.meanwhile)  # joined on the loop's thread: nothing here runs
+        other.start()
+        other.join()
+        fence = max(n.send_by for n in notifications)
+        while time.monotonic() <= fence:
+            time.sleep(0.05)
+        self.inner = AioApnsSender(self.settings)
+        return await self.inner.send_many(notifications)
+
+    async def aclose(self) -> None:
+        if self.inner is not None:
+            await self.inner.aclose()
+
+
+def test_a_paused_sender_never_sends_a_row_another_claimer_sent(db, live, feeds, mock):
+    """Issue 19 item 9, against the mock APNs: frozen past the abandon threshold after claiming, a
+    drain's claim is failed as abandoned, a rebuild re-arms the moved item and another drain sends
+    it. The resumed drain's request is stopped where its bytes would leave: APNs gets one request."""
+    now = queue(db, live, feeds)
+    paused_settings = live.with_(abandon_after_seconds=4, send_timeout_seconds=1, fence_margin_seconds=1)
+
+    def meanwhile() -> None:
+        assert fail_abandoned(db, paused_settings, shift(now_utc(), paused_settings.abandon_after_seconds + 1)) == 1
+        moved = now + 1200 + 400  # the event moved: its settled row re-arms, due again at once
+        feeds.items("/a.json", [{"id": "e0", "title": "Event 0", "startsAt": moved, "expiresAt": moved + 1800}])
+        build(db, live)
+        outcomes.update(run_drain(db, live).outcomes)
+
+    outcomes = Counter()
+    paused = PausedApns(paused_settings, meanwhile)
+    summary = drain(db, paused_settings, lambda: paused)
+    assert (outcomes, summary.outcomes, paused.inner is not None) == ({"sent": 1}, {}, True)
+    (request,) = mock.requests
+    (row,) = rows(db)
+    assert (row["status"], row["outcome"], row["apns_id"]) == ("settled", "sent", request.headers["apns-id"])
+
+
+def test_a_settlement_waiting_on_a_device_lock_never_stalls_the_answers_on_the_wire(db, live, feeds, mock):
+    """Issue 19 item 11: a build holds dev-0's device row (PostgreSQL) or the write lock (SQLite)
+    while two batches share one sender and one loop. dev-0's 410 must lock that device to settle;
+    the wait runs off the loop, so a heartbeat on it keeps ticking and dev-1's answer, arriving
+    during the lock, is recorded sent rather than timed out. Every row settles once it is released."""
+    live = live.with_(send_timeout_seconds=3)
+    queue(db, live, feeds, devices=2)
+    mock.script(TOKENS[0], status=410, reason="Unregistered")
+    mock.script(TOKENS[1], delay=0.3)
+    (dead,), (slow,) = (rows(db, device_id=d) for d in ("dev-0", "dev-1"))
+    locked = threading.Event()
+
+    def build_holding_the_device(seconds: float = 5.0) -> None:
+        with db.write() as conn:  # SQLite: BEGIN IMMEDIATE, the whole database's write lock
+            ledger.lock_devices(conn, ["dev-0"])
+            locked.set()
+            time.sleep(seconds)
+
+    async def scenario() -> tuple[DrainSummary, DrainSummary, float]:
+        sender, beats, done = AioApnsSender(live), [time.monotonic()], asyncio.Event()
+
+        async def heartbeat() -> None:
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+                beats.append(time.monotonic())
+
+        ticking = asyncio.ensure_future(heartbeat())
+        try:
+            batches = [send_batch_async(db, live, [r["id"]], lambda: sender, sender=sender) for r in (dead, slow)]
+            first, second = await asyncio.gather(*batches)
+        finally:
+            done.set()
+            await ticking
+            await sender.aclose()
+        return first, second, max(b - a for a, b in zip(beats, beats[1:]))
+
+    holder = threading.Thread(target=build_holding_the_device)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        first, second, longest_gap = asyncio.run(scenario())
+    finally:
+        holder.join()
+    assert longest_gap < 1.0, f"the loop stood still for {longest_gap:.2f}s"
+    assert (first.outcomes, second.outcomes) == ({"failed": 1}, {"sent": 1})
+    settled = {r["device_id"]: (r["status"], r["outcome"], r["outcome_detail"]) for r in rows(db)}
+    assert settled == {"dev-0": ("settled", "failed", "Unregistered"), "dev-1": ("settled", "sent", None)}
+    with db.read() as conn:
+        assert ledger.get_device(conn, "dev-0").token_invalid_at is not None

@@ -39,7 +39,7 @@ from reminders_pipeline.apns import (
     validate_apns_settings,
 )
 from reminders_pipeline.apns_transport import CONNECTION_IDLE_SECONDS, PER_REQUEST_HEADERS, HuffmanCodes, StreamSlots, WireH2Connection
-from reminders_pipeline.sender import Notification, SendResult
+from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
 
@@ -350,6 +350,32 @@ def test_send_still_waiting_for_a_stream_at_the_timeout_is_never_sent(mock: Mock
     assert results[1].ok and results[4].ok
     assert results[2] == SendResult(2, False, reason=TIMEOUT)
     assert results[3] == SendResult(3, False, reason=TIMEOUT_NOT_SENT, retry=True)  # certainly not delivered
+    assert [r.token for r in mock.requests] == [token(1), token(2), token(4)]
+
+
+def test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written(mock: MockApns, settings: Settings) -> None:
+    """The claim's fence is checked where the HEADERS are encoded, after every wait of the send: a
+    request stuck behind a stream past its fence never reaches APNs, and its stream slot is freed."""
+    mock.raised_max_streams = 1  # one stream, one connection: 3 waits behind 2
+    mock.script(token(2), hold=True)
+
+    async def scenario() -> list[SendResult]:
+        sender = AioApnsSender(settings, max_connections=1)
+        try:
+            first = await sender.send_many([note(1)])
+            second = asyncio.ensure_future(sender.send_many([note(2)]))
+            while len(mock.requests) < 2:
+                await asyncio.sleep(0.01)
+            third = asyncio.ensure_future(sender.send_many([note(3).fenced(time.monotonic() + 0.3)]))
+            await asyncio.sleep(0.6)  # 3 waits for the stream past its fence
+            assert mock.release_held() == 1
+            return first + await second + await third + await sender.send_many([note(4)])  # 4 gets the freed stream
+        finally:
+            await sender.aclose()
+
+    results = by_row(run(scenario))
+    assert results[1].ok and results[2].ok and results[4].ok
+    assert results[3] == SendResult(3, False, reason=FENCE_EXPIRED, retry=True)  # certainly not delivered
     assert [r.token for r in mock.requests] == [token(1), token(2), token(4)]
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
+from sqlalchemy import text
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.drain import drain
+from reminders_pipeline.drain import DrainSummary, drain
 from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
@@ -135,3 +137,38 @@ def test_dispatcher_settings_refuse_what_cannot_work(env, message):
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
     assert Settings.from_env({"REMINDERS_DISPATCH_ENABLED": "FALSE", "REMINDERS_DISPATCH_POLL_SECONDS": "0.5"}).dispatch_poll_seconds == 0.5
+
+
+def test_the_dispatchers_reads_wait_off_the_loop_that_reads_apns_answers(db, live):
+    """Issue 19 item 11: the dispatcher's own reads of the queue (the earliest send_after, the due
+    ids) may wait too, e.g. behind a migration's ACCESS EXCLUSIVE lock on PostgreSQL (SQLite: the
+    write lock, which WAL readers pass). While one is held, the loop keeps running (a heartbeat on
+    it ticks), and the dispatcher goes on after it is released."""
+    live = live.with_(dispatch_poll_seconds=0.1)
+    locked, held = threading.Event(), 2.0
+
+    def hold_the_queue() -> None:
+        with db.write() as conn:
+            if db.dialect == "postgresql":
+                conn.execute(text("LOCK TABLE notification_queue IN ACCESS EXCLUSIVE MODE"))
+            locked.set()
+            time.sleep(held)
+
+    async def scenario() -> tuple[float, DrainSummary]:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(Dispatcher(db, live, RecordingSender().factory(), name="reader").run(stop=stop))
+        await asyncio.sleep(0.5)  # its first pass (heartbeat, abandoned sweep) is done; next only polls
+        holder = threading.Thread(target=hold_the_queue)
+        holder.start()
+        await asyncio.to_thread(locked.wait, 10)
+        beats = [time.monotonic()]
+        while beats[-1] - beats[0] < held + 0.5:
+            await asyncio.sleep(0.05)
+            beats.append(time.monotonic())
+        await asyncio.to_thread(holder.join)
+        stop.set()
+        return max(b - a for a, b in zip(beats, beats[1:])), await asyncio.wait_for(running, 10)
+
+    longest_gap, summary = asyncio.run(scenario())
+    assert longest_gap < 1.0, f"the loop stood still for {longest_gap:.2f}s"
+    assert summary.claimed == 0 and summary.halted is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,8 +14,9 @@ import pytest
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
-from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch
+from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch, send_batch_async
 from reminders_pipeline.sender import RecordingSender, SendResult
+from reminders_pipeline.settings import Settings, SettingsError
 
 from .support import NOW, TOKEN, at, by_key, device, item, rows
 
@@ -435,3 +437,66 @@ def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds)
     build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
     (back,) = rows(db)
     assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 0, None)
+
+
+class PausedMidSend(RecordingSender):
+    """A sender frozen between claim and write, for as long as ``meanwhile`` runs: the process's
+    monotonic clock jumps by ``paused_for``, and another process acts while it is stopped."""
+
+    def __init__(self, clock: list[float], paused_for: float, meanwhile) -> None:
+        super().__init__(monotonic=lambda: clock[0])
+        self.clock, self.paused_for, self.meanwhile = clock, paused_for, meanwhile
+
+    async def send_many(self, notifications):
+        frozen = threading.Thread(target=self.meanwhile)  # joined on the loop's thread: nothing here runs
+        frozen.start()
+        frozen.join()
+        self.clock[0] += self.paused_for
+        return await super().send_many(notifications)
+
+
+def test_a_sender_paused_past_its_claims_fence_never_sends_a_row_another_claimer_sent(db, live, feeds):
+    """Issue 19 item 9: frozen past the abandon threshold between claim and send, a drain's claim is
+    failed as abandoned, a rebuild re-arms the moved item and another claimer sends it; the resumed
+    drain must not send it again, and leaves the row as the other claimer settled it."""
+    queue_one(db, live, feeds)
+    claimed_at = 3605
+    woke_at = claimed_at + live.abandon_after_seconds + 30
+    other = RecordingSender()
+
+    def meanwhile() -> None:
+        assert fail_abandoned(db, live, at(woke_at - 20)) == 1
+        feeds.items("/a.json", [item("e", 7200 + 600)])  # moved 10 minutes later: the settled row re-arms
+        build(db, live, now=at(woke_at - 15))
+        assert drain(db, live, other.factory(), now=at(woke_at - 10)).outcomes == {"sent": 1}
+
+    clock = [1000.0]
+    paused = PausedMidSend(clock, live.abandon_after_seconds + 30, meanwhile)
+    ids = find_due(db, at(claimed_at))
+    summary = asyncio.run(send_batch_async(db, live, ids, paused.factory(), now=at(claimed_at), claimer="paused", monotonic=lambda: clock[0]))
+    assert (len(other.sent), paused.sent, summary.outcomes) == (1, [], {})
+    (row,) = rows(db)  # the claim was no longer ours: the row stays as the other claimer settled it
+    assert (row["status"], row["outcome"], row["attempts"], row["claimed_by"] != "paused") == ("settled", "sent", 0, True)
+
+
+def test_a_row_whose_fence_passed_goes_back_to_pending_while_the_claim_is_still_ours(db, live, feeds):
+    """Paused past the fence but not past the abandon threshold: nobody took the claim, so the row
+    (certainly never sent) is pending again and the next drain sends it once."""
+    queue_one(db, live, feeds)
+    fence = live.abandon_after_seconds - live.send_timeout_seconds - live.fence_margin_seconds
+    clock = [1000.0]
+    paused = PausedMidSend(clock, fence, lambda: None)
+    ids = find_due(db, at(3605))
+    summary = asyncio.run(send_batch_async(db, live, ids, paused.factory(), now=at(3605), claimer="paused", monotonic=lambda: clock[0]))
+    assert (paused.sent, summary.returned_to_pending, dict(summary.details)) == ([], 1, {"pending:not-sent:fence_expired": 1})
+    (row,) = rows(db)
+    assert (row["status"], row["claimed_by"]) == ("pending", None)
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(3610)).outcomes == {"sent": 1} and len(sender.sent) == 1
+
+
+def test_the_abandon_threshold_must_exceed_the_send_timeout_and_the_fence_margin():
+    env = {"REMINDERS_ABANDON_AFTER_SECONDS": "70", "REMINDERS_SEND_TIMEOUT_SECONDS": "10", "REMINDERS_FENCE_MARGIN_SECONDS": "60"}
+    with pytest.raises(SettingsError, match="REMINDERS_ABANDON_AFTER_SECONDS must exceed"):
+        Settings.from_env(env)
+    assert Settings.from_env({**env, "REMINDERS_ABANDON_AFTER_SECONDS": "71"}).abandon_after_seconds == 71
