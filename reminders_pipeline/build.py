@@ -389,17 +389,23 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
         for row in p.wanted.values()
         if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row, rearm_threshold)
     ]
-    written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
-    written |= ledger.realign_pending(conn, stale_begun_rows(existing, plans), now)
-    summary.rows_inserted += len(written - existing_ids)
-    summary.rows_updated += len(written & existing_ids)
-
+    stale = stale_begun_rows(existing, plans)
     voids: dict[str, list[int]] = {}
     for row in existing:
         if row["status"] == "pending":
             reason = void_reason(row, plans[row["device_id"]], now_unix)
             if reason:
                 voids.setdefault(reason, []).append(row["id"])
+    # Every existing row this batch may write, locked in one pass in id order before the first write
+    # (as a drain locks what it settles): statement by statement, each in id order, would still take
+    # a lower id after a higher one and deadlock with a drain settling both.
+    keys = {(r["device_id"], r["item_id"], r["rule"]) for r in (*candidates, *stale)}
+    ledger.lock_rows(conn, [by_key[k]["id"] for k in keys if k in by_key] + [i for row_ids in voids.values() for i in row_ids])
+
+    written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
+    written |= ledger.realign_pending(conn, stale, now)
+    summary.rows_inserted += len(written - existing_ids)
+    summary.rows_updated += len(written & existing_ids)
     for reason, row_ids in voids.items():
         summary.rows_voided[reason] += ledger.void_rows(conn, row_ids, reason, now)
 

@@ -1334,3 +1334,37 @@ def test_build_and_drain_lock_claimed_rows_in_id_order_whatever_order_they_arriv
         holder.close()
         writing.join(30)
     assert not writing.is_alive()
+
+
+def test_a_build_locks_every_row_it_writes_in_id_order_before_its_first_write(pg, feeds):
+    """One build transaction rewrites one row and voids another: statement by statement, each in id
+    order, it would lock the higher row (the upsert) before the lower (the void), while a drain
+    settling both locks the lower first. With the higher row held elsewhere, the build must already
+    hold the lower one (seen as a deadlock on PostgreSQL with the fence's off-loop settlements).
+    """
+    build_setup(pg, feeds, 1, n_sources=1)
+    live = Settings(database_url=pg.url, source_allow_networks=LOOPBACK_NETWORKS)
+    feeds.items("/b0.json", [wire_item("gone", 2400), wire_item("stays", 2400)])
+    build(pg, live, now=NOW)
+    rows = ledger_rows(pg)
+    low, high = min(rows), max(rows)
+    assert rows[low]["item_id"].endswith(":gone") and rows[high]["item_id"].endswith(":stays")
+    feeds.items("/b0.json", [wire_item("stays", 2400, title="Moved room")])
+
+    holder = pg.engine.connect()
+    holder.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE"), {"id": high})
+    building = threading.Thread(target=lambda: build(pg, live, now=iso_from_unix(NOW_S + 60)))
+    building.start()
+    try:
+        wait_until("the build to wait for the held row", lambda: lock_waiters(pg) > 0, 30)
+        with pg.engine.connect() as probe:
+            with pytest.raises(OperationalError, match="could not obtain lock"):
+                probe.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE NOWAIT"), {"id": low})
+    finally:
+        holder.rollback()
+        holder.close()
+        building.join(30)
+    assert not building.is_alive()
+    after = ledger_rows(pg)
+    assert (after[low]["outcome"], after[low]["outcome_detail"]) == ("voided", "left_feed")
+    assert after[high]["title"] == "Moved room" and after[high]["status"] == "pending"
