@@ -483,3 +483,76 @@ def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds)
     build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
     (back,) = rows(db)
     assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 0, None)
+
+
+def test_a_retry_waits_its_backoff_in_the_ledger_for_every_drainer(db, live, feeds):
+    """A 503 gives the row back with a not-before: no second drainer (cron drain, another
+    dispatcher) retries it at once, ``send_after`` stays the rule's time, and the wake-up time
+    every dispatcher reads is the end of the backoff."""
+    (row_id,) = _due_items(db, live, feeds, 1)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
+    (row,) = rows(db)
+    assert row["send_after"] == at(0) and at(0) < row["not_before"] and at(2.5) <= row["not_before"] <= at(5)
+    other = RecordingSender()
+    assert drain(db, live, other.factory(), now=at(2)).claimed == 0 and other.sent == []
+    with db.read() as conn:
+        assert ledger.next_send_after(conn) == row["not_before"]
+    assert drain(db, live, other.factory(), now=row["not_before"]).outcomes == {"sent": 1}
+
+
+def test_a_rebuild_of_a_pending_row_keeps_its_attempts_and_backoff(db, live, feeds):
+    """Retitling the event between retries must not hand the row a fresh set of attempts."""
+    url = feeds.items("/a.json", [item("e", 3600)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    for now in (at(0), at(60)):
+        drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=now)
+    feeds.items("/a.json", [item("e", 3600, title="Retitled")])
+    build(db, live, now=at(61))
+    (row,) = rows(db)
+    assert (row["title"], row["attempts"], row["outcome_detail"]) == ("Retitled", 2, "ServiceUnavailable")
+    assert row["not_before"] > at(61)
+    drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120))
+    (row,) = rows(db)
+    assert (row["outcome"], row["outcome_detail"]) == ("failed", "ServiceUnavailable")  # the third of REMINDERS_SEND_MAX_ATTEMPTS
+
+
+def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings):
+    from reminders_pipeline.drain import retry_not_before
+
+    s = settings.with_(send_retry_base_seconds=5, send_retry_max_seconds=30)
+    lowest, highest = (lambda a, b: a), (lambda a, b: b)
+    assert [retry_not_before(at(0), n, s, highest) for n in (1, 2, 3, 4, 5)] == [at(5), at(10), at(20), at(30), at(30)]
+    assert [retry_not_before(at(0), n, s, lowest) for n in (1, 2, 3)] == [at(2.5), at(5), at(10)]
+
+
+def _quiet_device(db, live, feeds, starts_in, lead):
+    """Quiet hours 10:05-11:00 UTC; NOW is 08:00."""
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    url = feeds.items("/a.json", [item("e", starts_in)])
+    put_device(db, live, DeviceSpec("dev-1", TOKEN, lead, (), (url,), tz="UTC", quiet_hours="10:05-11:00"), now=NOW)
+    build(db, live, now=NOW)
+    (row,) = rows(db)
+    assert row["send_after"] == at(7200)  # 10:00, before the window: the build holds nothing
+
+
+def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db, live, feeds):
+    """Due 10:00, quiet hours from 10:05, the event at 12:00: a drain at 10:06 holds the row to
+    11:00 instead of settling it quiet_hours for good, and at 11:00 it is on time."""
+    _quiet_device(db, live, feeds, starts_in=4 * 3600, lead=7200)
+    sender = RecordingSender()
+    summary = drain(db, live, sender.factory(), now=at(7200 + 360))
+    (row,) = rows(db)
+    assert summary.outcomes == {} and sender.sent == []
+    assert (row["status"], row["not_before"], row["outcome_detail"], row["attempts"]) == ("pending", at(3 * 3600), "quiet_hours", 0)
+    assert drain(db, live, sender.factory(), now=at(3 * 3600 - 1)).claimed == 0
+    assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {"sent": 1}  # 60 min after send_after: not too_late
+
+
+def test_a_row_claimed_inside_quiet_hours_whose_event_begins_before_their_end_settles_quiet_hours(db, live, feeds):
+    _quiet_device(db, live, feeds, starts_in=2 * 3600 + 1800, lead=1800)  # the event at 10:30, inside the window
+    summary = drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
+    assert summary.outcomes == {"quiet_hours": 1}
