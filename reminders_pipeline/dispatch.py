@@ -185,11 +185,11 @@ class Dispatcher:
             self.on_batch(done)
 
     def _hold_unfinished(self, done: DrainSummary, ids: Sequence[int], now: float) -> None:
-        """Rows of a batch still pending either went back (APNs could not take them: not at once) or
-        were held by another claimer (look again shortly). Settled ones never come back as due."""
-        if done.returned_to_pending or done.claimed < len(ids):
-            hold = self.settings.dispatch_poll_seconds if done.returned_to_pending else RETRY_SECONDS
-            self._held.update((i, now + hold) for i in ids)
+        """Rows of a batch another claimer held: look again shortly. Rows given back to pending
+        carry their own ``not_before`` (a retry's backoff, a quiet-hours hold), which the due
+        predicate and ``next_send_after`` honour; settled ones never come back as due."""
+        if done.claimed < len(ids):
+            self._held.update((i, now + RETRY_SECONDS) for i in ids)
 
     async def _wait(self, wake_at: float, heard: asyncio.Event | None, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait())]

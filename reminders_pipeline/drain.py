@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from sqlalchemy import Connection
@@ -25,7 +26,7 @@ from . import ledger
 from .alerts import raise_alert
 from .notification import compose, record_of_send
 from .db import Database
-from .policy import decide
+from .policy import decide, quiet_end
 from .sender import FENCE_EXPIRED, Notification, SendResult, Sender, SenderFactory, fence_expired
 from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
@@ -336,7 +337,8 @@ APNS_UNREACHABLE = "apns_unreachable"
 
 @dataclass
 class _Outage:
-    """Counts sends in a row that certainly never reached APNs (or that APNs declined for now)."""
+    """Counts sends in a row that certainly never reached APNs or that APNs could not process
+    (500, 503). A 429 is APNs throttling one device token: that token's backoff, no outage."""
 
     limit: int
     streak: int = 0
@@ -345,7 +347,7 @@ class _Outage:
     def count(self, results: list[SendResult]) -> str | None:
         """The halt reason once the streak reaches the limit, else None."""
         for r in results:
-            if r.retry:
+            if r.retry and r.status != 429:
                 self.streak, self.last = self.streak + 1, r.reason
             else:
                 self.streak = 0
@@ -359,6 +361,7 @@ class _Plan:
     settlements: list[dict[str, Any]]
     to_send: list[Notification]
     records: dict[int, dict[str, str | None]]  # per row id: what its settlement records of the alert (``record_of_send``)
+    held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
 
 
 @dataclass
@@ -373,6 +376,9 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
     plan = _Plan([], [], {})
     for row in rows:
         decision = decide(row, now, settings)
+        if decision == "held":
+            plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": quiet_end(row, now)})
+            continue
         if decision in ("send", "disabled"):
             if not row["apns_token"] or row["token_invalid_at"]:
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
@@ -418,22 +424,6 @@ async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
         return [SendResult(n.row_id, False, reason=f"sender_error:{type(exc).__name__}") for n in notes]
 
 
-WRONG_ENVIRONMENT_MIN_DEVICES = 5
-
-
-def _wrong_environment(results: list[SendResult], notes: list[Notification], summary: DrainSummary) -> bool:
-    """Every device rejected as BadDeviceToken before anything was sent: APNs says that, too, when
-    sandbox tokens meet the production endpoint (or the reverse). Marking every token dead would
-    silence every device, so it counts as a configuration fault instead."""
-    devices = {n.device_id for n in notes}
-    return (
-        len(devices) >= WRONG_ENVIRONMENT_MIN_DEVICES
-        and summary.outcomes.get("sent", 0) == 0
-        and bool(results)
-        and all(not r.ok and r.reason == "BadDeviceToken" for r in results)
-    )
-
-
 def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) -> str:
     """When APNs answered this row, on the drain's clock: true lateness per row, not per slice."""
     if res.answered_at is None or started is None:
@@ -442,13 +432,8 @@ def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) 
 
 
 def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary, started: tuple[str, float] | None = None) -> _Settlement:  # type: ignore[no-untyped-def]
-    if _wrong_environment(results, plan.to_send, summary):
-        results = [
-            replace(r, token_invalid=False, config_fault=True, reason="BadDeviceToken:every-device (check REMINDERS_APNS_ENVIRONMENT)")
-            for r in results
-        ]
     by_id = {r["id"]: r for r in rows}
-    out = _Settlement(done, list(plan.settlements), [])
+    out = _Settlement(done, list(plan.settlements), [], list(plan.held))
     answered = set()
     for res in results:
         answered.add(res.row_id)
@@ -480,18 +465,32 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
 def _return_undelivered(
     out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: _Outage, summary: DrainSummary
 ) -> _Settlement:
-    """Rows whose send certainly never reached APNs go back to pending while attempts remain; the
-    rest stay failed as ``_settlement`` wrote them. A long enough run of them halts the drain."""
+    """Rows whose send certainly never reached APNs go back to pending while attempts remain, not
+    due again before their backoff ends (``retry_not_before``); the rest stay failed as
+    ``_settlement`` wrote them. A long enough run of them halts the drain."""
     attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
     again = {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
     if again:
-        out.returned = [{"id": r["id"], "outcome_detail": r["outcome_detail"]} for r in out.rows if r["id"] in again]
+        out.returned.extend(
+            {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": True,
+             "not_before": retry_not_before(out.at, attempts[r["id"]] + 1, settings)}
+            for r in out.rows if r["id"] in again
+        )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]
     reason = outage.count(results)
     if reason and not summary.halted:
         summary.halted = reason
         log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
     return out
+
+
+def retry_not_before(now: str, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform) -> str:
+    """When a row may go again after its ``attempt``-th send certainly did not deliver: exponential
+    backoff (``REMINDERS_SEND_RETRY_BASE_SECONDS`` doubling per attempt, at most
+    ``REMINDERS_SEND_RETRY_MAX_SECONDS``) with jitter down to half, so rows throttled together do
+    not all come back together, and a second dispatcher or the cron drain waits as well."""
+    delay = min(settings.send_retry_max_seconds, settings.send_retry_base_seconds * 2 ** (attempt - 1))
+    return shift(now, uniform(delay / 2, delay))
 
 
 def _write_returned(conn: Connection, returned: Sequence[_Settlement], claimer: str) -> list[tuple[int, int]]:

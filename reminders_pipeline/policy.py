@@ -10,10 +10,13 @@ and the build's quiet-hours hold that decides which ``send_after`` a row gets.
    ``lead:0@expiry``) is *about* the anchor itself, so it is bounded by lateness alone: otherwise
    it could never be delivered. A day rule names a time of day, not a distance from midnight: like
    ``lead:0@expiry`` it is bounded by the event's end and lateness only, never ``event_started``.
-3. ``too_late``: ``now - send_after > MAX_LATENESS_SECONDS``.
-4. ``quiet_hours``: ``now`` falls in the device's quiet hours (its zone) and the rule has no
-   ``!``. The build already moved every reminder it could to the window's end; what is still
-   inside would have gone after its event began.
+3. ``too_late``: ``now`` is more than ``MAX_LATENESS_SECONDS`` past the row's ``send_after`` (or,
+   for a row held to the end of quiet hours at send time, past that end: ``lateness_base``).
+4. ``held`` / ``quiet_hours``: ``now`` falls in the device's quiet hours (its zone) and the rule
+   has no ``!``. A row claimed late inside them (the build moves a reminder due inside the window
+   to its end) is ``held``: back to pending until the window ends (``quiet_end``), when its event
+   is still ahead then, as ``held_send_after`` decides for the build. Otherwise the alert would
+   go after its event began: ``quiet_hours``.
 5. ``disabled``: ``REMINDERS_ENABLED`` is not exactly ``"true"``; recorded with what would have gone.
 6. ``send``.
 
@@ -27,10 +30,10 @@ from typing import Any, Literal, Mapping
 from .feed import Item
 from .rules import Rule, parse_rule
 from .settings import Settings
-from .times import unix_from_iso
+from .times import iso_from_unix, unix_from_iso
 from .zones import LocalTime, QuietHours, ZoneError, local_time, parse_quiet_hours
 
-Decision = Literal["send", "disabled", "event_started", "event_expired", "too_late", "quiet_hours"]
+Decision = Literal["send", "disabled", "event_started", "event_expired", "too_late", "quiet_hours", "held"]
 
 
 def decide(row: Mapping[str, Any], now: str, settings: Settings) -> Decision:
@@ -42,13 +45,37 @@ def decide(row: Mapping[str, Any], now: str, settings: Settings) -> Decision:
         return "event_expired"
     if rule.anchor != "day" and rule.lead_seconds > 0 and now_s >= rule.anchor_unix(starts, expires):
         return "event_started" if rule.anchor == "start" else "event_expired"
-    if now_s - unix_from_iso(row["send_after"]) > settings.max_lateness_seconds:
+    if now_s - unix_from_iso(lateness_base(row)) > settings.max_lateness_seconds:
         return "too_late"
     if not rule.breakthrough and _in_quiet_hours(row, now_s):
-        return "quiet_hours"
+        return "held" if quiet_end(row, now) is not None else "quiet_hours"
     if not settings.enabled:
         return "disabled"
     return "send"
+
+
+def lateness_base(row: Mapping[str, Any]) -> str:
+    """What lateness counts from: the rule's time, ``send_after``, as the build held it. A row the
+    drain held to the end of quiet hours (pending with ``outcome_detail`` ``quiet_hours``) counts
+    from that end, its ``not_before``, as if the build had held it. A retry's backoff does not move
+    it: a retried row is still bounded by its rule's time."""
+    held = row.get("outcome_detail") == "quiet_hours" and row.get("not_before")
+    return max(row["send_after"], row["not_before"]) if held else row["send_after"]
+
+
+def quiet_end(row: Mapping[str, Any], now: str) -> str | None:
+    """When a row claimed inside its device's quiet hours may go: the window's end, if that is
+    still before what the reminder is about (the condition ``held_send_after`` applies). None: the
+    row cannot wait (not in quiet hours, a ``!`` rule, or the event would have begun)."""
+    rule, now_s = parse_rule(row["rule"]), unix_from_iso(now)
+    if rule.breakthrough or not _in_quiet_hours(row, now_s):
+        return None
+    try:
+        end = parse_quiet_hours(row.get("quiet_hours")).end_after(now_s, local_time(dict(row)))  # type: ignore[union-attr]
+    except ZoneError:
+        return None
+    anchor = rule.anchor_unix(int(unix_from_iso(row["event_at"])), int(unix_from_iso(row["expires_at"])))
+    return iso_from_unix(end) if end < anchor else None
 
 
 def _in_quiet_hours(row: Mapping[str, Any], now_s: float) -> bool:

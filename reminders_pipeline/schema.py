@@ -144,6 +144,9 @@ notification_queue = Table(
     # UTC) before any zone; NULL for an item fixed in time. A re-arm needs the item to move, and a
     # zone change moves event_at without moving the item.
     Column("item_at", IsoTime),
+    # A pending row is not due before this (a retry's backoff, a quiet-hours hold at send time);
+    # ``send_after`` stays the rule's time. NULL: due at ``send_after``.
+    Column("not_before", IsoTime),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
@@ -161,6 +164,7 @@ notification_queue = Table(
     iso_check("item_at"),
     iso_check("created_at", False),
     iso_check("updated_at", False),
+    iso_check("not_before"),
     # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.
     Index(
         "ix_queue_due",
@@ -168,6 +172,13 @@ notification_queue = Table(
         "id",
         sqlite_where=text("status = 'pending'"),
         postgresql_where=text("status = 'pending'"),
+    ),
+    # Few rows carry a not-before: the dispatcher's wake-up finds the earliest without a scan.
+    Index(
+        "ix_queue_not_before",
+        "not_before",
+        sqlite_where=text("status = 'pending' AND not_before IS NOT NULL"),
+        postgresql_where=text("status = 'pending' AND not_before IS NOT NULL"),
     ),
     Index(
         "ix_queue_claimed",

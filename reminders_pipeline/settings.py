@@ -129,6 +129,10 @@ class Settings:
     http_accept_now: bool = False  # testing only: the HTTP routes honour a pretend ``now``
     send_max_attempts: int = 3  # sends of one row that certainly never reached APNs, before it fails
     apns_halt_after: int = 20  # consecutive certain non-deliveries that halt a drain (an outage)
+    # A row that certainly was not delivered waits base * 2**(attempt-1) seconds, jittered down to
+    # half, at most the cap, as its not_before (Apple asks for exponential backoff on 429/500/503).
+    send_retry_base_seconds: float = 5.0
+    send_retry_max_seconds: float = 300.0
     rearm_threshold_seconds: int = 300  # a settled row is re-armed only if its item moves this far
     # Operations (issue 12): the per-process engine and what /metrics reads.
     db_pool_size: int = 10  # connections kept per process; as many again may open under load
@@ -211,6 +215,8 @@ class Settings:
             http_accept_now=env.get("REMINDERS_HTTP_ACCEPT_NOW") == "true",
             send_max_attempts=_int(env, "REMINDERS_SEND_MAX_ATTEMPTS", 3, 1),
             apns_halt_after=_int(env, "REMINDERS_APNS_HALT_AFTER", 20, 1),
+            send_retry_base_seconds=_float(env, "REMINDERS_SEND_RETRY_BASE_SECONDS", 5.0, 0.0),
+            send_retry_max_seconds=_float(env, "REMINDERS_SEND_RETRY_MAX_SECONDS", 300.0, 0.0),
             rearm_threshold_seconds=_int(env, "REMINDERS_REARM_THRESHOLD_SECONDS", 300, 1),
             db_pool_size=_int(env, "REMINDERS_DB_POOL_SIZE", 10, 1),
             db_statement_timeout_ms=_int(env, "REMINDERS_DB_STATEMENT_TIMEOUT_MS", 60_000),

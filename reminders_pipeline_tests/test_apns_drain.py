@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("fresh_mock")  # conftest: one mock APNs pe
 @pytest.fixture
 def live(settings, mock):
     # 5 s: a first send's TLS handshake and token signing on a loaded 2-core runner stay well inside it.
-    return settings.with_(enabled=True, send_timeout_seconds=5, **mock.apns_settings())
+    # No backoff: a retried row is due again at once on the real clock (test_drain times the backoff).
+    return settings.with_(enabled=True, send_timeout_seconds=5, send_retry_base_seconds=0, **mock.apns_settings())
 
 
 def queue(db, settings, feeds, *, devices=1, items=1, starts_in=1200, lead=1800):

@@ -321,3 +321,33 @@ def test_a_sqlite_write_lock_held_elsewhere_never_stalls_the_event_loop_sends_wa
     locker.join()
     assert summary.outcomes == {"sent": 200}
     assert longest < 1.5, f"the event loop stalled for {longest:.2f}s behind SQLite's lock"
+
+
+def test_twenty_bad_tokens_due_together_stop_only_their_own_devices(db, mock):
+    """Twenty devices whose tokens APNs answers 400 BadDeviceToken (some 410 Unregistered), due in
+    the same 10 s as one good device's reminder: no halt, each bad device is marked and its row
+    fails with APNs' reason, and the good reminder is sent on time.
+
+    A halt would hold the good row for a minute (the dispatcher's first backoff); the 3 s bound
+    leaves the rest to scheduling noise on a loaded 2-core runner."""
+    live = live_settings(db.url, mock, send_timeout_seconds=30, dispatch_poll_seconds=0.5)
+    t = time.time() + 2
+    bad = {f"bad-{n:02d}": [t + (n % 5 == 4)] for n in range(20)}  # 16 BadDeviceToken at t, 4 Unregistered at t + 1 s
+    queue_rows(db, {**bad, "good": [t + 2]})
+    for n in range(20):
+        reason = {"status": 410, "reason": "Unregistered"} if n % 5 == 4 else {"status": 400, "reason": "BadDeviceToken"}
+        mock.script(f"{n + 1:064x}", **reason)
+    running = DispatcherThread(db.url, live, _apns(live), name="bad-tokens").start()
+    try:
+        wait_until("every row settled", lambda: all(r["status"] == "settled" for r in rows(db)), timeout=30)
+    finally:
+        summary = running.stop()
+    (good,) = rows(db, device_id="good")
+    lateness = unix_from_iso(good["sent_at"]) - unix_from_iso(good["send_after"])
+    assert good["outcome"] == "sent" and lateness < 3.0, f"sent {lateness:.2f}s after its send_after"
+    assert summary.halted is None
+    failed = {r["device_id"]: r["outcome_detail"] for r in rows(db) if r["device_id"] != "good"}
+    assert failed == {d: "Unregistered" if int(d[4:]) % 5 == 4 else "BadDeviceToken" for d in bad}
+    with db.read() as conn:
+        marked = {d.id: d.token_invalid_reason for d in ledger.list_devices(conn)}
+    assert marked == {**failed, "good": None}

@@ -275,19 +275,68 @@ def test_apns_credentials_missing_fail_fast_before_any_claim(db, live, feeds):
     assert {r["status"] for r in rows(db)} == {"pending"}
 
 
-def test_every_device_bad_token_is_a_wrong_environment_not_dead_tokens(db, live, feeds):
-    """Sandbox tokens sent to production all answer BadDeviceToken: halt and alert, invalidate nothing."""
-    url = feeds.items("/a.json", [item("e", 3600)])
-    tokens = [f"{i:064x}" for i in range(1, 7)]
-    for i, tok in enumerate(tokens):
+def test_bad_tokens_of_many_devices_mark_each_device_and_halt_nothing(db, live, feeds):
+    """Seven devices whose tokens APNs rejects, due together, are seven faults of their own: each
+    device is marked, its row fails with APNs' reason, and the drain sends everyone else's."""
+    url = feeds.items("/a.json", [item("e", 3600), item("later", 7200)])
+    bad_tokens = [f"{i:064x}" for i in range(1, 8)]
+    for i, tok in enumerate(bad_tokens):
         device(db, live, f"d{i}", sources=[url], token=tok)
+    device(db, live, "good", sources=[feeds.items("/b.json", [item("e", 3630), item("later", 7200)])])
     build(db, live, now=NOW)
     bad = SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)
-    sender = RecordingSender(script={tok: bad for tok in tokens})
+    sender = RecordingSender(script={tok: bad for tok in bad_tokens})
     summary = drain(db, live, sender.factory(), now=at(0))
-    assert summary.halted.startswith("BadDeviceToken:every-device") and summary.tokens_invalidated == 0
+    assert summary.halted is None and summary.tokens_invalidated == 7
+    assert summary.outcomes == {"failed": 7} and summary.details == {"failed:BadDeviceToken": 7}
+    assert drain(db, live, sender.factory(), now=at(30)).outcomes == {"sent": 1}  # the good device's, due 30 s later
     with db.read() as conn:
-        assert all(d.token_invalid_at is None for d in ledger.list_devices(conn))
+        marked = {d.id: d.token_invalid_reason for d in ledger.list_devices(conn)}
+    assert marked == {**{f"d{i}": "BadDeviceToken" for i in range(7)}, "good": None}
+    later = {r["device_id"]: (r["outcome"], r["outcome_detail"]) for r in rows(db) if r["item_id"].endswith(":later")}
+    assert later == {**{f"d{i}": ("voided", "token_invalid") for i in range(7)}, "good": (None, None)}
+    assert drain(db, live, sender.factory(), now=at(3600)).outcomes == {"sent": 1}  # only the good device's
+    assert [n.device_id for n in sender.sent].count("good") == 2 and len(sender.sent) == 9
+
+
+def test_registering_again_clears_the_mark_even_with_the_same_token(db, live, feeds):
+    """Apple: stop sending to an unregistered token unless the device registered again since. The
+    device's next PUT is that registration; its voided rows come back with the next build."""
+    url = feeds.items("/a.json", [item("e", 3600), item("later", 7200)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    gone = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
+    drain(db, live, RecordingSender(script={TOKEN: gone}).factory(), now=at(0))
+    device(db, live, sources=[url])  # the same token, registered again
+    with db.read() as conn:
+        dev = ledger.get_device(conn, "dev-1")
+    assert (dev.token_invalid_at, dev.token_invalid_reason) == (None, None)
+    build(db, live, now=at(60))
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(3600)).outcomes == {"sent": 1}
+    assert [n.payload["reminder"]["item_id"] for n in sender.sent] == [by_key(db)[("later", "lead:3600")]["item_id"]]
+
+
+def test_429s_to_one_token_are_its_backoff_never_an_outage_halt(db, live, feeds):
+    """APNs throttling one device token (429 TooManyRequests) says nothing about APNs or our
+    configuration: however many in a row, the drain goes on sending the others."""
+    url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(20)])
+    device(db, live, "noisy", sources=[url], token="cd" * 32)  # its 20 rows are claimed first (lower ids)
+    device(db, live, "other", sources=[url])
+    build(db, live, now=NOW)
+    throttled = SendResult(0, False, reason="TooManyRequests", status=429, retry=True)
+    live = live.with_(apns_halt_after=5, claim_batch_size=10)
+    summary = drain(db, live, RecordingSender(script={"cd" * 32: throttled}).factory(), now=at(0))
+    assert summary.halted is None and summary.outcomes == {"sent": 20} and summary.returned_to_pending == 20
+
+
+def test_an_outage_of_500s_still_halts(db, live, feeds):
+    url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(10)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    down = SendResult(0, False, reason="InternalServerError", status=500, retry=True)
+    summary = drain(db, live.with_(apns_halt_after=3, claim_batch_size=3), RecordingSender(script={TOKEN: down}).factory(), now=at(0))
+    assert summary.halted.startswith("apns_unreachable: 3 sends in a row")
 
 
 def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
@@ -356,7 +405,7 @@ def test_a_row_returned_to_pending_is_still_bounded_by_max_lateness(db, live, fe
     ids = _due_items(db, live, feeds, 1)
     unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
     summary = drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
-    assert summary.returned_to_pending == 1 and find_due(db, at(0)) == ids
+    assert summary.returned_to_pending == 1 and find_due(db, at(0)) == [] and find_due(db, at(10)) == ids  # after its backoff
     late = at(live.max_lateness_seconds + 1)  # the event starts at at(3600): only lateness stops it
     assert drain(db, live, RecordingSender().factory(), now=late).outcomes == {"too_late": 1}
 
@@ -373,8 +422,9 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
         unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
         assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0)).returned_to_pending == 1
         notes = list(listener.notifies(timeout=5, stop_after=1))
-    assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, rows(db)[0]["send_after"])]
-    assert find_due(db, at(0)) == ids
+    (row,) = rows(db)
+    assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, row["not_before"])]  # when it is due again
+    assert find_due(db, row["not_before"]) == ids
 
 
 def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_halt(db, live, feeds, monkeypatch):
@@ -428,8 +478,8 @@ def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds)
     and came back is queued anew, so it gets its full REMINDERS_SEND_MAX_ATTEMPTS again."""
     (row_id,) = _due_items(db, live, feeds, 1)
     unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
-    for _ in range(2):
-        drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
+    for now in (at(0), at(60)):  # the second after the first's backoff
+        drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=now)
     (row,) = rows(db)
     assert (row["status"], row["attempts"]) == ("pending", 2)
     with db.write() as conn:
@@ -500,3 +550,76 @@ def test_the_abandon_threshold_must_exceed_the_send_timeout_and_the_fence_margin
     with pytest.raises(SettingsError, match="REMINDERS_ABANDON_AFTER_SECONDS must exceed"):
         Settings.from_env(env)
     assert Settings.from_env({**env, "REMINDERS_ABANDON_AFTER_SECONDS": "71"}).abandon_after_seconds == 71
+
+
+def test_a_retry_waits_its_backoff_in_the_ledger_for_every_drainer(db, live, feeds):
+    """A 503 gives the row back with a not-before: no second drainer (cron drain, another
+    dispatcher) retries it at once, ``send_after`` stays the rule's time, and the wake-up time
+    every dispatcher reads is the end of the backoff."""
+    (row_id,) = _due_items(db, live, feeds, 1)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
+    (row,) = rows(db)
+    assert row["send_after"] == at(0) and at(0) < row["not_before"] and at(2.5) <= row["not_before"] <= at(5)
+    other = RecordingSender()
+    assert drain(db, live, other.factory(), now=at(2)).claimed == 0 and other.sent == []
+    with db.read() as conn:
+        assert ledger.next_send_after(conn) == row["not_before"]
+    assert drain(db, live, other.factory(), now=row["not_before"]).outcomes == {"sent": 1}
+
+
+def test_a_rebuild_of_a_pending_row_keeps_its_attempts_and_backoff(db, live, feeds):
+    """Retitling the event between retries must not hand the row a fresh set of attempts."""
+    url = feeds.items("/a.json", [item("e", 3600)])
+    device(db, live, sources=[url])
+    build(db, live, now=NOW)
+    unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
+    for now in (at(0), at(60)):
+        drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=now)
+    feeds.items("/a.json", [item("e", 3600, title="Retitled")])
+    build(db, live, now=at(61))
+    (row,) = rows(db)
+    assert (row["title"], row["attempts"], row["outcome_detail"]) == ("Retitled", 2, "ServiceUnavailable")
+    assert row["not_before"] > at(61)
+    drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120))
+    (row,) = rows(db)
+    assert (row["outcome"], row["outcome_detail"]) == ("failed", "ServiceUnavailable")  # the third of REMINDERS_SEND_MAX_ATTEMPTS
+
+
+def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings):
+    from reminders_pipeline.drain import retry_not_before
+
+    s = settings.with_(send_retry_base_seconds=5, send_retry_max_seconds=30)
+    lowest, highest = (lambda a, b: a), (lambda a, b: b)
+    assert [retry_not_before(at(0), n, s, highest) for n in (1, 2, 3, 4, 5)] == [at(5), at(10), at(20), at(30), at(30)]
+    assert [retry_not_before(at(0), n, s, lowest) for n in (1, 2, 3)] == [at(2.5), at(5), at(10)]
+
+
+def _quiet_device(db, live, feeds, starts_in, lead):
+    """Quiet hours 10:05-11:00 UTC; NOW is 08:00."""
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    url = feeds.items("/a.json", [item("e", starts_in)])
+    put_device(db, live, DeviceSpec("dev-1", TOKEN, lead, (), (url,), tz="UTC", quiet_hours="10:05-11:00"), now=NOW)
+    build(db, live, now=NOW)
+    (row,) = rows(db)
+    assert row["send_after"] == at(7200)  # 10:00, before the window: the build holds nothing
+
+
+def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db, live, feeds):
+    """Due 10:00, quiet hours from 10:05, the event at 12:00: a drain at 10:06 holds the row to
+    11:00 instead of settling it quiet_hours for good, and at 11:00 it is on time."""
+    _quiet_device(db, live, feeds, starts_in=4 * 3600, lead=7200)
+    sender = RecordingSender()
+    summary = drain(db, live, sender.factory(), now=at(7200 + 360))
+    (row,) = rows(db)
+    assert summary.outcomes == {} and sender.sent == []
+    assert (row["status"], row["not_before"], row["outcome_detail"], row["attempts"]) == ("pending", at(3 * 3600), "quiet_hours", 0)
+    assert drain(db, live, sender.factory(), now=at(3 * 3600 - 1)).claimed == 0
+    assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {"sent": 1}  # 60 min after send_after: not too_late
+
+
+def test_a_row_claimed_inside_quiet_hours_whose_event_begins_before_their_end_settles_quiet_hours(db, live, feeds):
+    _quiet_device(db, live, feeds, starts_in=2 * 3600 + 1800, lead=1800)  # the event at 10:30, inside the window
+    summary = drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
+    assert summary.outcomes == {"quiet_hours": 1}

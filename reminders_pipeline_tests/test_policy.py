@@ -2,7 +2,7 @@
 
 import pytest
 
-from reminders_pipeline.policy import decide
+from reminders_pipeline.policy import decide, quiet_end
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
 
@@ -58,6 +58,14 @@ QUIET = {"tz_name": "UTC", "quiet_hours": "22:00-07:00"}
         ("quiet hours in the zone", row("lead:0", D + 20 * 3600, D + 20 * 3600, D + DAY, tz_name="Europe/Berlin",
                                         quiet_hours="22:00-07:00"), D + 20 * 3600, LIVE, "quiet_hours"),
         ("too late beats quiet hours", row("lead:0", D, D, D + DAY, **QUIET), D + 1801, LIVE, "too_late"),
+        # Claimed late inside quiet hours: held to their end while the event is still ahead then.
+        ("claimed late inside quiet hours", row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600, **QUIET),
+         D + 22 * 3600 + 180, LIVE, "held"),
+        ("held, then sent at the window's end", row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600,
+                                                    not_before=iso_from_unix(D + DAY + 7 * 3600), outcome_detail="quiet_hours", **QUIET),
+         D + DAY + 7 * 3600 + 60, LIVE, "send"),
+        ("a retry's backoff does not move lateness", row("lead:3600", T - 3600, not_before=iso_from_unix(T - 3000),
+                                                         outcome_detail="ServiceUnavailable"), T - 3600 + 1801, LIVE, "too_late"),
     ],
 )
 def test_policy_table(case, r, now, settings, expected):
@@ -81,3 +89,12 @@ def test_a_hold_in_the_second_pass_of_the_fold_never_moves_a_send_earlier():
     event = Item("x", "Flight", None, start, start + 3600)
     held = held_send_after(due, parse_rule("lead:6300"), event, parse_quiet_hours("22:00-02:30"), LocalTime("Europe/Berlin"))
     assert held == 1792891800 == due + 900  # 2026-10-25T01:30Z
+
+
+def test_quiet_end_is_the_window_end_only_while_the_event_is_still_ahead():
+    late = row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600, **QUIET)
+    assert quiet_end(late, iso_from_unix(D + 22 * 3600 + 180)) == iso_from_unix(D + DAY + 7 * 3600)
+    assert quiet_end(late, iso_from_unix(D + 21 * 3600)) is None  # not inside quiet hours
+    soon = row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET)
+    assert quiet_end(soon, iso_from_unix(D + 23 * 3600)) is None  # the event begins before 07:00
+    assert quiet_end({**late, "rule": "lead:3600!"}, iso_from_unix(D + 22 * 3600 + 180)) is None

@@ -7,7 +7,7 @@ import json
 from functools import cache
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, select, text, update
+from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, or_, select, text, update
 from sqlalchemy.dialects import postgresql
 
 from ..schema import devices, drain_halts, notification_queue as q
@@ -38,9 +38,14 @@ def fail_abandoned(conn: Connection, cutoff: str, now: str) -> int:
     ).rowcount
 
 
+def not_held(now: Any) -> Any:
+    """A retry's backoff or a quiet-hours hold has ended (or there is none): half the due predicate."""
+    return or_(q.c.not_before.is_(None), q.c.not_before <= now)
+
+
 def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
-    """The due predicate: pending and ``send_after`` has passed. Plain text comparison."""
-    stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now).order_by(q.c.send_after, q.c.id)
+    """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text comparison."""
+    stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now, not_held(now)).order_by(q.c.send_after, q.c.id)
     if row_id is not None:
         stmt = stmt.where(q.c.id == row_id)
     if limit is not None:
@@ -92,7 +97,7 @@ def _claim_statement(dialect: str) -> Any:
         target = bindparam("claim_ids", expanding=True)
     stmt = (
         update(q)
-        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now)
+        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now, not_held(now))
         .values(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
         .returning(*q.c)
     )
@@ -136,31 +141,44 @@ def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: 
 
 
 _RETURN_ROWS_SOURCE = {
-    "postgresql": "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text)",
-    "sqlite": "SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.outcome_detail') AS outcome_detail FROM json_each(:rows)",
+    "postgresql": (
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text, hold text, spent int)"
+    ),
+    "sqlite": (
+        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in ("id", "outcome_detail", "hold", "spent"))
+        + " FROM json_each(:rows)"
+    ),
 }
 
 
 _RETURN_TO_PENDING = """
-UPDATE notification_queue AS q SET status = 'pending', attempts = q.attempts + 1, outcome_detail = r.outcome_detail,
-    claimed_by = NULL, claimed_at = NULL, updated_at = :now
+UPDATE notification_queue AS q SET status = 'pending', attempts = q.attempts + r.spent, outcome_detail = r.outcome_detail,
+    not_before = r.hold, claimed_by = NULL, claimed_at = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
-RETURNING send_after
+RETURNING send_after, not_before
 """
 
 
 def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
-    """Give the claimer's claimed rows back to pending, one attempt more: each certainly never reached
-    APNs. ``outcome_detail`` keeps why, until the row settles. Wakes listening dispatchers."""
+    """Give the claimer's claimed rows back to pending: none of them reached APNs. Wakes listening
+    dispatchers.
+
+    Each row: ``id``, ``outcome_detail`` (why, kept until the row settles), ``not_before`` (not due
+    before it: a retry's backoff, a quiet-hours hold; None: due at once) and ``spent`` (True: a send
+    was tried, one attempt more toward ``REMINDERS_SEND_MAX_ATTEMPTS``).
+    """
     if not rows:
         return 0
     stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
-    payload = json.dumps([{"id": r["id"], "outcome_detail": r.get("outcome_detail")} for r in rows], separators=(",", ":"))
-    send_afters = list(conn.scalars(stmt, {"rows": payload, "claimer": claimer, "now": now}))
-    if send_afters:
-        announce_pending(conn, min(send_afters))
-    return len(send_afters)
+    payload = json.dumps(
+        [{"id": r["id"], "outcome_detail": r.get("outcome_detail"), "hold": r.get("not_before"), "spent": int(bool(r.get("spent")))} for r in rows],
+        separators=(",", ":"),
+    )
+    back = conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).all()
+    if back:
+        announce_pending(conn, min(max(sa, nb or sa) for sa, nb in back))
+    return len(back)
 
 
 def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: str) -> None:

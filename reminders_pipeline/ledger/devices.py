@@ -53,9 +53,10 @@ def device_credential_hash(conn: Connection, device_id: str) -> str | None:
 
 
 def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None:
-    """Create or replace a device's registration. A newly registered token clears the invalid marker."""
+    """Create or replace a device's registration. Registering clears a dead-token mark, whatever the
+    token: Apple's rule for 410 is "stop sending unless the device registered again since", and a
+    device that re-registers a token APNs rejects is marked again by its next send."""
     ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now)
-    token_changed = devices.c.apns_token.is_distinct_from(ins.excluded.apns_token)
     stmt = ins.on_conflict_do_update(
         index_elements=[devices.c.id],
         set_={
@@ -68,15 +69,11 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
-            "token_invalid_at": _case_keep(token_changed, None, devices.c.token_invalid_at),
-            "token_invalid_reason": _case_keep(token_changed, None, devices.c.token_invalid_reason),
+            "token_invalid_at": null(),
+            "token_invalid_reason": null(),
         },
     )
     conn.execute(stmt)
-
-
-def _case_keep(cond, new, old):  # type: ignore[no-untyped-def]
-    return case((cond, null() if new is None else new), else_=old)
 
 
 def set_chunks(conn: Connection, chunk_of: Mapping[str, int], now: str) -> int:

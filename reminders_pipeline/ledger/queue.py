@@ -7,7 +7,7 @@ import json
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from sqlalchemy import Connection, bindparam, func, select, text, update
+from sqlalchemy import Connection, bindparam, case, func, select, text, update
 
 from ..notification import sent_payload
 from ..rules import parse_rule
@@ -67,8 +67,11 @@ ORDER BY held.id  -- conflicts lock rows in id order, as a drain's settlement do
 ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, item_at = excluded.item_at, status = 'pending',
-    outcome = NULL, outcome_detail = NULL, payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
-    attempts = 0, claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
+    outcome = NULL, outcome_detail = CASE WHEN q.status = 'pending' THEN q.outcome_detail END,
+    payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
+    attempts = CASE WHEN q.status = 'pending' THEN q.attempts ELSE 0 END,
+    not_before = CASE WHEN q.status = 'pending' THEN q.not_before END,
+    claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
         OR q.body {distinct} excluded.body OR q.source_id {distinct} excluded.source_id
@@ -107,7 +110,7 @@ UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
     sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
-    updated_at = :now
+    not_before = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE """ + _MOVED + """
     AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
@@ -243,9 +246,13 @@ def announce_pending(conn: Connection, earliest_send_after: str) -> None:
 
 
 def next_send_after(conn: Connection, after: str | None = None) -> str | None:
-    """The earliest pending ``send_after`` (later than ``after``, if given): one step down the
-    partial due index."""
-    stmt = select(func.min(q.c.send_after)).where(q.c.status == PENDING)
+    """When the earliest pending row comes due (later than ``after``, if given): its ``send_after``,
+    or its ``not_before`` when that is later. One step down the partial due index for rows without
+    a not-before, and a read of the few that have one (their own partial index)."""
+    free = select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.not_before.is_(None))
+    due_at = case((q.c.not_before > q.c.send_after, q.c.not_before), else_=q.c.send_after)
+    held = select(func.min(due_at)).where(q.c.status == PENDING, q.c.not_before.is_not(None))
     if after is not None:
-        stmt = stmt.where(q.c.send_after > after)
-    return conn.scalar(stmt)
+        free, held = free.where(q.c.send_after > after), held.where(due_at > after)
+    times = [t for t in conn.execute(select(free.scalar_subquery(), held.scalar_subquery())).one() if t is not None]
+    return min(times, default=None)
