@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence, TypeVar
 
 from sqlalchemy import Connection
