@@ -1,0 +1,75 @@
+"""Hostile sources stay bounded: decoded bytes, item cap order, calendar expansion, feed route reads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import textwrap
+
+from reminders_pipeline.egress import parse_networks
+from reminders_pipeline.settings import LOOPBACK_NETWORKS
+from reminders_pipeline.sources import SourceReader
+from reminders_pipeline.times import unix_from_iso
+
+from .http_sources import Route, gzip_bomb
+
+NOW = "2026-10-18T12:00:00.000Z"
+NOW_S = int(unix_from_iso(NOW))
+LOOPBACK = parse_networks(LOOPBACK_NETWORKS)
+FEED = json.dumps({"items": [{"id": "a", "title": "A", "startsAt": NOW_S + 600, "expiresAt": NOW_S + 900}]}).encode()
+
+
+def _read(feeds, path: str, max_bytes: int = 5_000_000):
+    return SourceReader(timeout=10, max_bytes=max_bytes, allow_networks=LOOPBACK).read_all({1: feeds.url(path)}, (NOW_S, NOW_S + 86400))[1]
+
+
+def test_stacked_gzip_is_decoded_and_its_decoded_size_is_capped(feeds):
+    feeds.set("/twice.json", Route(body=gzip.compress(gzip.compress(FEED)), headers={"Content-Encoding": "gzip, gzip"}))
+    feeds.set("/bomb.json", Route(body=gzip_bomb(64), headers={"Content-Encoding": "gzip, gzip"}))
+    assert [i.id for i in _read(feeds, "/twice.json").feed.items] == ["a"]
+    bomb = _read(feeds, "/bomb.json", max_bytes=1_000_000)
+    assert not bomb.ok and bomb.error == "too_large"
+
+
+def test_unknown_or_too_deep_encodings_fail_with_their_own_code(feeds):
+    feeds.set("/br.json", Route(body=FEED, headers={"Content-Encoding": "br"}))
+    thrice = gzip.compress(gzip.compress(gzip.compress(FEED)))
+    feeds.set("/thrice.json", Route(body=thrice, headers={"Content-Encoding": "gzip, gzip, gzip"}))
+    feeds.set("/cut.json", Route(body=gzip.compress(FEED)[:-12], headers={"Content-Encoding": "gzip"}))
+    assert _read(feeds, "/br.json").error == "unsupported_encoding"
+    assert _read(feeds, "/thrice.json").error == "unsupported_encoding"
+    assert _read(feeds, "/cut.json").error == "read_failed"  # a truncated body is not a shorter feed
+
+
+PEAK_RSS = textwrap.dedent(
+    """
+    import resource, sys
+    from reminders_pipeline.egress import parse_networks
+    from reminders_pipeline.sources import SourceReader
+    reader = SourceReader(timeout=60, allow_networks=parse_networks(["127.0.0.0/8"]))
+    read = reader.read_all({1: sys.argv[1]})[1]
+    print(read.error or "ok", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    """
+)
+
+
+def _peak_rss_mib(url: str) -> tuple[str, int]:
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS, url], capture_output=True, text=True, timeout=300, check=True)
+    error, peak = out.stdout.split()
+    return error, int(peak)
+
+
+def test_a_kilobyte_that_inflates_to_a_gigabyte_costs_no_memory(feeds):
+    """The issue's bar: a ~2.5 KB body stacking gzip twice that inflates to 1 GiB fails ``too_large``
+    with peak RSS within 100 MB of reading a plain feed (measured: 146 MiB each; 2,090 MiB when httpx decoded)."""
+    bomb = gzip_bomb(1024)
+    assert len(bomb) < 4096
+    feeds.set("/plain.json", Route(body=FEED))
+    feeds.set("/gig.json", Route(body=bomb, headers={"Content-Encoding": "gzip, gzip"}))
+    plain_error, plain_peak = _peak_rss_mib(feeds.url("/plain.json"))
+    bomb_error, bomb_peak = _peak_rss_mib(feeds.url("/gig.json"))
+    print(f"peak RSS: plain {plain_peak} MiB, gzip bomb {bomb_peak} MiB")
+    assert (plain_error, bomb_error) == ("ok", "too_large")
+    assert bomb_peak - plain_peak < 100
