@@ -74,6 +74,7 @@ class DevicePlan:
     subscribed: set[int]
     rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
     item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
+    cut_from: dict[int, int] = field(default_factory=dict)  # per source: the item cap cut items starting from here
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -97,6 +98,8 @@ def plan_device(
         if read is None or not read.ok:
             continue
         plan.ok_sources.add(source_id)
+        if read.feed.cut_from is not None:  # type: ignore[union-attr]
+            plan.cut_from[source_id] = read.feed.cut_from  # type: ignore[union-attr]
         for raw in read.feed.items:  # type: ignore[union-attr]
             item = raw.for_local(local)
             item_id = namespaced(source_id, item.id)
@@ -151,6 +154,7 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
 
     Rows of a source whose read failed are left alone: a failed read never voids. A row whose item is
     still in the feed but has begun is left for the drain, which settles it with the true reason.
+    Nor does the item cap void: a row whose event starts where the cap cut the feed may be there still.
     """
     if row["rule"] not in plan.rules:
         return "rule_removed"
@@ -160,7 +164,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
         return None
     item = plan.feed_items.get(row["item_id"])
     if item is None:
-        return "left_feed"
+        cut = plan.cut_from.get(row["source_id"])
+        return None if cut is not None and unix_from_iso(row["event_at"]) >= cut else "left_feed"
     if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
         return "rule_removed"  # the calendar dropped that alarm
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:

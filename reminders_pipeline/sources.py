@@ -175,12 +175,12 @@ class SourceReader:
                 await response.aclose()
             content_type = response.headers.get("content-type", "")
             etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
+            start, end = window or _default_window()
             if is_calendar(url, content_type, body):
-                start, end = window or _default_window()
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
                 return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
-            feed = usable(await self._parse(parse_json_feed, body, self.max_items))
+            feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
             return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
         except (FeedError, ReadFailed) as exc:
             return SourceRead(source_id, url, error=exc.code)

@@ -73,3 +73,27 @@ def test_a_kilobyte_that_inflates_to_a_gigabyte_costs_no_memory(feeds):
     print(f"peak RSS: plain {plain_peak} MiB, gzip bomb {bomb_peak} MiB")
     assert (plain_error, bomb_error) == ("ok", "too_large")
     assert bomb_peak - plain_peak < 100
+
+
+def test_the_item_cap_keeps_the_soonest_future_items_whatever_the_feed_order(db, settings, feeds):
+    """Issue 19 item 4: past items first, then future ones latest first, cap 3. The cap keeps the
+    three soonest future items; a row already queued for a later item stays pending (the cap says
+    nothing about whether it left the feed)."""
+    from reminders_pipeline.build import build
+
+    from .support import device, rows
+
+    def item(name: str, offset: int) -> dict:
+        return {"id": name, "title": name, "startsAt": NOW_S + offset, "expiresAt": NOW_S + offset + 600}
+
+    past = [item(f"past{i}", -86400 - i * 3600) for i in range(5)]
+    future = [item(f"f{i}", 7200 + i * 3600) for i in range(5)]
+    url = feeds.items("/capped.json", past + future[::-1])
+    device(db, settings, sources=[url])
+    build(db, settings.with_(source_max_items=10), now=NOW)
+    summary = build(db, settings.with_(source_max_items=3), now=NOW)
+    pending = sorted(r["item_id"].split(":", 1)[1] for r in rows(db) if r["status"] == "pending")
+    assert summary.items_rejected == {"over_item_cap": 2}
+    assert pending == ["f0", "f1", "f2", "f3", "f4"] and summary.rows_voided == {}
+    feed = SourceReader(allow_networks=LOOPBACK, max_items=3).read_all({1: url}, (NOW_S, NOW_S + 86400))[1].feed
+    assert sorted(i.id for i in feed.items if not i.id.startswith("past")) == ["f0", "f1", "f2"]
