@@ -250,6 +250,7 @@ def make_reader(settings: Settings) -> SourceReader:
     return SourceReader(
         settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host,
         parse_networks(settings.source_allow_networks), settings.source_max_items, settings.source_parse_seconds,
+        settings.source_series_seconds,
     )
 
 

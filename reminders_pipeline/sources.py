@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,7 @@ import httpx
 
 from .egress import AddressRefused, GuardedTransport, Network
 from .feed import FeedError, ParsedFeed, parse_json_feed
-from .ics import parse_ics_feed
+from .ics import SERIES_SECONDS, parse_ics_feed
 from .times import iso_from_unix, unix_from_iso
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
@@ -113,6 +114,7 @@ class SourceReader:
         allow_networks: Sequence[Network] = (),
         max_items: int | None = None,
         parse_seconds: float = 10.0,
+        series_seconds: float = SERIES_SECONDS,
     ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -121,6 +123,7 @@ class SourceReader:
         self.allow_networks = tuple(allow_networks)  # internal networks this deployment may read from
         self.max_items = max_items  # per source per read: items kept (and calendar occurrences built)
         self.parse_seconds = parse_seconds  # per source: parsing runs in a thread and fails past this
+        self.series_seconds = series_seconds  # per calendar series: CPU seconds before it is dropped
 
     def read_all(self, sources: Mapping[int, SourceState | str], window: Windows = None) -> dict[int, SourceRead]:
         """Blocking wrapper for sync callers (the build, the CLI)."""
@@ -189,16 +192,19 @@ class SourceReader:
 
     async def _parse(self, parse: Callable[..., ParsedFeed], *args: Any, **kwargs: Any) -> ParsedFeed:
         """Parsing in a worker thread, so a huge body delays only its own source. The calendar
-        parser checks the deadline as it expands; the outer bound catches a slow ``from_ical``
-        (the thread finishes in the background, its result dropped)."""
+        parser checks the deadline at every occurrence; the outer bound catches a slow
+        ``from_ical``, and then tells the thread to stop at its next occurrence."""
+        cancel = threading.Event()
         if parse is parse_ics_feed:
-            kwargs["deadline"] = time.monotonic() + self.parse_seconds
+            kwargs.update(deadline=time.monotonic() + self.parse_seconds, series_seconds=self.series_seconds, cancel=cancel)
         call = functools.partial(parse, *args, **kwargs)
         try:
             work = asyncio.get_running_loop().run_in_executor(_PARSERS, call)
             return await asyncio.wait_for(work, self.parse_seconds + PARSE_GRACE_SECONDS)
         except asyncio.TimeoutError:
             raise FeedError("parse_timeout") from None
+        finally:
+            cancel.set()
 
     @staticmethod
     async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> httpx.Response:
