@@ -22,7 +22,7 @@ from .feed import Item
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
 from .settings import Settings
-from .sources import SourceRead, SourceReader, SourceState, distinct_sources
+from .sources import SourceRead, SourceReader, SourceState, distinct_sources, shown_url
 from .times import iso_from_unix, now_utc, shift, unix_from_iso
 from .zones import LocalTime, local_time, parse_quiet_hours
 
@@ -228,7 +228,7 @@ def build(
     fresh = reader.read_all(missing, windows)
     cache.update(fresh)
     reads = {sid: cache[sid] for sid in states}
-    summary.sources_alerted = [s["url"] for s in _record_reads(db, fresh, now, settings)]
+    summary.sources_alerted = [shown_url(s["url"]) for s in _record_reads(db, fresh, now, settings)]
     _summarize_reads(reads, summary)
 
     now_unix = unix_from_iso(now)
@@ -283,8 +283,8 @@ def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
 
 
 def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
-    """The reads that failed, as the build summary and the widget feed report them."""
-    return [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+    """The reads that failed, as the build summary and the widget feed report them (URLs as shown)."""
+    return [{"url": shown_url(r.url), "error": r.error or ""} for r in reads.values() if not r.ok]
 
 
 def _summarize_reads(reads: dict[int, SourceRead], summary: BuildSummary) -> None:
@@ -322,7 +322,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
         raise_alert(
             settings,
             "Source failing",
-            f"{src['url']} has failed every read since {src['failing_since']} "
+            f"{shown_url(src['url'])} has failed every read since {src['failing_since']} "
             f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
         )
     return long_failing

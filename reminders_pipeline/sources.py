@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import threading
 import time
 import zlib
@@ -92,6 +93,24 @@ class SourceRead:
     @property
     def ok(self) -> bool:
         return self.feed is not None
+
+
+def shown_url(url: str) -> str:
+    """A source URL as anything outside the ledger shows it (alerts, summaries, metadata, logs, API
+    answers, the CLI): scheme, host and port, and a short id from a hash of the whole URL so an
+    operator can tell sources apart and find one (``reminders sources``). Userinfo, path and query
+    can hold the calendar's secret (Google's ``.../private-<token>/basic.ics``): never shown. The
+    stored URL is unchanged: it is needed to read."""
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return f"?#{digest}"
+    if not parts.scheme or not host:
+        return f"?#{digest}"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/…#{digest}"
 
 
 def fetch_url(url: str) -> str:
@@ -230,6 +249,10 @@ class SourceReader:
         encoding) in one call, so a kilobyte of nested gzip would become a gigabyte before any cap
         could look at it. Here each layer yields at most ``DECODE_STEP`` bytes at a time and each
         layer's output counts against ``max_bytes``."""
+        if response.is_stream_consumed:  # an answer built in memory (httpx.MockTransport): already decoded
+            if len(response.content) > self.max_bytes:
+                raise ReadFailed("too_large")
+            return response.content
         decoder = StackedDecoder(response.headers.get_list("content-encoding", split_commas=True), self.max_bytes)
         body = bytearray()
         async for raw in response.aiter_raw():

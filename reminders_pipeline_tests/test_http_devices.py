@@ -11,6 +11,7 @@ from sqlalchemy import event, text
 
 from reminders_pipeline import ledger
 from reminders_pipeline.db import Database
+from reminders_pipeline.sources import shown_url
 
 from .support import NOW, NOW_S, item
 from .test_http_support import APNS_TOKEN, error_of, serve, served  # noqa: F401 - fixtures
@@ -139,7 +140,7 @@ def test_feed_reports_a_failed_source_and_still_answers(served, feeds):
     served.put_device("phone-1", source_urls=[ok, bad])
     feed = served.api.get("/v1/devices/phone-1/feed").json()
     assert [i["title"] for i in feed["items"]] == ["Event e"]
-    assert feed["sources_failed"] == [{"url": bad, "error": "http_500"}]
+    assert feed["sources_failed"] == [{"url": shown_url(bad), "error": "http_500"}]
 
 
 def test_feed_tz_that_is_not_an_offset_is_422(served):
