@@ -18,7 +18,7 @@ from . import ledger
 from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
-from .feed import Item
+from .feed import Item, ParsedFeed
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
 from .settings import Settings
@@ -309,7 +309,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
             "rejected": sum(r.feed.rejected.values()),  # type: ignore[union-attr]
             "etag": r.etag,
             "last_modified": r.last_modified,
-            "feed_cache": None if r.not_modified or not (r.etag or r.last_modified) else r.feed.to_json(),  # type: ignore[union-attr]
+            "feed_cache": None if r.not_modified else r.feed.to_json(),  # type: ignore[union-attr]
             "cache_until": r.cache_until,
         }
         for r in ok
@@ -372,18 +372,32 @@ class ComposedFeed:
     sources_failed: list[dict[str, str]]
 
 
-def compose_feed(db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None) -> ComposedFeed | None:
-    """Read the device's sources now and merge their items, soonest first; None for an unknown device."""
+def compose_feed(
+    db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None, now: str | None = None
+) -> ComposedFeed | None:
+    """The device's sources merged, soonest first; None for an unknown device.
+
+    A source read in the last ``REMINDERS_FEED_CACHE_SECONDS`` (by a build or an earlier request)
+    is served as that read left it, its feed from ``sources.feed_cache`` or its failure as recorded:
+    requests, however many, cannot multiply the reads of one source. Older sources are read now,
+    under the build's bounds, and recorded like a build's reads.
+    """
     with db.read() as conn:
         record = ledger.get_device(conn, device_id)
         if record is None:
             return None
         subs = ledger.subscriptions(conn, [device_id])[device_id]
-        states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, subs).items()}
-    reader = reader or make_reader(settings)
-    now = now_utc()
+        rows = ledger.sources_by_id(conn, subs)
+    now = now or now_utc()
     rules = device_rules(record.reminder_lead_seconds, record.extra_rules, record.all_day_rules)
-    reads = reader.read_all(states, read_window(rules, now, settings.horizon_seconds))
+    window = read_window(rules, now, settings.horizon_seconds)
+    since = shift(now, -settings.feed_cache_seconds)
+    reads = {sid: read for sid, row in rows.items() if (read := recent_read(row, since, window)) is not None}
+    stale = {sid: source_state(row) for sid, row in rows.items() if sid not in reads}
+    if stale:
+        fresh = (reader or make_reader(settings)).read_all(stale, window)
+        _record_reads(db, fresh, now, settings)
+        reads.update(fresh)
     local = local_time(record)
     items = [
         {
@@ -399,6 +413,22 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))
+
+
+def recent_read(row: dict[str, Any], since: str, window: tuple[int, int]) -> SourceRead | None:
+    """A source's last read as recorded, if it was made at or after ``since`` and its cached feed
+    covers ``window``; None when the source must be read again."""
+    if row["last_read_at"] is None or row["last_read_at"] < since:
+        return None
+    if row["last_error"] is not None:
+        return SourceRead(row["id"], row["url"], error=row["last_error"])
+    if row["feed_cache"] is None or (row["cache_until"] is not None and unix_from_iso(row["cache_until"]) < window[1]):
+        return None
+    try:
+        feed = ParsedFeed.from_json(row["feed_cache"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return SourceRead(row["id"], row["url"], feed=feed, cache_until=row["cache_until"])
 
 
 def chunks_for_tick(settings: Settings, conn: Connection) -> list[int]:
