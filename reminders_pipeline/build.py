@@ -18,11 +18,11 @@ from . import ledger
 from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
-from .feed import Item
+from .feed import Item, ParsedFeed
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
 from .settings import Settings
-from .sources import SourceRead, SourceReader, SourceState, distinct_sources
+from .sources import SourceRead, SourceReader, SourceState, distinct_sources, shown_url
 from .times import iso_from_unix, now_utc, shift, unix_from_iso
 from .zones import LocalTime, local_time, parse_quiet_hours
 
@@ -77,6 +77,7 @@ class DevicePlan:
     uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
     # Rows of items whose anchor has passed: never queued anew, only used to bring a pending row in line.
     begun: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    cut_from: dict[int, int] = field(default_factory=dict)  # per source: the item cap cut items starting from here
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -100,6 +101,8 @@ def plan_device(
         if read is None or not read.ok:
             continue
         plan.ok_sources.add(source_id)
+        if read.feed.cut_from is not None:  # type: ignore[union-attr]
+            plan.cut_from[source_id] = read.feed.cut_from  # type: ignore[union-attr]
         for raw in read.feed.items:  # type: ignore[union-attr]
             item = raw.for_local(local)
             item_id = namespaced(source_id, item.id)
@@ -165,7 +168,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     rule (the device does not use alarms, so a successful read would void it all the same). For a
     device using alarms a rule outside its own may be the calendar's, and only a successful read
     can say: the row waits for one. A row whose item is still in the feed but has begun is left for
-    the drain, which settles it with the true reason.
+    the drain, which settles it with the true reason. Nor does the item cap void: a row whose event
+    starts where the cap cut the feed may be there still.
     """
     if row["source_id"] not in plan.subscribed:
         return "source_removed"
@@ -177,7 +181,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
         return None
     item = plan.feed_items.get(row["item_id"])
     if item is None:
-        return "left_feed"
+        cut = plan.cut_from.get(row["source_id"])
+        return None if cut is not None and unix_from_iso(row["event_at"]) >= cut else "left_feed"
     if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
         return "rule_removed"  # the calendar dropped that alarm
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
@@ -272,7 +277,7 @@ def build(
     fresh = reader.read_all(missing, windows)
     cache.update(fresh)
     reads = {sid: cache[sid] for sid in states}
-    summary.sources_alerted = [s["url"] for s in _record_reads(db, fresh, now, settings)]
+    summary.sources_alerted = [shown_url(s["url"]) for s in _record_reads(db, fresh, now, settings)]
     _summarize_reads(reads, summary)
 
     now_unix = unix_from_iso(now)
@@ -294,6 +299,7 @@ def make_reader(settings: Settings) -> SourceReader:
     return SourceReader(
         settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host,
         parse_networks(settings.source_allow_networks), settings.source_max_items, settings.source_parse_seconds,
+        settings.source_series_seconds,
     )
 
 
@@ -326,8 +332,8 @@ def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
 
 
 def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
-    """The reads that failed, as the build summary and the widget feed report them."""
-    return [{"url": r.url, "error": r.error or ""} for r in reads.values() if not r.ok]
+    """The reads that failed, as the build summary and the widget feed report them (URLs as shown)."""
+    return [{"url": shown_url(r.url), "error": r.error or ""} for r in reads.values() if not r.ok]
 
 
 def _summarize_reads(reads: dict[int, SourceRead], summary: BuildSummary) -> None:
@@ -352,7 +358,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
             "rejected": sum(r.feed.rejected.values()),  # type: ignore[union-attr]
             "etag": r.etag,
             "last_modified": r.last_modified,
-            "feed_cache": None if r.not_modified or not (r.etag or r.last_modified) else r.feed.to_json(),  # type: ignore[union-attr]
+            "feed_cache": None if r.not_modified else r.feed.to_json(),  # type: ignore[union-attr]
             "cache_until": r.cache_until,
         }
         for r in ok
@@ -365,7 +371,7 @@ def _record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings
         raise_alert(
             settings,
             "Source failing",
-            f"{src['url']} has failed every read since {src['failing_since']} "
+            f"{shown_url(src['url'])} has failed every read since {src['failing_since']} "
             f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
         )
     return long_failing
@@ -422,18 +428,32 @@ class ComposedFeed:
     sources_failed: list[dict[str, str]]
 
 
-def compose_feed(db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None) -> ComposedFeed | None:
-    """Read the device's sources now and merge their items, soonest first; None for an unknown device."""
+def compose_feed(
+    db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None, now: str | None = None
+) -> ComposedFeed | None:
+    """The device's sources merged, soonest first; None for an unknown device.
+
+    A source read in the last ``REMINDERS_FEED_CACHE_SECONDS`` (by a build or an earlier request)
+    is served as that read left it, its feed from ``sources.feed_cache`` or its failure as recorded:
+    requests, however many, cannot multiply the reads of one source. Older sources are read now,
+    under the build's bounds, and recorded like a build's reads.
+    """
     with db.read() as conn:
         record = ledger.get_device(conn, device_id)
         if record is None:
             return None
         subs = ledger.subscriptions(conn, [device_id])[device_id]
-        states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, subs).items()}
-    reader = reader or make_reader(settings)
-    now = now_utc()
+        rows = ledger.sources_by_id(conn, subs)
+    now = now or now_utc()
     rules = device_rules(record.reminder_lead_seconds, record.extra_rules, record.all_day_rules)
-    reads = reader.read_all(states, read_window(rules, now, settings.horizon_seconds))
+    window = read_window(rules, now, settings.horizon_seconds)
+    since = shift(now, -settings.feed_cache_seconds)
+    reads = {sid: read for sid, row in rows.items() if (read := recent_read(row, since, window)) is not None}
+    stale = {sid: source_state(row) for sid, row in rows.items() if sid not in reads}
+    if stale:
+        fresh = (reader or make_reader(settings)).read_all(stale, window)
+        _record_reads(db, fresh, now, settings)
+        reads.update(fresh)
     local = local_time(record)
     items = [
         {
@@ -449,6 +469,22 @@ def compose_feed(db: Database, settings: Settings, device_id: str, reader: Sourc
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))
+
+
+def recent_read(row: dict[str, Any], since: str, window: tuple[int, int]) -> SourceRead | None:
+    """A source's last read as recorded, if it was made at or after ``since`` and its cached feed
+    covers ``window``; None when the source must be read again."""
+    if row["last_read_at"] is None or row["last_read_at"] < since:
+        return None
+    if row["last_error"] is not None:
+        return SourceRead(row["id"], row["url"], error=row["last_error"])
+    if row["feed_cache"] is None or (row["cache_until"] is not None and unix_from_iso(row["cache_until"]) < window[1]):
+        return None
+    try:
+        feed = ParsedFeed.from_json(row["feed_cache"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return SourceRead(row["id"], row["url"], feed=feed, cache_until=row["cache_until"])
 
 
 def chunks_for_tick(settings: Settings, conn: Connection) -> list[int]:

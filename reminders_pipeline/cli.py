@@ -24,6 +24,7 @@ from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device
 from .drain import default_sender_factory, drain as run_drain
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
+from .sources import shown_url
 from .times import parse_when
 
 
@@ -196,9 +197,9 @@ def device_rechunk(ctx: Ctx) -> None:
 @main.command("sources")
 @pass_ctx
 def sources_list(ctx: Ctx) -> None:
-    """Sources with their last read, last error and consecutive failures."""
+    """Sources with their last read, last error and consecutive failures; URLs as shown (no secrets)."""
     with ctx.db.read() as conn:
-        _emit(ledger.list_sources(conn))
+        _emit([source | {"url": shown_url(source["url"])} for source in ledger.list_sources(conn)])
 
 
 @main.command("build")

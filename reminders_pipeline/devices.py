@@ -16,6 +16,7 @@ from typing import Sequence
 from urllib.parse import urlparse
 
 from . import ledger
+from .sources import shown_url
 from .db import Database
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
@@ -117,7 +118,8 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
         raise DeviceError("sources", f"at most {MAX_SOURCES} sources")
     for url in spec.source_urls:
         if not _is_source_url(url):
-            raise DeviceError("sources", f"not an http(s) or webcal URL: {url!r}")
+            shown = shown_url(url) if isinstance(url, str) else type(url).__name__
+            raise DeviceError("sources", f"not an http(s) or webcal URL: {shown}")
     return DeviceSpec(
         spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls)),
         tz, tuple(dict.fromkeys(all_day_rules)), quiet.text if quiet else None, bool(spec.alarms),

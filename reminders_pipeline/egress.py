@@ -7,10 +7,11 @@ itself, never to the name again. A hostname that resolves to ``127.0.0.1``, or a
 address once and a private one the next time (DNS rebinding), or a redirect hop to
 ``169.254.169.254``, all meet the same check, because every hop opens its connection here.
 
-Refused unless a deployment allows the network (``REMINDERS_SOURCE_ALLOW_NETWORKS``): loopback,
-private, link-local, unique-local, multicast, unspecified, reserved and shared (CGNAT) addresses,
-and any IPv6 address that embeds one of those IPv4 addresses (IPv4-mapped ``::ffff:127.0.0.1``,
-6to4, NAT64). A refused address is refused before any packet is sent to it, so a closed port and
+Refused unless a deployment allows the network (``REMINDERS_SOURCE_ALLOW_NETWORKS``): every
+address that is not globally routable (``ipaddress``' ``is_global``: loopback, private,
+link-local, unique-local, unspecified, shared CGNAT, documentation, Teredo ...), multicast,
+reserved and IPv6 site-local ones, and any IPv6 address that embeds a refused IPv4 address
+(IPv4-mapped ``::ffff:127.0.0.1``, 6to4, NAT64). A refused address is refused before any packet is sent to it, so a closed port and
 an open one look the same (no port-scanner signal).
 """
 
@@ -58,20 +59,21 @@ def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | No
 
 
 def is_internal(address: Address) -> bool:
-    """Anything but a globally routable unicast address (IPv4 or IPv6, embedded IPv4 included)."""
+    """Anything but a globally routable unicast address (IPv4 or IPv6, embedded IPv4 included).
+
+    ``is_global`` is the registries' list (IANA special-purpose registries), kept by Python rather
+    than by hand here. It still calls two kinds global that no source may be: IPv6 site-local
+    ``fec0::/10`` (deprecated, but routed inside some networks) and multicast. Reserved IPv6
+    space is refused too; Teredo (``2001::/32``) is not global, so it is refused with its tunnel.
+    An address embedding an IPv4 one (mapped, 6to4, NAT64) is judged by that IPv4 address.
+    """
     if isinstance(address, ipaddress.IPv6Address):
         inner = _embedded_ipv4(address)
-        if inner is not None and is_internal(inner):
+        if inner is not None:  # the packets go to the IPv4 host (NAT64 sits in reserved space)
+            return is_internal(inner)
+        if address.is_site_local:
             return True
-    return (
-        not address.is_global
-        or address.is_multicast
-        or address.is_loopback
-        or address.is_private
-        or address.is_link_local
-        or address.is_reserved
-        or address.is_unspecified
-    )
+    return not address.is_global or address.is_multicast or address.is_reserved
 
 
 def is_allowed(address: Address, allow: Sequence[Network]) -> bool:

@@ -58,6 +58,9 @@ class ParsedFeed:
     items: list[Item] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     _ids: set[str] = field(default_factory=set, repr=False, compare=False)
+    # The cap cut items starting at or after this instant (Unix seconds): their absence from the
+    # feed says nothing, so their pending rows are not voided ``left_feed``.
+    cut_from: int | None = None
 
     max_items: int | None = field(default=None, repr=False, compare=False)
 
@@ -71,6 +74,7 @@ class ParsedFeed:
             self.rejected["duplicate_id"] += 1
         elif self.max_items is not None and len(self.items) >= self.max_items:
             self.rejected["over_item_cap"] += 1
+            self.cut_from = checked.starts_at if self.cut_from is None else min(self.cut_from, checked.starts_at)
         else:
             self._ids.add(checked.id)
             if floating:
@@ -79,14 +83,30 @@ class ParsedFeed:
                 checked = replace(checked, alarms=alarms)
             self.items.append(checked)
 
+    def keep_soonest(self, max_items: int | None, now: int | None) -> None:
+        """The cap, applied to a whole feed in any order: items over by ``now`` are kept and not
+        counted (they make no rows), and of the rest the ``max_items`` soonest stay."""
+        future = sorted((i for i in self.items if now is None or i.expires_at > now), key=lambda i: (i.starts_at, i.id))
+        if max_items is None or len(future) <= max_items:
+            return
+        cut = future[max_items:]
+        dropped = {i.id for i in cut}
+        self.items = [i for i in self.items if i.id not in dropped]
+        self._ids -= dropped
+        self.rejected["over_item_cap"] += len(cut)
+        self.cut_from = cut[0].starts_at
+
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""
-        return json.dumps({"items": [i.to_json() for i in self.items], "rejected": dict(self.rejected)}, separators=(",", ":"))
+        doc: dict[str, Any] = {"items": [i.to_json() for i in self.items], "rejected": dict(self.rejected)}
+        if self.cut_from is not None:
+            doc["cut_from"] = self.cut_from
+        return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "ParsedFeed":
         doc = json.loads(text)
-        return cls([Item.from_json(i) for i in doc["items"]], Counter(doc["rejected"]))
+        return cls([Item.from_json(i) for i in doc["items"]], Counter(doc["rejected"]), cut_from=doc.get("cut_from"))
 
 
 class FeedError(ValueError):
@@ -137,16 +157,19 @@ def validate_item(raw: Any) -> Item | str:
     return Item(item_id, title, body or None, starts, expires)
 
 
-def parse_items(raw_items: Any, max_items: int | None = None) -> ParsedFeed:
+def parse_items(raw_items: Any, max_items: int | None = None, now: int | None = None) -> ParsedFeed:
+    """Every item validated, then the cap: the ``max_items`` soonest of those not over by ``now``
+    (Unix seconds; None: every item counts), whatever order the source lists them in."""
     if not isinstance(raw_items, list):
         raise FeedError("items_not_a_list")
-    feed = ParsedFeed(max_items=max_items)
+    feed = ParsedFeed()
     for raw in raw_items:
         feed.add(raw)
+    feed.keep_soonest(max_items, now)
     return feed
 
 
-def parse_json_feed(body: bytes, max_items: int | None = None) -> ParsedFeed:
+def parse_json_feed(body: bytes, max_items: int | None = None, now: int | None = None) -> ParsedFeed:
     """The JSON source protocol: ``{"items": [{"id", "title", "body"?, "startsAt", "expiresAt"}]}``."""
     try:
         doc = json.loads(body)
@@ -154,4 +177,4 @@ def parse_json_feed(body: bytes, max_items: int | None = None) -> ParsedFeed:
         raise FeedError("not_json") from None
     if not isinstance(doc, dict) or "items" not in doc:
         raise FeedError("no_items")
-    return parse_items(doc["items"], max_items)
+    return parse_items(doc["items"], max_items, now)

@@ -141,6 +141,8 @@ class Settings:
     # Calendars as people keep them (issue 13): per source per build, items kept and parse time.
     source_max_items: int = 2000
     source_parse_seconds: float = 10.0
+    feed_cache_seconds: int = 900  # the widget feed serves a source's last read this long (the build cadence)
+    source_series_seconds: float = 1.0  # CPU one calendar series may take per read before it is dropped
 
     @property
     def build_cadence_seconds(self) -> int:
@@ -223,6 +225,8 @@ class Settings:
             metrics_window_seconds=_int(env, "REMINDERS_METRICS_WINDOW_SECONDS", 900, 60),
             source_max_items=_int(env, "REMINDERS_SOURCE_MAX_ITEMS", 2000, 1),
             source_parse_seconds=_float(env, "REMINDERS_SOURCE_PARSE_SECONDS", 10.0, 0.1),
+            feed_cache_seconds=_int(env, "REMINDERS_FEED_CACHE_SECONDS", 900, 1),
+            source_series_seconds=_float(env, "REMINDERS_SOURCE_SERIES_SECONDS", 1.0, 0.01),
         )
         if s.apns_environment not in ("production", "sandbox"):
             raise SettingsError("REMINDERS_APNS_ENVIRONMENT must be 'production' or 'sandbox'")

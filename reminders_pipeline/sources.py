@@ -17,22 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
+import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
 from urllib.parse import urlsplit
 
 import httpx
 
 from .egress import AddressRefused, GuardedTransport, Network
 from .feed import FeedError, ParsedFeed, parse_json_feed
-from .ics import parse_ics_feed
+from .ics import SERIES_SECONDS, parse_ics_feed
 from .times import iso_from_unix, unix_from_iso
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
 MAX_REDIRECTS = 3
+MAX_ENCODINGS = 2  # stacked Content-Encodings decoded; more is refused (no server needs them)
+DECODE_STEP = 64 * 1024  # bytes a decoder may produce per step, so the byte cap bites before memory does
 PARSE_GRACE_SECONDS = 1.0
 # Not the loop's default executor: ``asyncio.run`` waits for that one at exit, which would make a
 # parse past its bound hold up the whole build. A parse left behind finishes here, unread.
@@ -43,7 +48,8 @@ Windows = Union[tuple[int, int], Mapping[int, tuple[int, int]], None]
 # What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
 READ_ERRORS = {
     "timeout": "no answer within REMINDERS_SOURCE_TIMEOUT_SECONDS",
-    "too_large": "the body is larger than REMINDERS_SOURCE_MAX_BYTES",
+    "too_large": "the body is larger than REMINDERS_SOURCE_MAX_BYTES (after decoding, at every layer)",
+    "unsupported_encoding": f"a Content-Encoding other than gzip or deflate, or more than {MAX_ENCODINGS} stacked",
     "address_refused": "the host resolves only to internal addresses (REMINDERS_SOURCE_ALLOW_NETWORKS)",
     "insecure_redirect": "an https source redirected to plain http",
     "too_many_redirects": f"more than {MAX_REDIRECTS} redirects",
@@ -89,6 +95,24 @@ class SourceRead:
         return self.feed is not None
 
 
+def shown_url(url: str) -> str:
+    """A source URL as anything outside the ledger shows it (alerts, summaries, metadata, logs, API
+    answers, the CLI): scheme, host and port, and a short id from a hash of the whole URL so an
+    operator can tell sources apart and find one (``reminders sources``). Userinfo, path and query
+    can hold the calendar's secret (Google's ``.../private-<token>/basic.ics``): never shown. The
+    stored URL is unchanged: it is needed to read."""
+    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return f"?#{digest}"
+    if not parts.scheme or not host:
+        return f"?#{digest}"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/…#{digest}"
+
+
 def fetch_url(url: str) -> str:
     return "https://" + url[len("webcal://") :] if url.startswith("webcal://") else url
 
@@ -109,6 +133,7 @@ class SourceReader:
         allow_networks: Sequence[Network] = (),
         max_items: int | None = None,
         parse_seconds: float = 10.0,
+        series_seconds: float = SERIES_SECONDS,
     ) -> None:
         self.timeout = timeout
         self.max_bytes = max_bytes
@@ -117,6 +142,7 @@ class SourceReader:
         self.allow_networks = tuple(allow_networks)  # internal networks this deployment may read from
         self.max_items = max_items  # per source per read: items kept (and calendar occurrences built)
         self.parse_seconds = parse_seconds  # per source: parsing runs in a thread and fails past this
+        self.series_seconds = series_seconds  # per calendar series: CPU seconds before it is dropped
 
     def read_all(self, sources: Mapping[int, SourceState | str], window: Windows = None) -> dict[int, SourceRead]:
         """Blocking wrapper for sync callers (the build, the CLI)."""
@@ -149,7 +175,7 @@ class SourceReader:
         self, client: httpx.AsyncClient, source_id: int, state: SourceState, window: tuple[int, int] | None
     ) -> SourceRead:
         url = state.url
-        headers = {"Accept": "application/json, text/calendar;q=0.9"}
+        headers = {"Accept": "application/json, text/calendar;q=0.9", "Accept-Encoding": "gzip, deflate"}
         cached = self._usable_cache(state, window)
         if cached is not None:
             if state.etag:
@@ -171,12 +197,12 @@ class SourceReader:
                 await response.aclose()
             content_type = response.headers.get("content-type", "")
             etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
+            start, end = window or _default_window()
             if is_calendar(url, content_type, body):
-                start, end = window or _default_window()
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
                 return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
-            feed = usable(await self._parse(parse_json_feed, body, self.max_items))
+            feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
             return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
         except (FeedError, ReadFailed) as exc:
             return SourceRead(source_id, url, error=exc.code)
@@ -185,16 +211,19 @@ class SourceReader:
 
     async def _parse(self, parse: Callable[..., ParsedFeed], *args: Any, **kwargs: Any) -> ParsedFeed:
         """Parsing in a worker thread, so a huge body delays only its own source. The calendar
-        parser checks the deadline as it expands; the outer bound catches a slow ``from_ical``
-        (the thread finishes in the background, its result dropped)."""
+        parser checks the deadline at every occurrence; the outer bound catches a slow
+        ``from_ical``, and then tells the thread to stop at its next occurrence."""
+        cancel = threading.Event()
         if parse is parse_ics_feed:
-            kwargs["deadline"] = time.monotonic() + self.parse_seconds
+            kwargs.update(deadline=time.monotonic() + self.parse_seconds, series_seconds=self.series_seconds, cancel=cancel)
         call = functools.partial(parse, *args, **kwargs)
         try:
             work = asyncio.get_running_loop().run_in_executor(_PARSERS, call)
             return await asyncio.wait_for(work, self.parse_seconds + PARSE_GRACE_SECONDS)
         except asyncio.TimeoutError:
             raise FeedError("parse_timeout") from None
+        finally:
+            cancel.set()
 
     @staticmethod
     async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> httpx.Response:
@@ -216,11 +245,21 @@ class SourceReader:
         raise ReadFailed("too_many_redirects")
 
     async def _body(self, response: httpx.Response) -> bytes:
-        body = bytearray()
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > self.max_bytes:
+        """The decoded body, read raw and decoded here: httpx decodes a chunk (and every stacked
+        encoding) in one call, so a kilobyte of nested gzip would become a gigabyte before any cap
+        could look at it. Here each layer yields at most ``DECODE_STEP`` bytes at a time and each
+        layer's output counts against ``max_bytes``."""
+        if response.is_stream_consumed:  # an answer built in memory (httpx.MockTransport): already decoded
+            if len(response.content) > self.max_bytes:
                 raise ReadFailed("too_large")
+            return response.content
+        decoder = StackedDecoder(response.headers.get_list("content-encoding", split_commas=True), self.max_bytes)
+        body = bytearray()
+        async for raw in response.aiter_raw():
+            for part in decoder.decode(raw):
+                body += part
+        for part in decoder.flush():
+            body += part
         return bytes(body)
 
     @staticmethod
@@ -234,6 +273,67 @@ class SourceReader:
             return ParsedFeed.from_json(state.feed_cache)
         except (ValueError, KeyError, TypeError):
             return None
+
+
+class _Layer:
+    """One Content-Encoding layer: zlib with bounded output, its produced bytes counted."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self.inflater = self._inflater()
+        self.produced = 0
+
+    def _inflater(self) -> "zlib._Decompress":
+        # gzip, or deflate as RFC 9110 means it (zlib-wrapped); a raw-deflate body fails read_failed.
+        return zlib.decompressobj(16 + zlib.MAX_WBITS if self.coding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+
+    def decode(self, data: bytes, limit: int) -> Iterator[bytes]:
+        while data:
+            try:
+                out = self.inflater.decompress(data, DECODE_STEP)
+            except zlib.error:
+                raise ReadFailed("read_failed") from None
+            self.produced += len(out)
+            if self.produced > limit:
+                raise ReadFailed("too_large")
+            if out:
+                yield out
+            if self.inflater.eof:  # a gzip body may hold several members, one after another
+                data = self.inflater.unused_data
+                self.inflater = self._inflater() if data else self.inflater
+            else:
+                data = self.inflater.unconsumed_tail
+
+
+class StackedDecoder:
+    """Content-Encodings undone in reverse order of application, every layer's output bounded."""
+
+    def __init__(self, codings: Sequence[str], limit: int) -> None:
+        names = [c.strip().lower() for c in codings if c.strip() and c.strip().lower() != "identity"]
+        if len(names) > MAX_ENCODINGS or any(n not in ("gzip", "x-gzip", "deflate") for n in names):
+            raise ReadFailed("unsupported_encoding")
+        self.layers = [_Layer(n) for n in reversed(names)]
+        self.limit = limit
+        self.raw_seen = 0
+
+    def decode(self, raw: bytes) -> Iterator[bytes]:
+        self.raw_seen += len(raw)
+        if self.raw_seen > self.limit:
+            raise ReadFailed("too_large")
+        yield from self._through(raw, 0)
+
+    def _through(self, data: bytes, depth: int) -> Iterator[bytes]:
+        if depth == len(self.layers):
+            yield data
+            return
+        for out in self.layers[depth].decode(data, self.limit):
+            yield from self._through(out, depth + 1)
+
+    def flush(self) -> Iterator[bytes]:
+        """Nothing is left buffered with ``max_length`` steps; a truncated stream is a broken read."""
+        if any(not layer.inflater.eof and self.raw_seen for layer in self.layers):
+            raise ReadFailed("read_failed")
+        return iter(())
 
 
 def usable(feed: ParsedFeed) -> ParsedFeed:

@@ -11,7 +11,9 @@ import gzip
 import json
 import ssl
 import threading
+import struct
 import time
+import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -154,3 +156,22 @@ class FeedServer:
 
     def redirect(self, path: str, to: str) -> str:
         return self.set(path, Route(302, b"", content_type="text/plain", headers={"Location": to}))
+
+
+def gzip_bomb(inflated_mib: int, layers: int = 2) -> bytes:
+    """A body that inflates to ``inflated_mib`` MiB of zeros through ``layers`` stacked gzips.
+
+    The inner layer is built from one full-flushed deflate block of a MiB of zeros repeated (every
+    such block compresses to the same bytes), so making a gigabyte bomb takes no gigabyte of work.
+    """
+    mib = b"\0" * (1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = deflate.compress(mib) + deflate.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(inflated_mib):
+        crc = zlib.crc32(mib, crc)
+    size = (inflated_mib << 20) & 0xFFFFFFFF
+    body = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + block * inflated_mib + deflate.flush() + struct.pack("<II", crc, size)
+    for _ in range(layers - 1):
+        body = gzip.compress(body, 9)
+    return body

@@ -10,6 +10,7 @@ from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
 from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.sources import shown_url
 from reminders_pipeline.times import iso_from_unix
 
 from .http_sources import Route
@@ -131,7 +132,7 @@ def test_failed_source_read_voids_nothing_and_others_still_build(db, settings, f
     feeds.fail("/bad.json", 500)
     feeds.items("/good.json", [item("g", 7200), item("g2", 7300)])
     summary = build(db, settings, now=at(60))
-    assert summary.sources_failed == [{"url": bad, "error": "http_500"}]
+    assert summary.sources_failed == [{"url": shown_url(bad), "error": "http_500"}]
     assert summary.rows_voided == {} and summary.rows_inserted == 2
     assert {r["status"] for r in rows(db)} == {"pending"}
     with db.read() as conn:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -146,3 +147,27 @@ def test_prune_deletes_only_rows_settled_before_the_retention(cli, feeds):
     assert out == {"deleted": 1, "retention_seconds": 7 * 86400}
     left = json.loads(cli("queue", "list").output)
     assert sorted(r["item_id"].split(":")[1] for r in left) == ["b", "c"]
+
+
+def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
+    """Issue 19 item 12: userinfo, a secret path (Google's ``private-<token>``) and a query never
+    leave the ledger: not in build summaries, the alert webhook, logs or ``sources``; the URL is
+    shown as scheme, host and a stable id."""
+    from reminders_pipeline.sources import shown_url
+
+    feeds.fail("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret", 503)
+    url = feeds.url("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret").replace("http://", "http://me:pa55secret@")
+    hook = feeds.url("/hook")
+    cli("db", "upgrade")
+    cli("device", "put", "phone-1", "--apns-token", TOKEN, "--source", url)
+    env = {"REMINDERS_ALERT_WEBHOOK_URL": hook, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS": "60"}
+    outputs = [cli("build", "--all", "--now", at(minutes * 60), **env).output for minutes in (0, 15)]
+    outputs.append(cli("sources").output)
+    shown = shown_url(url)
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/…#[0-9a-f]{8}", shown) and shown_url(url.replace("p4th", "other")) != shown
+    assert json.loads(outputs[0])["sources_failed"] == [{"url": shown, "error": "http_503"}]
+    assert json.loads(outputs[1])["sources_alerted"] == [shown]
+    assert [s["url"] for s in json.loads(outputs[2])] == [shown]
+    assert len(feeds.posts["/hook"]) == 1 and shown in feeds.posts["/hook"][0]["text"]
+    everything = json.dumps([outputs, feeds.posts["/hook"], caplog.text])
+    assert not any(secret in everything for secret in ("pa55secret", "p4thsecret", "qu3rysecret", "private-"))

@@ -11,6 +11,7 @@ from sqlalchemy import event, text
 
 from reminders_pipeline import ledger
 from reminders_pipeline.db import Database
+from reminders_pipeline.sources import shown_url
 
 from .support import NOW, NOW_S, item
 from .test_http_support import APNS_TOKEN, error_of, serve, served  # noqa: F401 - fixtures
@@ -139,7 +140,7 @@ def test_feed_reports_a_failed_source_and_still_answers(served, feeds):
     served.put_device("phone-1", source_urls=[ok, bad])
     feed = served.api.get("/v1/devices/phone-1/feed").json()
     assert [i["title"] for i in feed["items"]] == ["Event e"]
-    assert feed["sources_failed"] == [{"url": bad, "error": "http_500"}]
+    assert feed["sources_failed"] == [{"url": shown_url(bad), "error": "http_500"}]
 
 
 def test_feed_tz_that_is_not_an_offset_is_422(served):
@@ -235,3 +236,21 @@ def test_a_failing_tz_write_never_fails_the_feed(served, db, feeds):
     # Once writes work again the next feed read stores it.
     assert served.api.get("/v1/devices/phone-1/feed?tz=7200").status_code == 200
     assert stored_tz(db) == 7200
+
+
+CALENDAR = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\nBEGIN:VEVENT\r\nUID:c\r\nDTSTART:20300101T090000Z\r\nSUMMARY:C\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+
+
+def test_feed_requests_cannot_multiply_reads_of_a_source(served, feeds):
+    """Issue 19 §3: the feed route read every source live per request, so a device credential
+    could make the server read (and inflate) a hostile source at will. Now a source read in the last
+    REMINDERS_FEED_CACHE_SECONDS is served from its recorded read, failures included."""
+    ok = feeds.items("/cached.json", [item("e", 3600)])
+    bad = feeds.fail("/down.json", 503)
+    calendar = feeds.calendar("/cal.ics", CALENDAR)
+    served.put_device("phone-1", source_urls=[ok, bad, calendar])
+    answers = [served.api.get("/v1/devices/phone-1/feed").json() for _ in range(5)]
+    assert (feeds.hits["/cached.json"], feeds.hits["/down.json"], feeds.hits["/cal.ics"]) == (1, 1, 1)
+    assert all(a["items"] == answers[0]["items"] and a["sources_failed"] == answers[0]["sources_failed"] for a in answers)
+    assert [i["title"] for i in answers[0]["items"]] == ["Event e"]
+    assert answers[0]["sources_failed"] == [{"url": shown_url(bad), "error": "http_503"}]

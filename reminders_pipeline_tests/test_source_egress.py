@@ -23,7 +23,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build, compose_feed
 from reminders_pipeline.egress import GuardedBackend, is_allowed, parse_networks
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, SettingsError
-from reminders_pipeline.sources import SourceReader, SourceState
+from reminders_pipeline.sources import SourceReader, SourceState, shown_url
 
 from .http_sources import FeedServer, Route
 from .support import device
@@ -202,12 +202,13 @@ def test_a_failed_read_is_stored_and_shown_as_a_code_never_the_body(db, settings
     urls[metadata] = "address_refused"
     device(db, settings, sources=list(urls))
     summary = build(db, settings, now=NOW)
-    assert {f["url"]: f["error"] for f in summary.sources_failed} == urls
+    shown = {shown_url(url): code for url, code in urls.items()}
+    assert {f["url"]: f["error"] for f in summary.sources_failed} == shown
     with db.read() as conn:
         stored = {s["url"]: s["last_error"] for s in ledger.list_sources(conn)}
     assert stored == urls
     composed = compose_feed(db, settings, "dev-1")
-    assert composed is not None and {f["url"]: f["error"] for f in composed.sources_failed} == urls
+    assert composed is not None and {f["url"]: f["error"] for f in composed.sources_failed} == shown
     assert SECRET not in json.dumps([summary.as_dict(), stored, composed.sources_failed])
 
 
@@ -215,4 +216,27 @@ def test_the_default_settings_refuse_a_loopback_source(db, settings, feeds):
     url = feeds.items("/local.json", [])
     device(db, settings, sources=[url])
     summary = build(db, settings.with_(source_allow_networks=()), now=NOW)
-    assert summary.sources_failed == [{"url": url, "error": "address_refused"}] and feeds.hits["/local.json"] == 0
+    assert summary.sources_failed == [{"url": shown_url(url), "error": "address_refused"}] and feeds.hits["/local.json"] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        ("fec0::1", True),  # IPv6 site-local: ``is_global`` says global; passed before issue 19
+        ("feff::1", True),  # the top of fec0::/10
+        ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
+        ("64:ff9b::808:808", False),  # NAT64 of 8.8.8.8
+        ("::ffff:10.0.0.1", True),  # IPv4-mapped private
+        ("2002:a00:1::1", True),  # 6to4 of 10.0.0.1
+        ("2002:808:808::1", False),  # 6to4 of 8.8.8.8
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", True),  # Teredo: a tunnel to anywhere
+        ("2001:db8::1", True),  # documentation
+        ("ff0e::1", True),  # global-scope multicast
+        ("100.64.0.1", True),  # shared (CGNAT)
+        ("192.0.2.1", True),  # documentation
+        ("2606:4700:4700::1111", False),
+        ("93.184.216.34", False),
+    ],
+)
+def test_only_globally_routable_addresses_pass(text, refused):
+    assert is_allowed(ipaddress.ip_address(text), ()) is not refused

@@ -26,6 +26,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
+from ..sources import shown_url
 from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN, MAX_DEVICE_ID, MAX_EXTRA_RULES, MAX_SOURCES, MAX_URL_LENGTH
 from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
@@ -57,12 +58,12 @@ def _usable_url(url: str) -> str:
     stored in PostgreSQL text, and an unparseable URL would fail every build that reads it.
     """
     if not all(0x21 <= ord(c) < 0x7F for c in url):
-        raise ValueError(f"not a URL of printable ASCII up to {MAX_URL_LENGTH} characters: {url[:100]!r}")
+        raise ValueError(f"not a URL of printable ASCII up to {MAX_URL_LENGTH} characters: {shown_url(url)}")
     try:
         urlsplit(url).port  # noqa: B018 - raises ValueError for a bad or out-of-range port
         httpx.URL(url)
-    except (ValueError, httpx.InvalidURL) as exc:
-        raise ValueError(f"not a usable URL: {url[:100]!r} ({exc})") from None
+    except (ValueError, httpx.InvalidURL):  # their text quotes the URL
+        raise ValueError(f"not a usable URL: {shown_url(url)}") from None
     return url
 
 
