@@ -16,6 +16,7 @@ that production file into the home instead: the documented switch of the instanc
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -26,13 +27,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from sqlalchemy.engine import make_url
 
 from . import migrate
 from .db import Database
 from .devices import DeviceSpec, put_device
+from .proctree import become_subreaper, descendants, end_tree, signal_tree
 from .settings import LOOPBACK_NETWORKS, Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: dagster.yaml, workspace.yaml
@@ -219,44 +221,122 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
     ``root`` is where ./var/ goes (the current folder for ``reminders dev``).
     """
     env, settings, home = dev_environment(root)
+    # Imported now, in the background: at a stop the runs must be terminated without waiting for it.
+    threading.Thread(target=importlib.import_module, args=("dagster",), name="import-dagster", daemon=True).start()
     with DemoSource(demo_port) as source:
         prepare_ledger(settings, source.url)
         print(f"ledger:       {settings.database_url}", file=sys.stderr)
         print(f"demo source:  {source.url} (device {DEMO_DEVICE_ID}, dry run)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
-        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env)
+        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, on_stop=lambda: cancel_runs_in_flight(home, env))
 
 
-def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str]) -> int:
-    """Run ``dagster dev`` until it exits; SIGTERM here stops it as Ctrl-C does, with its exit status.
+STOP_GRACE_SECONDS = 12.0  # from the signal to SIGKILL: covers a send on the wire answering (10 s timeout) and settling
+DAGSTER_DEV_GRACE_SECONDS = 7.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
+CANCEL_WAIT_SECONDS = 4.0  # a hung code server must not eat the grace
 
-    dagster dev shuts its webserver, daemon and code servers down on SIGINT, and maps SIGTERM to
-    whatever SIGINT does in it. A process started with SIGINT *ignored* (``cmd &`` in a script,
-    nohup, some supervisors) hands that ignore on through exec, and dagster dev would then ignore
-    both signals. Handling both here before the child starts gives it default dispositions (handlers
-    reset on exec, ignores do not); SIGTERM here then becomes the SIGINT it shuts down on.
+
+class _Stop(Exception):
+    """SIGTERM or Ctrl-C reached ``reminders dev``."""
+
+
+def run_until_stopped(
+    command: Sequence[str], cwd: Path, env: dict[str, str], on_stop: Callable[[], None] | None = None
+) -> int:
+    """Run ``dagster dev`` until it exits; SIGTERM or Ctrl-C here ends every process it started.
+
+    On SIGTERM: SIGINT to every process below this one at once, as Ctrl-C in its terminal sends it
+    (dagster dev, its webserver, daemon and code servers shut down; a run worker stops its op, and
+    a dispatcher stops claiming and settles what is on the wire); ``on_stop`` (the Dagster runs
+    still queued or running are terminated through the instance, so the UI shows them stopped and
+    none starts); SIGTERM to whatever is still below this process after ``DAGSTER_DEV_GRACE_SECONDS``
+    (a code server waiting for its runs), and SIGKILL at ``STOP_GRACE_SECONDS``.
+
+    dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
+    (``cmd &`` in a script, nohup, some supervisors) hands that ignore on through exec, and dagster
+    dev would then ignore both signals. Handling both here before the child starts gives it default
+    dispositions (handlers reset on exec, ignores do not).
     """
+    become_subreaper()
     process: subprocess.Popen[bytes] | None = None
+    asked: list[int] = []
 
-    def on_term(*_: object) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
+        if asked:
+            return  # already stopping: a second Ctrl-C must not cut the grace short
+        asked.append(signum)
         if process is None:
             raise KeyboardInterrupt  # before dagster dev exists: stop as Ctrl-C would
-        process.send_signal(signal.SIGINT)
+        raise _Stop
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, on_term)
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
         process = subprocess.Popen(command, cwd=cwd, env=env)
-        while True:
-            try:
-                return process.wait()
-            except KeyboardInterrupt:
-                continue  # Ctrl-C reached dagster dev too (same terminal process group): wait for its shutdown
+        try:
+            process.wait()
+        except _Stop:
+            _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, on_stop=on_stop)
+        else:
+            end_tree(os.getpid(), set(), time.monotonic() + STOP_GRACE_SECONDS)  # dagster dev died alone
+        if asked:  # stopped as asked, by whichever signal dagster dev needed
+            return 0 if process.returncode in (0, -signal.SIGINT, -signal.SIGTERM) else 1
+        return process.returncode
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, on_stop: Callable[[], None] | None) -> None:
+    """End dagster dev and everything below this process within ``STOP_GRACE_SECONDS`` of the signal."""
+    started = time.monotonic()
+    if forward_sigint:  # as Ctrl-C in its terminal would: a run worker stops claiming at once
+        known = signal_tree(os.getpid(), signal.SIGINT)
+    else:  # Ctrl-C in a terminal already reached the whole process group
+        known = descendants(os.getpid())
+    if on_stop is not None:
+        stopper = threading.Thread(target=_quietly, args=(on_stop,), name="cancel-runs", daemon=True)
+        stopper.start()
+        stopper.join(CANCEL_WAIT_SECONDS)
+    try:
+        process.wait(timeout=max(0.0, started + DAGSTER_DEV_GRACE_SECONDS - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    killed = end_tree(os.getpid(), known, started + STOP_GRACE_SECONDS)
+    if killed:
+        print(f"reminders dev: killed {len(killed)} process(es) still running {STOP_GRACE_SECONDS:.0f}s after the stop", file=sys.stderr)
+    process.poll()
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception as exc:  # noqa: BLE001 - the process tree is ended anyway; say why it was not gentler
+        print(f"reminders dev: could not terminate the Dagster runs in flight ({exc!r}); signalling them instead", file=sys.stderr)
+
+
+def cancel_runs_in_flight(home: Path, env: dict[str, str]) -> list[str]:
+    """Terminate every queued or running Dagster run of this instance, as the UI's Terminate does.
+
+    A run worker learns of it as SIGINT: the dispatcher op stops claiming, lets what is on the wire
+    answer and settle, and the run ends as failed (stopped by a signal). Queued runs are cancelled
+    before they start. Returns the run ids asked to stop.
+    """
+    import dagster as dg
+
+    for name in ("DAGSTER_HOME", "DAGSTER_POSTGRES_URL"):  # the instance file reads them from the environment
+        if name in env:
+            os.environ[name] = env[name]
+    unfinished = [
+        dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+    ]  # fmt: skip
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run_ids = [run.run_id for run in instance.get_runs(dg.RunsFilter(statuses=unfinished))]
+        for run_id in run_ids:
+            instance.run_coordinator.cancel_run(run_id)
+    return run_ids
 
 
 def serve_demo(demo_port: int = DEMO_PORT) -> None:

@@ -1,5 +1,9 @@
 """``reminders dev`` and ``reminders serve`` stop on SIGTERM as a supervisor sends it.
 
+Stopped means stopped: with a dispatcher run in flight, SIGTERM to ``reminders dev`` ends every
+process below it (the code server waiting for its runs and the run worker included), the run stops
+claiming at once and settles what is on the wire, and no row is claimed after the signal.
+
 Started the way a supervisor or a script's ``cmd &`` starts them: in their own session, and (for
 ``dev``) with SIGINT ignored, a disposition every child inherits through exec. Before the fix
 ``dagster dev`` mapped SIGTERM to that ignored SIGINT and nothing stopped; ``serve`` died by the
@@ -19,10 +23,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reminders_pipeline import migrate
+from sqlalchemy import insert
+
+from reminders_pipeline import ledger, migrate
 from reminders_pipeline.db import Database
+from reminders_pipeline.schema import devices
+from reminders_pipeline.times import iso_from_unix, now_utc
 
 from .test_dagster_stack import answers, free_port, wait_for
+from .test_faults import RULE, ids_where, ledger_rows, request_key, token_of
 
 STOP_BOUND = 10.0  # seconds: the issue's bound, and docker stop's default grace before SIGKILL
 
@@ -124,3 +133,107 @@ def test_reminders_serve_stops_on_sigterm_and_ctrl_c_with_status_0(tmp_path, sig
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert "Application shutdown complete" in log.read_text(errors="replace")
+
+
+DEV_STOP_BOUND = 15.0  # seconds from SIGTERM to `reminders dev` until nothing it started runs
+
+
+def group_members(pgid: int) -> list[str]:
+    """Running processes of process group ``pgid`` (the test starts each command as a group leader)."""
+    left = []
+    for proc in psutil.process_iter(["pid", "status", "cmdline"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(proc.info["cmdline"] or [])[:160])
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return left
+
+
+def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, coming: int, every: float) -> None:
+    """``due_now`` rows per device due at once, then ``coming`` rows coming due one every ``every`` s."""
+    stamp = iso_from_unix(now)
+    rows = []
+    for d in range(n_devices):
+        times = [now - 5] * due_now + [now + every * (k * n_devices + d + 1) for k in range(coming)]
+        for k, at in enumerate(times):
+            rows.append(
+                {
+                    "device_id": f"dev-{d}", "source_id": 1, "item_id": f"1:item-{d}-{k}", "rule": RULE,
+                    "send_after": iso_from_unix(at), "event_at": iso_from_unix(at + 3600),
+                    "expires_at": iso_from_unix(at + 5400), "title": f"Event {d}/{k}", "body": None,
+                }
+            )  # fmt: skip
+    with db.write() as conn:
+        conn.execute(insert(devices), [{"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp} for d in range(n_devices)])
+        ledger.upsert_rows(conn, rows, stamp)
+
+
+@pytest.mark.timeout(420)
+def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_is_claimed_after(tmp_path, mock):
+    """A real dispatcher run (REMINDERS_ENABLED=true, the mock APNs holding each answer 3 s) is
+    sending when SIGTERM comes: within 15 s no process of the group or below the command remains,
+    the sends on the wire were answered and settled, and no claim is stamped after the signal."""
+    mock.drop_all_connections()
+    mock.wait_idle(10)
+    mock.reset()
+    mock.script_default(delay=3.0)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    ui = free_port()
+    env = {**clean_env(), **mock.env(), "REMINDERS_DATABASE_URL": url, "REMINDERS_ENABLED": "true", "REMINDERS_CLAIM_BATCH_SIZE": "5"}
+    command = [sys.executable, "-m", "reminders_pipeline.cli", "dev", "--port", str(ui), "--demo-port", str(free_port())]
+    log = tmp_path / "dev.log"
+    process = supervised(command, tmp_path, env, log, ignore_sigint=False)
+    db = Database(url)
+    try:
+        try:
+            wait_for("a dispatcher run beating", lambda: _beat(db), 300, every=1.0)
+        except AssertionError:
+            raise AssertionError(log.read_text(errors="replace")[-6000:]) from None
+        mock.reset()
+        mock.script_default(delay=3.0)
+        load_due_and_coming(db, time.time(), n_devices=4, due_now=2, coming=100, every=0.25)
+        wait_for("a send on the wire", lambda: any(r.token.startswith("0") for r in mock.requests), 60, every=0.05)
+        tree = descendants(process.pid)
+        assert any("multiprocessing" in " ".join(p.cmdline()) or "execute_run" in " ".join(p.cmdline()) for p in tree), [p.cmdline() for p in tree]
+        ours = {token_of(d) for d in range(4)}
+        on_the_wire = {request_key(r) for r in mock.requests if r.token in ours}
+        signalled_at = now_utc()
+        process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + DEV_STOP_BOUND
+        try:
+            code = process.wait(timeout=DEV_STOP_BOUND)
+        except subprocess.TimeoutExpired:
+            code = None
+        while (alive(tree) or group_members(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left, group_left = alive(tree), group_members(process.pid)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    output = log.read_text(errors="replace")[-6000:]
+    assert code == 0, f"exit status {code}\n{output}"
+    assert not left and not group_left, f"still running {DEV_STOP_BOUND}s after SIGTERM: {left or group_left}\n{output}"
+
+    final = ledger_rows(db)
+    db.dispose()
+    claimed_after = {i: r["claimed_at"] for i, r in final.items() if r["claimed_at"] and r["claimed_at"] > signalled_at}
+    assert not claimed_after, f"claimed after the signal at {signalled_at}: {claimed_after}"
+    assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
+    keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
+    coming_after = {i for i, r in final.items() if r["device_id"].startswith("dev-") and r["send_after"] > signalled_at}
+    assert coming_after and coming_after <= ids_where(final, status="pending")
+
+
+def _beat(db: Database) -> bool:
+    try:
+        with db.read() as conn:
+            return ledger.latest_beat(conn) is not None
+    except Exception:  # noqa: BLE001 - the ledger is created by `reminders dev` itself
+        return False
