@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -237,3 +238,65 @@ def _beat(db: Database) -> bool:
             return ledger.latest_beat(conn) is not None
     except Exception:  # noqa: BLE001 - the ledger is created by `reminders dev` itself
         return False
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_what_is_on_the_wire(tmp_path, mock):
+    """A POST /internal/reminders/drain is sending 100 due rows five at a time, each answer held
+    2 s, when SIGTERM comes: the drain claims no further slice, the request is answered with what
+    was settled, and the server exits 0 with nothing left claimed."""
+    import httpx
+
+    from .test_faults import load_due
+
+    mock.drop_all_connections()
+    mock.wait_idle(10)
+    mock.reset()
+    mock.script_default(delay=2.0)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+    db = Database(url)
+    migrate.upgrade(db)
+    load_due(db, n_devices=20, items_per_device=5)
+    port = free_port()
+    env = {
+        **clean_env(), **mock.env(), "REMINDERS_DATABASE_URL": url, "REMINDERS_TOKEN": "secret", "REMINDERS_ENABLED": "true",
+        "REMINDERS_CLAIM_BATCH_SIZE": "5", "REMINDERS_APNS_CONCURRENCY": "5",
+    }  # fmt: skip
+    command = [sys.executable, "-m", "reminders_pipeline.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    log = tmp_path / "serve.log"
+    process = supervised(command, tmp_path, env, log, ignore_sigint=False)
+    answer: dict[str, object] = {}
+
+    def post_drain() -> None:
+        reply = httpx.post(f"http://127.0.0.1:{port}/internal/reminders/drain", headers={"Authorization": "Bearer secret"}, timeout=60)
+        answer.update(status=reply.status_code, body=reply.json())
+
+    try:
+        try:
+            wait_for("/healthz", lambda: answers(f"http://127.0.0.1:{port}/healthz"), 60, every=0.2)
+        except AssertionError:
+            raise AssertionError(log.read_text(errors="replace")[-4000:]) from None
+        client = threading.Thread(target=post_drain)
+        client.start()
+        wait_for("a send on the wire", lambda: len(mock.requests) > 0, 60, every=0.05)
+        on_the_wire = {request_key(r) for r in mock.requests}
+        signalled_at = now_utc()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=STOP_BOUND)
+        client.join(10)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    output = log.read_text(errors="replace")[-4000:]
+    assert code == 0, f"exit status {code}\n{output}"
+    final = ledger_rows(db)
+    db.dispose()
+    claimed_after = {i: r["claimed_at"] for i, r in final.items() if r["claimed_at"] and r["claimed_at"] > signalled_at}
+    assert not claimed_after, f"claimed after the signal at {signalled_at}: {claimed_after}"
+    assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
+    assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
+    keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
+    sent = ids_where(final, outcome="sent")
+    assert answer.get("status") == 200 and answer["body"]["outcomes"] == {"sent": len(sent)}, (answer, output)
