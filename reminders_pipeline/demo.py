@@ -16,7 +16,6 @@ that production file into the home instead: the documented switch of the instanc
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy.engine import make_url
 
@@ -221,37 +220,36 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
     ``root`` is where ./var/ goes (the current folder for ``reminders dev``).
     """
     env, settings, home = dev_environment(root)
-    # Imported now, in the background: at a stop the runs must be terminated without waiting for it.
-    threading.Thread(target=importlib.import_module, args=("dagster",), name="import-dagster", daemon=True).start()
     with DemoSource(demo_port) as source:
         prepare_ledger(settings, source.url)
         print(f"ledger:       {settings.database_url}", file=sys.stderr)
         print(f"demo source:  {source.url} (device {DEMO_DEVICE_ID}, dry run)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
-        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, on_stop=lambda: cancel_runs_in_flight(home, env))
+        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
 
 
-STOP_GRACE_SECONDS = 12.0  # from the signal to SIGKILL: covers a send on the wire answering (10 s timeout) and settling
-DAGSTER_DEV_GRACE_SECONDS = 7.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
-CANCEL_WAIT_SECONDS = 4.0  # a hung code server must not eat the grace
+DAGSTER_DEV_GRACE_SECONDS = 5.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
+
+
+def stop_grace_seconds(settings: Settings) -> float:
+    """From the stop signal to SIGKILL: a send put on the wire just before it answers (or times out)
+    and is settled. 12 s with the default 10 s send timeout."""
+    return settings.send_timeout_seconds + 2.0
 
 
 class _Stop(Exception):
     """SIGTERM or Ctrl-C reached ``reminders dev``."""
 
 
-def run_until_stopped(
-    command: Sequence[str], cwd: Path, env: dict[str, str], on_stop: Callable[[], None] | None = None
-) -> int:
+def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], grace: float = 12.0) -> int:
     """Run ``dagster dev`` until it exits; SIGTERM or Ctrl-C here ends every process it started.
 
     On SIGTERM: SIGINT to every process below this one at once, as Ctrl-C in its terminal sends it
-    (dagster dev, its webserver, daemon and code servers shut down; a run worker stops its op, and
-    a dispatcher stops claiming and settles what is on the wire); ``on_stop`` (the Dagster runs
-    still queued or running are terminated through the instance, so the UI shows them stopped and
-    none starts); SIGTERM to whatever is still below this process after ``DAGSTER_DEV_GRACE_SECONDS``
-    (a code server waiting for its runs), and SIGKILL at ``STOP_GRACE_SECONDS``.
+    (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the signal
+    Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what is on
+    the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below this process
+    (a code server waiting for its runs); SIGKILL ``grace`` seconds after the signal.
 
     dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
     (``cmd &`` in a script, nohup, some supervisors) hands that ignore on through exec, and dagster
@@ -278,9 +276,9 @@ def run_until_stopped(
         try:
             process.wait()
         except _Stop:
-            _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, on_stop=on_stop)
+            _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, grace=grace)
         else:
-            end_tree(os.getpid(), set(), time.monotonic() + STOP_GRACE_SECONDS)  # dagster dev died alone
+            end_tree(os.getpid(), set(), time.monotonic() + grace)  # dagster dev ended alone: so does what it left
         if asked:  # stopped as asked, by whichever signal dagster dev needed
             return 0 if process.returncode in (0, -signal.SIGINT, -signal.SIGTERM) else 1
         return process.returncode
@@ -289,54 +287,21 @@ def run_until_stopped(
             signal.signal(sig, handler)
 
 
-def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, on_stop: Callable[[], None] | None) -> None:
-    """End dagster dev and everything below this process within ``STOP_GRACE_SECONDS`` of the signal."""
+def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace: float) -> None:
+    """End dagster dev and everything below this process within ``grace`` seconds of the signal."""
     started = time.monotonic()
-    if forward_sigint:  # as Ctrl-C in its terminal would: a run worker stops claiming at once
+    if forward_sigint:
         known = signal_tree(os.getpid(), signal.SIGINT)
     else:  # Ctrl-C in a terminal already reached the whole process group
         known = descendants(os.getpid())
-    if on_stop is not None:
-        stopper = threading.Thread(target=_quietly, args=(on_stop,), name="cancel-runs", daemon=True)
-        stopper.start()
-        stopper.join(CANCEL_WAIT_SECONDS)
     try:
-        process.wait(timeout=max(0.0, started + DAGSTER_DEV_GRACE_SECONDS - time.monotonic()))
+        process.wait(timeout=DAGSTER_DEV_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
         pass
-    killed = end_tree(os.getpid(), known, started + STOP_GRACE_SECONDS)
+    killed = end_tree(os.getpid(), known, started + grace)
     if killed:
-        print(f"reminders dev: killed {len(killed)} process(es) still running {STOP_GRACE_SECONDS:.0f}s after the stop", file=sys.stderr)
+        print(f"reminders dev: killed {len(killed)} process(es) still running {grace:.0f}s after the stop", file=sys.stderr)
     process.poll()
-
-
-def _quietly(action: Callable[[], None]) -> None:
-    try:
-        action()
-    except Exception as exc:  # noqa: BLE001 - the process tree is ended anyway; say why it was not gentler
-        print(f"reminders dev: could not terminate the Dagster runs in flight ({exc!r}); signalling them instead", file=sys.stderr)
-
-
-def cancel_runs_in_flight(home: Path, env: dict[str, str]) -> list[str]:
-    """Terminate every queued or running Dagster run of this instance, as the UI's Terminate does.
-
-    A run worker learns of it as SIGINT: the dispatcher op stops claiming, lets what is on the wire
-    answer and settle, and the run ends as failed (stopped by a signal). Queued runs are cancelled
-    before they start. Returns the run ids asked to stop.
-    """
-    import dagster as dg
-
-    for name in ("DAGSTER_HOME", "DAGSTER_POSTGRES_URL"):  # the instance file reads them from the environment
-        if name in env:
-            os.environ[name] = env[name]
-    unfinished = [
-        dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-    ]  # fmt: skip
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        run_ids = [run.run_id for run in instance.get_runs(dg.RunsFilter(statuses=unfinished))]
-        for run_id in run_ids:
-            instance.run_coordinator.cancel_run(run_id)
-    return run_ids
 
 
 def serve_demo(demo_port: int = DEMO_PORT) -> None:
