@@ -14,6 +14,7 @@ the signal came is gone.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -300,3 +301,32 @@ def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_wh
     assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
     sent = ids_where(final, outcome="sent")
     assert answer.get("status") == 200 and answer["body"]["outcomes"] == {"sent": len(sent)}, (answer, output)
+
+
+ORPHANS_SCRIPT = """
+import json, os, subprocess, sys, time
+from reminders_pipeline.proctree import become_subreaper, descendants, end_tree
+assert become_subreaper()
+# An orphan in a session of its own (its parent shell exits at once), and a child that ignores SIGTERM.
+subprocess.run(["/bin/sh", "-c", "setsid sleep 300 & echo $! > orphan.pid"], check=True)
+stubborn = subprocess.Popen(["/bin/sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
+time.sleep(0.5)
+orphan = int(open("orphan.pid").read())
+found = {pid for pid, _ in descendants(os.getpid())}
+killed = {pid for pid, _ in end_tree(os.getpid(), set(), time.monotonic() + 1.5)}
+print(json.dumps({"orphan": orphan, "stubborn": stubborn.pid, "found": sorted(found), "killed": sorted(killed),
+                  "left": sorted(pid for pid, _ in descendants(os.getpid()))}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the subreaper is Linux's")
+def test_end_tree_finds_an_orphan_that_changed_session_and_kills_what_ignores_sigterm(tmp_path):
+    """What ``reminders dev`` relies on: a descendant whose parent died and which left the session
+    is still found below the command, SIGTERM ends it, and one that ignores SIGTERM is killed."""
+    done = subprocess.run([sys.executable, "-c", ORPHANS_SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["orphan"] in seen["found"] and seen["stubborn"] in seen["found"], seen
+    assert seen["orphan"] not in seen["killed"] and seen["stubborn"] in seen["killed"], seen
+    assert not seen["left"], seen
+    assert not psutil.pid_exists(seen["orphan"]) or psutil.Process(seen["orphan"]).status() == psutil.STATUS_ZOMBIE
