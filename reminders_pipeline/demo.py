@@ -248,7 +248,7 @@ def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], gr
     On SIGTERM: SIGINT to every process below this one at once, as Ctrl-C in its terminal sends it
     (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the signal
     Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what is on
-    the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below this process
+    the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below dagster dev
     (a code server waiting for its runs); SIGKILL ``grace`` seconds after the signal.
 
     dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
@@ -298,7 +298,8 @@ def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace:
         process.wait(timeout=DAGSTER_DEV_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
         pass
-    killed = end_tree(os.getpid(), known, started + grace)
+    # dagster dev itself is spared the SIGTERM: it ends, and says so, once its services are gone.
+    killed = end_tree(os.getpid(), known, started + grace, spare=frozenset({process.pid}))
     if killed:
         print(f"reminders dev: killed {len(killed)} process(es) still running {grace:.0f}s after the stop", file=sys.stderr)
     process.poll()

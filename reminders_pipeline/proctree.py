@@ -112,18 +112,22 @@ def reap_children() -> None:
             return
 
 
-def end_tree(root: int, known: set[Identity], grace_until: float, *, poll: float = 0.1) -> set[Identity]:
+def end_tree(
+    root: int, known: set[Identity], grace_until: float, *, spare: frozenset[int] = frozenset(), poll: float = 0.1
+) -> set[Identity]:
     """SIGTERM every process still below ``root`` (and any of ``known`` still running), wait until
     ``grace_until`` (``time.monotonic()``) for them to end, then SIGKILL the rest.
 
     SIGTERM first because a run worker in the middle of a send settles what is on the wire when
-    asked; SIGKILL only for what outlives the grace. Returns the processes that had to be killed.
+    asked; SIGKILL only for what outlives the grace. ``spare``: pids left to end by themselves once
+    the others are gone (a supervisor waiting for its children), killed only at the deadline.
+    Returns the processes that had to be killed.
     """
     targets: set[Identity] = set()
     while True:
         reap_children()
         found = _alive(targets | known | descendants(root))
-        _signal_all(found - targets, signal.SIGTERM)  # each once, late arrivals too
+        _signal_all({p for p in found - targets if p[0] not in spare}, signal.SIGTERM)  # each once, late arrivals too
         targets |= found
         if not found or time.monotonic() >= grace_until:
             break
