@@ -277,8 +277,10 @@ def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], gr
             process.wait()
         except _Stop:
             _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, grace=grace)
-        else:
-            end_tree(os.getpid(), set(), time.monotonic() + grace)  # dagster dev ended alone: so does what it left
+        else:  # dagster dev ended alone: so does what it left, whatever signal comes meanwhile
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+            end_tree(os.getpid(), set(), time.monotonic() + grace)
         if asked:  # stopped as asked, by whichever signal dagster dev needed
             return 0 if process.returncode in (0, -signal.SIGINT, -signal.SIGTERM) else 1
         return process.returncode
@@ -295,7 +297,7 @@ def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace:
     else:  # Ctrl-C in a terminal already reached the whole process group
         known = descendants(os.getpid())
     try:
-        process.wait(timeout=DAGSTER_DEV_GRACE_SECONDS)
+        process.wait(timeout=min(DAGSTER_DEV_GRACE_SECONDS, grace / 2))
     except subprocess.TimeoutExpired:
         pass
     # dagster dev itself is spared the SIGTERM: it ends, and says so, once its services are gone.
