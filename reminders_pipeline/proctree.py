@@ -132,11 +132,15 @@ def end_tree(
         if not found or time.monotonic() >= grace_until:
             break
         time.sleep(poll)
-    targets = _alive(targets)
-    _signal_all(targets, signal.SIGKILL)
+    killed: set[Identity] = set()
     deadline = time.monotonic() + 5
-    while _alive(targets) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # what a killed process started meanwhile is killed too
+        left = _alive(targets | descendants(root))
+        if not left:
+            break
+        _signal_all(left - killed, signal.SIGKILL)
+        killed |= left
         reap_children()
         time.sleep(poll)
     reap_children()
-    return targets
+    return killed
