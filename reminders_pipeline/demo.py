@@ -33,6 +33,7 @@ from sqlalchemy.engine import make_url
 from . import migrate
 from .db import Database
 from .devices import DeviceSpec, put_device
+from .proctree import become_subreaper, descendants, end_tree, signal_tree
 from .settings import LOOPBACK_NETWORKS, Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: dagster.yaml, workspace.yaml
@@ -225,38 +226,85 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
         print(f"demo source:  {source.url} (device {DEMO_DEVICE_ID}, dry run)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
-        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env)
+        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
 
 
-def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str]) -> int:
-    """Run ``dagster dev`` until it exits; SIGTERM here stops it as Ctrl-C does, with its exit status.
+DAGSTER_DEV_GRACE_SECONDS = 5.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
 
-    dagster dev shuts its webserver, daemon and code servers down on SIGINT, and maps SIGTERM to
-    whatever SIGINT does in it. A process started with SIGINT *ignored* (``cmd &`` in a script,
-    nohup, some supervisors) hands that ignore on through exec, and dagster dev would then ignore
-    both signals. Handling both here before the child starts gives it default dispositions (handlers
-    reset on exec, ignores do not); SIGTERM here then becomes the SIGINT it shuts down on.
+
+def stop_grace_seconds(settings: Settings) -> float:
+    """From the stop signal to SIGKILL: a send put on the wire just before it answers (or times out)
+    and is settled. 12 s with the default 10 s send timeout."""
+    return settings.send_timeout_seconds + 2.0
+
+
+class _Stop(Exception):
+    """SIGTERM or Ctrl-C reached ``reminders dev``."""
+
+
+def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], grace: float = 12.0) -> int:
+    """Run ``dagster dev`` until it exits; SIGTERM or Ctrl-C here ends every process it started.
+
+    On SIGTERM: SIGINT to every process below this one at once, as Ctrl-C in its terminal sends it
+    (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the signal
+    Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what is on
+    the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below dagster dev
+    (a code server waiting for its runs); SIGKILL ``grace`` seconds after the signal.
+
+    dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
+    (``cmd &`` in a script, nohup, some supervisors) hands that ignore on through exec, and dagster
+    dev would then ignore both signals. Handling both here before the child starts gives it default
+    dispositions (handlers reset on exec, ignores do not).
     """
+    become_subreaper()
     process: subprocess.Popen[bytes] | None = None
+    asked: list[int] = []
 
-    def on_term(*_: object) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
+        if asked:
+            return  # already stopping: a second Ctrl-C must not cut the grace short
+        asked.append(signum)
         if process is None:
             raise KeyboardInterrupt  # before dagster dev exists: stop as Ctrl-C would
-        process.send_signal(signal.SIGINT)
+        raise _Stop
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, on_term)
+    for sig in previous:
+        signal.signal(sig, on_signal)
     try:
         process = subprocess.Popen(command, cwd=cwd, env=env)
-        while True:
-            try:
-                return process.wait()
-            except KeyboardInterrupt:
-                continue  # Ctrl-C reached dagster dev too (same terminal process group): wait for its shutdown
+        try:
+            process.wait()
+        except _Stop:
+            _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, grace=grace)
+        else:  # dagster dev ended alone: so does what it left, whatever signal comes meanwhile
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+            end_tree(os.getpid(), set(), time.monotonic() + grace)
+        if asked:  # stopped as asked, by whichever signal dagster dev needed
+            return 0 if process.returncode in (0, -signal.SIGINT, -signal.SIGTERM) else 1
+        return process.returncode
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace: float) -> None:
+    """End dagster dev and everything below this process within ``grace`` seconds of the signal."""
+    started = time.monotonic()
+    if forward_sigint:
+        known = signal_tree(os.getpid(), signal.SIGINT)
+    else:  # Ctrl-C in a terminal already reached the whole process group
+        known = descendants(os.getpid())
+    try:
+        process.wait(timeout=min(DAGSTER_DEV_GRACE_SECONDS, grace / 2))
+    except subprocess.TimeoutExpired:
+        pass
+    # dagster dev itself is spared the SIGTERM: it ends, and says so, once its services are gone.
+    killed = end_tree(os.getpid(), known, started + grace, spare=frozenset({process.pid}))
+    if killed:
+        print(f"reminders dev: killed {len(killed)} process(es) still running {grace:.0f}s after the stop", file=sys.stderr)
+    process.poll()
 
 
 def serve_demo(demo_port: int = DEMO_PORT) -> None:

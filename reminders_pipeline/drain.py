@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from sqlalchemy import Connection
 
@@ -150,6 +150,12 @@ def batches_of(ids: Sequence[int], batch_size: int, max_batches: int) -> list[li
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
+class Stop(Protocol):
+    """Asked before each claim: an ``asyncio.Event`` on the loop, a ``threading.Event`` across threads."""
+
+    def is_set(self) -> bool: ...
+
+
 def send_batch(
     db: Database,
     settings: Settings,
@@ -160,9 +166,10 @@ def send_batch(
     claimer: str | None = None,
     halt_scope: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stop: Stop | None = None,
 ) -> DrainSummary:
     return asyncio.run(
-        send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope, progress=progress)
+        send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope, progress=progress, stop=stop)
     )
 
 
@@ -176,7 +183,7 @@ async def send_batch_async(
     claimer: str | None = None,
     clock: Clock | None = None,
     sender: Sender | None = None,
-    stop: asyncio.Event | None = None,
+    stop: Stop | None = None,
     halt_scope: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     monotonic: Callable[[], float] = time.monotonic,
@@ -545,10 +552,12 @@ def drain(
     now: str | None = None,
     row_id: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stop: Stop | None = None,
 ) -> DrainSummary:
     """The whole drain in one call (CLI, HTTP): abandoned sweep, then every due row (or just ``row_id``).
 
     ``progress``: called with (due rows taken up so far, due rows) after each claim, for a terminal.
+    ``stop``: once set (the HTTP server was told to stop), no further slice is claimed.
     """
     started = time.perf_counter()
     factory = sender_factory or default_sender_factory(settings)  # fails fast before any claim
@@ -558,6 +567,6 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer, progress=progress))
+    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer, progress=progress, stop=stop))
     summary.duration_seconds = time.perf_counter() - started
     return summary

@@ -249,7 +249,9 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     # Slices of 10, 20 in flight: SIGTERM comes while most of the 100 rows are not yet claimed.
     process, stderr = start_dispatch_process(db_url, mock, tmp_path, "stopping", claim_batch_size=10, apns_concurrency=10)
     try:
-        wait_until("sends on the wire", lambda: len(mock.requests) > 0 or ids_where(ledger_rows(db), status="claimed"), 60)
+        wait_until("sends on the wire", lambda: len(mock.requests) > 0, 60)
+        on_the_wire = {request_key(r) for r in mock.requests}
+        signalled_at = now_utc()
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=30)
     finally:
@@ -262,6 +264,9 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     summary = json.loads(out)
     assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
     assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
+    assert not [r for r in final.values() if r["claimed_at"] and r["claimed_at"] > signalled_at], "claimed after the signal"
+    keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
     sent = ids_where(final, outcome="sent")
     assert sent and summary["outcomes"] == {"sent": len(sent)} and summary["claimed"] == len(sent)
 

@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import re
+import threading
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -193,6 +194,9 @@ class Api:
         current = (settings.token, settings.token_previous) if settings.token else ()
         self.tokens = tuple(t.encode("utf-8") for t in current if t)
         self.contract = Contract(settings)
+        # Set by the server on SIGTERM or Ctrl-C: a drain in flight claims nothing more (the server
+        # still waits for its request, so what is on the wire is answered and settled).
+        self.stopping = threading.Event()
 
     @staticmethod
     def bearer(request: Request) -> bytes | None:
@@ -312,7 +316,7 @@ class Api:
                 factory = await run_in_threadpool(default_sender_factory, self.settings)
             except ValueError as exc:
                 raise ApiError(503, "sender_unavailable", str(exc)) from None
-        summary = await run_in_threadpool(lambda: run_drain(self.db, self.settings, factory, now=now, row_id=row_id))
+        summary = await run_in_threadpool(lambda: run_drain(self.db, self.settings, factory, now=now, row_id=row_id, stop=self.stopping))
         self.metrics.observe_drain(summary)
         return JSONResponse(summary.as_dict())
 

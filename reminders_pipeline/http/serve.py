@@ -13,17 +13,21 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 from contextlib import contextmanager
+from types import FrameType
 from typing import Iterator
 
 import uvicorn
+from uvicorn.main import STARTUP_FAILURE
 
 from ..settings import Settings, SettingsError
 from .app import create_app
 
 
 def serve(host: str, port: int, settings: Settings, *, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM; uvicorn finishes in-flight requests, then the engine is disposed."""
+    """Serve until SIGINT/SIGTERM; uvicorn finishes in-flight requests (a drain among them claims
+    nothing more), then the engine is disposed."""
     if not settings.token:
         logging.getLogger(__name__).warning("REMINDERS_TOKEN is not set: every protected route answers 401")
     with stop_signals_end_cleanly():
@@ -51,9 +55,24 @@ def stop_signals_end_cleanly() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the app's drains to stop claiming the moment a stop
+    signal comes: uvicorn waits for requests in flight, and a drain would otherwise go on claiming
+    every due row for as long as its request lasts."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event) -> None:
+        super().__init__(config)
+        self._stopping = stopping
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._stopping.set()
+        super().handle_exit(sig, frame)
+
+
 def _run_uvicorn(host: str, port: int, settings: Settings, log_level: str) -> None:
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=host,
         port=port,
         log_level=log_level,
@@ -63,6 +82,10 @@ def _run_uvicorn(host: str, port: int, settings: Settings, log_level: str) -> No
         server_header=False,
         timeout_graceful_shutdown=30,
     )
+    server = _Server(config, app.state.api.stopping)
+    server.run()
+    if not server.started:  # the port is taken, or the app failed its startup: as uvicorn.run exits
+        sys.exit(STARTUP_FAILURE)
 
 
 def main(argv: list[str] | None = None) -> None:
