@@ -268,6 +268,8 @@ class ReminderMachine(RuleBasedStateMachine):
         def moved(e: Event) -> Event:
             shift = int(self.now) - 1800 - e.start if delta == "past" else delta  # floating: half an hour ago in UTC wall time
             assert isinstance(shift, int)
+            if e.kind == "all_day":  # a date moves by whole days
+                shift = 86400 * (shift // 86400 if delta == "past" else (1 if shift > 0 else -1))
             return replace(e, start=e.start + shift, end=e.end + shift)
 
         self._edit(ics, which, moved)
@@ -472,13 +474,13 @@ class ReminderMachine(RuleBasedStateMachine):
         config, occ = found
         if occ is None or occ.cancelled:
             raise PromiseBroken(f"STALE_ITEM_GONE: {where}: the last successful read shows the item {'cancelled' if occ else 'gone'}")
-        if s.title != occ.title:
-            raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
         if s.starts_at != occ.instant(occ.start, config.tz):
             raise PromiseBroken(
                 f"STALE_TIME: {where}: sent a start of {iso_from_unix(s.starts_at)}, the item as last read starts "
                 f"{iso_from_unix(occ.instant(occ.start, config.tz))}"
             )
+        if s.title != occ.title:
+            raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
         if parse_rule(s.rule).name not in config.rules_for(occ):
             raise PromiseBroken(f"STALE_RULE: {where}: the device's rules as last built are {sorted(config.rules_for(occ))}")
         due = rule_instant(s.rule, occ, config.tz)
