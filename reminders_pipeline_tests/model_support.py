@@ -7,11 +7,10 @@ edits, rendered as the wire formats (JSON items, iCalendar) a real source serves
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from typing import Any, Callable, Iterator, Sequence
 from zoneinfo import ZoneInfo
@@ -291,11 +290,3 @@ class ApnsDouble:
 
     def factory(self) -> SenderFactory:
         return lambda: self
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def replaced(event: Event, **changes: Any) -> Event:
-    return replace(event, **changes)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -235,6 +235,22 @@ class ReminderMachine(RuleBasedStateMachine):
             nxt = ledger.next_send_after(conn, after=self.iso)
         if nxt is not None:
             self.now = max(self.now, unix_from_iso(nxt) + jitter)
+
+    @rule(jitter=st.sampled_from((0, 1, 30)), dispatcher=st.booleans())
+    def send_next_due(self, jitter: int, dispatcher: bool) -> None:
+        """Move to the next row's time and send what is due, by the dispatcher or a drain."""
+        self.advance_to_next_due(jitter)
+        if dispatcher:
+            self.dispatcher_pass(5)
+        else:
+            self.drain()
+
+    @rule(minutes=st.sampled_from((5, 15)))
+    def cron_tick(self, minutes: int) -> None:
+        """What the schedules do: a build, then a drain, ``minutes`` later."""
+        self.advance(minutes * 60)
+        self.build()
+        self.drain()
 
     # -- feed edits -----------------------------------------------------------------------------
 
