@@ -1,0 +1,292 @@
+"""The world the model test (test_model.py) drives: calendars it edits, the HTTP layer their reads
+cross (with the faults it injects), and an APNs double that answers per token and records sends.
+
+Nothing here knows how the build turns items into rows: the feeds are plain data the machine
+edits, rendered as the wire formats (JSON items, iCalendar) a real source serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from typing import Any, Callable, Iterator, Sequence
+from zoneinfo import ZoneInfo
+
+import httpx
+from aioapns.common import NotificationResult
+
+from reminders_pipeline.apns import result_from_apns, result_from_error
+from reminders_pipeline.ics import _occurrence_id
+from reminders_pipeline.sender import Notification, SendResult, SenderFactory
+
+JSON_URL = "http://feeds.model.test/items.json"
+ICS_URL = "http://feeds.model.test/calendar.ics"
+
+# What a read can meet on its way (the model chooses): every one of them is a failed or partial read.
+FAULTS = ("timeout", "http_500", "http_503", "http_404", "http_403", "malformed", "partial", "dropped")
+
+# What APNs answers a token (the model chooses). Only these two may have reached the phone.
+ANSWERS = ("200", "400", "403", "410", "429", "500", "503", "dropped", "not_sent")
+MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
+RETRIED = frozenset({"429", "500", "503", "not_sent"})  # certainly not delivered: back to pending
+_APNS = {
+    "400": ("400", "BadDeviceToken"),
+    "403": ("403", "InvalidProviderToken"),
+    "410": ("410", "Unregistered"),
+    "429": ("429", "TooManyRequests"),
+    "500": ("500", "InternalServerError"),
+    "503": ("503", "ServiceUnavailable"),
+}
+
+
+# -- calendars -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event as its calendar states it. ``kind``: ``utc`` (a fixed instant), ``floating`` (a
+    wall time, no zone) or ``all_day`` (a date). ``start``/``end``: Unix seconds for ``utc``, wall
+    seconds (the wall time read as UTC) otherwise."""
+
+    uid: str
+    title: str
+    start: int
+    end: int
+    kind: str = "utc"
+    cancelled: bool = False
+    alarm_lead: int | None = None  # a VALARM this many seconds before the start
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """An item as a device should understand it: the id a read gives it and the calendar's times."""
+
+    id: str
+    title: str
+    start: int
+    end: int
+    kind: str
+    cancelled: bool
+    alarms: tuple[str, ...]
+
+    def instant(self, wall_or_unix: int, tz: str | None) -> int:
+        """The instant of one of this item's times on a device in ``tz`` (RFC 5545: fold 0)."""
+        return wall_or_unix if self.kind == "utc" else wall_to_unix(wall_or_unix, tz)
+
+
+def wall_to_unix(wall: int, tz: str | None) -> int:
+    if tz is None:
+        return wall
+    naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
+    return int(naive.replace(tzinfo=ZoneInfo(tz), fold=0).timestamp())
+
+
+def unix_to_wall(unix: float, tz: str | None) -> int:
+    if tz is None:
+        return int(unix)
+    local = datetime.fromtimestamp(unix, ZoneInfo(tz))
+    return int(unix + local.utcoffset().total_seconds())  # type: ignore[union-attr]
+
+
+@dataclass(frozen=True)
+class Series:
+    """A daily series of ``count`` occurrences, with deleted instances (EXDATE) and moved,
+    retitled or cancelled ones (RECURRENCE-ID overrides keyed by the original start)."""
+
+    uid: str
+    title: str
+    start: int  # Unix seconds, UTC
+    duration: int
+    count: int = 3
+    exdates: frozenset[int] = frozenset()
+    overrides: tuple[tuple[int, int, str, bool], ...] = ()  # (original start, new start, title, cancelled)
+
+    def originals(self) -> list[int]:
+        return [self.start + 86400 * k for k in range(self.count)]
+
+
+@dataclass
+class Feed:
+    """A source's content as the machine last edited it."""
+
+    url: str
+    events: dict[str, Event] = field(default_factory=dict)
+    series: Series | None = None
+
+    def occurrences(self) -> dict[str, Occurrence]:
+        """Every item a complete read yields, by item id (cancelled ones marked, not dropped)."""
+        out: dict[str, Occurrence] = {}
+        alarm = lambda e: (f"lead:{e.alarm_lead}",) if e.alarm_lead is not None else ()  # noqa: E731
+        for e in self.events.values():
+            item_id = e.uid if self.url == JSON_URL else _occurrence_id(e.uid, _ics_value(e.start, e.kind))
+            out[item_id] = Occurrence(item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm(e))
+        if self.series is not None:
+            s = self.series
+            moved = {o[0]: o for o in s.overrides}
+            for original in s.originals():
+                if original in s.exdates:
+                    continue
+                _, start, title, cancelled = moved.get(original, (original, original, s.title, False))
+                item_id = _occurrence_id(s.uid, _ics_value(original, "utc"))
+                out[item_id] = Occurrence(item_id, title, start, start + s.duration, "utc", cancelled, ())
+        return out
+
+    def body(self) -> tuple[bytes, str]:
+        """The feed as served: (body, content type)."""
+        if self.url == JSON_URL:
+            items = [{"id": e.uid, "title": e.title, "startsAt": e.start, "expiresAt": e.end} for e in self.events.values()]
+            return json.dumps({"items": items}).encode(), "application/json"
+        return ics_body(self).encode(), "text/calendar; charset=utf-8"
+
+
+def _ics_value(t: int, kind: str) -> date | datetime:
+    if kind == "all_day":
+        return (datetime(1970, 1, 1) + timedelta(seconds=t)).date()
+    if kind == "floating":
+        return datetime(1970, 1, 1) + timedelta(seconds=t)
+    return datetime.fromtimestamp(t, timezone.utc)
+
+
+def _ics_time(name: str, t: int, kind: str) -> str:
+    value = _ics_value(t, kind)
+    if kind == "all_day":
+        return f"{name};VALUE=DATE:{value.strftime('%Y%m%d')}"
+    return f"{name}:{value.strftime('%Y%m%dT%H%M%S')}{'Z' if kind == 'utc' else ''}"
+
+
+def ics_body(feed: Feed) -> str:
+    lines = ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//reminders model//EN"]
+    for e in feed.events.values():
+        lines += ["BEGIN:VEVENT", f"UID:{e.uid}", "DTSTAMP:20260101T000000Z", _ics_time("DTSTART", e.start, e.kind)]
+        lines += [_ics_time("DTEND", e.end, e.kind), f"SUMMARY:{e.title}"]
+        if e.cancelled:
+            lines.append("STATUS:CANCELLED")
+        if e.alarm_lead is not None:
+            lines += ["BEGIN:VALARM", "ACTION:DISPLAY", "DESCRIPTION:alarm", f"TRIGGER:-PT{e.alarm_lead}S", "END:VALARM"]
+        lines.append("END:VEVENT")
+    s = feed.series
+    if s is not None:
+        lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("DTSTART", s.start, "utc")]
+        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", f"RRULE:FREQ=DAILY;COUNT={s.count}"]
+        lines += [_ics_time("EXDATE", x, "utc") for x in sorted(s.exdates)]
+        lines.append("END:VEVENT")
+        for original, start, title, cancelled in s.overrides:
+            lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("RECURRENCE-ID", original, "utc")]
+            lines += [_ics_time("DTSTART", start, "utc"), _ics_time("DTEND", start + s.duration, "utc"), f"SUMMARY:{title}"]
+            lines += ["STATUS:CANCELLED"] if cancelled else []
+            lines.append("END:VEVENT")
+    lines.append("END:VCALENDAR")
+    return "\r\n".join(lines) + "\r\n"
+
+
+# -- the HTTP layer source reads cross -----------------------------------------------------------
+
+
+class _Broken(httpx.AsyncByteStream):
+    """A body that stops partway: the connection dropped after the headers."""
+
+    def __init__(self, head: bytes) -> None:
+        self.head = head
+
+    async def __aiter__(self) -> Iterator[bytes]:  # type: ignore[override]
+        yield self.head
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class FeedTransport(httpx.AsyncBaseTransport):
+    """Serves the machine's feeds to ``SourceReader`` in place of the network transport, with an
+    ETag (so 304 and the ledger's feed cache are exercised) and a one-shot fault per source."""
+
+    feeds: dict[str, Feed]
+    faults: dict[str, str] = field(default_factory=dict)
+    reads: list[tuple[str, str]] = field(default_factory=list)  # (url, fault or "ok" / "not_modified")
+
+    def __call__(self, *_: Any, **__: Any) -> "FeedTransport":
+        return self  # stands in for ``GuardedTransport(allow, limits)``
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        feed = self.feeds.get(url)
+        fault = self.faults.pop(url, None)
+        self.reads.append((url, fault or "ok"))
+        if feed is None:
+            return httpx.Response(404, content=b"not found")
+        body, content_type = feed.body()
+        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        if fault == "timeout":
+            raise httpx.ReadTimeout("timed out", request=request)
+        if fault is not None and fault.startswith("http_"):
+            return httpx.Response(int(fault[5:]), content=b"<html>error</html>", headers={"content-type": "text/html"})
+        if fault == "malformed":
+            return httpx.Response(200, content=b"<html><body>Sign in</body></html>", headers={"content-type": "text/html"})
+        if fault == "partial":  # the body cut short, served as if whole
+            return httpx.Response(200, content=body[: max(1, len(body) * 2 // 3)], headers={"content-type": content_type})
+        if fault == "dropped":
+            return httpx.Response(200, stream=_Broken(body[: len(body) // 2]), headers={"content-type": content_type})
+        if request.headers.get("if-none-match") == etag:
+            self.reads[-1] = (url, "not_modified")
+            return httpx.Response(304, headers={"etag": etag})
+        return httpx.Response(200, content=body, headers={"content-type": content_type, "etag": etag})
+
+    async def aclose(self) -> None:
+        return None
+
+
+# -- APNs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One notification handed to APNs, with the answer the model chose and the drain's clock."""
+
+    row_id: int
+    device_id: str
+    token: str
+    item_id: str
+    rule: str
+    title: str
+    starts_at: int
+    at: float
+    answer: str
+
+
+@dataclass
+class ApnsDouble:
+    """A ``Sender`` that answers each token as the machine chose (default 200) and records every send."""
+
+    clock: Callable[[], float]
+    answers: dict[str, str] = field(default_factory=dict)
+    sent: list[Sent] = field(default_factory=list)
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        return [self._one(n) for n in notifications]
+
+    def _one(self, n: Notification) -> SendResult:
+        answer = self.answers.get(n.device_token, "200")
+        p = n.payload
+        self.sent.append(
+            Sent(n.row_id, n.device_id, n.device_token, p["reminder"]["item_id"], p["reminder"]["rule"],
+                 p["aps"]["alert"]["title"], int(p["reminder"]["starts_at"]), self.clock(), answer)
+        )  # fmt: skip
+        if answer == "200":
+            return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), "200"))
+        if answer == "dropped":
+            return result_from_error(n.row_id, ConnectionResetError(), written=True)
+        if answer == "not_sent":
+            return result_from_error(n.row_id, ConnectionRefusedError(), written=False)
+        status, reason = _APNS[answer]
+        stamp = int(self.clock() * 1000) if answer == "410" else None
+        return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), status, reason, stamp))
+
+    async def aclose(self) -> None:
+        return None
+
+    def factory(self) -> SenderFactory:
+        return lambda: self

@@ -1,0 +1,635 @@
+"""The promises (docs: /work/shared/notes/promises.md), checked by machine on both databases.
+
+A hypothesis state machine drives the real core through random sequences of feed edits, source
+faults, device changes, clock moves, builds, drains, dispatcher passes, abandoned claims, prune and
+APNs answers, and after every step checks a small reference model:
+
+* the feeds as last read successfully, per (device, source), with the device as it was at that
+  build (``basis``): what every row and every alert is compared with;
+* what has possibly reached a phone (a 200, a dropped connection, an abandoned claim), per
+  (device, item, rule), with the item's own time at that send.
+
+The same occurrence: the same device, item id and rule, whose anchor *as the calendar states it*
+(the start for start and day rules, the end for ``@expiry``; wall time for floating and all-day
+items, so a zone change does not make a new occurrence) is within REMINDERS_REARM_THRESHOLD_SECONDS
+of the anchor at its previous possible delivery. An item moved by the threshold or more is a new
+version and may be reminded again.
+
+Time is the core's own ``now`` (and a driven dispatcher timer); feeds are served to the real
+``SourceReader`` by an in-process HTTP transport that injects the faults the machine chose.
+
+``REMINDERS_MODEL_EXAMPLES`` sets the number of examples (CI: 200 of up to 50 steps, the same
+sequences every run); ``REMINDERS_MODEL_RANDOM=1`` explores fresh ones, for a long run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from sqlalchemy import select, text
+
+from reminders_pipeline import build as build_mod, drain as drain_mod, ledger, retention, sources as sources_mod
+from reminders_pipeline.db import Database
+from reminders_pipeline.devices import DeviceSpec, put_device, remove_device
+from reminders_pipeline.dispatch import Dispatcher
+from reminders_pipeline.rules import parse_rule
+from reminders_pipeline.schema import devices as devices_t, notification_queue as queue_t, sources as sources_t
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+from .conftest import LEDGER_TABLES
+from .dispatching import DrivenTimer
+from .model_support import (
+    ANSWERS, FAULTS, ICS_URL, JSON_URL, MAY_HAVE_DELIVERED, RETRIED, ApnsDouble, Event, Feed, FeedTransport, Occurrence,
+    Series, Sent, unix_to_wall,
+)
+
+EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
+STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "50"))
+RANDOM = os.environ.get("REMINDERS_MODEL_RANDOM") == "1"  # explore new sequences (CI repeats the same ones)
+
+# Starting instants: an ordinary morning, and the evening before each DST night in two zones.
+STARTS = (
+    "2026-09-10T05:00:00.000Z",
+    "2026-10-24T21:00:00.000Z",  # Europe/Berlin falls back 2026-10-25 01:00Z
+    "2026-10-31T23:00:00.000Z",  # America/New_York falls back 2026-11-01 06:00Z
+    "2027-03-13T23:00:00.000Z",  # America/New_York springs forward 2027-03-14 07:00Z
+    "2027-03-27T21:00:00.000Z",  # Europe/Berlin springs forward 2027-03-28 01:00Z
+)
+ZONES = (None, "Europe/Berlin", "America/New_York")
+QUIET = (None, "22:00-07:30", "22:00-02:30", "01:00-03:00", "23:00-06:00")
+LEADS = (0, 300, 1800, 3600)
+EXTRA = ((), ("lead:600",), ("lead:0@expiry",), ("lead:900!",))
+DAY_RULES = (("day:0@09:00",), ("day:1@20:00",), ("day:0@02:30",))
+DEVICES = ("d0", "d1", "d2")
+WALL_TIMES = (90, 135, 165, 195, 420, 540, 720, 1350)  # minutes after local midnight: 01:30, 02:15, ...
+MAX_EVENTS = 5
+ITEM_CAP = 4
+SERIES_OFFSETS = (600, 3600, 5 * 3600)
+EVENT_CHOICES = {
+    "ics": st.booleans(),
+    "kind": st.sampled_from(("utc", "utc", "floating", "all_day")),
+    "offset": st.sampled_from((-1800, 300, 900, 1800, 3600, 5400, 7200, 4 * 3600, 10 * 3600)),
+    "wall": st.sampled_from(WALL_TIMES),
+    "day": st.integers(0, 2),
+    "duration": st.sampled_from((1, 1800, 3600)),
+    "alarm": st.sampled_from((None, None, 0, 1500)),
+}
+DEVICE_CHOICES = {
+    "lead": st.sampled_from(LEADS),
+    "extra": st.sampled_from(EXTRA),
+    "day_rules": st.sampled_from(DAY_RULES),
+    "tz": st.sampled_from(ZONES),
+    "quiet": st.sampled_from(QUIET),
+    "alarms": st.booleans(),
+    "urls": st.sampled_from(((JSON_URL, ICS_URL), (JSON_URL, ICS_URL), (ICS_URL,), (JSON_URL,))),
+}
+SETTLED_OUTCOMES = {"sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours"}
+NEEDS_DETAIL = {"failed", "voided"}
+
+
+class PromiseBroken(AssertionError):
+    """A promise the model checks does not hold; the message starts with which one."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device as registered (what ``put_device`` was given)."""
+
+    token: str
+    lead: int = 3600
+    extra: tuple[str, ...] = ()
+    day_rules: tuple[str, ...] = ("day:0@09:00",)
+    tz: str | None = None
+    quiet: str | None = None
+    alarms: bool = False
+    urls: tuple[str, ...] = (JSON_URL, ICS_URL)
+
+    def rules_for(self, occ: Occurrence) -> set[str]:
+        """The rules the device wants for this item: its own alarms when it uses them, else its
+        day rules (all-day items) or lead rules (timed ones)."""
+        if self.alarms and occ.alarms:
+            return {parse_rule(r).name for r in occ.alarms}
+        if occ.kind == "all_day":
+            return {parse_rule(r).name for r in self.day_rules}
+        return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra)}
+
+
+def rule_instant(rule_name: str, occ: Occurrence, tz: str | None) -> int:
+    """The rule's time for this item on a device in ``tz``: its anchor less its lead; a day rule
+    names a local time N days before the item's day."""
+    r = parse_rule(rule_name)
+    if r.anchor == "day":
+        return occ.instant(occ.start - r.lead_seconds + r.at_minutes * 60, tz)
+    anchor = occ.instant(occ.end if r.anchor == "expiry" else occ.start, tz)
+    return anchor - r.lead_seconds
+
+
+def feed_anchor(rule_name: str, occ: Occurrence) -> int:
+    """The item's own time the rule hangs on, as the calendar states it (wall time if floating)."""
+    return occ.end if parse_rule(rule_name).anchor == "expiry" else occ.start
+
+
+def in_quiet_hours(quiet: str | None, at: float, tz: str | None) -> bool:
+    if not quiet:
+        return False
+    (h1, m1), (h2, m2) = (map(int, part.split(":")) for part in quiet.split("-"))
+    start, end, m = h1 * 60 + m1, h2 * 60 + m2, (unix_to_wall(at, tz) % 86400) / 60
+    return start <= m < end if start <= end else (m >= start or m < end)
+
+
+def token_of(device: int, generation: int) -> str:
+    return f"{16 * device + generation:02x}" * 32
+
+
+class _Current:
+    """The running machine's transport: ``SourceReader`` makes its transport per read."""
+
+    transport: FeedTransport | None = None
+
+    def __call__(self, *_: Any, **__: Any) -> FeedTransport:
+        assert self.transport is not None
+        return self.transport
+
+
+CURRENT = _Current()
+
+
+class ReminderMachine(RuleBasedStateMachine):
+    db: Database
+    settings: Settings
+
+    def __init__(self) -> None:
+        super().__init__()
+        _empty(self.db)
+        self.feeds = {JSON_URL: Feed(JSON_URL), ICS_URL: Feed(ICS_URL)}
+        self.transport = FeedTransport(self.feeds)
+        CURRENT.transport = self.transport
+        self.now = 0.0
+        self.clock_now = 0.0
+        self.apns = ApnsDouble(clock=lambda: self.clock_now)
+        self.devices: dict[str, Device] = {}
+        self.generations: dict[str, int] = {}
+        self.basis: dict[tuple[str, int], tuple[Device, dict[str, Occurrence]]] = {}
+        self.delivered: dict[tuple[str, str, str], int | None] = {}
+        self.source_ids: dict[str, int] = {}
+        self.checked = 0
+        self.next_uid = 0
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    @property
+    def iso(self) -> str:
+        return iso_from_unix(self.now)
+
+    def _rows(self) -> list[dict[str, Any]]:
+        with self.db.read() as conn:
+            return [dict(r) for r in conn.execute(select(queue_t)).mappings()]
+
+    def _refresh_sources(self) -> None:
+        with self.db.read() as conn:
+            self.source_ids = {url: sid for sid, url in conn.execute(select(sources_t.c.id, sources_t.c.url))}
+
+    def _invalid_devices(self) -> set[str]:
+        with self.db.read() as conn:
+            return set(conn.scalars(select(devices_t.c.id).where(devices_t.c.token_invalid_at.is_not(None))))
+
+    def _uid(self, prefix: str) -> str:
+        self.next_uid += 1
+        return f"{prefix}{self.next_uid}"
+
+    def _occurrence(self, device_id: str, item_id: str) -> tuple[Device, Occurrence | None] | None:
+        sid, raw = item_id.split(":", 1)
+        basis = self.basis.get((device_id, int(sid)))
+        if basis is None:
+            return None
+        config, occs = basis
+        return config, occs.get(raw)
+
+    # -- the clock ------------------------------------------------------------------------------
+
+    @initialize(start=st.sampled_from(STARTS), data=st.data())
+    def start(self, start: str, data: st.DataObject) -> None:
+        """A morning to begin with: one to three devices, a few items in each feed, and a build."""
+        self.now = self.clock_now = unix_from_iso(start)
+        for device_id in DEVICES[: data.draw(st.integers(1, 3), label="devices")]:
+            self.put(device_id, *(data.draw(s, label=name) for name, s in DEVICE_CHOICES.items()))
+        for _ in range(data.draw(st.integers(1, 6), label="items")):
+            self.add_event(*(data.draw(s, label=name) for name, s in EVENT_CHOICES.items()))
+        if data.draw(st.booleans(), label="series"):
+            self.add_series(data.draw(st.sampled_from(SERIES_OFFSETS), label="series offset"))
+        self.build()
+
+    @rule(seconds=st.sampled_from((1, 30, 120, 600, 1800, 3600, 3 * 3600)))
+    def advance(self, seconds: int) -> None:
+        self.now += seconds
+
+    @rule(jitter=st.sampled_from((0, 1, 5, 60)))
+    def advance_to_next_due(self, jitter: int) -> None:
+        """Just at or after the next pending ``send_after``: where being early or late shows."""
+        with self.db.read() as conn:
+            nxt = ledger.next_send_after(conn, after=self.iso)
+        if nxt is not None:
+            self.now = max(self.now, unix_from_iso(nxt) + jitter)
+
+    @rule(jitter=st.sampled_from((0, 1, 30)), dispatcher=st.booleans())
+    def send_next_due(self, jitter: int, dispatcher: bool) -> None:
+        """Move to the next row's time and send what is due, by the dispatcher or a drain."""
+        self.advance_to_next_due(jitter)
+        if dispatcher:
+            self.dispatcher_pass(5)
+        else:
+            self.drain()
+
+    @rule(minutes=st.sampled_from((5, 15)))
+    def cron_tick(self, minutes: int) -> None:
+        """What the schedules do: a build, then a drain, ``minutes`` later."""
+        self.advance(minutes * 60)
+        self.build()
+        self.drain()
+
+    # -- feed edits -----------------------------------------------------------------------------
+
+    @rule(**EVENT_CHOICES)
+    def add_event(self, ics: bool, kind: str, offset: int, wall: int, day: int, duration: int, alarm: int | None) -> None:
+        feed = self.feeds[ICS_URL if ics else JSON_URL]
+        if len(feed.events) >= MAX_EVENTS:
+            return
+        if not ics or kind == "utc":
+            start, kind = int(self.now) + offset, "utc"
+            event = Event(self._uid("e"), f"Meeting {self.next_uid}", start, start + duration, alarm_lead=alarm if ics else None)
+        else:
+            midnight = (int(self.now) // 86400 + day) * 86400
+            start = midnight if kind == "all_day" else midnight + wall * 60
+            end = start + 86400 if kind == "all_day" else start + duration
+            event = Event(self._uid("e"), f"Plan {self.next_uid}", start, end, kind, alarm_lead=alarm)
+        feed.events[event.uid] = event
+
+    @rule(ics=st.booleans(), which=st.integers(0, MAX_EVENTS - 1), title=st.sampled_from(("Retitled", "Moved room", "Café ☕")))
+    def retitle(self, ics: bool, which: int, title: str) -> None:
+        self._edit(ics, which, lambda e: replace(e, title=f"{title} {e.uid}"))
+
+    @rule(
+        ics=st.booleans(),
+        which=st.integers(0, MAX_EVENTS - 1),
+        delta=st.sampled_from((60, 299, 300, 600, 3600, -60, -600, -3600, "past")),
+    )
+    def move(self, ics: bool, which: int, delta: int | str) -> None:
+        """Later, earlier, or into the past (started half an hour ago)."""
+
+        def moved(e: Event) -> Event:
+            shift = int(self.now) - 1800 - e.start if delta == "past" else delta  # floating: half an hour ago in UTC wall time
+            assert isinstance(shift, int)
+            if e.kind == "all_day":  # a date moves by whole days
+                shift = 86400 * (shift // 86400 if delta == "past" else (1 if shift > 0 else -1))
+            return replace(e, start=e.start + shift, end=e.end + shift)
+
+        self._edit(ics, which, moved)
+
+    @rule(ics=st.booleans(), which=st.integers(0, MAX_EVENTS - 1))
+    def delete(self, ics: bool, which: int) -> None:
+        feed = self.feeds[ICS_URL if ics else JSON_URL]
+        if feed.events:
+            del feed.events[sorted(feed.events)[which % len(feed.events)]]
+
+    @rule(which=st.integers(0, MAX_EVENTS - 1))
+    def cancel(self, which: int) -> None:
+        """``STATUS:CANCELLED`` (the JSON protocol has no cancellation: there, delete is it)."""
+        self._edit(True, which, lambda e: replace(e, cancelled=True))
+
+    def _edit(self, ics: bool, which: int, change: Any) -> None:
+        feed = self.feeds[ICS_URL if ics else JSON_URL]
+        if feed.events:
+            uid = sorted(feed.events)[which % len(feed.events)]
+            feed.events[uid] = change(feed.events[uid])
+
+    @rule(offset=st.sampled_from(SERIES_OFFSETS))
+    def add_series(self, offset: int) -> None:
+        feed = self.feeds[ICS_URL]
+        if feed.series is None:
+            feed.series = Series("series", "Standup", int(self.now) + offset, 900)
+
+    @rule(k=st.integers(0, 2), change=st.sampled_from(("later", "earlier", "delete", "cancel", "retitle")))
+    def edit_instance(self, k: int, change: str) -> None:
+        """One instance of the series moved, deleted (EXDATE), cancelled or retitled (RECURRENCE-ID)."""
+        s = self.feeds[ICS_URL].series
+        if s is None:
+            return
+        original = s.originals()[k]
+        if change == "delete":
+            s = replace(s, exdates=s.exdates | {original})
+        else:
+            current = {o[0]: o for o in s.overrides}.get(original, (original, original, s.title, False))
+            _, start, title, cancelled = current
+            start += {"later": 1800, "earlier": -1800}.get(change, 0)
+            title = f"{s.title} (changed)" if change == "retitle" else title
+            override = (original, start, title, cancelled or change == "cancel")
+            s = replace(s, overrides=tuple(o for o in s.overrides if o[0] != original) + (override,))
+        self.feeds[ICS_URL].series = s
+
+    # -- source faults --------------------------------------------------------------------------
+
+    @rule(ics=st.booleans(), fault=st.sampled_from(FAULTS))
+    def source_fault(self, ics: bool, fault: str) -> None:
+        """The next read of this source fails this way (or is cut short)."""
+        self.transport.faults[ICS_URL if ics else JSON_URL] = fault
+
+    # -- devices --------------------------------------------------------------------------------
+
+    @rule(which=st.sampled_from(DEVICES), **DEVICE_CHOICES)
+    def put(self, which: str, lead: int, extra: tuple[str, ...], day_rules: tuple[str, ...], tz: str | None,
+            quiet: str | None, alarms: bool, urls: tuple[str, ...]) -> None:  # fmt: skip
+        """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources)."""
+        generation = self.generations.setdefault(which, 0)
+        token = token_of(DEVICES.index(which), generation)
+        old = self.devices.get(which)
+        if tz is None and old is not None:
+            tz = old.tz  # an omitted zone keeps the stored one
+        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls)
+        put_device(self.db, self.settings, DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms), now=self.iso)
+        self.devices[which] = device
+        self._refresh_sources()
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2))
+    def change_token(self, which: int) -> None:
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        self.generations[device_id] += 1
+        d = replace(self.devices[device_id], token=token_of(DEVICES.index(device_id), self.generations[device_id]))
+        spec = DeviceSpec(device_id, d.token, d.lead, d.extra, d.urls, d.tz, d.day_rules, d.quiet, d.alarms)
+        put_device(self.db, self.settings, spec, now=self.iso)
+        self.devices[device_id] = d
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2))
+    def remove(self, which: int) -> None:
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        remove_device(self.db, device_id, now=self.iso)
+        del self.devices[device_id]
+
+    @rule(which=st.sampled_from(DEVICES), answer=st.sampled_from(ANSWERS + ("200", "200")))
+    def apns_answers(self, which: str, answer: str) -> None:
+        """From now on APNs answers this device's current token this way."""
+        self.apns.answers[token_of(DEVICES.index(which), self.generations.get(which, 0))] = answer
+
+    # -- builds ---------------------------------------------------------------------------------
+
+    @rule()
+    def build(self) -> None:
+        failing = {self.source_ids[u] for u in self.transport.faults if u in self.source_ids}
+        before = {r["id"]: r for r in self._rows() if r["source_id"] in failing}
+        invalid = self._invalid_devices()
+        reads_before = len(self.transport.reads)
+        build_mod.build(self.db, self.settings, now=self.iso, reader=build_mod.make_reader(self.settings))
+        reads = self.transport.reads[reads_before:]
+        ok = {self.source_ids[u] for u, how in reads if how in ("ok", "not_modified")}
+        failed = {self.source_ids[u] for u, how in reads if how not in ("ok", "not_modified")}
+        rows = {r["id"]: r for r in self._rows()}
+        self._check_failed_reads(before, rows, failed)
+        snapshot = {sid: self.feeds[url].occurrences() for url, sid in self.source_ids.items()}
+        for device_id, device in self.devices.items():
+            if device_id in invalid:
+                continue
+            for url in device.urls:
+                sid = self.source_ids[url]
+                if sid in ok:
+                    self.basis[(device_id, sid)] = (device, snapshot[sid])
+        self._check_voids(rows)
+
+    def _check_failed_reads(self, before: dict[int, dict[str, Any]], rows: dict[int, dict[str, Any]], failed: set[int]) -> None:
+        """A failed or partial read voids nothing and re-times nothing."""
+        for row_id, old in before.items():
+            if old["status"] != "pending" or old["source_id"] not in failed:
+                continue
+            new = rows.get(row_id)
+            changed = {c: (old[c], new[c]) for c in ("status", "send_after", "event_at", "title", "outcome_detail") if new and old[c] != new[c]}
+            if changed and not self._unwanted(old):
+                raise PromiseBroken(f"FAILED_READ_CHANGED_ROW: row {row_id} ({old['item_id']} {old['rule']}) of a source whose read failed: {changed}")
+
+    def _unwanted(self, row: dict[str, Any]) -> bool:
+        """The device itself no longer wants this row (removed, unsubscribed, or the rule gone from
+        its rules for the item as last read): voiding it needs no read."""
+        device = self.devices.get(row["device_id"])
+        if device is None or row["source_id"] not in {self.source_ids[u] for u in device.urls}:
+            return True
+        found = self._occurrence(row["device_id"], row["item_id"])
+        if found is None or found[1] is None:
+            return False
+        return parse_rule(row["rule"]).name not in device.rules_for(found[1])
+
+    def _check_voids(self, rows: dict[int, dict[str, Any]]) -> None:
+        """An item voided ``left_feed`` is gone from its feed as last read, or cut by the item cap,
+        which keeps the soonest items not yet over."""
+        for r in rows.values():
+            if r["outcome"] != "voided" or r["outcome_detail"] != "left_feed" or r["settled_at"] != self.iso:
+                continue
+            found = self._occurrence(r["device_id"], r["item_id"])
+            if found is None or found[1] is None or found[1].cancelled:
+                continue
+            config, occ = found
+            occs = self.basis[(r["device_id"], int(r["item_id"].split(":")[0]))][1]
+            live = sorted(
+                (o.instant(o.start, config.tz), o.id) for o in occs.values() if not o.cancelled and o.instant(o.end, config.tz) > self.now
+            )
+            kept = {i for _, i in live[:ITEM_CAP]}
+            if occ.id in kept:
+                raise PromiseBroken(
+                    f"VOIDED_ITEM_STILL_IN_FEED: {r['item_id']} {r['rule']} voided left_feed at {self.iso}, "
+                    f"but the last read has it among the {ITEM_CAP} soonest items: {sorted(kept)}"
+                )
+
+    # -- drains ---------------------------------------------------------------------------------
+
+    @rule()
+    def drain(self) -> None:
+        self._pass(lambda: drain_mod.drain(self.db, self.settings, self.apns.factory(), now=self.iso), due_by=self.now)
+
+    @rule(which=st.integers(0, 20))
+    def drain_by_id(self, which: int) -> None:
+        with self.db.read() as conn:
+            due = ledger.due_ids(conn, self.iso)
+        if not due:
+            return
+        row_id = due[which % len(due)]
+        self._pass(lambda: drain_mod.drain(self.db, self.settings, self.apns.factory(), now=self.iso, row_id=row_id), due_by=self.now, only=row_id)
+
+    @rule(span=st.sampled_from((5, 60, 600, 1800)))
+    def dispatcher_pass(self, span: int) -> None:
+        """The exact-time dispatcher, on a driven clock from now to now + span."""
+        timer = DrivenTimer(self.now)
+        dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), timer=timer)
+        until = self.now + span
+
+        def go() -> None:
+            asyncio.run(dispatcher.run(until=until))
+
+        self._pass(go, due_by=until - 1, clock=lambda: timer.t)
+        self.now = max(self.now, until)
+
+    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None) -> None:
+        self.clock_now = self.now
+        self.apns.clock = clock or (lambda: self.clock_now)
+        first = len(self.apns.sent)
+        run()
+        sends = self.apns.sent[first:]
+        for s in sends:
+            self._check_send(s)
+        self._check_settled_when_healthy(sends, due_by, only)
+
+    def _check_send(self, s: Sent) -> None:
+        """Never stale, never early, never inside quiet hours, never twice."""
+        self.checked += 1
+        found = self._occurrence(s.device_id, s.item_id)
+        where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)} (answer {s.answer})"
+        if found is None:
+            raise PromiseBroken(f"STALE_NO_READ: {where}: no successful read of its source for this device")
+        config, occ = found
+        if occ is None or occ.cancelled:
+            raise PromiseBroken(f"STALE_ITEM_GONE: {where}: the last successful read shows the item {'cancelled' if occ else 'gone'}")
+        if s.starts_at != occ.instant(occ.start, config.tz):
+            raise PromiseBroken(
+                f"STALE_TIME: {where}: sent a start of {iso_from_unix(s.starts_at)}, the item as last read starts "
+                f"{iso_from_unix(occ.instant(occ.start, config.tz))}"
+            )
+        if s.title != occ.title:
+            raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
+        if parse_rule(s.rule).name not in config.rules_for(occ):
+            raise PromiseBroken(f"STALE_RULE: {where}: the device's rules as last built are {sorted(config.rules_for(occ))}")
+        due = rule_instant(s.rule, occ, config.tz)
+        if s.at < due:
+            raise PromiseBroken(f"EARLY: {where}: the rule's time is {iso_from_unix(due)}")
+        current = self.devices.get(s.device_id)
+        if current is not None and not parse_rule(s.rule).breakthrough and in_quiet_hours(current.quiet, s.at, current.tz):
+            raise PromiseBroken(f"QUIET_HOURS: {where}: inside the device's quiet hours {current.quiet} ({current.tz})")
+        if s.answer in MAY_HAVE_DELIVERED:
+            self._delivered((s.device_id, s.item_id, parse_rule(s.rule).name), feed_anchor(s.rule, occ), where)
+
+    def _delivered(self, key: tuple[str, str, str], anchor: int | None, where: str) -> None:
+        if key in self.delivered:
+            previous = self.delivered[key]
+            if anchor is None or previous is None or abs(anchor - previous) < self.settings.rearm_threshold_seconds:
+                raise PromiseBroken(f"DUPLICATE: {where}: already possibly delivered for the same occurrence (anchor {previous} vs {anchor})")
+        self.delivered[key] = anchor
+
+    def _check_settled_when_healthy(self, sends: list[Sent], due_by: float, only: int | None) -> None:
+        """Every row that came due while sending is healthy is settled by a pass run after it came due."""
+        if any(s.answer == "403" for s in sends):
+            return  # a provider fault halts every drain: legitimately nothing more is claimed
+        unhealthy = {t for t, a in self.apns.answers.items() if a in RETRIED or a == "403"}
+        with self.db.read() as conn:
+            tokens = {i: t for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
+        for r in self._rows():
+            if r["status"] != "pending" or unix_from_iso(r["send_after"]) > due_by or (only is not None and r["id"] != only):
+                continue
+            if r["device_id"] not in tokens or tokens[r["device_id"]] in unhealthy:
+                continue
+            raise PromiseBroken(f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {iso_from_unix(due_by)}")
+
+    # -- abandoned claims and prune -------------------------------------------------------------
+
+    @rule(which=st.integers(0, 20))
+    def abandoned_claim(self, which: int) -> None:
+        """A drainer claims a due row and dies mid-send: it may have reached the phone."""
+        with self.db.read() as conn:
+            due = ledger.due_ids(conn, self.iso)
+        if not due:
+            return
+        with self.db.write() as conn:
+            claimed = ledger.claim(conn, [due[which % len(due)]], self.iso, "ghost-drainer")
+        for row in claimed:
+            found = self._occurrence(row["device_id"], row["item_id"])
+            occ = found[1] if found else None
+            anchor = feed_anchor(row["rule"], occ) if occ is not None and not occ.cancelled else None
+            self._delivered((row["device_id"], row["item_id"], parse_rule(row["rule"]).name), anchor, f"abandoned claim of row {row['id']}")
+
+    @rule()
+    def prune(self) -> None:
+        retention.prune(self.db, self.settings, now=self.iso)
+
+    def teardown(self) -> None:
+        rows = self._rows()
+        STATS["examples"] = STATS.get("examples", 0) + 1
+        STATS["sends_checked"] = STATS.get("sends_checked", 0) + self.checked
+        STATS["rows"] = STATS.get("rows", 0) + len(rows)
+        for r in rows:
+            key = f"{r['status']}:{r['outcome']}:{r['outcome_detail']}"
+            STATS[key] = STATS.get(key, 0) + 1
+
+    # -- the rows -------------------------------------------------------------------------------
+
+    @invariant()
+    def rows_keep_their_promises(self) -> None:
+        """Each settled row has one outcome and its reason; no pending row is timed before its
+        rule's time for the item as last read; nothing was sent past the lateness bound."""
+        if self.now == 0:
+            return
+        for r in self._rows():
+            where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
+            if r["status"] == "settled":
+                if r["outcome"] not in SETTLED_OUTCOMES or (r["outcome"] in NEEDS_DETAIL and not r["outcome_detail"]):
+                    raise PromiseBroken(f"NO_REASON: {where} settled {r['outcome']!r} / {r['outcome_detail']!r}")
+                if r["outcome"] == "sent":
+                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"])
+                    if late > self.settings.max_lateness_seconds:
+                        raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after")
+            elif r["status"] == "pending":
+                found = self._occurrence(r["device_id"], r["item_id"])
+                if found is None or found[1] is None:
+                    continue
+                config, occ = found
+                due = rule_instant(r["rule"], occ, config.tz)
+                if unix_from_iso(r["send_after"]) < due:
+                    raise PromiseBroken(f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}")
+
+
+STATS: dict[str, int] = {}
+
+
+def _empty(db: Database) -> None:
+    """A clean ledger per example (the database itself is made once per test)."""
+    with db.write() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {LEDGER_TABLES} RESTART IDENTITY CASCADE"))
+        else:
+            for table in LEDGER_TABLES.split(", "):
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+def model_settings(db_url: str) -> Settings:
+    return Settings(
+        database_url=db_url,
+        enabled=True,
+        source_max_items=ITEM_CAP,
+        source_timeout_seconds=5.0,
+        dispatch_poll_seconds=600.0,
+        dispatch_heartbeat_seconds=3600,
+        retention_seconds=6 * 3600,
+    )
+
+
+@pytest.mark.timeout(3600)
+def test_the_promises_hold(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources_mod, "GuardedTransport", CURRENT)
+    db = Database(db_url)
+    ReminderMachine.db, ReminderMachine.settings = db, model_settings(db_url)
+    try:
+        run_state_machine_as_test(
+            ReminderMachine,
+            settings=hsettings(
+                max_examples=EXAMPLES,
+                stateful_step_count=STEPS,
+                deadline=None,
+                database=None,
+                derandomize=not RANDOM,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    finally:
+        db.dispose()
+        print(sorted(STATS.items()))
