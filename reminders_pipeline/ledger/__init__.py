@@ -69,6 +69,7 @@ from .queue import (  # noqa: F401
     next_send_after,
     realign_pending,
     rearm_anchor,
+    rearm_bounds,
     upsert_rows,
     void_pending_of_device,
     void_rows,

@@ -33,7 +33,13 @@ UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "ev
 
 # Per row, the values a settled row's anchor (event_at, or expires_at for an @expiry rule) and its
 # item's own time must reach or pass to count as "moved" (made in Python: no time is computed in SQL).
-REARM_BOUNDS = ("by_expiry", "anchor_before", "anchor_after", "item_before", "item_after")
+# wall_before/wall_after: the same for a row settled before item_at existed (migration 0009), whose
+# anchor alone is known (``rearm_bounds``).
+REARM_BOUNDS = ("by_expiry", "anchor_before", "anchor_after", "item_before", "item_after", "wall_before", "wall_after")
+
+# UTC offsets run from UTC-12:00 to UTC+14:00, so a floating item's wall time lies that far around
+# the instant any zone made of it.
+EARLIEST_OFFSET_SECONDS, LATEST_OFFSET_SECONDS = -12 * 3600, 14 * 3600
 _TYPES = {"source_id": "bigint", "by_expiry": "boolean"}
 
 
@@ -82,14 +88,17 @@ RETURNING id
 
 
 # A settled (not voided) row whose item itself moved by at least the threshold: the re-arm below.
-# Its anchor instant must have moved, and for a floating item (item_at known on both sides) its own
-# wall time too: a zone change moves the instant, not the item. send_after is not compared: a
-# quiet-hours hold or a zone moves it without the item moving.
+# Its anchor instant must have moved, and for a floating item its own wall time too: a zone change
+# moves the instant, not the item. A row settled before item_at existed has only its anchor: its
+# item moved only if no zone could have made that anchor of the new wall time (``rearm_bounds``).
+# send_after is not compared: a quiet-hours hold or a zone moves it without the item moving.
+_ANCHOR = "(CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END)"
 _MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
     AND q.status = 'settled' AND q.outcome <> 'voided'
-    AND ((CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) <= r.anchor_before
-        OR (CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) >= r.anchor_after)
-    AND (q.item_at IS NULL OR r.item_before IS NULL OR q.item_at <= r.item_before OR q.item_at >= r.item_after)"""
+    AND ({anchor} <= r.anchor_before OR {anchor} >= r.anchor_after)
+    AND (r.item_before IS NULL
+        OR (q.item_at IS NOT NULL AND (q.item_at <= r.item_before OR q.item_at >= r.item_after))
+        OR (q.item_at IS NULL AND ({anchor} <= r.wall_before OR {anchor} >= r.wall_after)))""".format(anchor=_ANCHOR)
 
 
 _KEEP_HISTORY = """
@@ -176,13 +185,27 @@ def _by_expiry(rule: str) -> bool:
     return parse_rule(rule).anchor == "expiry"
 
 
-def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
-    out = {c: row.get(c) for c in UPSERT_COLUMNS}
+def rearm_bounds(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    """What a settled row must reach or pass, against the wanted ``row``, to count as moved
+    (``REARM_BOUNDS``; ``build.item_moved`` compares the same values).
+
+    ``wall_before``/``wall_after`` serve a row settled before migration 0009, whose ``item_at`` is
+    NULL: its anchor is the old wall time read in an unknown zone, so it lies up to 14 hours before
+    and 12 hours after the new wall time without the item moving at all.
+    """
     anchor, item_at = rearm_anchor(row), row.get("item_at")
-    out["by_expiry"] = _by_expiry(row["rule"])
+    out: dict[str, Any] = {"by_expiry": _by_expiry(row["rule"])}
     out["anchor_before"], out["anchor_after"] = shift(anchor, -threshold), shift(anchor, threshold)
-    out["item_before"], out["item_after"] = (shift(item_at, -threshold), shift(item_at, threshold)) if item_at else (None, None)
+    if not item_at:
+        return {**out, "item_before": None, "item_after": None, "wall_before": None, "wall_after": None}
+    out["item_before"], out["item_after"] = shift(item_at, -threshold), shift(item_at, threshold)
+    out["wall_before"] = shift(item_at, -(LATEST_OFFSET_SECONDS + threshold))
+    out["wall_after"] = shift(item_at, threshold - EARLIEST_OFFSET_SECONDS)
     return out
+
+
+def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    return {**{c: row.get(c) for c in UPSERT_COLUMNS}, **rearm_bounds(row, threshold)}
 
 
 _REALIGN = """
