@@ -384,7 +384,8 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
     for row in rows:
         decision = decide(row, now, settings)
         if decision == "held":
-            plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": quiet_end(row, now)})
+            end = quiet_end(row, now)
+            plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": end, "held_until": end})
             continue
         if decision in ("send", "disabled"):
             if not row["apns_token"] or row["token_invalid_at"]:

@@ -147,6 +147,10 @@ notification_queue = Table(
     # A pending row is not due before this (a retry's backoff, a quiet-hours hold at send time);
     # ``send_after`` stays the rule's time. NULL: due at ``send_after``.
     Column("not_before", IsoTime),
+    # From 0011: the end of a quiet-hours hold at send time, which lateness counts from
+    # (``policy.lateness_base``). A retry's backoff leaves it; a change of the device's zone or
+    # quiet hours, or a rewrite of the row, ends it. NULL: never held.
+    Column("held_until", IsoTime),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
@@ -165,6 +169,7 @@ notification_queue = Table(
     iso_check("created_at", False),
     iso_check("updated_at", False),
     iso_check("not_before"),
+    iso_check("held_until"),
     # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.
     Index(
         "ix_queue_due",

@@ -619,6 +619,74 @@ def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db
     assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {"sent": 1}  # 60 min after send_after: not too_late
 
 
+def _held_to_eleven(db, live, feeds):
+    """A row held at 10:06 to the end of quiet hours (11:00); returns the device's spec."""
+    from reminders_pipeline.devices import DeviceSpec
+
+    _quiet_device(db, live, feeds, starts_in=4 * 3600, lead=7200)
+    drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
+    (row,) = rows(db)
+    assert (row["not_before"], row["held_until"]) == (at(3 * 3600), at(3 * 3600))
+    return DeviceSpec("dev-1", TOKEN, 7200, (), (feeds.url("/a.json"),), tz="UTC", quiet_hours="10:05-11:00")
+
+
+def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, feeds):
+    """Held to 11:00; at 11:00 APNs answers 500 and the row backs off: its lateness still counts
+    from 11:00, so the retry a minute later is sent, not dropped too_late (send_after was 10:00)."""
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    failing = RecordingSender(script={TOKEN: lambda n: SendResult(n.row_id, False, status=500, reason="InternalServerError", retry=True)})
+    assert drain(db, live, failing.factory(), now=at(3 * 3600)).returned_to_pending == 1
+    (row,) = rows(db)
+    assert (row["outcome_detail"], row["held_until"], row["not_before"] > at(3 * 3600)) == ("InternalServerError", at(3 * 3600), True)
+    backoff = row["not_before"]
+    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(3 * 3600 + 1))  # a backoff is no hold: it stays
+    assert rows(db)[0]["not_before"] == backoff
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(3 * 3600 + 60)).outcomes == {"sent": 1}
+
+
+def test_a_hold_ends_when_the_device_changes_its_quiet_hours_or_zone(db, live, feeds):
+    """Held to 11:00 under quiet hours 10:05-11:00. Removing the quiet hours at 10:10 ends the hold:
+    the row is sent at once, counted from the change."""
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    put_device(db, live, replace(spec, quiet_hours=None), now=at(7800))
+    (row,) = rows(db)
+    assert (row["status"], row["not_before"], row["held_until"]) == ("pending", None, at(7800))
+    assert drain(db, live, RecordingSender().factory(), now=at(7860)).outcomes == {"sent": 1}
+
+
+def test_a_hold_ends_when_the_device_changes_zone(db, live, feeds):
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(7800))  # 19:10 in Tokyo: not quiet
+    assert drain(db, live, RecordingSender().factory(), now=at(7860)).outcomes == {"sent": 1}
+
+
+def test_a_rebuild_that_rewrites_a_held_row_ends_its_hold(db, live, feeds):
+    """Held to 11:00; the event is retitled at 10:10 and the rebuild rewrites the row: the hold
+    ends, and the next claim, still inside quiet hours, holds it again to 11:00 from the new terms."""
+    _held_to_eleven(db, live, feeds)
+    feeds.items("/a.json", [item("e", 4 * 3600, title="Retitled")])
+    assert build(db, live, now=at(7800)).rows_updated == 1
+    (row,) = rows(db)
+    assert (row["not_before"], row["held_until"]) == (None, at(7800))
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(7860)).outcomes == {} and sender.sent == []
+    (row,) = rows(db)
+    assert (row["status"], row["not_before"], row["held_until"]) == ("pending", at(3 * 3600), at(3 * 3600))
+
+
 def test_a_row_claimed_inside_quiet_hours_whose_event_begins_before_their_end_settles_quiet_hours(db, live, feeds):
     _quiet_device(db, live, feeds, starts_in=2 * 3600 + 1800, lead=1800)  # the event at 10:30, inside the window
     summary = drain(db, live, RecordingSender().factory(), now=at(7200 + 360))

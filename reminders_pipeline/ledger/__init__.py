@@ -65,6 +65,7 @@ from .queue import (  # noqa: F401
     REARM_BOUNDS,
     UPSERT_COLUMNS,
     announce_pending,
+    end_holds,
     existing_rows,
     next_send_after,
     realign_pending,

@@ -8,8 +8,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, null, or_, select, update
 
 from ..schema import device_sources, devices, sources
+from ..times import now_utc
 from ._common import batches, insert_on_conflict
-from .queue import void_pending_of_device
+from .queue import end_holds, void_pending_of_device
 
 
 @dataclass(frozen=True)
@@ -206,20 +207,28 @@ def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
         conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
 
 
-def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int) -> bool:
-    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read."""
+def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: str | None = None) -> bool:
+    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read.
+    A new offset ends the device's quiet-hours holds (``end_holds``): they were decided in the old."""
     stmt = (
         update(devices)
         .where(devices.c.id == device_id, devices.c.last_tz_offset_seconds.is_distinct_from(offset_seconds))
         .values(last_tz_offset_seconds=offset_seconds)
     )
-    return conn.execute(stmt).rowcount == 1
+    return _zone_changed(conn, stmt, device_id, now)
 
 
-def store_tz_name(conn: Connection, device_id: str, tz_name: str) -> bool:
+def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: str | None = None) -> bool:
     """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
     stmt = update(devices).where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name)).values(tz_name=tz_name)
-    return conn.execute(stmt).rowcount == 1
+    return _zone_changed(conn, stmt, device_id, now)
+
+
+def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: str | None) -> bool:
+    changed = conn.execute(stmt).rowcount == 1
+    if changed:
+        end_holds(conn, device_id, now or now_utc())
+    return changed
 
 
 def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str) -> int:

@@ -76,7 +76,9 @@ ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     outcome = NULL, outcome_detail = CASE WHEN q.status = 'pending' THEN q.outcome_detail END,
     payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
     attempts = CASE WHEN q.status = 'pending' THEN q.attempts ELSE 0 END,
-    not_before = CASE WHEN q.status = 'pending' THEN q.not_before END,
+    not_before = CASE WHEN q.status <> 'pending' THEN NULL
+        WHEN q.held_until > :now AND q.not_before = q.held_until THEN NULL ELSE q.not_before END,
+    held_until = CASE WHEN q.status <> 'pending' THEN NULL WHEN q.held_until > :now THEN :now ELSE q.held_until END,
     claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
@@ -119,7 +121,7 @@ UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
     sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
-    not_before = NULL, updated_at = :now
+    not_before = NULL, held_until = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE """ + _MOVED + """
     AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
@@ -133,7 +135,8 @@ def upsert_rows(
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
-    nothing). A voided row comes back to pending (its item returned). A row that was settled in any
+    nothing); a quiet-hours hold of it ends now (``end_holds``), and the drain decides afresh, while
+    a retry's backoff stays. A voided row comes back to pending (its item returned). A row that was settled in any
     other way is history: it comes back only if its item itself moved by at least
     ``rearm_threshold_seconds`` (``rearm_anchor``): the item was rescheduled and the new time
     deserves its own reminder, while a feed jittering by a second, a quiet-hours hold or a zone
@@ -232,6 +235,24 @@ def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: st
     if written:
         announce_pending(conn, min(r["send_after"] for r in rows))
     return written
+
+
+def end_holds(conn: Connection, device_id: str, now: str) -> int:
+    """End the quiet-hours holds of a device's pending rows now; returns rows changed.
+
+    A hold is the drain's decision for the device's zone and quiet hours at the time: once those
+    change it no longer stands. Each row comes due at once and lateness counts from now, so the next
+    claim sends it or, still inside the new quiet hours, holds it again to their end. A retry's
+    backoff (a ``not_before`` that is not the hold) stays.
+    """
+    ended = conn.execute(
+        update(q)
+        .where(q.c.device_id == device_id, q.c.status == PENDING, q.c.held_until > now)
+        .values(not_before=case((q.c.not_before == q.c.held_until, None), else_=q.c.not_before), held_until=now, updated_at=now)
+    ).rowcount
+    if ended:
+        announce_pending(conn, now)
+    return ended
 
 
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
