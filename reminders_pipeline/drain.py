@@ -524,7 +524,8 @@ def _write_settlement(conn: Connection, s: _Settlement, claimer: str) -> tuple[i
     voided = invalidated = 0
     for row, res in s.dead_tokens:
         voided += ledger.mark_token_invalid(
-            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at
+            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at,
+            since=res.token_invalid_at or row["claimed_at"],
         )
         invalidated += 1
     if settled != len(s.rows):

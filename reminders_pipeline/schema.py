@@ -60,10 +60,14 @@ devices = Table(
     Column("use_alarms", Integer, nullable=False, server_default=text("0")),  # 1: a calendar's VALARMs are the item's rules
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
+    # From 0011: the last registration (``device put``); a dead-token answer older than it marks
+    # nothing. NULL: registered before 0011, unknown.
+    Column("registered_at", IsoTime),
     iso_check("reminders_built_at"),
     iso_check("token_invalid_at"),
     iso_check("created_at", False),
     iso_check("updated_at", False),
+    iso_check("registered_at"),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),

@@ -214,6 +214,32 @@ def test_dead_token_marks_device_and_voids_its_other_rows(db, live, feeds):
     assert dev.token_invalid_at == at(5) and dev.token_invalid_reason == "Unregistered"
 
 
+def test_a_dead_token_answer_older_than_the_devices_registration_marks_nothing(db, live, feeds):
+    """Apple: stop sending "unless the device registers again after" the 410's timestamp. A 410
+    timestamped before the device's last registration (the same token) is stale, and so is a
+    BadDeviceToken (no timestamp) for a send claimed before the device registered again while it
+    was on the wire: neither marks the device nor voids its other rows."""
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    url = feeds.items("/a.json", [item("now", 3600), item("soon", 3660), item("later", 7200)])
+    spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,))
+    put_device(db, live, spec, now=at(-30))
+    build(db, live, now=at(-30))
+    stale_410 = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
+    drain(db, live, RecordingSender(script={TOKEN: stale_410}).factory(), now=at(0), row_id=by_key(db)[("now", "lead:3600")]["id"])
+
+    def registered_again_meanwhile(n):
+        put_device(db, live, spec, now=at(61))  # while the send claimed at 60 is on the wire
+        return SendResult(n.row_id, False, reason="BadDeviceToken", status=400, token_invalid=True)
+
+    drain(db, live, RecordingSender(script={TOKEN: registered_again_meanwhile}).factory(), now=at(60))
+    with db.read() as conn:
+        dev = ledger.get_device(conn, "dev-1")
+    assert dev.token_invalid_at is None
+    got = by_key(db)
+    assert [got[(k, "lead:3600")]["outcome"] for k in ("now", "soon", "later")] == ["failed", "failed", None]
+
+
 def test_config_fault_stops_claiming_and_leaves_the_rest_pending(db, live, feeds):
     url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(10)])
     device(db, live, sources=[url])
@@ -305,8 +331,8 @@ def test_registering_again_clears_the_mark_even_with_the_same_token(db, live, fe
     url = feeds.items("/a.json", [item("e", 3600), item("later", 7200)])
     device(db, live, sources=[url])
     build(db, live, now=NOW)
-    gone = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
-    drain(db, live, RecordingSender(script={TOKEN: gone}).factory(), now=at(0))
+    gone = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(5))
+    drain(db, live, RecordingSender(script={TOKEN: gone}).factory(), now=at(10))
     device(db, live, sources=[url])  # the same token, registered again
     with db.read() as conn:
         dev = ledger.get_device(conn, "dev-1")

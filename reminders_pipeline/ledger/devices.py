@@ -57,7 +57,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
     """Create or replace a device's registration. Registering clears a dead-token mark, whatever the
     token: Apple's rule for 410 is "stop sending unless the device registered again since", and a
     device that re-registers a token APNs rejects is marked again by its next send."""
-    ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now)
+    ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now, registered_at=now)
     stmt = ins.on_conflict_do_update(
         index_elements=[devices.c.id],
         set_={
@@ -70,6 +70,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
+            "registered_at": ins.excluded.registered_at,
             "token_invalid_at": null(),
             "token_invalid_reason": null(),
         },
@@ -231,11 +232,17 @@ def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: str | None) 
     return changed
 
 
-def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str) -> int:
-    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows."""
+def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str, since: str | None = None) -> int:
+    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows.
+
+    ``since``: the time the answer speaks for (APNs' timestamp of a 410, else the send's claim;
+    default ``at``). Apple: stop sending "unless the device registers again after" it, so a device
+    that registered later than that (the same token again) is not marked: the answer is stale.
+    """
+    fresh = or_(devices.c.registered_at.is_(None), devices.c.registered_at <= (since or at))
     marked = conn.execute(
         update(devices)
-        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None))
+        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None), fresh)
         .values(token_invalid_at=at, token_invalid_reason=reason, updated_at=now)
     ).rowcount
     if not marked:
