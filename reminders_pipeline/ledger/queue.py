@@ -75,7 +75,7 @@ ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, item_at = excluded.item_at, status = 'pending',
     outcome = NULL, outcome_detail = CASE WHEN q.status = 'pending' THEN q.outcome_detail END,
     payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
-    attempts = CASE WHEN q.status = 'pending' THEN q.attempts ELSE 0 END,
+    attempts = q.attempts,
     not_before = CASE WHEN q.status <> 'pending' THEN NULL
         WHEN q.held_until > :now AND q.not_before = q.held_until THEN NULL ELSE q.not_before END,
     held_until = CASE WHEN q.status <> 'pending' THEN NULL WHEN q.held_until > :now THEN :now ELSE q.held_until END,
@@ -136,7 +136,8 @@ def upsert_rows(
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
     nothing); a quiet-hours hold of it ends now (``end_holds``), and the drain decides afresh, while
-    a retry's backoff stays. A voided row comes back to pending (its item returned). A row that was settled in any
+    a retry's backoff stays. A voided row comes back to pending (its item returned) with the
+    attempts it spent: a feed that flaps an item buys it no fresh attempts. A row that was settled in any
     other way is history: it comes back only if its item itself moved by at least
     ``rearm_threshold_seconds`` (``rearm_anchor``): the item was rescheduled and the new time
     deserves its own reminder, while a feed jittering by a second, a quiet-hours hold or a zone
