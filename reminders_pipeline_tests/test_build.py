@@ -112,26 +112,6 @@ def test_item_that_leaves_the_feed_voids_its_pending_row(db, settings, feeds):
     assert got[("keep", "lead:3600")]["status"] == "pending"
 
 
-def test_an_item_that_flaps_out_of_the_feed_and_back_keeps_its_attempts(db, settings, feeds):
-    """Two sends that certainly did not deliver, then the item leaves the feed (voided) and comes
-    back: the row keeps its two attempts, so the flap does not reset the bound."""
-    url = feeds.items("/a.json", [item("flaky", 7200)])
-    device(db, settings, sources=[url])
-    build(db, settings, now=NOW)
-    row_id = by_key(db)[("flaky", "lead:3600")]["id"]
-    for n in (1, 2):
-        with db.write() as conn:
-            ledger.claim(conn, [row_id], at(3600 + n), "t")
-            ledger.return_to_pending(conn, [{"id": row_id, "outcome_detail": "InternalServerError", "spent": True}], "t", at(3600 + n))
-    feeds.items("/a.json", [])
-    build(db, settings, now=at(3610))
-    assert by_key(db)[("flaky", "lead:3600")]["outcome_detail"] == "left_feed"
-    feeds.items("/a.json", [item("flaky", 7200)])
-    build(db, settings, now=at(3620))
-    row = by_key(db)[("flaky", "lead:3600")]
-    assert (row["status"], row["attempts"]) == ("pending", 2)
-
-
 def test_item_that_returns_to_the_feed_is_queued_again(db, settings, feeds):
     url = feeds.items("/a.json", [item("flaky", 7200)])
     device(db, settings, sources=[url])

@@ -499,9 +499,10 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
         assert len(calls) == 2 and statuses["pending"] == 4, (calls, statuses)
 
 
-def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds):
-    """Attempts count sends of *this* queueing that never reached APNs; an item that left the feed
-    and came back is queued anew, so it gets its full REMINDERS_SEND_MAX_ATTEMPTS again."""
+def test_a_voided_row_that_comes_back_keeps_its_attempts(db, live, feeds):
+    """Attempts bound the sends of one row; a feed that flaps the item (voided, then back) buys it
+    no fresh ones: the third send that does not deliver fails the row (REMINDERS_SEND_MAX_ATTEMPTS 3).
+    Only a settled row re-armed because its item moved starts afresh."""
     (row_id,) = _due_items(db, live, feeds, 1)
     unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
     for now in (at(0), at(60)):  # the second after the first's backoff
@@ -512,7 +513,8 @@ def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds)
         ledger.void_rows(conn, [row_id], "left_feed", at(1))
     build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
     (back,) = rows(db)
-    assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 0, None)
+    assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 2, None)
+    assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120)).outcomes == {"failed": 1}
 
 
 class PausedMidSend(RecordingSender):
