@@ -229,16 +229,21 @@ def _unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_thr
 
 def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:
     """Whether a settled row's item itself moved by at least ``threshold``, the only reason it is
-    re-armed (mirrors ``ledger.upsert_rows``; change both together): its anchor instant moved, and
-    so did a floating item's own wall time when both rows know it. ``send_after`` is not compared:
-    a quiet-hours hold or a zone moves it while the item stays put."""
+    re-armed (mirrors ``ledger.upsert_rows``, on the same ``ledger.rearm_bounds``): its anchor
+    instant moved, and so did a floating item's own wall time. A row settled before its wall time
+    was stored is compared by the widest gap any zone can put between wall time and instant.
+    ``send_after`` is not compared: a quiet-hours hold or a zone moves it while the item stays put."""
+    bounds = ledger.rearm_bounds(wanted, threshold)
 
-    def apart(a: str, b: str) -> bool:
-        return abs(unix_from_iso(a) - unix_from_iso(b)) >= threshold
+    def outside(t: str, name: str) -> bool:
+        return t <= bounds[f"{name}_before"] or t >= bounds[f"{name}_after"]
 
-    if not apart(ledger.rearm_anchor(settled), ledger.rearm_anchor(wanted)):
+    anchor = ledger.rearm_anchor(settled)
+    if not outside(anchor, "anchor"):
         return False
-    return settled["item_at"] is None or wanted["item_at"] is None or apart(settled["item_at"], wanted["item_at"])
+    if wanted["item_at"] is None:
+        return True
+    return outside(settled["item_at"], "item") if settled["item_at"] is not None else outside(anchor, "wall")
 
 
 def build(

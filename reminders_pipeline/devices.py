@@ -162,12 +162,20 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
     with db.write() as conn:
+        before = ledger.get_device(conn, spec.id)
         ledger.upsert_device(conn, values, now)
         ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now)
         issued = ledger.set_device_credential(conn, spec.id, digest, only_if_missing=True)
         record = ledger.get_device(conn, spec.id)
-    assert record is not None
+        assert record is not None
+        if before is not None and _quiet_terms(before) != _quiet_terms(record):
+            ledger.end_holds(conn, spec.id, now)
     return Registration(record, secret if issued else None)
+
+
+def _quiet_terms(record: ledger.DeviceRecord) -> tuple[str | None, str | None]:
+    """What a quiet-hours hold was decided on: a change of either ends the device's holds."""
+    return record.tz_name, record.quiet_hours
 
 
 def rotate_credential(db: Database, device_id: str) -> str | None:

@@ -384,7 +384,8 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
     for row in rows:
         decision = decide(row, now, settings)
         if decision == "held":
-            plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": quiet_end(row, now)})
+            end = quiet_end(row, now)
+            plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": end, "held_until": end})
             continue
         if decision in ("send", "disabled"):
             if not row["apns_token"] or row["token_invalid_at"]:
@@ -523,7 +524,8 @@ def _write_settlement(conn: Connection, s: _Settlement, claimer: str) -> tuple[i
     voided = invalidated = 0
     for row, res in s.dead_tokens:
         voided += ledger.mark_token_invalid(
-            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at
+            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at,
+            since=res.token_invalid_at or row["claimed_at"],
         )
         invalidated += 1
     if settled != len(s.rows):

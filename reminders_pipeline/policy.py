@@ -56,11 +56,11 @@ def decide(row: Mapping[str, Any], now: str, settings: Settings) -> Decision:
 
 def lateness_base(row: Mapping[str, Any]) -> str:
     """What lateness counts from: the rule's time, ``send_after``, as the build held it. A row the
-    drain held to the end of quiet hours (pending with ``outcome_detail`` ``quiet_hours``) counts
-    from that end, its ``not_before``, as if the build had held it. A retry's backoff does not move
-    it: a retried row is still bounded by its rule's time."""
-    held = row.get("outcome_detail") == "quiet_hours" and row.get("not_before")
-    return max(row["send_after"], row["not_before"]) if held else row["send_after"]
+    drain held to the end of quiet hours counts from that end (``held_until``), as if the build had
+    held it, through any retries after it. A retry's backoff (``not_before``) does not move it: a
+    retried row is still bounded by its rule's time or its hold's end."""
+    held = row.get("held_until")
+    return max(row["send_after"], held) if held else row["send_after"]
 
 
 def quiet_end(row: Mapping[str, Any], now: str) -> str | None:

@@ -60,10 +60,14 @@ devices = Table(
     Column("use_alarms", Integer, nullable=False, server_default=text("0")),  # 1: a calendar's VALARMs are the item's rules
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
+    # From 0011: the last registration (``device put``); a dead-token answer older than it marks
+    # nothing. NULL: registered before 0011, unknown.
+    Column("registered_at", IsoTime),
     iso_check("reminders_built_at"),
     iso_check("token_invalid_at"),
     iso_check("created_at", False),
     iso_check("updated_at", False),
+    iso_check("registered_at"),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),
@@ -147,6 +151,10 @@ notification_queue = Table(
     # A pending row is not due before this (a retry's backoff, a quiet-hours hold at send time);
     # ``send_after`` stays the rule's time. NULL: due at ``send_after``.
     Column("not_before", IsoTime),
+    # From 0011: the end of a quiet-hours hold at send time, which lateness counts from
+    # (``policy.lateness_base``). A retry's backoff leaves it; a change of the device's zone or
+    # quiet hours, or a rewrite of the row, ends it. NULL: never held.
+    Column("held_until", IsoTime),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
@@ -165,6 +173,7 @@ notification_queue = Table(
     iso_check("created_at", False),
     iso_check("updated_at", False),
     iso_check("not_before"),
+    iso_check("held_until"),
     # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.
     Index(
         "ix_queue_due",

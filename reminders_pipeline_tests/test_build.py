@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from sqlalchemy import update
+
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
+from reminders_pipeline.build import build, item_moved
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
+from reminders_pipeline.schema import notification_queue
 from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.sources import shown_url
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import iso_from_unix, shift
 
 from .http_sources import Route
 from .support import NOW, NOW_S, TOKEN, at, by_key, device, item, rows
@@ -468,6 +471,36 @@ def test_a_sent_all_day_reminder_is_not_sent_again_when_the_device_changes_zone(
     assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
     [moved] = rows(db)
     assert (moved["status"], moved["send_after"]) == ("pending", "2026-10-28T10:00:00.000Z")
+
+
+def test_a_reminder_settled_before_item_at_existed_is_not_sent_again_when_the_device_changes_zone(db, settings, feeds):
+    """A row sent before migration 0009 has no item_at; the device then moves from Lisbon to the
+    Azores. Its anchor moved an hour, which any zone change can do: nothing is re-armed. Anchors as
+    far apart as UTC+14 and UTC-12 put them are no move either; a day's reschedule still is."""
+    url = feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=""))
+    spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "Europe/Lisbon")
+    put_device(db, settings, spec, now="2026-10-26T20:00:00.000Z")
+    build(db, settings, now="2026-10-26T20:00:00.000Z")
+    [row] = rows(db)
+    _send(db, row["id"], "2026-10-27T09:00:00.000Z")
+    with db.write() as conn:  # as the row was written before migration 0009
+        conn.execute(update(notification_queue).values(item_at=None))
+    put_device(db, settings, replace(spec, tz="Atlantic/Azores"), now="2026-10-27T09:10:00.000Z")
+    assert build(db, settings, now="2026-10-27T09:15:00.000Z").rows_updated == 0
+    [after] = rows(db)
+    assert (after["status"], after["outcome"], after["item_at"]) == ("settled", "sent", None)
+    lisbon_midnight = 1793059200  # the stored anchor, 2026-10-27T00:00Z
+    for hours in (14, -12, 14.1, -12.1):  # the same day's wall time as UTC+14 and UTC-12 see it, and beyond
+        wall = iso_from_unix(lisbon_midnight + int(hours * 3600))
+        far = {**row, "event_at": wall, "expires_at": shift(wall, 86400), "item_at": wall}
+        assert item_moved(after, far, 300) == (hours not in (14, -12))
+        if hours in (14, -12):
+            with db.write() as conn:  # the upsert draws the same line
+                assert ledger.upsert_rows(conn, [far], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+    feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
+    assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
+    [moved] = rows(db)
+    assert (moved["status"], moved["send_after"], moved["item_at"]) == ("pending", "2026-10-28T10:00:00.000Z", "2026-10-28T00:00:00.000Z")
 
 
 def test_an_expiry_rule_is_rearmed_by_its_end_moving_not_its_start(db, settings, feeds):

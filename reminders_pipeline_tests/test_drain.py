@@ -214,6 +214,32 @@ def test_dead_token_marks_device_and_voids_its_other_rows(db, live, feeds):
     assert dev.token_invalid_at == at(5) and dev.token_invalid_reason == "Unregistered"
 
 
+def test_a_dead_token_answer_older_than_the_devices_registration_marks_nothing(db, live, feeds):
+    """Apple: stop sending "unless the device registers again after" the 410's timestamp. A 410
+    timestamped before the device's last registration (the same token) is stale, and so is a
+    BadDeviceToken (no timestamp) for a send claimed before the device registered again while it
+    was on the wire: neither marks the device nor voids its other rows."""
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    url = feeds.items("/a.json", [item("now", 3600), item("soon", 3660), item("later", 7200)])
+    spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,))
+    put_device(db, live, spec, now=at(-30))
+    build(db, live, now=at(-30))
+    stale_410 = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
+    drain(db, live, RecordingSender(script={TOKEN: stale_410}).factory(), now=at(0), row_id=by_key(db)[("now", "lead:3600")]["id"])
+
+    def registered_again_meanwhile(n):
+        put_device(db, live, spec, now=at(61))  # while the send claimed at 60 is on the wire
+        return SendResult(n.row_id, False, reason="BadDeviceToken", status=400, token_invalid=True)
+
+    drain(db, live, RecordingSender(script={TOKEN: registered_again_meanwhile}).factory(), now=at(60))
+    with db.read() as conn:
+        dev = ledger.get_device(conn, "dev-1")
+    assert dev.token_invalid_at is None
+    got = by_key(db)
+    assert [got[(k, "lead:3600")]["outcome"] for k in ("now", "soon", "later")] == ["failed", "failed", None]
+
+
 def test_config_fault_stops_claiming_and_leaves_the_rest_pending(db, live, feeds):
     url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(10)])
     device(db, live, sources=[url])
@@ -305,8 +331,8 @@ def test_registering_again_clears_the_mark_even_with_the_same_token(db, live, fe
     url = feeds.items("/a.json", [item("e", 3600), item("later", 7200)])
     device(db, live, sources=[url])
     build(db, live, now=NOW)
-    gone = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
-    drain(db, live, RecordingSender(script={TOKEN: gone}).factory(), now=at(0))
+    gone = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(5))
+    drain(db, live, RecordingSender(script={TOKEN: gone}).factory(), now=at(10))
     device(db, live, sources=[url])  # the same token, registered again
     with db.read() as conn:
         dev = ledger.get_device(conn, "dev-1")
@@ -473,9 +499,10 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
         assert len(calls) == 2 and statuses["pending"] == 4, (calls, statuses)
 
 
-def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds):
-    """Attempts count sends of *this* queueing that never reached APNs; an item that left the feed
-    and came back is queued anew, so it gets its full REMINDERS_SEND_MAX_ATTEMPTS again."""
+def test_a_voided_row_that_comes_back_keeps_its_attempts(db, live, feeds):
+    """Attempts bound the sends of one row; a feed that flaps the item (voided, then back) buys it
+    no fresh ones: the third send that does not deliver fails the row (REMINDERS_SEND_MAX_ATTEMPTS 3).
+    Only a settled row re-armed because its item moved starts afresh."""
     (row_id,) = _due_items(db, live, feeds, 1)
     unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
     for now in (at(0), at(60)):  # the second after the first's backoff
@@ -486,7 +513,8 @@ def test_a_voided_row_that_comes_back_starts_its_attempts_again(db, live, feeds)
         ledger.void_rows(conn, [row_id], "left_feed", at(1))
     build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
     (back,) = rows(db)
-    assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 0, None)
+    assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 2, None)
+    assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120)).outcomes == {"failed": 1}
 
 
 class PausedMidSend(RecordingSender):
@@ -617,6 +645,74 @@ def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db
     assert (row["status"], row["not_before"], row["outcome_detail"], row["attempts"]) == ("pending", at(3 * 3600), "quiet_hours", 0)
     assert drain(db, live, sender.factory(), now=at(3 * 3600 - 1)).claimed == 0
     assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {"sent": 1}  # 60 min after send_after: not too_late
+
+
+def _held_to_eleven(db, live, feeds):
+    """A row held at 10:06 to the end of quiet hours (11:00); returns the device's spec."""
+    from reminders_pipeline.devices import DeviceSpec
+
+    _quiet_device(db, live, feeds, starts_in=4 * 3600, lead=7200)
+    drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
+    (row,) = rows(db)
+    assert (row["not_before"], row["held_until"]) == (at(3 * 3600), at(3 * 3600))
+    return DeviceSpec("dev-1", TOKEN, 7200, (), (feeds.url("/a.json"),), tz="UTC", quiet_hours="10:05-11:00")
+
+
+def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, feeds):
+    """Held to 11:00; at 11:00 APNs answers 500 and the row backs off: its lateness still counts
+    from 11:00, so the retry a minute later is sent, not dropped too_late (send_after was 10:00)."""
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    failing = RecordingSender(script={TOKEN: lambda n: SendResult(n.row_id, False, status=500, reason="InternalServerError", retry=True)})
+    assert drain(db, live, failing.factory(), now=at(3 * 3600)).returned_to_pending == 1
+    (row,) = rows(db)
+    assert (row["outcome_detail"], row["held_until"], row["not_before"] > at(3 * 3600)) == ("InternalServerError", at(3 * 3600), True)
+    backoff = row["not_before"]
+    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(3 * 3600 + 1))  # a backoff is no hold: it stays
+    assert rows(db)[0]["not_before"] == backoff
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(3 * 3600 + 60)).outcomes == {"sent": 1}
+
+
+def test_a_hold_ends_when_the_device_changes_its_quiet_hours_or_zone(db, live, feeds):
+    """Held to 11:00 under quiet hours 10:05-11:00. Removing the quiet hours at 10:10 ends the hold:
+    the row is sent at once, counted from the change."""
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    put_device(db, live, replace(spec, quiet_hours=None), now=at(7800))
+    (row,) = rows(db)
+    assert (row["status"], row["not_before"], row["held_until"]) == ("pending", None, at(7800))
+    assert drain(db, live, RecordingSender().factory(), now=at(7860)).outcomes == {"sent": 1}
+
+
+def test_a_hold_ends_when_the_device_changes_zone(db, live, feeds):
+    from dataclasses import replace
+
+    from reminders_pipeline.devices import put_device
+
+    spec = _held_to_eleven(db, live, feeds)
+    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(7800))  # 19:10 in Tokyo: not quiet
+    assert drain(db, live, RecordingSender().factory(), now=at(7860)).outcomes == {"sent": 1}
+
+
+def test_a_rebuild_that_rewrites_a_held_row_ends_its_hold(db, live, feeds):
+    """Held to 11:00; the event is retitled at 10:10 and the rebuild rewrites the row: the hold
+    ends, and the next claim, still inside quiet hours, holds it again to 11:00 from the new terms."""
+    _held_to_eleven(db, live, feeds)
+    feeds.items("/a.json", [item("e", 4 * 3600, title="Retitled")])
+    assert build(db, live, now=at(7800)).rows_updated == 1
+    (row,) = rows(db)
+    assert (row["not_before"], row["held_until"]) == (None, at(7800))
+    sender = RecordingSender()
+    assert drain(db, live, sender.factory(), now=at(7860)).outcomes == {} and sender.sent == []
+    (row,) = rows(db)
+    assert (row["status"], row["not_before"], row["held_until"]) == ("pending", at(3 * 3600), at(3 * 3600))
 
 
 def test_a_row_claimed_inside_quiet_hours_whose_event_begins_before_their_end_settles_quiet_hours(db, live, feeds):

@@ -175,3 +175,22 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
             assert conn.execute(text("SELECT payload FROM notification_queue ORDER BY id")).scalars().all() == shown
     finally:
         migrate.upgrade(db)
+
+
+def test_migration_0011_keeps_a_drain_hold_as_the_rows_held_until(db):
+    """A row the drain held to the end of quiet hours before 0011 (pending, outcome_detail
+    quiet_hours, a not_before) keeps that end as its lateness base; a retry's backoff is no hold."""
+    from reminders_pipeline import migrate
+
+    end, backoff = "2026-09-11T07:30:00.000Z", "2026-09-11T07:30:04.000Z"
+    held = dict(_queue_row(item_id="1:held"), outcome_detail="quiet_hours", not_before=end)
+    retried = dict(_queue_row(item_id="1:retried"), outcome_detail="InternalServerError", not_before=backoff)
+    try:
+        migrate.downgrade(db, "0010")
+        with db.write() as conn:
+            conn.execute(insert(notification_queue).values([held, retried]))
+    finally:
+        migrate.upgrade(db)
+    with db.read() as conn:
+        got = conn.execute(text("SELECT item_id, held_until FROM notification_queue ORDER BY item_id")).all()
+    assert [tuple(r) for r in got] == [("1:held", end), ("1:retried", None)]

@@ -142,10 +142,10 @@ def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: 
 
 _RETURN_ROWS_SOURCE = {
     "postgresql": (
-        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text, hold text, spent int)"
+        "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text, hold text, held text, spent int)"
     ),
     "sqlite": (
-        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in ("id", "outcome_detail", "hold", "spent"))
+        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in ("id", "outcome_detail", "hold", "held", "spent"))
         + " FROM json_each(:rows)"
     ),
 }
@@ -153,7 +153,7 @@ _RETURN_ROWS_SOURCE = {
 
 _RETURN_TO_PENDING = """
 UPDATE notification_queue AS q SET status = 'pending', attempts = q.attempts + r.spent, outcome_detail = r.outcome_detail,
-    not_before = r.hold, claimed_by = NULL, claimed_at = NULL, updated_at = :now
+    not_before = r.hold, held_until = COALESCE(r.held, q.held_until), claimed_by = NULL, claimed_at = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 RETURNING send_after, not_before
@@ -165,14 +165,16 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
     dispatchers.
 
     Each row: ``id``, ``outcome_detail`` (why, kept until the row settles), ``not_before`` (not due
-    before it: a retry's backoff, a quiet-hours hold; None: due at once) and ``spent`` (True: a send
-    was tried, one attempt more toward ``REMINDERS_SEND_MAX_ATTEMPTS``).
+    before it: a retry's backoff, a quiet-hours hold; None: due at once), ``held_until`` (a new
+    quiet-hours hold, which lateness counts from; None keeps the row's hold, so a retry after a hold
+    is still bounded from its end) and ``spent`` (True: a send was tried, one attempt more toward
+    ``REMINDERS_SEND_MAX_ATTEMPTS``).
     """
     if not rows:
         return 0
     stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
     payload = json.dumps(
-        [{"id": r["id"], "outcome_detail": r.get("outcome_detail"), "hold": r.get("not_before"), "spent": int(bool(r.get("spent")))} for r in rows],
+        [{"id": r["id"], "outcome_detail": r.get("outcome_detail"), "hold": r.get("not_before"), "held": r.get("held_until"), "spent": int(bool(r.get("spent")))} for r in rows],
         separators=(",", ":"),
     )
     back = conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).all()

@@ -8,8 +8,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from sqlalchemy import Connection, and_, bindparam, case, delete, func, null, or_, select, update
 
 from ..schema import device_sources, devices, sources
+from ..times import now_utc
 from ._common import batches, insert_on_conflict
-from .queue import void_pending_of_device
+from .queue import end_holds, void_pending_of_device
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
     """Create or replace a device's registration. Registering clears a dead-token mark, whatever the
     token: Apple's rule for 410 is "stop sending unless the device registered again since", and a
     device that re-registers a token APNs rejects is marked again by its next send."""
-    ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now)
+    ins = insert_on_conflict(conn)(devices).values(**values, created_at=now, updated_at=now, registered_at=now)
     stmt = ins.on_conflict_do_update(
         index_elements=[devices.c.id],
         set_={
@@ -69,6 +70,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
+            "registered_at": ins.excluded.registered_at,
             "token_invalid_at": null(),
             "token_invalid_reason": null(),
         },
@@ -206,27 +208,41 @@ def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
         conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
 
 
-def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int) -> bool:
-    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read."""
+def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: str | None = None) -> bool:
+    """Conditional: writes only when the offset differs, so an unchanged feed read stays a read.
+    A new offset ends the device's quiet-hours holds (``end_holds``): they were decided in the old."""
     stmt = (
         update(devices)
         .where(devices.c.id == device_id, devices.c.last_tz_offset_seconds.is_distinct_from(offset_seconds))
         .values(last_tz_offset_seconds=offset_seconds)
     )
-    return conn.execute(stmt).rowcount == 1
+    return _zone_changed(conn, stmt, device_id, now)
 
 
-def store_tz_name(conn: Connection, device_id: str, tz_name: str) -> bool:
+def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: str | None = None) -> bool:
     """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
     stmt = update(devices).where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name)).values(tz_name=tz_name)
-    return conn.execute(stmt).rowcount == 1
+    return _zone_changed(conn, stmt, device_id, now)
 
 
-def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str) -> int:
-    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows."""
+def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: str | None) -> bool:
+    changed = conn.execute(stmt).rowcount == 1
+    if changed:
+        end_holds(conn, device_id, now or now_utc())
+    return changed
+
+
+def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str, since: str | None = None) -> int:
+    """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows.
+
+    ``since``: the time the answer speaks for (APNs' timestamp of a 410, else the send's claim;
+    default ``at``). Apple: stop sending "unless the device registers again after" it, so a device
+    that registered later than that (the same token again) is not marked: the answer is stale.
+    """
+    fresh = or_(devices.c.registered_at.is_(None), devices.c.registered_at <= (since or at))
     marked = conn.execute(
         update(devices)
-        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None))
+        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None), fresh)
         .values(token_invalid_at=at, token_invalid_reason=reason, updated_at=now)
     ).rowcount
     if not marked:

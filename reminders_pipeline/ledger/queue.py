@@ -33,7 +33,13 @@ UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "ev
 
 # Per row, the values a settled row's anchor (event_at, or expires_at for an @expiry rule) and its
 # item's own time must reach or pass to count as "moved" (made in Python: no time is computed in SQL).
-REARM_BOUNDS = ("by_expiry", "anchor_before", "anchor_after", "item_before", "item_after")
+# wall_before/wall_after: the same for a row settled before item_at existed (migration 0009), whose
+# anchor alone is known (``rearm_bounds``).
+REARM_BOUNDS = ("by_expiry", "anchor_before", "anchor_after", "item_before", "item_after", "wall_before", "wall_after")
+
+# UTC offsets run from UTC-12:00 to UTC+14:00, so a floating item's wall time lies that far around
+# the instant any zone made of it.
+EARLIEST_OFFSET_SECONDS, LATEST_OFFSET_SECONDS = -12 * 3600, 14 * 3600
 _TYPES = {"source_id": "bigint", "by_expiry": "boolean"}
 
 
@@ -69,8 +75,10 @@ ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, item_at = excluded.item_at, status = 'pending',
     outcome = NULL, outcome_detail = CASE WHEN q.status = 'pending' THEN q.outcome_detail END,
     payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
-    attempts = CASE WHEN q.status = 'pending' THEN q.attempts ELSE 0 END,
-    not_before = CASE WHEN q.status = 'pending' THEN q.not_before END,
+    attempts = q.attempts,
+    not_before = CASE WHEN q.status <> 'pending' THEN NULL
+        WHEN q.held_until > :now AND q.not_before = q.held_until THEN NULL ELSE q.not_before END,
+    held_until = CASE WHEN q.status <> 'pending' THEN NULL WHEN q.held_until > :now THEN :now ELSE q.held_until END,
     claimed_at = NULL, settled_at = NULL, sent_at = NULL, updated_at = excluded.updated_at
 WHERE (q.status = 'pending' AND (q.send_after <> excluded.send_after OR q.event_at <> excluded.event_at
         OR q.expires_at <> excluded.expires_at OR q.title <> excluded.title
@@ -82,14 +90,17 @@ RETURNING id
 
 
 # A settled (not voided) row whose item itself moved by at least the threshold: the re-arm below.
-# Its anchor instant must have moved, and for a floating item (item_at known on both sides) its own
-# wall time too: a zone change moves the instant, not the item. send_after is not compared: a
-# quiet-hours hold or a zone moves it without the item moving.
+# Its anchor instant must have moved, and for a floating item its own wall time too: a zone change
+# moves the instant, not the item. A row settled before item_at existed has only its anchor: its
+# item moved only if no zone could have made that anchor of the new wall time (``rearm_bounds``).
+# send_after is not compared: a quiet-hours hold or a zone moves it without the item moving.
+_ANCHOR = "(CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END)"
 _MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
     AND q.status = 'settled' AND q.outcome <> 'voided'
-    AND ((CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) <= r.anchor_before
-        OR (CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END) >= r.anchor_after)
-    AND (q.item_at IS NULL OR r.item_before IS NULL OR q.item_at <= r.item_before OR q.item_at >= r.item_after)"""
+    AND ({anchor} <= r.anchor_before OR {anchor} >= r.anchor_after)
+    AND (r.item_before IS NULL
+        OR (q.item_at IS NOT NULL AND (q.item_at <= r.item_before OR q.item_at >= r.item_after))
+        OR (q.item_at IS NULL AND ({anchor} <= r.wall_before OR {anchor} >= r.wall_after)))""".format(anchor=_ANCHOR)
 
 
 _KEEP_HISTORY = """
@@ -110,7 +121,7 @@ UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
     sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
-    not_before = NULL, updated_at = :now
+    not_before = NULL, held_until = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE """ + _MOVED + """
     AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
@@ -124,7 +135,9 @@ def upsert_rows(
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
     A pending row is rewritten only when something about the item changed (an unchanged item writes
-    nothing). A voided row comes back to pending (its item returned). A row that was settled in any
+    nothing); a quiet-hours hold of it ends now (``end_holds``), and the drain decides afresh, while
+    a retry's backoff stays. A voided row comes back to pending (its item returned) with the
+    attempts it spent: a feed that flaps an item buys it no fresh attempts. A row that was settled in any
     other way is history: it comes back only if its item itself moved by at least
     ``rearm_threshold_seconds`` (``rearm_anchor``): the item was rescheduled and the new time
     deserves its own reminder, while a feed jittering by a second, a quiet-hours hold or a zone
@@ -176,13 +189,27 @@ def _by_expiry(rule: str) -> bool:
     return parse_rule(rule).anchor == "expiry"
 
 
-def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
-    out = {c: row.get(c) for c in UPSERT_COLUMNS}
+def rearm_bounds(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    """What a settled row must reach or pass, against the wanted ``row``, to count as moved
+    (``REARM_BOUNDS``; ``build.item_moved`` compares the same values).
+
+    ``wall_before``/``wall_after`` serve a row settled before migration 0009, whose ``item_at`` is
+    NULL: its anchor is the old wall time read in an unknown zone, so it lies up to 14 hours before
+    and 12 hours after the new wall time without the item moving at all.
+    """
     anchor, item_at = rearm_anchor(row), row.get("item_at")
-    out["by_expiry"] = _by_expiry(row["rule"])
+    out: dict[str, Any] = {"by_expiry": _by_expiry(row["rule"])}
     out["anchor_before"], out["anchor_after"] = shift(anchor, -threshold), shift(anchor, threshold)
-    out["item_before"], out["item_after"] = (shift(item_at, -threshold), shift(item_at, threshold)) if item_at else (None, None)
+    if not item_at:
+        return {**out, "item_before": None, "item_after": None, "wall_before": None, "wall_after": None}
+    out["item_before"], out["item_after"] = shift(item_at, -threshold), shift(item_at, threshold)
+    out["wall_before"] = shift(item_at, -(LATEST_OFFSET_SECONDS + threshold))
+    out["wall_after"] = shift(item_at, threshold - EARLIEST_OFFSET_SECONDS)
     return out
+
+
+def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+    return {**{c: row.get(c) for c in UPSERT_COLUMNS}, **rearm_bounds(row, threshold)}
 
 
 _REALIGN = """
@@ -209,6 +236,24 @@ def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: st
     if written:
         announce_pending(conn, min(r["send_after"] for r in rows))
     return written
+
+
+def end_holds(conn: Connection, device_id: str, now: str) -> int:
+    """End the quiet-hours holds of a device's pending rows now; returns rows changed.
+
+    A hold is the drain's decision for the device's zone and quiet hours at the time: once those
+    change it no longer stands. Each row comes due at once and lateness counts from now, so the next
+    claim sends it or, still inside the new quiet hours, holds it again to their end. A retry's
+    backoff (a ``not_before`` that is not the hold) stays.
+    """
+    ended = conn.execute(
+        update(q)
+        .where(q.c.device_id == device_id, q.c.status == PENDING, q.c.held_until > now)
+        .values(not_before=case((q.c.not_before == q.c.held_until, None), else_=q.c.not_before), held_until=now, updated_at=now)
+    ).rowcount
+    if ended:
+        announce_pending(conn, now)
+    return ended
 
 
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
