@@ -44,10 +44,12 @@ import threading
 import time
 from collections import Counter
 from datetime import date, datetime, timedelta, timezone
+from itertools import islice
 from typing import Any, Iterator
 
 import icalendar
 import recurring_ical_events
+from dateutil.rrule import DAILY, HOURLY, MINUTELY, SECONDLY, WEEKLY, _iterinfo, rrule
 from recurring_ical_events import ComponentsWithName, Series
 from recurring_ical_events.util import compare_greater, convert_to_datetime, is_pytz, is_pytz_dt, normalize_pytz
 
@@ -63,6 +65,7 @@ PRESELECT_ABOVE = 2000  # events in one calendar above which out-of-window singl
 _VEVENT = re.compile(rb"^BEGIN:VEVENT\r?\n.*?^END:VEVENT\r?\n", re.S | re.M)
 _RECURRING = re.compile(rb"^(RRULE|RDATE|EXRULE|RECURRENCE-ID)[;:]", re.M)
 _DURATION = re.compile(rb"^DURATION[;:]", re.M)
+_PERIOD_SECONDS = {SECONDLY: 1, MINUTELY: 60, HOURLY: 3600, DAILY: 86400, WEEKLY: 7 * 86400}
 
 
 def _unix(value: date | datetime) -> tuple[int, bool]:
@@ -230,7 +233,7 @@ def metered_series(meter: ExpansionMeter) -> type[Series]:
 def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMeter) -> Iterator[Any]:
     """One dateutil rule's starts in [first, last], soonest first, at most ``meter.span_limit``."""
     seen, found, origin = 0, 0, None
-    for start in rule:
+    for start in _bounded(rule, first, last):
         meter.tick()
         seen += 1
         origin = start if origin is None else origin
@@ -245,6 +248,71 @@ def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMe
         if rule.until is None or not compare_greater(start, rule.until):
             found += 1
             yield start
+
+
+def _bounded(rule: Any, first: datetime, last: datetime) -> Iterator[datetime]:
+    """The rule's starts, from just before ``first`` where the rule allows.
+
+    dateutil returns control only when a start matches, even past UNTIL, so a rule that never
+    matches (30 February) would run to year 9999 between two meter ticks: a rule none of whose
+    day filters matches a day of the span yields nothing, without asking dateutil. A rule without
+    COUNT of a fixed period starts its walk a whole number of periods after DTSTART, just before
+    ``first``: the same instants, at a cost that does not grow with the series' age (COUNT is
+    counted from DTSTART). The rdate set (DTSTART, RDATE) is finite and iterated as it is."""
+    if not isinstance(rule, rrule):
+        return iter(rule)
+    if not any(_day_matches(rule, first.date() - timedelta(days=1), last.date() + timedelta(days=1))):
+        return iter(())
+    if rule._count is not None:
+        return iter(rule)
+    return iter(rule.replace(dtstart=_walk_start(rule, first)))
+
+
+def _day_matches(rule: rrule, first_day: date, last_day: date) -> Iterator[bool]:
+    """Per day of [first_day, last_day], whether it passes the rule's day filters (BYMONTH,
+    BYWEEKNO, BYDAY, BYMONTHDAY, BYYEARDAY, BYEASTER), read from dateutil's own masks."""
+    info, month = _iterinfo(rule), None
+    day = first_day
+    while day <= last_day:
+        if (day.year, day.month) != month:
+            month = (day.year, day.month)
+            info.rebuild(*month)
+        yield _passes(rule, info, day.toordinal() - info.yearordinal)
+        day += timedelta(days=1)
+
+
+def _passes(rule: rrule, info: Any, i: int) -> bool:
+    """dateutil's day filter (``rrule._iter``) for day ``i`` of the year ``info`` was built for."""
+    return not (
+        (rule._bymonth and info.mmask[i] not in rule._bymonth)
+        or (rule._byweekno and not info.wnomask[i])
+        or (rule._byweekday and info.wdaymask[i] not in rule._byweekday)
+        or (info.nwdaymask and not info.nwdaymask[i])
+        or (rule._byeaster and not info.eastermask[i])
+        or (
+            (rule._bymonthday or rule._bynmonthday)
+            and info.mdaymask[i] not in rule._bymonthday
+            and info.nmdaymask[i] not in rule._bynmonthday
+        )
+        or (rule._byyearday and i + 1 not in rule._byyearday and -info.yearlen + i not in rule._byyearday)
+    )
+
+
+def _walk_start(rule: rrule, first: datetime) -> datetime:
+    """DTSTART advanced by whole periods (INTERVAL x FREQ, in the rule's wall time) to a period
+    and a day before ``first``, so that a first week cut short by the new start (``BYSETPOS``
+    counts within it) ends before ``first``; DTSTART itself for periods of no fixed length."""
+    dtstart = rule._dtstart
+    seconds = _PERIOD_SECONDS.get(rule._freq)
+    if seconds is None:
+        return dtstart
+    period = seconds * rule._interval
+    wall = dtstart.replace(tzinfo=None)
+    first_wall = (first.astimezone(dtstart.tzinfo) if dtstart.tzinfo is not None else first).replace(tzinfo=None)
+    periods = (int((first_wall - wall).total_seconds()) - period - 86400) // period
+    if periods <= 0:
+        return dtstart
+    return (wall + timedelta(seconds=periods * period)).replace(tzinfo=dtstart.tzinfo)
 
 
 def parse_ics_feed(

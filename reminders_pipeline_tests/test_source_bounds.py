@@ -180,3 +180,52 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     worker.join(timeout=30)
     print(f"stopped {time.monotonic() - stopped:.3f} s after cancel")
     assert outcome == ["parse_timeout"] and time.monotonic() - stopped < 2.0
+
+
+NEVER = [
+    "FREQ=SECONDLY;BYMONTH=2;BYMONTHDAY=30",
+    "FREQ=MINUTELY;BYMONTH=2;BYMONTHDAY=31",
+    "FREQ=SECONDLY;BYYEARDAY=366;BYMONTH=1",
+    "FREQ=HOURLY;COUNT=5;BYMONTH=4;BYMONTHDAY=31",
+]
+
+
+def test_rules_that_never_match_cost_little_and_the_rest_of_the_build_is_built(db, settings, feeds):
+    """A rule with no 30 February never returns from dateutil, so no per-occurrence check ran:
+    ~12 s and the whole calendar failed ``parse_timeout`` on f9efcae. Now a calendar of 8 such
+    series beside a meeting keeps the meeting, and a build with 8 unbounded secondly series too
+    stays within the issue's 3 s bar (measured: well under 1 s for the never-matching calendar)."""
+    import time
+
+    from reminders_pipeline.build import build
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    from .support import TOKEN, rows
+
+    never = [_event(f"n{i}", NEAR, "DURATION:PT1M", f"RRULE:{NEVER[i % len(NEVER)]}") for i in range(8)]
+    calendar = feeds.calendar("/never.ics", _calendar(*never, MEETING))
+    runaway = feeds.calendar("/secondly.ics", _calendar(*SECONDLY))
+    for name, url in (("never", calendar), ("runaway", runaway)):
+        put_device(db, settings, DeviceSpec(name, TOKEN, 3600, (), (url,)), now=NOW)
+    started = time.perf_counter()
+    summary = build(db, settings, now=NOW)
+    spent = time.perf_counter() - started
+    print(f"build with 8 never-matching and 8 secondly series: {spent:.2f} s")
+    assert spent < 3.0
+    assert [f["error"] for f in summary.sources_failed] == ["every_item_rejected"]  # the secondly-only calendar
+    assert [(r["device_id"], r["item_id"].split(":", 1)[1]) for r in rows(db)] == [("never", "meeting/20261018T150000Z")]
+
+
+def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
+    """A quarter-hourly check since 2020 was walked from its DTSTART and dropped ``runaway_series``
+    on f9efcae. Now its walk starts just before the window: every quarter hour of the window is an
+    item, each keyed by its original instant, and an EXDATE still removes its occurrence."""
+    from reminders_pipeline.ics import parse_ics_feed
+
+    dense = _event("dense", "20200101T000700Z", "DURATION:PT10M", "RRULE:FREQ=MINUTELY;INTERVAL=15", "EXDATE:20261018T130700Z")
+    feed = parse_ics_feed(_calendar(dense), NOW_S, NOW_S + 8 * 86400, max_items=2000)
+    starts = sorted(i.starts_at for i in feed.items)
+    assert feed.rejected == {}
+    assert len(starts) == 1 + 4 * (8 * 24 + 14) - 1  # one under way at NOW, 8 days and the 14 h widening after it, less the EXDATE
+    assert starts[0] == NOW_S - 8 * 60 and all(b - a in (900, 1800) for a, b in zip(starts, starts[1:]))
+    assert "dense/20261018T130700Z" not in {i.id for i in feed.items} and "dense/20261018T132200Z" in {i.id for i in feed.items}
