@@ -84,8 +84,17 @@ def _occurrence_id(uid: str, original: date | datetime) -> str:
         stamp = original.strftime("%Y%m%d")
     item_id = f"{uid}/{stamp}"
     if len(item_id) > MAX_ID_LENGTH:
-        item_id = f"{hashlib.sha256(uid.encode()).hexdigest()}/{stamp}"
+        item_id = f"{_uid_digest(uid)}/{stamp}"
     return item_id
+
+
+def _uid_digest(uid: str) -> str:
+    return hashlib.sha256(uid.encode()).hexdigest()
+
+
+def _series_keys(uid: str) -> set[str]:
+    """What ``feed.series_key`` reads from the ids of a series' occurrences, long UID or not."""
+    return {uid, _uid_digest(uid)}
 
 
 def synthesize_uids(calendar: icalendar.Calendar) -> None:
@@ -346,22 +355,31 @@ def parse_ics_feed(
         )
     except Exception:
         raise FeedError("bad_recurrence") from None
-    expanded = 0
+    cut = 0
     for occurrence in _occurrences(query, lo, hi, meter, feed):
-        if max_items is not None and expanded >= max_items:  # the cap is full: count, build nothing more
-            expanded += 1
-            feed.rejected["over_item_cap"] += 1
-            if feed.cut_from is None:
-                feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS
-            if expanded > max_items * COUNT_CUT_FACTOR or _late(deadline):
-                break  # counted up to here: a lower bound on what was cut
+        if max_items is not None and len(feed.items) >= max_items:  # the cap is full: note the id, build nothing more
+            if cut >= max_items * COUNT_CUT_FACTOR or _late(deadline):
+                feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS  # unseen from here
+                break
+            cut += _note_cut(feed, occurrence)
             continue
         raw = _raw_item(occurrence.as_component(False), durations)
         if isinstance(raw, dict) and not raw["floating"] and raw["expiresAt"] <= window_start:
             continue  # over before the window in every zone: the 14 h widening is for floating times only
-        expanded += 1
         _add(feed, raw)
     return feed
+
+
+def _note_cut(feed: ParsedFeed, occurrence: Any) -> int:
+    """Count an occurrence the cap cut and keep its id (1), or nothing for a cancelled one (0),
+    from the event it comes from: building its component would cost more than the rest."""
+    event = occurrence._adapter._component
+    if str(event.get("STATUS", "")).upper() == "CANCELLED":
+        return 0
+    rid = event.get("RECURRENCE-ID")
+    feed.cut_ids.add(_occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
+    feed.rejected["over_item_cap"] += 1
+    return 1
 
 
 def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed) -> Iterator[Any]:
@@ -383,6 +401,7 @@ def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed:
             if reason is not None:
                 live.remove(series)
                 feed.rejected[reason] += 1
+                feed.partial_series |= _series_keys(str(series.uid))
             batch += found
         batch.sort(key=_occurrence_start)
         for occurrence in batch:

@@ -162,7 +162,8 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     from reminders_pipeline.feed import FeedError
     from reminders_pipeline.ics import parse_ics_feed
 
-    slow = _calendar(*(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY") for i in range(400)))
+    # COUNT is counted from DTSTART, so each of these walks from 1900: slow, one occurrence at a time.
+    slow = _calendar(*(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY;COUNT=60000") for i in range(400)))
     cancel, outcome = threading.Event(), []
 
     def parse() -> None:
@@ -229,3 +230,68 @@ def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
     assert len(starts) == 1 + 4 * (8 * 24 + 14) - 1  # one under way at NOW, 8 days and the 14 h widening after it, less the EXDATE
     assert starts[0] == NOW_S - 8 * 60 and all(b - a in (900, 1800) for a, b in zip(starts, starts[1:]))
     assert "dense/20261018T130700Z" not in {i.id for i in feed.items} and "dense/20261018T132200Z" in {i.id for i in feed.items}
+
+
+def _statuses(db) -> dict[str, tuple[str, str | None]]:
+    from .support import rows
+
+    return {r["item_id"].split(":", 1)[1]: (r["status"], r["outcome_detail"]) for r in rows(db)}
+
+
+def test_rows_of_a_dropped_series_stay_while_a_deleted_event_is_voided(db, settings, feeds):
+    """A series dropped ``runaway_series`` makes the feed partial for that series only: its queued
+    rows stay pending (f9efcae voided them ``left_feed``), and an event deleted beside it is voided."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    gone = _event("gone", "20261018T160000Z", "DTEND:20261018T163000Z")
+    url = feeds.calendar("/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT5M", "RRULE:FREQ=HOURLY;INTERVAL=2"), gone, MEETING))
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    ticks = {k for k in _statuses(db) if k.startswith("tick/")}
+    assert ticks and "gone/20261018T160000Z" in _statuses(db)
+    feeds.calendar("/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT1S", "RRULE:FREQ=SECONDLY"), MEETING))
+    summary = build(db, settings, now=NOW)
+    assert summary.items_rejected == {"runaway_series": 1} and summary.rows_voided == {"left_feed": 1}
+    assert _statuses(db)["gone/20261018T160000Z"] == ("settled", "left_feed")
+    assert {_statuses(db)[k] for k in ticks} == {("pending", None)}
+
+
+def _capped_build(db, settings, feeds, publish) -> None:
+    """Cap 4: A, B, C, D queued; then D is deleted at the source while E and F arrive, five items:
+    F is cut and its absence says nothing, but D is in no part of the feed (f9efcae kept it, being
+    after where the cap cut, and sent it)."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=4)
+    url = publish({"A": 2, "B": 3, "C": 4, "D": 6})
+    device(db, capped, sources=[url])
+    build(db, capped, now=NOW)
+    publish({"A": 2, "B": 3, "C": 4, "E": 4.5, "F": 5})
+    summary = build(db, capped, now=NOW)
+    assert summary.items_rejected == {"over_item_cap": 1} and summary.rows_voided == {"left_feed": 1}
+
+
+def test_the_item_cap_keeps_only_what_it_cut_json(db, settings, feeds):
+    def publish(hours: dict[str, float]) -> str:
+        start = {name: NOW_S + int(h * 3600) for name, h in hours.items()}
+        return feeds.items("/cap.json", [{"id": n, "title": n, "startsAt": s, "expiresAt": s + 1800} for n, s in start.items()])
+
+    _capped_build(db, settings, feeds, publish)
+    assert _statuses(db) == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
+
+
+def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
+    from reminders_pipeline.times import iso_from_unix
+
+    def stamp(h: float) -> str:
+        return iso_from_unix(NOW_S + int(h * 3600)).replace("-", "").replace(":", "").replace(".000", "")
+
+    def publish(hours: dict[str, float]) -> str:
+        return feeds.calendar("/cap.ics", _calendar(*(_event(n, stamp(h), "DURATION:PT30M") for n, h in hours.items())))
+
+    _capped_build(db, settings, feeds, publish)
+    assert {k.split("/")[0]: v for k, v in _statuses(db).items()} == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}

@@ -1,0 +1,53 @@
+"""Breaks the model test (test_model.py) found that issue 19 did not list, each as a plain example."""
+
+from __future__ import annotations
+
+from reminders_pipeline import build
+from reminders_pipeline.ics import parse_ics_feed
+
+from .support import NOW, NOW_S, by_key, device
+
+CANCELLED_PAST = """BEGIN:VEVENT
+UID:gone-{n}
+DTSTAMP:20260101T000000Z
+DTSTART:20260910T043000Z
+DTEND:20260910T050000Z
+SUMMARY:Cancelled {n}
+STATUS:CANCELLED
+END:VEVENT
+"""
+
+FUTURE = """BEGIN:VEVENT
+UID:future-{n}
+DTSTAMP:20260101T000000Z
+DTSTART:20260910T1{n}0000Z
+DTEND:20260910T1{n}3000Z
+SUMMARY:Future {n}
+END:VEVENT
+"""
+
+
+def calendar(cancelled: int, future: int) -> str:
+    events = [CANCELLED_PAST.format(n=n) for n in range(cancelled)] + [FUTURE.format(n=n) for n in range(future)]
+    return "BEGIN:VCALENDAR\nVERSION:2.0\nPRODID:-//t//EN\n" + "".join(events) + "END:VCALENDAR\n"
+
+
+def test_cancelled_events_take_no_place_under_the_item_cap() -> None:
+    """Two cancelled meetings from earlier this morning are not items: with a cap of two, the two
+    meetings still ahead are the items kept (the model found the cap counting them)."""
+    feed = parse_ics_feed(calendar(cancelled=2, future=2).encode(), NOW_S, NOW_S + 86400, max_items=2)
+    assert sorted(i.id.split("/")[0] for i in feed.items) == ["future-0", "future-1"]
+    assert "over_item_cap" not in feed.rejected
+
+
+def test_cancelled_events_do_not_void_a_reminder_through_the_cap(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
+    """Through the build: a calendar cancels a past meeting; the reminder of a meeting ahead,
+    queued while the calendar was under the cap, is not voided ``left_feed``."""
+    url = feeds.calendar("/cal.ics", calendar(cancelled=0, future=2))
+    capped = settings.__class__(**{**settings.__dict__, "source_max_items": 2})
+    device(db, capped, sources=[url])
+    build.build(db, capped, now=NOW)
+    feeds.calendar("/cal.ics", calendar(cancelled=1, future=2))
+    build.build(db, capped, now=NOW)
+    rows = by_key(db)
+    assert {k[0].split("/")[0]: r["status"] for k, r in rows.items()} == {"future-0": "pending", "future-1": "pending"}
