@@ -295,3 +295,40 @@ def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
 
     _capped_build(db, settings, feeds, publish)
     assert {k.split("/")[0]: v for k, v in _statuses(db).items()} == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+def test_raw_deflate_and_gzip_with_trailing_nuls_read_as_httpx_reads_them(feeds):
+    """f9efcae failed both ``read_failed`` where httpx returned the body: deflate sent without its
+    zlib header, and a gzip body padded with NUL bytes after its member."""
+    feeds.set("/raw.json", Route(body=_raw_deflate(FEED), headers={"Content-Encoding": "deflate"}))
+    feeds.set("/padded.json", Route(body=gzip.compress(FEED) + b"\x00" * 4, headers={"Content-Encoding": "gzip"}))
+    feeds.set("/two.json", Route(body=gzip.compress(FEED[:9]) + gzip.compress(FEED[9:]), headers={"Content-Encoding": "gzip"}))
+    for path in ("/raw.json", "/padded.json", "/two.json"):
+        read = _read(feeds, path)
+        assert read.ok and [i.id for i in read.feed.items] == ["a"], (path, read.error)
+
+
+def test_the_decoders_cap_is_exact_whatever_the_chunks():
+    """Byte by byte or whole, raw or zlib deflate, padded gzip: exactly the body's length decodes,
+    one byte less fails ``too_large``."""
+    import zlib
+
+    import pytest
+
+    from reminders_pipeline.sources import ReadFailed, StackedDecoder
+
+    body = FEED * 50
+    for coding, encoded in (("deflate", _raw_deflate(body)), ("deflate", zlib.compress(body)), ("gzip", gzip.compress(body) + b"\x00\x1f")):
+        for chunk in (1, 7, len(encoded)):
+            decoder = StackedDecoder([coding], len(body))
+            out = b"".join(b"".join(decoder.decode(encoded[i : i + chunk])) for i in range(0, len(encoded), chunk))
+            assert out + b"".join(decoder.flush()) == body, (coding, chunk)
+        with pytest.raises(ReadFailed, match="too_large"):
+            b"".join(StackedDecoder([coding], len(body) - 1).decode(encoded))
