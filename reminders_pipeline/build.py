@@ -77,7 +77,7 @@ class DevicePlan:
     uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
     # Rows of items whose anchor has passed: never queued anew, only used to bring a pending row in line.
     begun: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    cut_from: dict[int, int] = field(default_factory=dict)  # per source: the item cap cut items starting from here
+    feeds: dict[int, ParsedFeed] = field(default_factory=dict)  # per source read: what its absent items may be
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -101,8 +101,7 @@ def plan_device(
         if read is None or not read.ok:
             continue
         plan.ok_sources.add(source_id)
-        if read.feed.cut_from is not None:  # type: ignore[union-attr]
-            plan.cut_from[source_id] = read.feed.cut_from  # type: ignore[union-attr]
+        plan.feeds[source_id] = read.feed  # type: ignore[assignment]
         for raw in read.feed.items:  # type: ignore[union-attr]
             item = raw.for_local(local)
             item_id = namespaced(source_id, item.id)
@@ -168,8 +167,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     rule (the device does not use alarms, so a successful read would void it all the same). For a
     device using alarms a rule outside its own may be the calendar's, and only a successful read
     can say: the row waits for one. A row whose item is still in the feed but has begun is left for
-    the drain, which settles it with the true reason. Nor does the item cap void: a row whose event
-    starts where the cap cut the feed may be there still.
+    the drain, which settles it with the true reason. Nor does an item the feed holds without
+    carrying it void (``ParsedFeed.holds``): one the item cap cut, or one of a rejected series.
     """
     if row["source_id"] not in plan.subscribed:
         return "source_removed"
@@ -181,8 +180,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
         return None
     item = plan.feed_items.get(row["item_id"])
     if item is None:
-        cut = plan.cut_from.get(row["source_id"])
-        return None if cut is not None and unix_from_iso(row["event_at"]) >= cut else "left_feed"
+        own_id = row["item_id"].split(":", 1)[1]
+        return None if plan.feeds[row["source_id"]].holds(own_id, int(unix_from_iso(row["event_at"]))) else "left_feed"
     if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
         return "rule_removed"  # the calendar dropped that alarm
     if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:

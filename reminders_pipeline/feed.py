@@ -58,8 +58,11 @@ class ParsedFeed:
     items: list[Item] = field(default_factory=list)
     rejected: Counter = field(default_factory=Counter)
     _ids: set[str] = field(default_factory=set, repr=False, compare=False)
-    # The cap cut items starting at or after this instant (Unix seconds): their absence from the
-    # feed says nothing, so their pending rows are not voided ``left_feed``.
+    # Items the feed holds but does not carry, whose pending rows are not voided ``left_feed``:
+    # those the item cap cut (by id), those of a rejected calendar series (by UID, see
+    # ``series_key``), and, where counting past the cap stopped, every item starting from then.
+    cut_ids: set[str] = field(default_factory=set)
+    partial_series: set[str] = field(default_factory=set)
     cut_from: int | None = None
 
     max_items: int | None = field(default=None, repr=False, compare=False)
@@ -74,7 +77,7 @@ class ParsedFeed:
             self.rejected["duplicate_id"] += 1
         elif self.max_items is not None and len(self.items) >= self.max_items:
             self.rejected["over_item_cap"] += 1
-            self.cut_from = checked.starts_at if self.cut_from is None else min(self.cut_from, checked.starts_at)
+            self.cut_ids.add(checked.id)
         else:
             self._ids.add(checked.id)
             if floating:
@@ -94,19 +97,44 @@ class ParsedFeed:
         self.items = [i for i in self.items if i.id not in dropped]
         self._ids -= dropped
         self.rejected["over_item_cap"] += len(cut)
-        self.cut_from = cut[0].starts_at
+        self.cut_ids |= dropped
+
+    def holds(self, item_id: str, starts_at: int) -> bool:
+        """Whether an item absent from ``items`` may still be in the source: cut by the cap, in a
+        rejected series, or past where counting stopped. Any other absent item left the feed."""
+        return (
+            item_id in self.cut_ids
+            or series_key(item_id) in self.partial_series
+            or (self.cut_from is not None and starts_at >= self.cut_from)
+        )
 
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""
         doc: dict[str, Any] = {"items": [i.to_json() for i in self.items], "rejected": dict(self.rejected)}
         if self.cut_from is not None:
             doc["cut_from"] = self.cut_from
+        if self.cut_ids:
+            doc["cut_ids"] = sorted(self.cut_ids)
+        if self.partial_series:
+            doc["partial_series"] = sorted(self.partial_series)
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "ParsedFeed":
         doc = json.loads(text)
-        return cls([Item.from_json(i) for i in doc["items"]], Counter(doc["rejected"]), cut_from=doc.get("cut_from"))
+        return cls(
+            [Item.from_json(i) for i in doc["items"]],
+            Counter(doc["rejected"]),
+            cut_ids=set(doc.get("cut_ids", ())),
+            partial_series=set(doc.get("partial_series", ())),
+            cut_from=doc.get("cut_from"),
+        )
+
+
+def series_key(item_id: str) -> str:
+    """The series an iCalendar occurrence id belongs to: its id is ``<series>/<original start>``
+    (``ics._occurrence_id``). A JSON item's id has no series; its key matches no calendar UID."""
+    return item_id.rsplit("/", 1)[0]
 
 
 class FeedError(ValueError):

@@ -23,13 +23,18 @@ Expansion is bounded, and checked at every occurrence a recurrence rule yields (
 ``between`` builds a whole span's list first, so the rules are iterated lazily here):
 
 - at most ``max_items`` occurrences are turned into items (soonest first; the rest are counted as
-  rejected ``over_item_cap``), and one series builds at most that many per slice of the window;
+  rejected ``over_item_cap`` and their ids kept in ``ParsedFeed.cut_ids``, cancelled ones neither
+  counted nor kept), and one series builds at most that many per slice of the window;
 - a series that recurs more often than once a minute (more than ``MAX_PER_DAY`` a day, counted
-  from its first occurrence, before the window too), or spends more than ``series_seconds`` of
+  from where its walk starts, before the window too), or spends more than ``series_seconds`` of
   CPU time (its thread's), is dropped and counted ``runaway_series`` (``FREQ=SECONDLY``); the
   calendar's other events still count;
 - a series the library cannot expand (an absurd date that overflows) is dropped alone and counted
-  ``bad_recurrence``;
+  ``bad_recurrence``; a dropped series' UID is kept in ``ParsedFeed.partial_series``, so its rows
+  are not voided as if its occurrences had left the feed;
+- a rule's walk starts from DTSTART only where it must (COUNT, or a month or year period), else
+  a whole number of periods later, just before the window; a rule none of whose day filters
+  matches a day of the window is not walked at all (``_bounded``);
 - past a ``deadline`` (``time.monotonic()``), or once ``cancel`` is set (its caller stopped
   waiting), the read fails ``parse_timeout`` at the next occurrence, so an abandoned thread stops.
 
@@ -44,10 +49,12 @@ import threading
 import time
 from collections import Counter
 from datetime import date, datetime, timedelta, timezone
+from itertools import islice
 from typing import Any, Iterator
 
 import icalendar
 import recurring_ical_events
+from dateutil.rrule import DAILY, HOURLY, MINUTELY, SECONDLY, WEEKLY, _iterinfo, rrule
 from recurring_ical_events import ComponentsWithName, Series
 from recurring_ical_events.util import compare_greater, convert_to_datetime, is_pytz, is_pytz_dt, normalize_pytz
 
@@ -63,6 +70,7 @@ PRESELECT_ABOVE = 2000  # events in one calendar above which out-of-window singl
 _VEVENT = re.compile(rb"^BEGIN:VEVENT\r?\n.*?^END:VEVENT\r?\n", re.S | re.M)
 _RECURRING = re.compile(rb"^(RRULE|RDATE|EXRULE|RECURRENCE-ID)[;:]", re.M)
 _DURATION = re.compile(rb"^DURATION[;:]", re.M)
+_PERIOD_SECONDS = {SECONDLY: 1, MINUTELY: 60, HOURLY: 3600, DAILY: 86400, WEEKLY: 7 * 86400}
 
 
 def _unix(value: date | datetime) -> tuple[int, bool]:
@@ -81,8 +89,17 @@ def _occurrence_id(uid: str, original: date | datetime) -> str:
         stamp = original.strftime("%Y%m%d")
     item_id = f"{uid}/{stamp}"
     if len(item_id) > MAX_ID_LENGTH:
-        item_id = f"{hashlib.sha256(uid.encode()).hexdigest()}/{stamp}"
+        item_id = f"{_uid_digest(uid)}/{stamp}"
     return item_id
+
+
+def _uid_digest(uid: str) -> str:
+    return hashlib.sha256(uid.encode()).hexdigest()
+
+
+def _series_keys(uid: str) -> set[str]:
+    """What ``feed.series_key`` reads from the ids of a series' occurrences, long UID or not."""
+    return {uid, _uid_digest(uid)}
 
 
 def synthesize_uids(calendar: icalendar.Calendar) -> None:
@@ -230,7 +247,7 @@ def metered_series(meter: ExpansionMeter) -> type[Series]:
 def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMeter) -> Iterator[Any]:
     """One dateutil rule's starts in [first, last], soonest first, at most ``meter.span_limit``."""
     seen, found, origin = 0, 0, None
-    for start in rule:
+    for start in _bounded(rule, first, last):
         meter.tick()
         seen += 1
         origin = start if origin is None else origin
@@ -245,6 +262,71 @@ def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMe
         if rule.until is None or not compare_greater(start, rule.until):
             found += 1
             yield start
+
+
+def _bounded(rule: Any, first: datetime, last: datetime) -> Iterator[datetime]:
+    """The rule's starts, from just before ``first`` where the rule allows.
+
+    dateutil returns control only when a start matches, even past UNTIL, so a rule that never
+    matches (30 February) would run to year 9999 between two meter ticks: a rule none of whose
+    day filters matches a day of the span yields nothing, without asking dateutil. A rule without
+    COUNT of a fixed period starts its walk a whole number of periods after DTSTART, just before
+    ``first``: the same instants, at a cost that does not grow with the series' age (COUNT is
+    counted from DTSTART). The rdate set (DTSTART, RDATE) is finite and iterated as it is."""
+    if not isinstance(rule, rrule):
+        return iter(rule)
+    if not any(_day_matches(rule, first.date() - timedelta(days=1), last.date() + timedelta(days=1))):
+        return iter(())
+    if rule._count is not None:
+        return iter(rule)
+    return iter(rule.replace(dtstart=_walk_start(rule, first)))
+
+
+def _day_matches(rule: rrule, first_day: date, last_day: date) -> Iterator[bool]:
+    """Per day of [first_day, last_day], whether it passes the rule's day filters (BYMONTH,
+    BYWEEKNO, BYDAY, BYMONTHDAY, BYYEARDAY, BYEASTER), read from dateutil's own masks."""
+    info, month = _iterinfo(rule), None
+    day = first_day
+    while day <= last_day:
+        if (day.year, day.month) != month:
+            month = (day.year, day.month)
+            info.rebuild(*month)
+        yield _passes(rule, info, day.toordinal() - info.yearordinal)
+        day += timedelta(days=1)
+
+
+def _passes(rule: rrule, info: Any, i: int) -> bool:
+    """dateutil's day filter (``rrule._iter``) for day ``i`` of the year ``info`` was built for."""
+    return not (
+        (rule._bymonth and info.mmask[i] not in rule._bymonth)
+        or (rule._byweekno and not info.wnomask[i])
+        or (rule._byweekday and info.wdaymask[i] not in rule._byweekday)
+        or (info.nwdaymask and not info.nwdaymask[i])
+        or (rule._byeaster and not info.eastermask[i])
+        or (
+            (rule._bymonthday or rule._bynmonthday)
+            and info.mdaymask[i] not in rule._bymonthday
+            and info.nmdaymask[i] not in rule._bynmonthday
+        )
+        or (rule._byyearday and i + 1 not in rule._byyearday and -info.yearlen + i not in rule._byyearday)
+    )
+
+
+def _walk_start(rule: rrule, first: datetime) -> datetime:
+    """DTSTART advanced by whole periods (INTERVAL x FREQ, in the rule's wall time) to a period
+    and a day before ``first``, so that a first week cut short by the new start (``BYSETPOS``
+    counts within it) ends before ``first``; DTSTART itself for periods of no fixed length."""
+    dtstart = rule._dtstart
+    seconds = _PERIOD_SECONDS.get(rule._freq)
+    if seconds is None:
+        return dtstart
+    period = seconds * rule._interval
+    wall = dtstart.replace(tzinfo=None)
+    first_wall = (first.astimezone(dtstart.tzinfo) if dtstart.tzinfo is not None else first).replace(tzinfo=None)
+    periods = (int((first_wall - wall).total_seconds()) - period - 86400) // period
+    if periods <= 0:
+        return dtstart
+    return (wall + timedelta(seconds=periods * period)).replace(tzinfo=dtstart.tzinfo)
 
 
 def parse_ics_feed(
@@ -278,22 +360,31 @@ def parse_ics_feed(
         )
     except Exception:
         raise FeedError("bad_recurrence") from None
-    expanded = 0
+    cut = 0
     for occurrence in _occurrences(query, lo, hi, meter, feed):
-        if max_items is not None and expanded >= max_items:  # the cap is full: count, build nothing more
-            expanded += 1
-            feed.rejected["over_item_cap"] += 1
-            if feed.cut_from is None:
-                feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS
-            if expanded > max_items * COUNT_CUT_FACTOR or _late(deadline):
-                break  # counted up to here: a lower bound on what was cut
+        if max_items is not None and len(feed.items) >= max_items:  # the cap is full: note the id, build nothing more
+            if cut >= max_items * COUNT_CUT_FACTOR or _late(deadline):
+                feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS  # unseen from here
+                break
+            cut += _note_cut(feed, occurrence)
             continue
         raw = _raw_item(occurrence.as_component(False), durations)
         if isinstance(raw, dict) and not raw["floating"] and raw["expiresAt"] <= window_start:
             continue  # over before the window in every zone: the 14 h widening is for floating times only
-        expanded += 1
         _add(feed, raw)
     return feed
+
+
+def _note_cut(feed: ParsedFeed, occurrence: Any) -> int:
+    """Count an occurrence the cap cut and keep its id (1), or nothing for a cancelled one (0),
+    from the event it comes from: building its component would cost more than the rest."""
+    event = occurrence._adapter._component
+    if str(event.get("STATUS", "")).upper() == "CANCELLED":
+        return 0
+    rid = event.get("RECURRENCE-ID")
+    feed.cut_ids.add(_occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
+    feed.rejected["over_item_cap"] += 1
+    return 1
 
 
 def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed) -> Iterator[Any]:
@@ -315,6 +406,7 @@ def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed:
             if reason is not None:
                 live.remove(series)
                 feed.rejected[reason] += 1
+                feed.partial_series |= _series_keys(str(series.uid))
             batch += found
         batch.sort(key=_occurrence_start)
         for occurrence in batch:

@@ -276,19 +276,31 @@ class SourceReader:
 
 
 class _Layer:
-    """One Content-Encoding layer: zlib with bounded output, its produced bytes counted."""
+    """One Content-Encoding layer: zlib with bounded output, its produced bytes counted.
+
+    Read as httpx reads them: ``deflate`` is zlib-wrapped (RFC 9110) or, as some servers send it,
+    raw; bytes after the last gzip member that do not start another one (padding NULs) are ignored,
+    as is anything after a deflate stream's end."""
 
     def __init__(self, coding: str) -> None:
-        self.coding = coding
-        self.inflater = self._inflater()
+        self.gzip = coding in ("gzip", "x-gzip")
+        self.inflater: "zlib._Decompress | None" = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzip else None
         self.produced = 0
+        self.held = b""  # bytes not yet fed: a deflate header still being sniffed, or half a gzip magic
+        self.ended = False
 
-    def _inflater(self) -> "zlib._Decompress":
-        # gzip, or deflate as RFC 9110 means it (zlib-wrapped); a raw-deflate body fails read_failed.
-        return zlib.decompressobj(16 + zlib.MAX_WBITS if self.coding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+    @property
+    def eof(self) -> bool:
+        return self.ended or (self.inflater is not None and self.inflater.eof)
 
     def decode(self, data: bytes, limit: int) -> Iterator[bytes]:
-        while data:
+        data, self.held = self.held + data, b""
+        if self.inflater is None:  # deflate: zlib-wrapped or raw, told by its first two bytes
+            if len(data) < 2:
+                self.held = data
+                return
+            self.inflater = zlib.decompressobj(zlib.MAX_WBITS if _zlib_header(data) else -zlib.MAX_WBITS)
+        while data and not self.ended:
             try:
                 out = self.inflater.decompress(data, DECODE_STEP)
             except zlib.error:
@@ -298,11 +310,28 @@ class _Layer:
                 raise ReadFailed("too_large")
             if out:
                 yield out
-            if self.inflater.eof:  # a gzip body may hold several members, one after another
-                data = self.inflater.unused_data
-                self.inflater = self._inflater() if data else self.inflater
-            else:
-                data = self.inflater.unconsumed_tail
+            data = self.inflater.unused_data if self.inflater.eof else self.inflater.unconsumed_tail
+            if self.inflater.eof and data:
+                data = self._next_member(data)
+
+    def _next_member(self, rest: bytes) -> bytes:
+        """After a stream's end: a gzip body may hold several members, one after another."""
+        if self.gzip and rest[:2] == GZIP_MAGIC:
+            self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            return rest
+        if self.gzip and rest == GZIP_MAGIC[:1]:
+            self.held = rest
+        else:
+            self.ended = True
+        return b""
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _zlib_header(data: bytes) -> bool:
+    """Whether two bytes are a zlib header (RFC 1950: deflate, window at most 32 KiB, checksum)."""
+    return data[0] & 0x0F == 8 and data[0] >> 4 <= 7 and (data[0] << 8 | data[1]) % 31 == 0
 
 
 class StackedDecoder:
@@ -331,7 +360,7 @@ class StackedDecoder:
 
     def flush(self) -> Iterator[bytes]:
         """Nothing is left buffered with ``max_length`` steps; a truncated stream is a broken read."""
-        if any(not layer.inflater.eof and self.raw_seen for layer in self.layers):
+        if any(not layer.eof and self.raw_seen for layer in self.layers):
             raise ReadFailed("read_failed")
         return iter(())
 

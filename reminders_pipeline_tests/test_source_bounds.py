@@ -162,7 +162,8 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     from reminders_pipeline.feed import FeedError
     from reminders_pipeline.ics import parse_ics_feed
 
-    slow = _calendar(*(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY") for i in range(400)))
+    # COUNT is counted from DTSTART, so each of these walks from 1900: slow, one occurrence at a time.
+    slow = _calendar(*(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY;COUNT=60000") for i in range(400)))
     cancel, outcome = threading.Event(), []
 
     def parse() -> None:
@@ -180,3 +181,154 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     worker.join(timeout=30)
     print(f"stopped {time.monotonic() - stopped:.3f} s after cancel")
     assert outcome == ["parse_timeout"] and time.monotonic() - stopped < 2.0
+
+
+NEVER = [
+    "FREQ=SECONDLY;BYMONTH=2;BYMONTHDAY=30",
+    "FREQ=MINUTELY;BYMONTH=2;BYMONTHDAY=31",
+    "FREQ=SECONDLY;BYYEARDAY=366;BYMONTH=1",
+    "FREQ=HOURLY;COUNT=5;BYMONTH=4;BYMONTHDAY=31",
+]
+
+
+def test_rules_that_never_match_cost_little_and_the_rest_of_the_build_is_built(db, settings, feeds):
+    """A rule with no 30 February never returns from dateutil, so no per-occurrence check ran:
+    ~12 s and the whole calendar failed ``parse_timeout`` on f9efcae. Now a calendar of 8 such
+    series beside a meeting keeps the meeting, and a build with 8 unbounded secondly series too
+    stays within the issue's 3 s bar (measured: well under 1 s for the never-matching calendar)."""
+    import time
+
+    from reminders_pipeline.build import build
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    from .support import TOKEN, rows
+
+    never = [_event(f"n{i}", NEAR, "DURATION:PT1M", f"RRULE:{NEVER[i % len(NEVER)]}") for i in range(8)]
+    calendar = feeds.calendar("/never.ics", _calendar(*never, MEETING))
+    runaway = feeds.calendar("/secondly.ics", _calendar(*SECONDLY))
+    for name, url in (("never", calendar), ("runaway", runaway)):
+        put_device(db, settings, DeviceSpec(name, TOKEN, 3600, (), (url,)), now=NOW)
+    started = time.perf_counter()
+    summary = build(db, settings, now=NOW)
+    spent = time.perf_counter() - started
+    print(f"build with 8 never-matching and 8 secondly series: {spent:.2f} s")
+    assert spent < 3.0
+    assert [f["error"] for f in summary.sources_failed] == ["every_item_rejected"]  # the secondly-only calendar
+    assert [(r["device_id"], r["item_id"].split(":", 1)[1]) for r in rows(db)] == [("never", "meeting/20261018T150000Z")]
+
+
+def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
+    """A quarter-hourly check since 2020 was walked from its DTSTART and dropped ``runaway_series``
+    on f9efcae. Now its walk starts just before the window: every quarter hour of the window is an
+    item, each keyed by its original instant, and an EXDATE still removes its occurrence."""
+    from reminders_pipeline.ics import parse_ics_feed
+
+    dense = _event("dense", "20200101T000700Z", "DURATION:PT10M", "RRULE:FREQ=MINUTELY;INTERVAL=15", "EXDATE:20261018T130700Z")
+    feed = parse_ics_feed(_calendar(dense), NOW_S, NOW_S + 8 * 86400, max_items=2000)
+    starts = sorted(i.starts_at for i in feed.items)
+    assert feed.rejected == {}
+    assert len(starts) == 1 + 4 * (8 * 24 + 14) - 1  # one under way at NOW, 8 days and the 14 h widening after it, less the EXDATE
+    assert starts[0] == NOW_S - 8 * 60 and all(b - a in (900, 1800) for a, b in zip(starts, starts[1:]))
+    assert "dense/20261018T130700Z" not in {i.id for i in feed.items} and "dense/20261018T132200Z" in {i.id for i in feed.items}
+
+
+def _statuses(db) -> dict[str, tuple[str, str | None]]:
+    from .support import rows
+
+    return {r["item_id"].split(":", 1)[1]: (r["status"], r["outcome_detail"]) for r in rows(db)}
+
+
+def test_rows_of_a_dropped_series_stay_while_a_deleted_event_is_voided(db, settings, feeds):
+    """A series dropped ``runaway_series`` makes the feed partial for that series only: its queued
+    rows stay pending (f9efcae voided them ``left_feed``), and an event deleted beside it is voided."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    gone = _event("gone", "20261018T160000Z", "DTEND:20261018T163000Z")
+    url = feeds.calendar("/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT5M", "RRULE:FREQ=HOURLY;INTERVAL=2"), gone, MEETING))
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    ticks = {k for k in _statuses(db) if k.startswith("tick/")}
+    assert ticks and "gone/20261018T160000Z" in _statuses(db)
+    feeds.calendar("/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT1S", "RRULE:FREQ=SECONDLY"), MEETING))
+    summary = build(db, settings, now=NOW)
+    assert summary.items_rejected == {"runaway_series": 1} and summary.rows_voided == {"left_feed": 1}
+    assert _statuses(db)["gone/20261018T160000Z"] == ("settled", "left_feed")
+    assert {_statuses(db)[k] for k in ticks} == {("pending", None)}
+
+
+def _capped_build(db, settings, feeds, publish) -> None:
+    """Cap 4: A, B, C, D queued; then D is deleted at the source while E and F arrive, five items:
+    F is cut and its absence says nothing, but D is in no part of the feed (f9efcae kept it, being
+    after where the cap cut, and sent it)."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=4)
+    url = publish({"A": 2, "B": 3, "C": 4, "D": 6})
+    device(db, capped, sources=[url])
+    build(db, capped, now=NOW)
+    publish({"A": 2, "B": 3, "C": 4, "E": 4.5, "F": 5})
+    summary = build(db, capped, now=NOW)
+    assert summary.items_rejected == {"over_item_cap": 1} and summary.rows_voided == {"left_feed": 1}
+
+
+def test_the_item_cap_keeps_only_what_it_cut_json(db, settings, feeds):
+    def publish(hours: dict[str, float]) -> str:
+        start = {name: NOW_S + int(h * 3600) for name, h in hours.items()}
+        return feeds.items("/cap.json", [{"id": n, "title": n, "startsAt": s, "expiresAt": s + 1800} for n, s in start.items()])
+
+    _capped_build(db, settings, feeds, publish)
+    assert _statuses(db) == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
+
+
+def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
+    from reminders_pipeline.times import iso_from_unix
+
+    def stamp(h: float) -> str:
+        return iso_from_unix(NOW_S + int(h * 3600)).replace("-", "").replace(":", "").replace(".000", "")
+
+    def publish(hours: dict[str, float]) -> str:
+        return feeds.calendar("/cap.ics", _calendar(*(_event(n, stamp(h), "DURATION:PT30M") for n, h in hours.items())))
+
+    _capped_build(db, settings, feeds, publish)
+    assert {k.split("/")[0]: v for k, v in _statuses(db).items()} == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+def test_raw_deflate_and_gzip_with_trailing_nuls_read_as_httpx_reads_them(feeds):
+    """f9efcae failed both ``read_failed`` where httpx returned the body: deflate sent without its
+    zlib header, and a gzip body padded with NUL bytes after its member."""
+    feeds.set("/raw.json", Route(body=_raw_deflate(FEED), headers={"Content-Encoding": "deflate"}))
+    feeds.set("/padded.json", Route(body=gzip.compress(FEED) + b"\x00" * 4, headers={"Content-Encoding": "gzip"}))
+    feeds.set("/two.json", Route(body=gzip.compress(FEED[:9]) + gzip.compress(FEED[9:]), headers={"Content-Encoding": "gzip"}))
+    for path in ("/raw.json", "/padded.json", "/two.json"):
+        read = _read(feeds, path)
+        assert read.ok and [i.id for i in read.feed.items] == ["a"], (path, read.error)
+
+
+def test_the_decoders_cap_is_exact_whatever_the_chunks():
+    """Byte by byte or whole, raw or zlib deflate, padded gzip: exactly the body's length decodes,
+    one byte less fails ``too_large``."""
+    import zlib
+
+    import pytest
+
+    from reminders_pipeline.sources import ReadFailed, StackedDecoder
+
+    body = FEED * 50
+    for coding, encoded in (("deflate", _raw_deflate(body)), ("deflate", zlib.compress(body)), ("gzip", gzip.compress(body) + b"\x00\x1f")):
+        for chunk in (1, 7, len(encoded)):
+            decoder = StackedDecoder([coding], len(body))
+            out = b"".join(b"".join(decoder.decode(encoded[i : i + chunk])) for i in range(0, len(encoded), chunk))
+            assert out + b"".join(decoder.flush()) == body, (coding, chunk)
+        with pytest.raises(ReadFailed, match="too_large"):
+            b"".join(StackedDecoder([coding], len(body) - 1).decode(encoded))
