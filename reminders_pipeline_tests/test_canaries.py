@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from datetime import date, datetime, timedelta, timezone
 import inspect
 import re
 import tomllib
@@ -288,3 +289,93 @@ def test_dagster_check_history_the_monitoring_checks_read() -> None:
         attribute="EventLogStorage.get_asset_check_execution_history", expected="(check_key, limit, ..., status)"
     )
     assert dagster.__version__ == pins()["dagster"], message.format(attribute="the version", expected="the pinned one")
+
+
+# -- calendar expansion (ics.py) ---------------------------------------------------------------------
+# ics.py meters recurring-ical-events' series by subclassing ``Series`` and its ``RecurrenceRules``,
+# reads an occurrence's source event through ``Occurrence._adapter._component``, and decides whether
+# a dateutil rule can match a day of the read window from dateutil's own masks (``_iterinfo``) and
+# the rule's ``_by*`` attributes, so that a rule that never matches (30 February) is not walked to
+# year 9999. Both libraries are pinned exactly for it.
+
+EXPANSION = ("python-dateutil", "recurring-ical-events")
+
+
+@pytest.mark.parametrize("library", EXPANSION)
+def test_each_library_the_expansion_reads_is_pinned_to_the_installed_version(library: str) -> None:
+    pinned = pins().get(library)
+    assert pinned is not None, f"{library} {version(library)}: pyproject.toml must pin it exactly (==), ics.py reads its internals"
+    assert version(library) == pinned, f"{library} {version(library)} is installed but pyproject.toml pins {pinned}"
+
+
+def expansion_changed(library: str, attribute: str) -> str:
+    return (
+        f"{library} {version(library)}: {attribute} is gone or changed. reminders_pipeline/ics.py "
+        "(metered_series, _bounded, _passes, _note_cut) relies on it: re-check before moving the pin."
+    )
+
+
+def test_dateutil_rule_internals_the_day_filter_reads() -> None:
+    from dateutil.rrule import MONTHLY, _iterinfo, rrule
+
+    rule = rrule(MONTHLY, dtstart=datetime(2026, 1, 1), bymonthday=(30,), bymonth=(2, 3), count=3)
+    for attribute in ("_count", "_bymonth", "_byweekno", "_byweekday", "_byeaster", "_bymonthday", "_bynmonthday",
+                      "_byyearday", "_dtstart", "_freq", "_interval"):
+        assert hasattr(rule, attribute), expansion_changed("python-dateutil", f"rrule.{attribute}")
+    info = _iterinfo(rule)
+    info.rebuild(2026, 2)
+    for mask in ("mmask", "wnomask", "wdaymask", "nwdaymask", "eastermask", "mdaymask", "nmdaymask", "yearlen", "yearordinal"):
+        assert hasattr(info, mask), expansion_changed("python-dateutil", f"_iterinfo.{mask}")
+
+
+@pytest.mark.parametrize(
+    "rule_text",
+    ["FREQ=DAILY;BYMONTH=2;BYMONTHDAY=28,29,30", "FREQ=WEEKLY;BYDAY=MO,FR", "FREQ=MONTHLY;BYDAY=-1SU",
+     "FREQ=YEARLY;BYYEARDAY=1,-1", "FREQ=DAILY;BYWEEKNO=1,53", "FREQ=MONTHLY;BYMONTHDAY=-1", "FREQ=YEARLY;BYEASTER=0"],
+)
+def test_the_day_filter_agrees_with_dateutils_own_iteration(rule_text: str) -> None:
+    """``ics._day_matches`` copies dateutil's day filter: for each day of two years it must say
+    "matches" exactly on the days dateutil itself yields."""
+    from dateutil.rrule import rrulestr
+
+    from reminders_pipeline.ics import _day_matches
+
+    rule = rrulestr(rule_text, dtstart=datetime(2026, 1, 1))
+    first, last = date(2026, 1, 1), date(2027, 12, 31)
+    yielded = {d.date() for d in rule.between(datetime(2026, 1, 1), datetime(2027, 12, 31, 23, 59), inc=True)}
+    days = [first + timedelta(days=i) for i in range((last - first).days + 1)]
+    matched = {day for day, ok in zip(days, _day_matches(rule, first, last)) if ok}
+    assert matched == yielded, expansion_changed("python-dateutil", f"the day filter of rrule._iter for {rule_text}")
+
+
+def test_recurring_ical_events_series_internals_the_meter_subclasses() -> None:
+    from recurring_ical_events import Series
+
+    assert hasattr(Series, "RecurrenceRules"), expansion_changed("recurring-ical-events", "Series.RecurrenceRules")
+    assert params(Series.RecurrenceRules.rrule_between)[1:] == ["span_start", "span_stop"], expansion_changed(
+        "recurring-ical-events", "Series.RecurrenceRules.rrule_between(span_start, span_stop)"
+    )
+    assert params(Series.occurrence)[1:] == ["adapter", "start", "end"], expansion_changed(
+        "recurring-ical-events", "Series.occurrence(adapter, start, end)"
+    )
+    for attribute in ("rrules", "tzinfo"):
+        assert attribute in source(Series.RecurrenceRules), expansion_changed("recurring-ical-events", f"RecurrenceRules.{attribute}")
+
+
+def test_recurring_ical_events_occurrence_keeps_its_source_event() -> None:
+    """ics.py walks ``query.series`` and each series' ``between`` itself, and notes an occurrence the
+    item cap cut from its source event (``Occurrence._adapter._component``) without building it."""
+    import icalendar
+    import recurring_ical_events
+
+    calendar = icalendar.Calendar.from_ical(
+        b"BEGIN:VCALENDAR\r\nBEGIN:VEVENT\r\nUID:u1\r\nDTSTART:20260910T080000Z\r\nRRULE:FREQ=DAILY;COUNT=2\r\n"
+        b"SUMMARY:Stand-up\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
+    query = recurring_ical_events.of(calendar)
+    assert hasattr(query, "series"), expansion_changed("recurring-ical-events", "CalendarQuery.series")
+    (series,) = list(query.series)
+    occurrences = list(series.between(datetime(2026, 9, 10, tzinfo=timezone.utc), datetime(2026, 9, 12, tzinfo=timezone.utc)))
+    assert len(occurrences) == 2, expansion_changed("recurring-ical-events", "Series.between")
+    event = occurrences[0]._adapter._component
+    assert str(event.get("UID")) == "u1", expansion_changed("recurring-ical-events", "Occurrence._adapter._component")
