@@ -1317,15 +1317,18 @@ def test_build_and_drain_lock_claimed_rows_in_id_order_whatever_order_they_arriv
             else:
                 ledger.lock_rows(conn, [high, low])
 
+    assert_holds_the_lower_row_while_waiting_for_the_higher(pg, low, high, write)
+
+
+def assert_holds_the_lower_row_while_waiting_for_the_higher(pg: Database, low: int, high: int, write: Callable[[], Any]) -> None:
+    """Hold row ``high`` elsewhere, run ``write`` in a thread until it waits on a lock, and check it
+    already holds row ``low``: a writer that locks in id order does, whatever order it got the rows in."""
     holder = pg.engine.connect()
     holder.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE"), {"id": high})
     writing = threading.Thread(target=write)
     writing.start()
     try:
-        deadline = time.monotonic() + 30
-        while lock_waiters(pg) == 0:
-            assert time.monotonic() < deadline, "the writer never waited for the held row"
-            time.sleep(0.02)
+        wait_until("the writer to wait for the held row", lambda: lock_waiters(pg) > 0, 30)
         with pg.engine.connect() as probe:
             with pytest.raises(OperationalError, match="could not obtain lock"):
                 probe.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE NOWAIT"), {"id": low})
@@ -1351,20 +1354,7 @@ def test_a_build_locks_every_row_it_writes_in_id_order_before_its_first_write(pg
     assert rows[low]["item_id"].endswith(":gone") and rows[high]["item_id"].endswith(":stays")
     feeds.items("/b0.json", [wire_item("stays", 2400, title="Moved room")])
 
-    holder = pg.engine.connect()
-    holder.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE"), {"id": high})
-    building = threading.Thread(target=lambda: build(pg, live, now=iso_from_unix(NOW_S + 60)))
-    building.start()
-    try:
-        wait_until("the build to wait for the held row", lambda: lock_waiters(pg) > 0, 30)
-        with pg.engine.connect() as probe:
-            with pytest.raises(OperationalError, match="could not obtain lock"):
-                probe.execute(text("SELECT id FROM notification_queue WHERE id = :id FOR UPDATE NOWAIT"), {"id": low})
-    finally:
-        holder.rollback()
-        holder.close()
-        building.join(30)
-    assert not building.is_alive()
+    assert_holds_the_lower_row_while_waiting_for_the_higher(pg, low, high, lambda: build(pg, live, now=iso_from_unix(NOW_S + 60)))
     after = ledger_rows(pg)
     assert (after[low]["outcome"], after[low]["outcome_detail"]) == ("voided", "left_feed")
     assert after[high]["title"] == "Moved room" and after[high]["status"] == "pending"
