@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -167,6 +168,7 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.attempts: dict[int, tuple[int, str]] = {}  # row id: (attempts, its anchor) at the last step
         _empty(self.db)
         self.feeds = {JSON_URL: Feed(JSON_URL), ICS_URL: Feed(ICS_URL)}
         self.transport = FeedTransport(self.feeds)
@@ -355,6 +357,25 @@ class ReminderMachine(RuleBasedStateMachine):
         put_device(self.db, self.settings, DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms), now=self.iso)
         self.devices[which] = device
         self._refresh_sources()
+        if old is not None and (old.tz, old.quiet) != (tz, quiet):
+            self._check_holds_ended(which)
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2), tz=st.sampled_from(ZONES[1:]))
+    def zone_change(self, which: int, tz: str) -> None:
+        """The widget reports a new zone (``ledger.store_tz_name``): holds decided in the old one end."""
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        with self.db.write() as conn:
+            changed = ledger.store_tz_name(conn, device_id, tz, self.iso)
+        self.devices[device_id] = replace(self.devices[device_id], tz=tz)
+        if changed:
+            self._check_holds_ended(device_id)
+
+    def _check_holds_ended(self, device_id: str) -> None:
+        """A hold decided under the device's old zone or quiet hours does not outlive them."""
+        for r in self._rows():
+            if r["device_id"] == device_id and r["status"] == "pending" and r["held_until"] and unix_from_iso(r["held_until"]) > self.now:
+                raise PromiseBroken(f"HOLD_KEPT: row {r['id']} ({r['item_id']} {r['rule']}) still held until {r['held_until']} after its device's zone or quiet hours changed")
 
     @precondition(lambda self: bool(self.devices))
     @rule(which=st.integers(0, 2))
@@ -476,11 +497,29 @@ class ReminderMachine(RuleBasedStateMachine):
         self.clock_now = self.now
         self.apns.clock = clock or (lambda: self.clock_now)
         first = len(self.apns.sent)
+        before, invalid = {r["id"]: r for r in self._rows()}, self._invalid_devices()
         run()
         sends = self.apns.sent[first:]
         for s in sends:
             self._check_send(s)
+            self._check_send_allowed(s, before.get(s.row_id), invalid)
+        self._check_stale_410(sends, invalid)
         self._check_settled_when_healthy(sends, due_by, only)
+
+    def _check_send_allowed(self, s: Sent, row: dict[str, Any] | None, invalid: set[str]) -> None:
+        """No send to a device marked dead until it registers again; no retry before its backoff ends."""
+        where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)}"
+        if s.device_id in invalid:
+            raise PromiseBroken(f"SENT_TO_DEAD_TOKEN: {where}: the device was marked invalid and has not registered again")
+        if row is not None and row["not_before"] and s.at < unix_from_iso(row["not_before"]):
+            raise PromiseBroken(f"RETRY_EARLY: {where}: its backoff ran to {row['not_before']}")
+
+    def _check_stale_410(self, sends: list[Sent], invalid: set[str]) -> None:
+        """A 410 stamped before the device's last registration marks nothing."""
+        stale = {s.device_id for s in sends if s.answer == "410_stale"} - {s.device_id for s in sends if s.answer in ("400", "410")}
+        marked = (self._invalid_devices() - invalid) & stale
+        if marked:
+            raise PromiseBroken(f"STALE_410_MARKED: {sorted(marked)} marked invalid by a 410 older than their registration")
 
     def _check_send(self, s: Sent) -> None:
         """Never stale, never early, never inside quiet hours, never twice."""
@@ -569,15 +608,16 @@ class ReminderMachine(RuleBasedStateMachine):
         rule's time for the item as last read; nothing was sent past the lateness bound."""
         if self.now == 0:
             return
-        for r in self._rows():
+        rows = self._rows()
+        for r in rows:
             where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
             if r["status"] == "settled":
                 if r["outcome"] not in SETTLED_OUTCOMES or (r["outcome"] in NEEDS_DETAIL and not r["outcome_detail"]):
                     raise PromiseBroken(f"NO_REASON: {where} settled {r['outcome']!r} / {r['outcome_detail']!r}")
                 if r["outcome"] == "sent":
-                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"])
+                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(max(r["send_after"], r["held_until"] or r["send_after"]))
                     if late > self.settings.max_lateness_seconds:
-                        raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after")
+                        raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after (or its hold's end)")
             elif r["status"] == "pending":
                 found = self._occurrence(r["device_id"], r["item_id"])
                 if found is None or found[1] is None:
@@ -586,6 +626,29 @@ class ReminderMachine(RuleBasedStateMachine):
                 due = rule_instant(r["rule"], occ, config.tz)
                 if unix_from_iso(r["send_after"]) < due:
                     raise PromiseBroken(f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}")
+        self._check_holds_and_attempts(rows)
+
+    def _check_holds_and_attempts(self, rows: list[dict[str, Any]]) -> None:
+        """A hold runs to the end of the device's quiet hours; a row's attempts never go back for the
+        same occurrence (voids, rebuilds and resurrections included) and stop at the bound."""
+        attempts = {}
+        for r in rows:
+            where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
+            device = self.devices.get(r["device_id"])
+            held = unix_from_iso(r["held_until"]) if r["status"] == "pending" and r["held_until"] else None
+            if held is not None and held > self.now and device is not None:
+                if in_quiet_hours(device.quiet, held, device.tz) or not in_quiet_hours(device.quiet, held - 1, device.tz):
+                    raise PromiseBroken(f"HOLD_NOT_AT_QUIET_END: {where} held until {r['held_until']}; quiet hours {device.quiet} ({device.tz})")
+            if r["status"] == "pending" and r["attempts"] >= self.settings.send_max_attempts:
+                raise PromiseBroken(f"ATTEMPTS_EXCEEDED: {where} pending after {r['attempts']} attempts")
+            anchor = r["item_at"] or r["event_at"]
+            previous = self.attempts.get(r["id"])
+            if previous is not None and r["attempts"] < previous[0]:
+                moved = abs(unix_from_iso(anchor) - unix_from_iso(previous[1])) >= self.settings.rearm_threshold_seconds
+                if not moved:
+                    raise PromiseBroken(f"ATTEMPTS_RESET: {where} attempts {previous[0]} -> {r['attempts']} for the same occurrence")
+            attempts[r["id"]] = (r["attempts"], anchor)
+        self.attempts = attempts
 
 
 STATS: dict[str, int] = {}
