@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -493,7 +494,7 @@ class ReminderMachine(RuleBasedStateMachine):
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
 
-    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None) -> None:
+    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None, stopped: bool = False) -> None:
         self.clock_now = self.now
         self.apns.clock = clock or (lambda: self.clock_now)
         first = len(self.apns.sent)
@@ -504,7 +505,8 @@ class ReminderMachine(RuleBasedStateMachine):
             self._check_send(s)
             self._check_send_allowed(s, before.get(s.row_id), invalid)
         self._check_stale_410(sends, invalid)
-        self._check_settled_when_healthy(sends, due_by, only)
+        if not stopped:
+            self._check_settled_when_healthy(sends, due_by, only)
 
     def _check_send_allowed(self, s: Sent, row: dict[str, Any] | None, invalid: set[str]) -> None:
         """No send to a device marked dead until it registers again; no retry before its backoff ends."""
@@ -590,6 +592,110 @@ class ReminderMachine(RuleBasedStateMachine):
     @rule()
     def prune(self) -> None:
         retention.prune(self.db, self.settings, now=self.iso)
+
+    # -- a paused process, a stop, the widget ------------------------------------------------------
+
+    @rule(abandoned=st.booleans())
+    def paused_drain(self, abandoned: bool) -> None:
+        """A drain claims the due rows and its process pauses before the request leaves: past the
+        abandon threshold (another drainer fails the claim as abandoned, a build and a drain run),
+        or just to the claim's fence (nobody touched it). Woken, it sends nothing."""
+        with self.db.read() as conn:
+            ids = ledger.due_ids(conn, self.iso)
+        if not ids:
+            return
+        s = self.settings
+        paused_for = s.abandon_after_seconds + 30 if abandoned else s.abandon_after_seconds - s.send_timeout_seconds - s.fence_margin_seconds
+        claim_at, mono, woke = self.now, [1000.0], []
+        machine = self
+
+        def meanwhile() -> None:
+            if abandoned:
+                machine.now = claim_at + paused_for - 20
+                machine._abandon_claims_of("paused")
+                machine.now += 5
+                machine.build()
+                machine.now += 5
+                machine.drain()
+
+        class Paused:
+            async def send_many(self, notes: Any) -> Any:
+                frozen = threading.Thread(target=meanwhile)  # joined on the loop's thread: nothing here runs
+                frozen.start()
+                frozen.join()
+                mono[0] += paused_for
+                machine.clock_now, machine.apns.monotonic = claim_at + paused_for, lambda: mono[0]
+                woke.append(len(machine.apns.sent))
+                return await machine.apns.send_many(notes)
+
+            async def aclose(self) -> None:
+                return None
+
+        self.clock_now, self.apns.clock = claim_at, lambda: self.clock_now
+        try:
+            asyncio.run(drain_mod.send_batch_async(self.db, s, ids, lambda: Paused(), now=iso_from_unix(claim_at), claimer="paused", monotonic=lambda: mono[0]))
+        finally:
+            self.apns.monotonic = time.monotonic
+        self.now = max(self.now, claim_at + (paused_for if woke else 0))
+        late = self.apns.sent[woke[0]:] if woke else []
+        if late:
+            raise PromiseBroken(f"SENT_PAST_FENCE: {[(x.device_id, x.item_id, x.rule) for x in late]} sent by a process woken past its claim's fence")
+        stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "paused" and r["status"] == "claimed"]
+        if stuck:
+            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after the paused drain ended")
+
+    def _abandon_claims_of(self, claimer: str) -> None:
+        """The sweep another drainer runs; what it fails may have reached a phone, for all it knows."""
+        for row in self._rows():
+            if row["status"] == "claimed" and row["claimed_by"] == claimer:
+                found = self._occurrence(row["device_id"], row["item_id"])
+                occ = found[1] if found else None
+                anchor = feed_anchor(row["rule"], occ) if occ is not None and not occ.cancelled else None
+                self._delivered((row["device_id"], row["item_id"], parse_rule(row["rule"]).name), anchor, f"abandoned claim of row {row['id']}")
+        drain_mod.fail_abandoned(self.db, self.settings, self.iso)
+
+    @rule()
+    def stopped_drain(self) -> None:
+        """A drain told to stop once its first slice is on the wire: it claims nothing more, and
+        every row it claimed ends settled or pending."""
+        stop, claims_after = threading.Event(), []
+        machine = self
+
+        class Stopping:
+            async def send_many(self, notes: Any) -> Any:
+                stop.set()
+                return await machine.apns.send_many(notes)
+
+            async def aclose(self) -> None:
+                return None
+
+        def progress(done: int, _total: int) -> None:
+            if stop.is_set():
+                claims_after.append(done)
+
+        settings = self.settings.with_(claim_batch_size=1)
+        run = lambda: drain_mod.drain(self.db, settings, lambda: Stopping(), now=self.iso, stop=stop, progress=progress)  # noqa: E731
+        self._pass(run, due_by=self.now, stopped=True)
+        if len(claims_after) > 1:  # one claim may have been under way when the stop came
+            raise PromiseBroken(f"CLAIMED_AFTER_STOP: slices claimed after the stop: {claims_after}")
+        stuck = [r["id"] for r in self._rows() if r["status"] == "claimed" and r["claimed_by"] != "ghost-drainer"]
+        if stuck:
+            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after a stopped drain")
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2))
+    def widget_feed(self, which: int) -> None:
+        """A widget asks for its feed between builds, twice: the queue is untouched, and the second
+        request reads no source (the first one's reads serve it)."""
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        before = self._rows()
+        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        n = len(self.transport.reads)
+        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        if self._rows() != before:
+            raise PromiseBroken(f"WIDGET_CHANGED_QUEUE: feed requests for {device_id} changed the queue")
+        if self.transport.reads[n:]:
+            raise PromiseBroken(f"WIDGET_READ_AGAIN: {self.transport.reads[n:]} read again by a second feed request at the same instant")
 
     def teardown(self) -> None:
         rows = self._rows()
