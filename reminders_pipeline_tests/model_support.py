@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
@@ -20,7 +21,7 @@ from aioapns.common import NotificationResult
 
 from reminders_pipeline.apns import result_from_apns, result_from_error
 from reminders_pipeline.ics import _occurrence_id
-from reminders_pipeline.sender import Notification, SendResult, SenderFactory
+from reminders_pipeline.sender import Notification, SendResult, SenderFactory, fence_expired
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"
@@ -29,13 +30,16 @@ ICS_URL = "http://feeds.model.test/calendar.ics"
 FAULTS = ("timeout", "http_500", "http_503", "http_404", "http_403", "malformed", "partial", "dropped")
 
 # What APNs answers a token (the model chooses). Only these two may have reached the phone.
-ANSWERS = ("200", "400", "403", "410", "429", "500", "503", "dropped", "not_sent")
+ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "dropped", "not_sent")
+# A 410 whose timestamp is this long before the send: older than any registration in a run.
+STALE_410_SECONDS = 30 * 86400
 MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
 RETRIED = frozenset({"429", "500", "503", "not_sent"})  # certainly not delivered: back to pending
 _APNS = {
     "400": ("400", "BadDeviceToken"),
     "403": ("403", "InvalidProviderToken"),
     "410": ("410", "Unregistered"),
+    "410_stale": ("410", "Unregistered"),
     "429": ("429", "TooManyRequests"),
     "500": ("500", "InternalServerError"),
     "503": ("503", "ServiceUnavailable"),
@@ -71,6 +75,7 @@ class Occurrence:
     kind: str
     cancelled: bool
     alarms: tuple[str, ...]
+    series: bool = False  # an instance of the feed's recurring series
 
     def instant(self, wall_or_unix: int, tz: str | None) -> int:
         """The instant of one of this item's times on a device in ``tz`` (RFC 5545: fold 0)."""
@@ -103,6 +108,7 @@ class Series:
     count: int = 3
     exdates: frozenset[int] = frozenset()
     overrides: tuple[tuple[int, int, str, bool], ...] = ()  # (original start, new start, title, cancelled)
+    runaway: bool = False  # served as FREQ=SECONDLY: a series the build must drop alone
 
     def originals(self) -> list[int]:
         return [self.start + 86400 * k for k in range(self.count)]
@@ -131,7 +137,7 @@ class Feed:
                     continue
                 _, start, title, cancelled = moved.get(original, (original, original, s.title, False))
                 item_id = _occurrence_id(s.uid, _ics_value(original, "utc"))
-                out[item_id] = Occurrence(item_id, title, start, start + s.duration, "utc", cancelled, ())
+                out[item_id] = Occurrence(item_id, title, start, start + s.duration, "utc", cancelled, (), series=True)
         return out
 
     def body(self) -> tuple[bytes, str]:
@@ -170,7 +176,7 @@ def ics_body(feed: Feed) -> str:
     s = feed.series
     if s is not None:
         lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("DTSTART", s.start, "utc")]
-        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", f"RRULE:FREQ=DAILY;COUNT={s.count}"]
+        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", f"RRULE:FREQ={'SECONDLY' if s.runaway else 'DAILY'};COUNT={s.count}"]
         lines += [_ics_time("EXDATE", x, "utc") for x in sorted(s.exdates)]
         lines.append("END:VEVENT")
         for original, start, title, cancelled in s.overrides:
@@ -264,11 +270,14 @@ class ApnsDouble:
     clock: Callable[[], float]
     answers: dict[str, str] = field(default_factory=dict)
     sent: list[Sent] = field(default_factory=list)
+    monotonic: Callable[[], float] = time.monotonic  # the fence's clock, checked as each request leaves
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         return [self._one(n) for n in notifications]
 
     def _one(self, n: Notification) -> SendResult:
+        if n.past_deadline(self.monotonic()):
+            return fence_expired(n.row_id)
         answer = self.answers.get(n.device_token, "200")
         p = n.payload
         self.sent.append(
@@ -282,7 +291,7 @@ class ApnsDouble:
         if answer == "not_sent":
             return result_from_error(n.row_id, ConnectionRefusedError(), written=False)
         status, reason = _APNS[answer]
-        stamp = int(self.clock() * 1000) if answer == "410" else None
+        stamp = {"410": int(self.clock() * 1000), "410_stale": int((self.clock() - STALE_410_SECONDS) * 1000)}.get(answer)
         return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), status, reason, stamp))
 
     async def aclose(self) -> None:

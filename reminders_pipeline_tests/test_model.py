@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -167,6 +169,7 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        self.attempts: dict[int, tuple[int, str]] = {}  # row id: (attempts, its anchor) at the last step
         _empty(self.db)
         self.feeds = {JSON_URL: Feed(JSON_URL), ICS_URL: Feed(ICS_URL)}
         self.transport = FeedTransport(self.feeds)
@@ -355,6 +358,25 @@ class ReminderMachine(RuleBasedStateMachine):
         put_device(self.db, self.settings, DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms), now=self.iso)
         self.devices[which] = device
         self._refresh_sources()
+        if old is not None and (old.tz, old.quiet) != (tz, quiet):
+            self._check_holds_ended(which)
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2), tz=st.sampled_from(ZONES[1:]))
+    def zone_change(self, which: int, tz: str) -> None:
+        """The widget reports a new zone (``ledger.store_tz_name``): holds decided in the old one end."""
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        with self.db.write() as conn:
+            changed = ledger.store_tz_name(conn, device_id, tz, self.iso)
+        self.devices[device_id] = replace(self.devices[device_id], tz=tz)
+        if changed:
+            self._check_holds_ended(device_id)
+
+    def _check_holds_ended(self, device_id: str) -> None:
+        """A hold decided under the device's old zone or quiet hours does not outlive them."""
+        for r in self._rows():
+            if r["device_id"] == device_id and r["status"] == "pending" and r["held_until"] and unix_from_iso(r["held_until"]) > self.now:
+                raise PromiseBroken(f"HOLD_KEPT: row {r['id']} ({r['item_id']} {r['rule']}) still held until {r['held_until']} after its device's zone or quiet hours changed")
 
     @precondition(lambda self: bool(self.devices))
     @rule(which=st.integers(0, 2))
@@ -472,15 +494,34 @@ class ReminderMachine(RuleBasedStateMachine):
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
 
-    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None) -> None:
+    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None, stopped: bool = False) -> None:
         self.clock_now = self.now
         self.apns.clock = clock or (lambda: self.clock_now)
         first = len(self.apns.sent)
+        before, invalid = {r["id"]: r for r in self._rows()}, self._invalid_devices()
         run()
         sends = self.apns.sent[first:]
         for s in sends:
             self._check_send(s)
-        self._check_settled_when_healthy(sends, due_by, only)
+            self._check_send_allowed(s, before.get(s.row_id), invalid)
+        self._check_stale_410(sends, invalid)
+        if not stopped:
+            self._check_settled_when_healthy(sends, due_by, only)
+
+    def _check_send_allowed(self, s: Sent, row: dict[str, Any] | None, invalid: set[str]) -> None:
+        """No send to a device marked dead until it registers again; no retry before its backoff ends."""
+        where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)}"
+        if s.device_id in invalid:
+            raise PromiseBroken(f"SENT_TO_DEAD_TOKEN: {where}: the device was marked invalid and has not registered again")
+        if row is not None and row["not_before"] and s.at < unix_from_iso(row["not_before"]):
+            raise PromiseBroken(f"RETRY_EARLY: {where}: its backoff ran to {row['not_before']}")
+
+    def _check_stale_410(self, sends: list[Sent], invalid: set[str]) -> None:
+        """A 410 stamped before the device's last registration marks nothing."""
+        stale = {s.device_id for s in sends if s.answer == "410_stale"} - {s.device_id for s in sends if s.answer in ("400", "410")}
+        marked = (self._invalid_devices() - invalid) & stale
+        if marked:
+            raise PromiseBroken(f"STALE_410_MARKED: {sorted(marked)} marked invalid by a 410 older than their registration")
 
     def _check_send(self, s: Sent) -> None:
         """Never stale, never early, never inside quiet hours, never twice."""
@@ -552,6 +593,110 @@ class ReminderMachine(RuleBasedStateMachine):
     def prune(self) -> None:
         retention.prune(self.db, self.settings, now=self.iso)
 
+    # -- a paused process, a stop, the widget ------------------------------------------------------
+
+    @rule(abandoned=st.booleans())
+    def paused_drain(self, abandoned: bool) -> None:
+        """A drain claims the due rows and its process pauses before the request leaves: past the
+        abandon threshold (another drainer fails the claim as abandoned, a build and a drain run),
+        or just to the claim's fence (nobody touched it). Woken, it sends nothing."""
+        with self.db.read() as conn:
+            ids = ledger.due_ids(conn, self.iso)
+        if not ids:
+            return
+        s = self.settings
+        paused_for = s.abandon_after_seconds + 30 if abandoned else s.abandon_after_seconds - s.send_timeout_seconds - s.fence_margin_seconds
+        claim_at, mono, woke = self.now, [1000.0], []
+        machine = self
+
+        def meanwhile() -> None:
+            if abandoned:
+                machine.now = claim_at + paused_for - 20
+                machine._abandon_claims_of("paused")
+                machine.now += 5
+                machine.build()
+                machine.now += 5
+                machine.drain()
+
+        class Paused:
+            async def send_many(self, notes: Any) -> Any:
+                frozen = threading.Thread(target=meanwhile)  # joined on the loop's thread: nothing here runs
+                frozen.start()
+                frozen.join()
+                mono[0] += paused_for
+                machine.clock_now, machine.apns.monotonic = claim_at + paused_for, lambda: mono[0]
+                woke.append(len(machine.apns.sent))
+                return await machine.apns.send_many(notes)
+
+            async def aclose(self) -> None:
+                return None
+
+        self.clock_now, self.apns.clock = claim_at, lambda: self.clock_now
+        try:
+            asyncio.run(drain_mod.send_batch_async(self.db, s, ids, lambda: Paused(), now=iso_from_unix(claim_at), claimer="paused", monotonic=lambda: mono[0]))
+        finally:
+            self.apns.monotonic = time.monotonic
+        self.now = max(self.now, claim_at + (paused_for if woke else 0))
+        late = self.apns.sent[woke[0]:] if woke else []
+        if late:
+            raise PromiseBroken(f"SENT_PAST_FENCE: {[(x.device_id, x.item_id, x.rule) for x in late]} sent by a process woken past its claim's fence")
+        stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "paused" and r["status"] == "claimed"]
+        if stuck:
+            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after the paused drain ended")
+
+    def _abandon_claims_of(self, claimer: str) -> None:
+        """The sweep another drainer runs; what it fails may have reached a phone, for all it knows."""
+        for row in self._rows():
+            if row["status"] == "claimed" and row["claimed_by"] == claimer:
+                found = self._occurrence(row["device_id"], row["item_id"])
+                occ = found[1] if found else None
+                anchor = feed_anchor(row["rule"], occ) if occ is not None and not occ.cancelled else None
+                self._delivered((row["device_id"], row["item_id"], parse_rule(row["rule"]).name), anchor, f"abandoned claim of row {row['id']}")
+        drain_mod.fail_abandoned(self.db, self.settings, self.iso)
+
+    @rule()
+    def stopped_drain(self) -> None:
+        """A drain told to stop once its first slice is on the wire: it claims nothing more, and
+        every row it claimed ends settled or pending."""
+        stop, claims_after = threading.Event(), []
+        machine = self
+
+        class Stopping:
+            async def send_many(self, notes: Any) -> Any:
+                stop.set()
+                return await machine.apns.send_many(notes)
+
+            async def aclose(self) -> None:
+                return None
+
+        def progress(done: int, _total: int) -> None:
+            if stop.is_set():
+                claims_after.append(done)
+
+        settings = self.settings.with_(claim_batch_size=1)
+        run = lambda: drain_mod.drain(self.db, settings, lambda: Stopping(), now=self.iso, stop=stop, progress=progress)  # noqa: E731
+        self._pass(run, due_by=self.now, stopped=True)
+        if len(claims_after) > 1:  # one claim may have been under way when the stop came
+            raise PromiseBroken(f"CLAIMED_AFTER_STOP: slices claimed after the stop: {claims_after}")
+        stuck = [r["id"] for r in self._rows() if r["status"] == "claimed" and r["claimed_by"] != "ghost-drainer"]
+        if stuck:
+            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after a stopped drain")
+
+    @precondition(lambda self: bool(self.devices))
+    @rule(which=st.integers(0, 2))
+    def widget_feed(self, which: int) -> None:
+        """A widget asks for its feed between builds, twice: the queue is untouched, and the second
+        request reads no source (the first one's reads serve it)."""
+        device_id = sorted(self.devices)[which % len(self.devices)]
+        before = self._rows()
+        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        n = len(self.transport.reads)
+        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        if self._rows() != before:
+            raise PromiseBroken(f"WIDGET_CHANGED_QUEUE: feed requests for {device_id} changed the queue")
+        if self.transport.reads[n:]:
+            raise PromiseBroken(f"WIDGET_READ_AGAIN: {self.transport.reads[n:]} read again by a second feed request at the same instant")
+
     def teardown(self) -> None:
         rows = self._rows()
         STATS["examples"] = STATS.get("examples", 0) + 1
@@ -569,15 +714,16 @@ class ReminderMachine(RuleBasedStateMachine):
         rule's time for the item as last read; nothing was sent past the lateness bound."""
         if self.now == 0:
             return
-        for r in self._rows():
+        rows = self._rows()
+        for r in rows:
             where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
             if r["status"] == "settled":
                 if r["outcome"] not in SETTLED_OUTCOMES or (r["outcome"] in NEEDS_DETAIL and not r["outcome_detail"]):
                     raise PromiseBroken(f"NO_REASON: {where} settled {r['outcome']!r} / {r['outcome_detail']!r}")
                 if r["outcome"] == "sent":
-                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"])
+                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(max(r["send_after"], r["held_until"] or r["send_after"]))
                     if late > self.settings.max_lateness_seconds:
-                        raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after")
+                        raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after (or its hold's end)")
             elif r["status"] == "pending":
                 found = self._occurrence(r["device_id"], r["item_id"])
                 if found is None or found[1] is None:
@@ -586,6 +732,29 @@ class ReminderMachine(RuleBasedStateMachine):
                 due = rule_instant(r["rule"], occ, config.tz)
                 if unix_from_iso(r["send_after"]) < due:
                     raise PromiseBroken(f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}")
+        self._check_holds_and_attempts(rows)
+
+    def _check_holds_and_attempts(self, rows: list[dict[str, Any]]) -> None:
+        """A hold runs to the end of the device's quiet hours; a row's attempts never go back for the
+        same occurrence (voids, rebuilds and resurrections included) and stop at the bound."""
+        attempts = {}
+        for r in rows:
+            where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
+            device = self.devices.get(r["device_id"])
+            held = unix_from_iso(r["held_until"]) if r["status"] == "pending" and r["held_until"] else None
+            if held is not None and held > self.now and device is not None:
+                if in_quiet_hours(device.quiet, held, device.tz) or not in_quiet_hours(device.quiet, held - 1, device.tz):
+                    raise PromiseBroken(f"HOLD_NOT_AT_QUIET_END: {where} held until {r['held_until']}; quiet hours {device.quiet} ({device.tz})")
+            if r["status"] == "pending" and r["attempts"] >= self.settings.send_max_attempts:
+                raise PromiseBroken(f"ATTEMPTS_EXCEEDED: {where} pending after {r['attempts']} attempts")
+            anchor = r["item_at"] or r["event_at"]
+            previous = self.attempts.get(r["id"])
+            if previous is not None and r["attempts"] < previous[0]:
+                moved = abs(unix_from_iso(anchor) - unix_from_iso(previous[1])) >= self.settings.rearm_threshold_seconds
+                if not moved:
+                    raise PromiseBroken(f"ATTEMPTS_RESET: {where} attempts {previous[0]} -> {r['attempts']} for the same occurrence")
+            attempts[r["id"]] = (r["attempts"], anchor)
+        self.attempts = attempts
 
 
 STATS: dict[str, int] = {}
