@@ -21,6 +21,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 DOCS = ROOT / "docs"
+# Sections measured by hand (A/B runs, long model runs) start at this line; a re-render keeps them.
+HAND_RECORDED = "<!-- recorded by hand: bench/run_all.py keeps everything from this line on -->"
 
 
 def _zoned_rows(bld: dict) -> list[str]:
@@ -474,7 +476,10 @@ def main() -> None:
             results["build_latency"] = run("bench_build.py", "--latency", "--devices", "500" if q else "5000")
             results["drain_latency"] = run("bench_drain.py", "--latency", "0.04", "--n", "500" if q else "5000", "--rounds", "1" if q else "3")
         results_file.write_text(json.dumps(results, indent=2) + "\n")
-    (DOCS / "benchmarks.md").write_text(render(results))
+    page = DOCS / "benchmarks.md"
+    previous_page = page.read_text() if page.exists() else ""
+    kept = previous_page[previous_page.index(HAND_RECORDED) :] if HAND_RECORDED in previous_page else ""
+    page.write_text(render(results) + ("\n" + kept if kept else ""))
     print(f"wrote {DOCS / 'benchmarks.md'}", file=sys.stderr)
 
 
