@@ -245,7 +245,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) 
         "REMINDERS_ENABLED": "true",
         "REMINDERS_SOURCE_ALLOW_NETWORKS": "127.0.0.0/8",
         "REMINDERS_DRAIN_BATCH_SIZE": str(BATCH),
-        "REMINDERS_ABANDON_AFTER_SECONDS": "2",
+        # Short, so the killed worker's claims are abandoned within the test. The send timeout
+        # outlasts the kill test's 4 s answers, and the claim's fence (abandon-after minus send
+        # timeout minus margin: 5 s) still leaves every slice time to go out.
+        "REMINDERS_ABANDON_AFTER_SECONDS": "12",
+        "REMINDERS_SEND_TIMEOUT_SECONDS": "6",
+        "REMINDERS_FENCE_MARGIN_SECONDS": "1",
     }
     try:
         for url in (ledger_url, reference_url):
@@ -408,7 +413,7 @@ def test_a_worker_killed_holding_a_batch_leaves_rows_failed_as_abandoned_never_r
     assert killed and {r["status"] for r in killed} == {"claimed"}  # nobody settled them
 
     c.mock.script_default()
-    time.sleep(2.5)  # REMINDERS_ABANDON_AFTER_SECONDS=2
+    time.sleep(12.5)  # REMINDERS_ABANDON_AFTER_SECONDS=12
     assert c.runs("drain")[0]["status"] == "SUCCESS"
     with c.db.read() as conn:
         rows = [r for r in ledger.list_queue(conn) if r["device_id"].startswith("kill-")]
