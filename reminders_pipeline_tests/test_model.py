@@ -570,6 +570,8 @@ class ReminderMachine(RuleBasedStateMachine):
                 continue
             if r["device_id"] not in tokens or tokens[r["device_id"]] in unhealthy:
                 continue
+            if r["not_before"] is not None and unix_from_iso(r["not_before"]) > due_by:
+                continue  # a retryable answer's backoff (no send before it is checked apart): not due yet
             raise PromiseBroken(f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {iso_from_unix(due_by)}")
 
     # -- abandoned claims and prune -------------------------------------------------------------
