@@ -161,13 +161,14 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     cli("db", "upgrade")
     cli("device", "put", "phone-1", "--apns-token", TOKEN, "--source", url)
     env = {"REMINDERS_ALERT_WEBHOOK_URL": hook, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS": "60"}
-    outputs = [cli("build", "--all", "--now", at(minutes * 60), **env).output for minutes in (0, 15)]
-    outputs.append(cli("sources").output)
+    results = [cli("build", "--all", "--now", at(minutes * 60), **env) for minutes in (0, 15)]
+    results.append(cli("sources"))
+    outputs = [r.stdout for r in results]  # the JSON; a log line on stderr may interleave with .output
     shown = shown_url(url)
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/…#[0-9a-f]{8}", shown) and shown_url(url.replace("p4th", "other")) != shown
     assert json.loads(outputs[0])["sources_failed"] == [{"url": shown, "error": "http_503"}]
     assert json.loads(outputs[1])["sources_alerted"] == [shown]
     assert [s["url"] for s in json.loads(outputs[2])] == [shown]
     assert len(feeds.posts["/hook"]) == 1 and shown in feeds.posts["/hook"][0]["text"]
-    everything = json.dumps([outputs, feeds.posts["/hook"], caplog.text])
+    everything = json.dumps([[r.output for r in results], feeds.posts["/hook"], caplog.text])
     assert not any(secret in everything for secret in ("pa55secret", "p4thsecret", "qu3rysecret", "private-"))
