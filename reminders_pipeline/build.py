@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy import Connection
 
@@ -75,8 +75,9 @@ class DevicePlan:
     rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
     item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
     uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
-    # Rows of items whose anchor has passed: never queued anew, only used to bring a pending row in line.
-    begun: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Rows of items whose anchor has passed, or that the item cap set aside: never queued anew,
+    # only used to bring a pending row in line.
+    realign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     feeds: dict[int, ParsedFeed] = field(default_factory=dict)  # per source read: what its absent items may be
 
 
@@ -103,28 +104,40 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = read.feed  # type: ignore[assignment]
         for raw in read.feed.items:  # type: ignore[union-attr]
-            item = raw.for_local(local)
-            item_id = namespaced(source_id, item.id)
-            plan.feed_items[item_id] = item
-            for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
-                send_after = _send_after(rule, raw, item, local)
-                if send_after > now_unix + horizon:
-                    continue
-                begun = rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix
-                row = {
-                    "device_id": device["id"],
-                    "source_id": source_id,
-                    "item_id": item_id,
-                    "rule": rule.name,
-                    "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
-                    "event_at": iso_from_unix(item.starts_at),
-                    "expires_at": iso_from_unix(item.expires_at),
-                    "title": item.title,
-                    "body": item.body,
-                    "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
-                }
-                (plan.begun if begun else plan.wanted)[(item_id, rule.name)] = row
+            for row, begun in _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon):
+                (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
+        for raw in read.feed.aside:  # type: ignore[union-attr]
+            for row, _ in _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None):
+                plan.realign[(row["item_id"], row["rule"])] = row
     return plan
+
+
+def _rows_for(
+    plan: DevicePlan, device: dict[str, Any], source_id: int, raw: Item, rules: dict[str, Rule], use_alarms: bool,
+    local: Any, quiet: Any, now_unix: float, horizon: int | None,
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """One item's rows for this device (within ``horizon``, if given), each with whether its
+    anchor has passed; a kept item is entered in ``plan.feed_items``, a set-aside one is not."""
+    item = raw.for_local(local)
+    item_id = namespaced(source_id, item.id)
+    if horizon is not None:
+        plan.feed_items[item_id] = item
+    for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
+        send_after = _send_after(rule, raw, item, local)
+        if horizon is not None and send_after > now_unix + horizon:
+            continue
+        yield {
+            "device_id": device["id"],
+            "source_id": source_id,
+            "item_id": item_id,
+            "rule": rule.name,
+            "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
+            "event_at": iso_from_unix(item.starts_at),
+            "expires_at": iso_from_unix(item.expires_at),
+            "title": item.title,
+            "body": item.body,
+            "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
+        }, rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix
 
 
 def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule], use_alarms: bool) -> list[Rule]:
@@ -192,9 +205,10 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
 _ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
 
 
-def stale_begun_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
-    """Pending rows whose item has begun, so the build no longer queues it, but now reads
-    differently (moved, possibly into the past, or retitled): each as the item was last read.
+def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
+    """Pending rows whose item has begun, or was set aside by the item cap, so the build does not
+    queue it, but now reads differently (moved, possibly into the past, or retitled): each as the
+    item was last read.
 
     Written over the pending row (``ledger.realign_pending``), so no alert goes out for the item's
     old version and the drain's policy settles it by the truth: ``event_started`` for a lead whose
@@ -202,7 +216,7 @@ def stale_begun_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Device
     """
     out = []
     for row in existing:
-        now_is = plans[row["device_id"]].begun.get((row["item_id"], row["rule"]))
+        now_is = plans[row["device_id"]].realign.get((row["item_id"], row["rule"]))
         if row["status"] == "pending" and now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
             out.append(now_is)
     return out
@@ -399,7 +413,7 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
         for row in p.wanted.values()
         if not _unchanged(by_key.get((row["device_id"], row["item_id"], row["rule"])), row, rearm_threshold)
     ]
-    stale = stale_begun_rows(existing, plans)
+    stale = stale_pending_rows(existing, plans)
     voids: dict[str, list[int]] = {}
     for row in existing:
         if row["status"] == "pending":

@@ -64,27 +64,36 @@ class ParsedFeed:
     cut_ids: set[str] = field(default_factory=set)
     partial_series: set[str] = field(default_factory=set)
     cut_from: int | None = None
+    aside: list[Item] = field(default_factory=list)  # the cut items read whole: they re-time rows, never add any
+    # Where the cap cut anything: the first instant a kept item may be over. From then a cut item
+    # may belong among the soonest, so the feed is read and parsed again, never reused on 304.
+    cap_until: int | None = None
 
     max_items: int | None = field(default=None, repr=False, compare=False)
 
     def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
         """Validate one wire-format item: keep it, or count why it was rejected (duplicates and
         items past ``max_items`` too: a source that floods is cut, and the cut is counted)."""
-        checked = validate_item(raw)
+        checked = checked_item(raw, floating, all_day, tail_seconds, alarms)
         if isinstance(checked, str):
             self.rejected[checked] += 1
         elif checked.id in self._ids:
             self.rejected["duplicate_id"] += 1
         elif self.max_items is not None and len(self.items) >= self.max_items:
-            self.rejected["over_item_cap"] += 1
-            self.cut_ids.add(checked.id)
+            self.set_aside(checked)
         else:
             self._ids.add(checked.id)
-            if floating:
-                checked = replace(checked, floating=True, all_day=all_day, tail_seconds=tail_seconds)
-            if alarms:
-                checked = replace(checked, alarms=alarms)
             self.items.append(checked)
+
+    def set_aside(self, item: "Item | str", item_id: str | None = None) -> None:
+        """An item the cap cut: counted, its id kept, and, when it could be read, the item itself
+        in ``aside``, which only brings rows already queued for it in line (never queues anew)."""
+        self.rejected["over_item_cap"] += 1
+        if isinstance(item, Item):
+            self.aside.append(item)
+            self.cut_ids.add(item.id)
+        elif item_id is not None:
+            self.cut_ids.add(item_id)
 
     def keep_soonest(self, max_items: int | None, now: int | None) -> None:
         """The cap, applied to a whole feed in any order: items over by ``now`` are kept and not
@@ -96,8 +105,9 @@ class ParsedFeed:
         dropped = {i.id for i in cut}
         self.items = [i for i in self.items if i.id not in dropped]
         self._ids -= dropped
-        self.rejected["over_item_cap"] += len(cut)
-        self.cut_ids |= dropped
+        for item in cut:
+            self.set_aside(item)
+        self.cap_until = min(i.expires_at for i in future[:max_items])
 
     def holds(self, item_id: str, starts_at: int) -> bool:
         """Whether an item absent from ``items`` may still be in the source: cut by the cap, in a
@@ -115,6 +125,10 @@ class ParsedFeed:
             doc["cut_from"] = self.cut_from
         if self.cut_ids:
             doc["cut_ids"] = sorted(self.cut_ids)
+        if self.cap_until is not None:
+            doc["cap_until"] = self.cap_until
+        if self.aside:
+            doc["aside"] = [i.to_json() for i in self.aside]
         if self.partial_series:
             doc["partial_series"] = sorted(self.partial_series)
         return json.dumps(doc, separators=(",", ":"))
@@ -128,7 +142,19 @@ class ParsedFeed:
             cut_ids=set(doc.get("cut_ids", ())),
             partial_series=set(doc.get("partial_series", ())),
             cut_from=doc.get("cut_from"),
+            cap_until=doc.get("cap_until"),
+            aside=[Item.from_json(i) for i in doc.get("aside", ())],
         )
+
+
+def checked_item(raw: Any, floating: bool, all_day: bool, tail_seconds: int, alarms: tuple[str, ...]) -> "Item | str":
+    """A wire-format item validated and marked as its calendar states it, or why it is rejected."""
+    checked = validate_item(raw)
+    if isinstance(checked, str):
+        return checked
+    if floating:
+        checked = replace(checked, floating=True, all_day=all_day, tail_seconds=tail_seconds)
+    return replace(checked, alarms=alarms) if alarms else checked
 
 
 def series_key(item_id: str) -> str:

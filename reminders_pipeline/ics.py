@@ -58,7 +58,7 @@ from dateutil.rrule import DAILY, HOURLY, MINUTELY, SECONDLY, WEEKLY, _iterinfo,
 from recurring_ical_events import ComponentsWithName, Series
 from recurring_ical_events.util import compare_greater, convert_to_datetime, is_pytz, is_pytz_dt, normalize_pytz
 
-from .feed import MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed
+from .feed import MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed, checked_item
 from .rules import MAX_LEAD_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
@@ -253,8 +253,12 @@ def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMe
         origin = start if origin is None else origin
         if seen > MAX_PER_DAY * ((start - origin).days + 1):
             raise SeriesRunaway()
-        if start > last or (meter.span_limit is not None and found >= meter.span_limit):
+        if start > last:
             return
+        if meter.span_limit is not None and found >= meter.span_limit:
+            if (start - origin).days >= 1:
+                return
+            continue  # still counting a day's starts: a flood is told from a full slice here
         if start < first:
             continue
         if is_pytz_dt(start):
@@ -352,7 +356,6 @@ def parse_ics_feed(
     hi = window_end + MAX_OFFSET_SECONDS
     synthesize_uids(calendar)
     durations = _durations(calendar)
-    feed = ParsedFeed(max_items=max_items)
     meter = ExpansionMeter(max_items, series_seconds, deadline, cancel)
     try:
         query = recurring_ical_events.of(
@@ -360,57 +363,103 @@ def parse_ics_feed(
         )
     except Exception:
         raise FeedError("bad_recurrence") from None
+    dropped: list[tuple[Any, str]] = []
+    while True:
+        feed = ParsedFeed(max_items=max_items)
+        try:
+            _fill(feed, _occurrences(query, lo, hi, meter, feed, dropped), durations, window_start, max_items, deadline)
+        except _Replay as replay:  # a series dropped after some of its occurrences took places under the cap
+            dropped.append((replay.series, replay.reason))
+            continue
+        feed.cap_until = _cap_until(feed, window_start)
+        return feed
+
+
+def _fill(feed: ParsedFeed, occurrences: Iterator[Any], durations: Any, window_start: int, max_items: int | None, deadline: float | None) -> None:
+    """Build the occurrences into ``feed`` up to the cap, then note (not build) the ones cut."""
     cut = 0
-    for occurrence in _occurrences(query, lo, hi, meter, feed):
+    for occurrence in occurrences:
         if max_items is not None and len(feed.items) >= max_items:  # the cap is full: note the id, build nothing more
             if cut >= max_items * COUNT_CUT_FACTOR or _late(deadline):
                 feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS  # unseen from here
                 break
-            cut += _note_cut(feed, occurrence)
+            cut += _note_cut(feed, occurrence, durations)
             continue
         raw = _raw_item(occurrence.as_component(False), durations)
         if isinstance(raw, dict) and not raw["floating"] and raw["expiresAt"] <= window_start:
             continue  # over before the window in every zone: the 14 h widening is for floating times only
         _add(feed, raw)
-    return feed
 
 
-def _note_cut(feed: ParsedFeed, occurrence: Any) -> int:
-    """Count an occurrence the cap cut and keep its id (1), or nothing for a cancelled one (0),
-    from the event it comes from: building its component would cost more than the rest."""
-    event = occurrence._adapter._component
-    if str(event.get("STATUS", "")).upper() == "CANCELLED":
+def _cap_until(feed: ParsedFeed, window_start: int) -> int | None:
+    """When the cap cut something: the first instant a kept item may be over, in any zone. From
+    then a cut occurrence may belong among the soonest, so the feed must be expanded again rather
+    than reused on 304."""
+    if not feed.cut_ids and feed.cut_from is None:
+        return None
+    ends = [i.expires_at - (MAX_OFFSET_SECONDS if i.floating else 0) for i in feed.items]
+    return max(min((e for e in ends if e > window_start), default=window_start), window_start)
+
+
+class _Replay(Exception):
+    """A series was dropped after its occurrences were counted under the cap: expand again without it."""
+
+    def __init__(self, series: Any, reason: str) -> None:
+        super().__init__(reason)
+        self.series, self.reason = series, reason
+
+
+def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str], timedelta]) -> int:
+    """Set aside an occurrence the cap cut (1), or nothing for a cancelled one (0). It is built as
+    a kept one is (about 0.07 ms; at most ``COUNT_CUT_FACTOR`` caps of them), so a row queued for
+    it before is brought in line when it moves, though no new row is queued for it."""
+    raw = _raw_item(occurrence.as_component(False), durations)
+    if raw == "cancelled":
         return 0
-    rid = event.get("RECURRENCE-ID")
-    feed.cut_ids.add(_occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
-    feed.rejected["over_item_cap"] += 1
+    if isinstance(raw, str):
+        event = occurrence._adapter._component
+        rid = event.get("RECURRENCE-ID")
+        feed.set_aside(raw, _occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
+        return 1
+    floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
+    checked = checked_item(raw, floating, all_day, tail, alarms)
+    feed.set_aside(checked, raw["id"])
     return 1
 
 
-def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed) -> Iterator[Any]:
+def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed, dropped: list[tuple[Any, str]]) -> Iterator[Any]:
     """Occurrences soonest first, in slices that double from one day: a flood (``FREQ=MINUTELY``)
     is cut after a slice or two instead of being expanded over the whole window first. Each series
-    is expanded on its own, so one that runs away or overflows is dropped and counted alone.
+    is expanded on its own, so one that runs away or overflows is dropped and counted alone; the
+    series in ``dropped`` (with their reasons) are left out from the start, and one dropped after
+    it yielded raises ``_Replay``, so none of its occurrences holds a place under the cap.
     (recurring-ical-events' own ``after`` re-expands each series from its start and is far slower.)
     An occurrence is yielded in the slice where it starts; the first slice also yields those
     already under way. Occurrences are yielded as the library's ``Occurrence``: building an
     item's component costs a fraction of a millisecond, spent only on those kept."""
     start, size = int(lo.timestamp()), 86400
     first = True
-    live = list(query.series)
+    for series, reason in dropped:
+        feed.rejected[reason] += 1
+        feed.partial_series |= _series_keys(str(series.uid))
+    live = [s for s in query.series if all(s is not d for d, _ in dropped)]
+    yielded: set[int] = set()
     while start <= hi and live:
         end = min(start + size, hi + 1)
         batch = []
         for series in list(live):
             found, reason = _expand(series, start, end, meter)
             if reason is not None:
+                if id(series) in yielded:
+                    raise _Replay(series, reason)
                 live.remove(series)
                 feed.rejected[reason] += 1
                 feed.partial_series |= _series_keys(str(series.uid))
-            batch += found
-        batch.sort(key=_occurrence_start)
-        for occurrence in batch:
+            batch += [(o, id(series)) for o in found]
+        batch.sort(key=lambda pair: _occurrence_start(pair[0]))
+        for occurrence, series_id in batch:
             if (first or _occurrence_start(occurrence) >= start) and _occurrence_start(occurrence) < end:
+                yielded.add(series_id)
                 yield occurrence  # each occurrence once, whichever slices overlap it
         start, size, first = end, size * 2, False
 

@@ -264,15 +264,18 @@ class SourceReader:
 
     @staticmethod
     def _usable_cache(state: SourceState, window: tuple[int, int] | None) -> ParsedFeed | None:
-        """The cached feed, if it covers what this read needs (a calendar cache ends somewhere)."""
+        """The cached feed, if it covers what this read needs (a calendar cache ends somewhere) and
+        the item cap, if it cut, would still keep the same items."""
         if not state.feed_cache or not (state.etag or state.last_modified):
             return None
         if state.cache_until is not None and (window is None or unix_from_iso(state.cache_until) < window[1]):
             return None
         try:
-            return ParsedFeed.from_json(state.feed_cache)
+            cached = ParsedFeed.from_json(state.feed_cache)
         except (ValueError, KeyError, TypeError):
             return None
+        now = window[0] if window is not None else int(time.time())
+        return None if cached.cap_until is not None and now >= cached.cap_until else cached
 
 
 class _Layer:

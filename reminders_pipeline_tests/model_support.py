@@ -129,7 +129,7 @@ class Feed:
         for e in self.events.values():
             item_id = e.uid if self.url == JSON_URL else _occurrence_id(e.uid, _ics_value(e.start, e.kind))
             out[item_id] = Occurrence(item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm(e))
-        if self.series is not None:
+        if self.series is not None and not self.series.runaway:  # a flood is dropped alone: its read is partial
             s = self.series
             moved = {o[0]: o for o in s.overrides}
             for original in s.originals():
@@ -176,7 +176,7 @@ def ics_body(feed: Feed) -> str:
     s = feed.series
     if s is not None:
         lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("DTSTART", s.start, "utc")]
-        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", f"RRULE:FREQ={'SECONDLY' if s.runaway else 'DAILY'};COUNT={s.count}"]
+        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", "RRULE:FREQ=SECONDLY" if s.runaway else f"RRULE:FREQ=DAILY;COUNT={s.count}"]
         lines += [_ics_time("EXDATE", x, "utc") for x in sorted(s.exdates)]
         lines.append("END:VEVENT")
         for original, start, title, cancelled in s.overrides:

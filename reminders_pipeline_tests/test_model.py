@@ -318,6 +318,14 @@ class ReminderMachine(RuleBasedStateMachine):
         if feed.series is None:
             feed.series = Series("series", "Standup", int(self.now) + offset, 900)
 
+    @rule(on=st.booleans())
+    def flood_series(self, on: bool) -> None:
+        """The series is served as FREQ=SECONDLY without end (the build must drop it alone, keep its
+        rows as they were and give the calendar's other events their places under the cap), or back."""
+        s = self.feeds[ICS_URL].series
+        if s is not None:
+            self.feeds[ICS_URL].series = replace(s, runaway=on)
+
     @rule(k=st.integers(0, 2), change=st.sampled_from(("later", "earlier", "delete", "cancel", "retitle")))
     def edit_instance(self, k: int, change: str) -> None:
         """One instance of the series moved, deleted (EXDATE), cancelled or retitled (RECURRENCE-ID)."""
@@ -421,8 +429,48 @@ class ReminderMachine(RuleBasedStateMachine):
             for url in device.urls:
                 sid = self.source_ids[url]
                 if sid in ok:
-                    self.basis[(device_id, sid)] = (device, snapshot[sid])
+                    self.basis[(device_id, sid)] = (device, self._read_as(device_id, url, sid, snapshot[sid]))
         self._check_voids(rows)
+        self._check_queued(rows, ok, invalid)
+
+    def _read_as(self, device_id: str, url: str, sid: int, occs: dict[str, Occurrence]) -> dict[str, Occurrence]:
+        """What a successful read told the build: a flooding series is dropped alone, so its
+        occurrences stay as the read before showed them."""
+        series = self.feeds[url].series
+        if series is None or not series.runaway or (device_id, sid) not in self.basis:
+            return occs
+        before = self.basis[(device_id, sid)][1]
+        return occs | {k: o for k, o in before.items() if o.series}
+
+    def _check_queued(self, rows: dict[int, dict[str, Any]], ok: set[int], invalid: set[str]) -> None:
+        """After a successful read, every item surely among the cap's soonest has a row for each rule
+        whose time is ahead within the horizon: a cut, a 304 or a dropped flood leaves no item out.
+        Surely: fewer than the cap of the feed's other items could start before it in any zone."""
+        have = {(r["device_id"], r["item_id"], parse_rule(r["rule"]).name) for r in rows.values()}
+        slack = 14 * 3600
+        for (device_id, sid), (config, occs) in self.basis.items():
+            if sid not in ok or device_id in invalid or self.devices.get(device_id) != config:
+                continue
+            flooding = self._flooding(sid)
+            live = [o for o in occs.values() if not o.cancelled and not (o.series and flooding)]
+            spans = {o.id: (o.start - (0 if o.kind == "utc" else slack), o.start + (0 if o.kind == "utc" else slack)) for o in live}
+            counted = [o for o in live if o.end + (0 if o.kind == "utc" else slack) > self.now]
+            for o in counted:
+                if sum(1 for p in counted if p.id != o.id and spans[p.id][0] <= spans[o.id][1]) >= ITEM_CAP:
+                    continue
+                if o.instant(o.start, config.tz) <= self.now + 60:
+                    continue
+                for name in config.rules_for(o):
+                    due = rule_instant(name, o, config.tz)
+                    if self.now + 60 < due <= self.now + self.settings.horizon_seconds - 60 and (device_id, f"{sid}:{o.id}", name) not in have:
+                        raise PromiseBroken(
+                            f"MISSING: {device_id} {sid}:{o.id} {name} due {iso_from_unix(due)} has no row after a successful read at {self.iso}"
+                        )
+
+    def _flooding(self, sid: int) -> bool:
+        url = next(u for u, i in self.source_ids.items() if i == sid)
+        series = self.feeds[url].series
+        return series is not None and series.runaway
 
     def _check_failed_reads(self, before: dict[int, dict[str, Any]], rows: dict[int, dict[str, Any]], failed: set[int]) -> None:
         """A failed or partial read voids nothing and re-times nothing."""

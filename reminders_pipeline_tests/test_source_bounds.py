@@ -332,3 +332,145 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
             assert out + b"".join(decoder.flush()) == body, (coding, chunk)
         with pytest.raises(ReadFailed, match="too_large"):
             b"".join(StackedDecoder([coding], len(body) - 1).decode(encoded))
+
+
+def _later(seconds: int) -> str:
+    from reminders_pipeline.times import iso_from_unix
+
+    return iso_from_unix(NOW_S + seconds)
+
+
+def test_an_unchanged_feed_over_the_cap_lets_a_cut_item_in_once_a_kept_one_is_over_json(db, settings, feeds):
+    """Cap 2, items A (in 1 h), B (2 h), C (3 h), the feed never changing and answering 304. Once A
+    is over, C is among the two soonest and gets its row: a cached cut is not reused at a later
+    now (a033bef reused it, so C was never queued while the ETag held)."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=2)
+    items = [{"id": n, "title": n, "startsAt": NOW_S + h * 3600, "expiresAt": NOW_S + h * 3600 + 600} for n, h in (("A", 1), ("B", 2), ("C", 3))]
+    device(db, capped, sources=[feeds.items("/cap304.json", items, etag='"v1"')])
+    build(db, capped, now=NOW)
+    assert set(_statuses(db)) == {"A", "B"}
+    build(db, capped, now=_later(3600 + 700))
+    assert set(_statuses(db)) == {"A", "B", "C"}
+    assert _statuses(db)["C"] == ("pending", None)
+
+
+def test_an_unchanged_calendar_over_the_cap_lets_a_cut_occurrence_in_once_a_kept_one_is_over(db, settings, feeds):
+    """The same through a calendar: cap 2, three events an hour apart, 304 on every read after the first."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=2)
+    body = _calendar(*(_event(n, _later(h * 3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT10M") for n, h in (("A", 1), ("B", 2), ("C", 3))))
+    url = feeds.calendar("/cap304.ics", body, etag='"v1"')
+    device(db, capped, sources=[url])
+    build(db, capped, now=NOW)
+    assert {k.split("/")[0] for k in _statuses(db)} == {"A", "B"}
+    build(db, capped, now=_later(3600 + 700))
+    assert {k.split("/")[0] for k in _statuses(db)} == {"A", "B", "C"}
+    assert feeds.not_modified["/cap304.ics"] == 0  # the second read could not be a 304
+
+
+def test_a_series_dropped_as_a_flood_takes_no_place_under_the_cap(db, settings, feeds):
+    """Cap 4: a FREQ=SECONDLY series starting in 30 minutes beside four real meetings. It is dropped
+    ``runaway_series`` and the four meetings are queued; a033bef queued four of its seconds instead
+    (each slice's walk stopped at the cap before the flood could be told) and cut the meetings."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=4)
+    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    flood = _event("flood", stamp(1800), "DURATION:PT1S", "RRULE:FREQ=SECONDLY")
+    meetings = [_event(f"m{i}", stamp(7200 + i * 3600), "DURATION:PT30M") for i in range(4)]
+    device(db, capped, sources=[feeds.calendar("/flood.ics", _calendar(flood, *meetings))])
+    summary = build(db, capped, now=NOW)
+    assert summary.items_rejected == {"runaway_series": 1}
+    assert {k.split("/")[0] for k in _statuses(db)} == {"m0", "m1", "m2", "m3"}
+
+
+def test_a_series_dropped_after_its_first_slice_gives_its_places_back():
+    """A series over its CPU share in a later slice, after its first occurrences were counted under
+    the cap: the calendar is expanded again without it, so the cap keeps the other events."""
+    import reminders_pipeline.ics as ics
+
+    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    hourly = _event("hourly", stamp(600), "DURATION:PT5M", "RRULE:FREQ=HOURLY")
+    meetings = [_event(f"m{i}", stamp(26 * 3600 + i * 600), "DURATION:PT5M") for i in range(3)]
+    body = _calendar(hourly, *meetings)
+    calls = {"n": 0}
+    real = ics._expand
+
+    def expand(series, start, end, meter):
+        if str(series.uid) == "hourly" and start >= NOW_S + 86400 - ics.MAX_OFFSET_SECONDS:
+            calls["n"] += 1
+            return [], "runaway_series"
+        return real(series, start, end, meter)
+
+    ics._expand = expand
+    try:
+        feed = ics.parse_ics_feed(body, NOW_S, NOW_S + 3 * 86400, max_items=12)
+    finally:
+        ics._expand = real
+    assert calls["n"] >= 1
+    assert sorted(i.id.split("/")[0] for i in feed.items) == ["m0", "m1", "m2"]
+    assert feed.rejected == {"runaway_series": 1} and "hourly" in feed.partial_series
+
+
+def test_a_row_of_an_item_the_cap_cut_follows_the_item_when_it_moves(db, settings, feeds):
+    """Cap 2: C's row was queued while the feed held two items; a third, sooner item cuts C, and
+    then C moves an hour later. Its row is not voided (the cap says nothing of C leaving) and no
+    new row is queued for it, but the one it has moves with it: sending at its old time would be
+    an hour early, with the old start in the alert (a033bef kept it as it was)."""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=2)
+
+    def item(name: str, hours: float) -> dict:
+        start = NOW_S + int(hours * 3600)
+        return {"id": name, "title": name, "startsAt": start, "expiresAt": start + 600}
+
+    url = feeds.items("/cut-moves.json", [item("A", 2), item("C", 5)])
+    device(db, capped, sources=[url])
+    build(db, capped, now=NOW)
+    feeds.items("/cut-moves.json", [item("A", 2), item("B", 3), item("C", 6)])
+    summary = build(db, capped, now=NOW)
+    assert summary.items_rejected == {"over_item_cap": 1}
+    row = next(r for r in _rows(db) if r["item_id"].endswith(":C"))
+    assert (row["status"], row["event_at"], row["send_after"]) == ("pending", _later(6 * 3600), _later(5 * 3600))
+
+
+def test_a_row_of_an_all_day_event_the_cap_cut_follows_the_devices_zone(db, settings, feeds):
+    """An all-day event's ``day:0@09:00`` row queued in UTC, then the event is cut by a sooner one
+    and the device moves to New York: the row is re-timed to 09:00 there, not sent at 09:00 UTC,
+    four hours before its rule's time."""
+    from reminders_pipeline.build import build
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    from .support import TOKEN
+
+    capped = settings.with_(source_max_items=1)
+    day = _event("holiday", "20261019", "DTEND;VALUE=DATE:20261020").replace("DTSTART:20261019", "DTSTART;VALUE=DATE:20261019")
+    soon = _event("soon", _later(3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT30M")
+    url = feeds.calendar("/cut-zone.ics", _calendar(day))
+    spec = DeviceSpec("d", TOKEN, 3600, (), (url,), tz="UTC", all_day_rules=("day:0@09:00",))
+    put_device(db, capped, spec, now=NOW)
+    build(db, capped, now=NOW)
+    assert [r["send_after"] for r in _rows(db)] == ["2026-10-19T09:00:00.000Z"]
+    feeds.calendar("/cut-zone.ics", _calendar(day, soon))
+    put_device(db, capped, DeviceSpec("d", TOKEN, 3600, (), (url,), tz="America/New_York", all_day_rules=("day:0@09:00",)), now=NOW)
+    build(db, capped, now=NOW)
+    row = next(r for r in _rows(db) if "holiday" in r["item_id"])
+    assert (row["status"], row["send_after"]) == ("pending", "2026-10-19T13:00:00.000Z")
+
+
+def _rows(db):
+    from .support import rows
+
+    return rows(db)

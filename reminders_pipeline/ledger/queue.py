@@ -223,7 +223,7 @@ RETURNING id
 
 
 def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -> set[int]:
-    """Rewrite still-pending rows as their items now read (the build's ``stale_begun_rows``);
+    """Rewrite still-pending rows as their items now read (the build's ``stale_pending_rows``);
     returns the ids written. Only pending rows: a claimed row is in flight, a settled one history,
     and nothing here brings a row back to pending."""
     if not rows:
