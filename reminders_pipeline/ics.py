@@ -23,15 +23,19 @@ Expansion is bounded, and checked at every occurrence a recurrence rule yields (
 ``between`` builds a whole span's list first, so the rules are iterated lazily here):
 
 - at most ``max_items`` occurrences are turned into items (soonest first; the rest are counted as
-  rejected ``over_item_cap`` and their ids kept in ``ParsedFeed.cut_ids``, cancelled ones neither
-  counted nor kept), and one series builds at most that many per slice of the window;
+  rejected ``over_item_cap``, built and set aside in ``ParsedFeed.aside`` with their ids in
+  ``ParsedFeed.cut_ids``, cancelled ones neither counted nor kept), and one series builds at most
+  that many per slice of the window, though it walks on to the end of its first day, so a flood
+  is told from a full slice;
 - a series that recurs more often than once a minute (more than ``MAX_PER_DAY`` a day, counted
   from where its walk starts, before the window too), or spends more than ``series_seconds`` of
   CPU time (its thread's), is dropped and counted ``runaway_series`` (``FREQ=SECONDLY``); the
   calendar's other events still count;
 - a series the library cannot expand (an absurd date that overflows) is dropped alone and counted
   ``bad_recurrence``; a dropped series' UID is kept in ``ParsedFeed.partial_series``, so its rows
-  are not voided as if its occurrences had left the feed;
+  are not voided as if its occurrences had left the feed; one dropped after some of its
+  occurrences were counted is expanded away (the calendar replays without it), so it takes no
+  place under the cap;
 - a rule's walk starts from DTSTART only where it must (COUNT, or a month or year period), else
   a whole number of periods later, just before the window; a rule none of whose day filters
   matches a day of the window is not walked at all (``_bounded``);
