@@ -20,7 +20,7 @@ from .build import build as run_build
 from .check import check as run_check
 from .db import Database
 from .rules import DEFAULT_ALL_DAY_RULES
-from .devices import DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
+from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
 from .drain import default_sender_factory, drain as run_drain
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
@@ -163,7 +163,10 @@ def device_put(
 @pass_ctx
 def device_rotate_credential(ctx: Ctx, device_id: str) -> None:
     """Issue the device a new credential (printed this once); the old one stops working at once."""
-    credential = rotate_credential(ctx.db, device_id)
+    try:
+        credential = rotate_credential(ctx.db, device_id)
+    except CredentialChanged as exc:
+        raise click.ClickException(str(exc)) from None
     if credential is None:
         raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
     _emit({"device_id": device_id, "credential": credential})

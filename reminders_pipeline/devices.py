@@ -178,11 +178,25 @@ def _quiet_terms(record: ledger.DeviceRecord) -> tuple[str | None, str | None]:
     return record.tz_name, record.quiet_hours
 
 
-def rotate_credential(db: Database, device_id: str) -> str | None:
-    """A new credential for the device, replacing the old at once; None for an unknown device."""
+class CredentialChanged(Exception):
+    """The credential a rotation meant to replace was replaced meanwhile (a concurrent rotation)."""
+
+
+def rotate_credential(db: Database, device_id: str, replacing: str | None = None) -> str | None:
+    """A new credential for the device, replacing the old at once; None for an unknown device.
+
+    A compare-and-swap on the old credential's hash (``replacing``: the one the caller presented;
+    else the one stored when the rotation starts): of concurrent rotations one wins and the others
+    raise ``CredentialChanged``, so no caller holds a credential that was silently replaced."""
     secret, digest = _new_credential()
     with db.write() as conn:
-        return secret if ledger.set_device_credential(conn, device_id, digest) else None
+        device = ledger.get_device(conn, device_id)
+        if device is None:
+            return None
+        old = replacing if replacing is not None else ledger.device_credential_hash(conn, device_id)
+        if not ledger.swap_device_credential(conn, device_id, old, digest):
+            raise CredentialChanged(f"device {device_id!r}: its credential was rotated meanwhile; use the new one")
+    return secret
 
 
 def stored_credential_hash(db: Database, device_id: str) -> str | None:

@@ -158,3 +158,92 @@ def test_the_internal_token_rotates_without_downtime(serve, settings):
     closed = serve(http_settings(settings, token=None, token_previous=SECRET))  # a previous token alone opens nothing
     assert closed.api.get("/v1/devices/ghost").status_code == 401
     assert Settings.from_env({"REMINDERS_TOKEN_PREVIOUS": "p"}).token_previous == "p"
+
+
+def test_of_ten_concurrent_rotations_by_the_device_exactly_one_wins(served):
+    """Ten rotations presenting the same credential at once: one 200, the others refused (409
+    ``credential_changed``, or 401 once the winner's swap is visible), and only the winner's
+    credential opens the device. Before the compare-and-swap, all ten got 200 and nine of the
+    credentials they were shown were already dead."""
+    import threading
+
+    old = served.put_device("phone-1").json()["credential"]
+    gate = threading.Barrier(10)
+    answers: list[httpx.Response] = []
+
+    def rotate() -> None:
+        client = served.as_device(old)
+        gate.wait()
+        answers.append(client.post("/v1/devices/phone-1/credential"))
+
+    threads = [threading.Thread(target=rotate) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses.count(200) == 1 and set(statuses) <= {200, 401, 409}, statuses
+    assert all(error_of(r)["error"] == "credential_changed" for r in answers if r.status_code == 409)
+    winner = next(r.json()["credential"] for r in answers if r.status_code == 200)
+    assert served.as_device(winner).get("/v1/devices/phone-1/feed").status_code == 200
+
+
+def test_a_rotation_swaps_only_the_credential_it_read(db, settings):
+    """The core's compare-and-swap, ten threads each replacing the same old hash: one returns a
+    credential, nine raise ``CredentialChanged``; an operator's rotation (no hash given) replaces
+    whatever is stored."""
+    import threading
+
+    from reminders_pipeline.devices import CredentialChanged, credential_hash, rotate_credential
+
+    from .support import device
+
+    device(db, settings, "phone-1", sources=[])
+    first = rotate_credential(db, "phone-1")
+    gate = threading.Barrier(10)
+    outcomes: list[str] = []
+
+    def rotate() -> None:
+        gate.wait()
+        try:
+            outcomes.append("won" if rotate_credential(db, "phone-1", credential_hash(first)) else "unknown")
+        except CredentialChanged:
+            outcomes.append("changed")
+
+    threads = [threading.Thread(target=rotate) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["changed"] * 9 + ["won"]
+    assert rotate_credential(db, "phone-1") is not None and rotate_credential(db, "ghost") is None
+
+
+def test_registrations_adding_the_same_new_sources_in_opposite_orders_never_deadlock(db, settings, feeds):
+    """15 pairs of registrations, each pair adding the same five new source URLs in opposite
+    orders at once: every one succeeds (URLs are inserted sorted, so neither waits on the other's
+    unique-index entries in the reverse order)."""
+    import threading
+
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    from .support import TOKEN
+
+    errors: list[BaseException] = []
+    for pair in range(15):
+        urls = [feeds.url(f"/pair{pair}/{i}.json") for i in range(5)]
+        gate = threading.Barrier(2)
+
+        def put(device_id: str, order: list[str]) -> None:
+            gate.wait()
+            try:
+                put_device(db, settings, DeviceSpec(device_id, TOKEN, 3600, (), tuple(order)))
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(f"p{pair}a", urls)), threading.Thread(target=put, args=(f"p{pair}b", urls[::-1]))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []

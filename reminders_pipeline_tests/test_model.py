@@ -416,10 +416,12 @@ class ReminderMachine(RuleBasedStateMachine):
         before = {r["id"]: r for r in self._rows() if r["source_id"] in failing}
         invalid = self._invalid_devices()
         reads_before = len(self.transport.reads)
-        build_mod.build(self.db, self.settings, now=self.iso, reader=build_mod.make_reader(self.settings))
+        summary = build_mod.build(self.db, self.settings, now=self.iso, reader=build_mod.make_reader(self.settings))
         reads = self.transport.reads[reads_before:]
-        ok = {self.source_ids[u] for u, how in reads if how in ("ok", "not_modified")}
-        failed = {self.source_ids[u] for u, how in reads if how not in ("ok", "not_modified")}
+        # A read answered but unusable (a calendar whose only series floods: every item rejected) failed too.
+        unusable = {f["url"] for f in summary.sources_failed}
+        ok = {self.source_ids[u] for u, how in reads if how in ("ok", "not_modified") and sources_mod.shown_url(u) not in unusable}
+        failed = {self.source_ids[u] for u, _ in reads} - ok
         rows = {r["id"]: r for r in self._rows()}
         self._check_failed_reads(before, rows, failed)
         snapshot = {sid: self.feeds[url].occurrences() for url, sid in self.source_ids.items()}

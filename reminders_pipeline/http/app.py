@@ -33,7 +33,7 @@ from .. import ledger, migrate
 from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
 from ..db import Database
-from ..devices import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
+from ..devices import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, CredentialChanged, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
 from ..devices import stored_credential_hash
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
@@ -226,6 +226,7 @@ class Api:
         if stored is None or not matched:
             detail = "missing or wrong 'Authorization: Bearer': this device's own credential (or REMINDERS_TOKEN)"
             raise ApiError(401, "unauthorized", detail, headers=BEARER_CHALLENGE)
+
     async def require_schema(self) -> None:
         """503 with the one-line reason until the database is at this release's migration head.
 
@@ -362,7 +363,12 @@ class Api:
     async def rotate_device_credential(self, request: Request) -> Response:
         """A new credential for the device, shown this once; the one it replaces stops working."""
         device_id = request.path_params["device_id"]
-        credential = await run_in_threadpool(rotate_credential, self.db, device_id) if valid_device_id(device_id) else None
+        given = self.bearer(request)
+        presented = None if self.is_internal(given) else credential_hash(given or b"")
+        try:
+            credential = await run_in_threadpool(rotate_credential, self.db, device_id, presented) if valid_device_id(device_id) else None
+        except CredentialChanged as exc:
+            raise ApiError(409, "credential_changed", str(exc)) from None
         if credential is None:
             raise no_device(device_id)
         return JSONResponse({"device_id": device_id, "credential": credential})

@@ -363,7 +363,10 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "operationId": "rotateDeviceCredential", "security": DEVICE_OR_BEARER,
                 "summary": "Issue the device a new credential (shown once); the one it replaces stops working at once.",
-                "responses": {"200": _answer("The new credential.", "Credential"), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE},
+                "responses": {
+                    "200": _answer("The new credential.", "Credential"), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE,
+                    "409": _answer("`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."),
+                },
             },
         },
         "/v1/devices/{device_id}/feed": {

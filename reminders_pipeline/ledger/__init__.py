@@ -49,6 +49,7 @@ from .devices import (  # noqa: F401
     set_device_credential,
     stalest_chunks,
     stamp_built,
+    swap_device_credential,
     store_tz_name,
     store_tz_offset,
     upsert_device,

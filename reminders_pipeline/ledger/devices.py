@@ -43,10 +43,16 @@ class DeviceRecord:
 def set_device_credential(conn: Connection, device_id: str, credential_hash: str, *, only_if_missing: bool = False) -> bool:
     """Store a device's credential hash; ``only_if_missing`` keeps an existing one (two racing
     first registrations: one issues, the other is told nothing was issued)."""
-    stmt = update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)
-    if only_if_missing:
-        stmt = stmt.where(devices.c.credential_hash.is_(None))
-    return conn.execute(stmt).rowcount == 1
+    return swap_device_credential(conn, device_id, None, credential_hash) if only_if_missing else (
+        conn.execute(update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)).rowcount == 1
+    )
+
+
+def swap_device_credential(conn: Connection, device_id: str, old_hash: str | None, new_hash: str) -> bool:
+    """Compare-and-swap: the new hash only over ``old_hash`` (None: over no credential). Of two
+    rotations that read the same credential, one swaps and the other finds it changed."""
+    same = devices.c.credential_hash.is_(None) if old_hash is None else devices.c.credential_hash == old_hash
+    return conn.execute(update(devices).where(devices.c.id == device_id, same).values(credential_hash=new_hash)).rowcount == 1
 
 
 def device_credential_hash(conn: Connection, device_id: str) -> str | None:

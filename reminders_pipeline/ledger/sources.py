@@ -14,7 +14,10 @@ def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now
     """Make the device subscribe to exactly ``urls``, creating sources on first use."""
     if urls:
         ins = insert_on_conflict(conn)(sources)
-        conn.execute(ins.on_conflict_do_nothing(index_elements=[sources.c.url]), [{"url": u, "created_at": now} for u in urls])
+        # In sorted order: two registrations inserting the same new URLs in opposite orders would
+        # each wait on the other's unique-index entry (a deadlock on PostgreSQL).
+        rows = [{"url": u, "created_at": now} for u in sorted(set(urls))]
+        conn.execute(ins.on_conflict_do_nothing(index_elements=[sources.c.url]), rows)
     wanted = select(sources.c.id).where(sources.c.url.in_(list(urls))) if urls else None
     drop = delete(device_sources).where(device_sources.c.device_id == device_id)
     if wanted is not None:
