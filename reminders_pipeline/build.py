@@ -79,6 +79,20 @@ class DevicePlan:
     # only used to bring a pending row in line.
     realign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     feeds: dict[int, ParsedFeed] = field(default_factory=dict)  # per source read: what its absent items may be
+    # Rows for an item the cap set aside (``ParsedFeed.aside``), made only for a pending row that
+    # exists (``realigned``): a feed far over the cap costs its subscribers' builds nothing more.
+    make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
+
+    def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
+        """The row that would bring a pending row of a begun or set-aside item in line, if any."""
+        if (item_id, rule) not in self.realign and item_id not in self.feed_items and self.make_rows is not None:
+            source, own = item_id.split(":", 1)
+            feed = self.feeds.get(int(source))
+            raw = feed.set_aside_item(own) if feed is not None else None
+            if raw is not None:
+                for row, _ in self.make_rows(int(source), raw):
+                    self.realign[(row["item_id"], row["rule"])] = row
+        return self.realign.get((item_id, rule))
 
 
 def namespaced(source_id: int, item_id: str) -> str:
@@ -106,9 +120,7 @@ def plan_device(
         for raw in read.feed.items:  # type: ignore[union-attr]
             for row, begun in _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
-        for raw in read.feed.aside:  # type: ignore[union-attr]
-            for row, _ in _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None):
-                plan.realign[(row["item_id"], row["rule"])] = row
+    plan.make_rows = lambda source_id, raw: _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None)
     return plan
 
 
@@ -216,8 +228,10 @@ def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Devi
     """
     out = []
     for row in existing:
-        now_is = plans[row["device_id"]].realign.get((row["item_id"], row["rule"]))
-        if row["status"] == "pending" and now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
+        if row["status"] != "pending":
+            continue
+        now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
+        if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
             out.append(now_is)
     return out
 

@@ -53,6 +53,9 @@ class Item:
         return cls(*data[:8], tuple(data[8])) if len(data) > 8 else cls(*data)
 
 
+ASIDE_CAPS = 10  # past the cap, items are set aside whole (calendars: counted at all) up to this many caps
+
+
 @dataclass
 class ParsedFeed:
     items: list[Item] = field(default_factory=list)
@@ -70,6 +73,7 @@ class ParsedFeed:
     cap_until: int | None = None
 
     max_items: int | None = field(default=None, repr=False, compare=False)
+    _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
     def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
         """Validate one wire-format item: keep it, or count why it was rejected (duplicates and
@@ -80,20 +84,18 @@ class ParsedFeed:
         elif checked.id in self._ids:
             self.rejected["duplicate_id"] += 1
         elif self.max_items is not None and len(self.items) >= self.max_items:
-            self.set_aside(checked)
+            self.set_aside(checked, checked.id)
         else:
             self._ids.add(checked.id)
             self.items.append(checked)
 
-    def set_aside(self, item: "Item | str", item_id: str | None = None) -> None:
-        """An item the cap cut: counted, its id kept, and, when it could be read, the item itself
+    def set_aside(self, item: "Item | None", item_id: str) -> None:
+        """An item the cap cut: counted, its id kept, and, when it was read whole, the item itself
         in ``aside``, which only brings rows already queued for it in line (never queues anew)."""
         self.rejected["over_item_cap"] += 1
-        if isinstance(item, Item):
+        self.cut_ids.add(item_id)
+        if item is not None:
             self.aside.append(item)
-            self.cut_ids.add(item.id)
-        elif item_id is not None:
-            self.cut_ids.add(item_id)
 
     def keep_soonest(self, max_items: int | None, now: int | None) -> None:
         """The cap, applied to a whole feed in any order: items over by ``now`` are kept and not
@@ -105,9 +107,15 @@ class ParsedFeed:
         dropped = {i.id for i in cut}
         self.items = [i for i in self.items if i.id not in dropped]
         self._ids -= dropped
-        for item in cut:
-            self.set_aside(item)
+        for n, item in enumerate(cut):  # set aside whole as far as a calendar's cut is built; past that, by id
+            self.set_aside(item if n < max_items * ASIDE_CAPS else None, item.id)
         self.cap_until = min(i.expires_at for i in future[:max_items])
+
+    def set_aside_item(self, item_id: str) -> "Item | None":
+        """An item the cap set aside, by id (the index is built once, on first use)."""
+        if self._aside_index is None:
+            self._aside_index = {i.id: i for i in self.aside}
+        return self._aside_index.get(item_id)
 
     def holds(self, item_id: str, starts_at: int) -> bool:
         """Whether an item absent from ``items`` may still be in the source: cut by the cap, in a

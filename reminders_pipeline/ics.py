@@ -62,12 +62,11 @@ from dateutil.rrule import DAILY, HOURLY, MINUTELY, SECONDLY, WEEKLY, _iterinfo,
 from recurring_ical_events import ComponentsWithName, Series
 from recurring_ical_events.util import compare_greater, convert_to_datetime, is_pytz, is_pytz_dt, normalize_pytz
 
-from .feed import MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed, checked_item
+from .feed import ASIDE_CAPS, MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed, checked_item
 from .rules import MAX_LEAD_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
 FALLBACK_TITLE = "Untitled event"
-COUNT_CUT_FACTOR = 10  # past the cap, occurrences are still counted (not built) up to this many caps
 SERIES_SECONDS = 1.0  # CPU a series may take per read, by default (an HOURLY series from 2020 takes ~0.25 s)
 MAX_PER_DAY = 1441  # occurrences a day a series may average: a minutely series passes, a secondly one not
 PRESELECT_ABOVE = 2000  # events in one calendar above which out-of-window single events skip parsing
@@ -384,7 +383,7 @@ def _fill(feed: ParsedFeed, occurrences: Iterator[Any], durations: Any, window_s
     cut = 0
     for occurrence in occurrences:
         if max_items is not None and len(feed.items) >= max_items:  # the cap is full: note the id, build nothing more
-            if cut >= max_items * COUNT_CUT_FACTOR or _late(deadline):
+            if cut >= max_items * ASIDE_CAPS or _late(deadline):
                 feed.cut_from = _occurrence_start(occurrence) - MAX_OFFSET_SECONDS  # unseen from here
                 break
             cut += _note_cut(feed, occurrence, durations)
@@ -415,7 +414,7 @@ class _Replay(Exception):
 
 def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str], timedelta]) -> int:
     """Set aside an occurrence the cap cut (1), or nothing for a cancelled one (0). It is built as
-    a kept one is (about 0.07 ms; at most ``COUNT_CUT_FACTOR`` caps of them), so a row queued for
+    a kept one is (about 0.07 ms; at most ``ASIDE_CAPS`` caps of them), so a row queued for
     it before is brought in line when it moves, though no new row is queued for it."""
     raw = _raw_item(occurrence.as_component(False), durations)
     if raw == "cancelled":
@@ -423,11 +422,11 @@ def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str]
     if isinstance(raw, str):
         event = occurrence._adapter._component
         rid = event.get("RECURRENCE-ID")
-        feed.set_aside(raw, _occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
+        feed.set_aside(None, _occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
         return 1
     floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
     checked = checked_item(raw, floating, all_day, tail, alarms)
-    feed.set_aside(checked, raw["id"])
+    feed.set_aside(checked if not isinstance(checked, str) else None, raw["id"])
     return 1
 
 

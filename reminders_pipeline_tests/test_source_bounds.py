@@ -474,3 +474,16 @@ def _rows(db):
     from .support import rows
 
     return rows(db)
+
+
+def test_a_json_feed_sets_aside_at_most_ten_caps_of_what_it_cut():
+    """Cap 2, 50 future items: 2 kept, 48 counted and their ids kept, the 20 soonest of them set
+    aside whole (what a calendar's cut builds at most), so a feed far over the cap costs bounded memory."""
+    from reminders_pipeline.feed import parse_items
+
+    raw = [{"id": f"i{n:02}", "title": "x", "startsAt": NOW_S + 60 * (n + 1), "expiresAt": NOW_S + 60 * (n + 2)} for n in range(50)]
+    feed = parse_items(raw[::-1], max_items=2, now=NOW_S)
+    assert sorted(i.id for i in feed.items) == ["i00", "i01"]
+    assert feed.rejected == {"over_item_cap": 48} and len(feed.cut_ids) == 48
+    assert [i.id for i in feed.aside] == [f"i{n:02}" for n in range(2, 22)]
+    assert feed.set_aside_item("i21") is not None and feed.set_aside_item("i22") is None
