@@ -10,7 +10,7 @@ Cadences come from the cron strings the schedules run on, so retuning one side a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from sqlalchemy import Connection
@@ -19,7 +19,7 @@ from . import ledger
 from .db import Database
 from .rules import Rule, device_rules
 from .settings import Settings
-from .times import now_utc, seconds_between
+from .times import iso_from_unix, now_utc, seconds_between, unix_from_iso
 
 
 @dataclass(frozen=True)
@@ -141,16 +141,26 @@ def check(db: Database, settings: Settings, now: str | None = None) -> list[Find
     return evaluate(settings, per_chunk, min_lead, in_use) + clock_findings(now, built_in_future)
 
 
+def device_budget(settings: Settings, lead: int, period: int) -> int:
+    """How old a device's last build may grow before its reminders may go unqueued: its own lead
+    less the margin, but never less than the sweep the configuration promises (its period and one
+    build cadence for the build itself). A shorter lead is a configuration finding
+    (``sweep_period_within_lead``), not a stall: no catch-up build can rebuild it any sooner."""
+    return max(lead - settings.sweep_margin_seconds, period + settings.build_cadence_seconds)
+
+
 @dataclass(frozen=True)
 class SweepStatus:
-    """The seed's ``full sweep period < lead time - margin``, measured instead of predicted."""
+    """The seed's ``full sweep period < lead time - margin``, measured per device instead of predicted."""
 
     now: str
     oldest_built_at: str | None  # among devices built at least once (live tokens only)
     never_built: int
-    budget_seconds: int  # min lead - margin
+    budget_seconds: int  # the smallest device budget: the shortest lead's (``device_budget``)
     sweep_period_seconds: int  # what the configuration promises for today's device count
     built_in_future: int = 0  # devices stamped later than now: builds skip them until then
+    stale: Mapping[int, int] = field(default_factory=dict)  # chunk -> devices older than their own budget
+    short_lead_devices: int = 0  # devices whose lead less the margin is under the sweep period
 
     @property
     def age_seconds(self) -> float | None:
@@ -161,9 +171,9 @@ class SweepStatus:
 
     @property
     def breached(self) -> bool:
-        """A device built "in the future" is never rebuilt until then: its reminders stop queueing too."""
-        age = self.age_seconds
-        return self.built_in_future > 0 or (age is not None and age >= self.budget_seconds)
+        """Some device is older than its own budget, or built "in the future" (never rebuilt until
+        then: its reminders stop queueing too)."""
+        return self.built_in_future > 0 or bool(self.stale)
 
     def fields(self) -> dict[str, Any]:
         age = self.age_seconds
@@ -172,13 +182,22 @@ class SweepStatus:
             "oldest_build_age_seconds": None if age is None else round(age, 1),
             "budget_seconds": self.budget_seconds,
             "sweep_period_seconds": self.sweep_period_seconds,
+            "stale_devices": sum(self.stale.values()),
             "never_built_devices": self.never_built,
             "devices_built_in_future": self.built_in_future,
+            "short_lead_devices": self.short_lead_devices or None,
         }
 
     def describe(self) -> str:
         age = self.age_seconds
-        text = f"oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; budget (min lead - margin) is {self.budget_seconds}s"
+        stale = sum(self.stale.values())
+        text = (
+            f"{stale} device(s) not rebuilt within their own lead - margin (at least the sweep period {self.sweep_period_seconds}s "
+            f"+ a build cadence)" + (f", in chunks {sorted(self.stale)}" if stale else "")
+            + f"; oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; smallest budget is {self.budget_seconds}s"
+        )
+        if self.short_lead_devices:
+            text += f"; {self.short_lead_devices} device(s) have a lead under the sweep period + margin (see `reminders check`)"
         if self.built_in_future:
             text += (
                 f"; {self.built_in_future} device(s) have reminders_built_at later than now "
@@ -191,23 +210,19 @@ def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
     with db.read() as conn:
         never, oldest = ledger.oldest_built(conn)
         per_chunk = ledger.devices_per_chunk(conn)
-        min_lead = ledger.min_lead_seconds(conn)
+        leads = ledger.leads_in_use(conn)
+        period = sweep_period_seconds(settings, per_chunk)
+        budgets = {lead: device_budget(settings, lead, period) for lead in leads}
+        now_unix = unix_from_iso(now)
+        stale = ledger.stale_per_chunk(conn, {lead: iso_from_unix(now_unix - b) for lead, b in budgets.items()})
+        short = ledger.count_devices_with_lead_below(conn, period + settings.sweep_margin_seconds + 1)
         future = ledger.built_after(conn, now)
-    lead = settings.default_lead_seconds if min_lead is None else min_lead
-    return SweepStatus(
-        now, oldest, never, lead - settings.sweep_margin_seconds, sweep_period_seconds(settings, per_chunk), future
-    )
+    smallest = budgets[leads[0]] if leads else device_budget(settings, settings.default_lead_seconds, period)
+    return SweepStatus(now, oldest, never, smallest, period, future, stale, short)
 
 
 def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
-    """Chunks holding a never-built device or one older than the budget, stalest first."""
-    stale = []
+    """Chunks holding a never-built device or one older than its budget, stalest first."""
     with db.read() as conn:
-        for chunk in ledger.stalest_chunks(conn):
-            never, oldest = ledger.oldest_built(conn, [chunk])
-            # A chunk built "in the future" is not stale: a catch-up build would skip it anyway.
-            age = 0.0 if oldest is None or oldest > status.now else seconds_between(oldest, status.now)
-            if not never and age < status.budget_seconds:
-                break  # ordered stalest first: every later chunk is fresher
-            stale.append(chunk)
-    return stale
+        wanted = set(status.stale) | (ledger.never_built_chunks(conn) if status.never_built else set())
+        return [chunk for chunk in ledger.stalest_chunks(conn) if chunk in wanted] if wanted else []

@@ -205,3 +205,49 @@ def test_raise_alert_logs_and_never_raises_when_the_webhook_fails(caplog):
     assert "[reminders] title\ndetail\nn: 1" in caplog.text
     assert "secret-path" not in caplog.text  # the webhook's path is its secret
     assert alerts.raise_alert(Settings(), "no webhook") is False
+
+
+def test_one_short_lead_among_a_hundred_is_a_finding_not_a_breach(db, settings, db_url, feeds, instance, receiver):
+    """Issue 20's bar: one device at ``lead:300`` among 100. After a build the sweep alert passes
+    and requests no catch-up (a033bef: budget 300 - 600 = -300 s, breached forever, a catch-up on
+    every tick); ``reminders check`` reports the short lead, and the check's metadata counts it."""
+    from reminders_pipeline.check import check
+
+    url = feeds.items("/a.json", [])
+    add_device(db, settings, "short", [url], lead=300)
+    for n in range(99):
+        add_device(db, settings, f"dev-{n}", [url])
+    build(db, settings)
+    result = sense(instance, db_url, None, receiver.url)
+    assert json.loads(result.cursor) == {"breached": False} and not result.run_requests and receiver.received == []
+    again = sense(instance, db_url, result.cursor, receiver.url)
+    assert not again.run_requests and receiver.received == []
+    (finding,) = [f for f in check(db, settings) if f.name == "sweep_period_within_lead"]
+    assert not finding.ok and "min lead 300s" in finding.detail
+    evaluation = run_checks(db_url, instance, receiver.url)["sweep_period_invariant"]
+    assert evaluation.passed and evaluation.metadata["short_lead_devices"].value == 1
+
+
+def test_two_hours_of_ticks_with_a_lead_900_device_breach_only_on_a_real_stall(db, settings, feeds):
+    """Builds every 15 minutes, the alert judged every minute, one device at ``lead:900``: no breach
+    in two hours (a033bef flapped 31 times: its budget, 300 s, was under the build cadence). Then
+    the builds stop: one breach once the device is older than the sweep promises, and one recovery
+    at the next build."""
+    from reminders_pipeline.check import sweep_status
+    from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+    add_device(db, settings, "d900", [feeds.items("/a.json", [])], lead=900)
+    add_device(db, settings, "d3600", [feeds.items("/b.json", [])])
+    start = unix_from_iso(now_utc()) // 900 * 900 + 900
+    states = []
+    for minute in range(0, 4 * 60):
+        now = iso_from_unix(start + minute * 60)
+        stalled = 120 <= minute < 180
+        if minute % 15 == 0 and not stalled:
+            build(db, settings, now=now)
+        states.append(sweep_status(db, settings, now).breached)
+    changes = [(i, b) for i, (a, b) in enumerate(zip(states, states[1:]), 1) if a != b]
+    assert not any(states[:120])
+    assert [b for _, b in changes] == [True, False]
+    breached_at, recovered_at = changes[0][0], changes[1][0]
+    assert 120 < breached_at < 180 and recovered_at == 180

@@ -44,7 +44,7 @@ def transition(was_ok: bool, ok: bool) -> str | None:
     job=build_job,
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Oldest reminders_built_at vs min lead - margin: catch-up build and a transition alert.",
+    description="Each device's reminders_built_at vs its own lead - margin: catch-up build and a transition alert.",
 )
 def sweep_period_sensor(
     context: dg.SensorEvaluationContext, ledger: LedgerResource, alerting: AlertingResource
@@ -59,9 +59,9 @@ def sweep_period_sensor(
     if change:
         title = "sweep-period invariant breached" if change == "breached" else "sweep-period invariant recovered"
         detail = (
-            f"devices are not rebuilt within min lead - margin: their reminders may never queue ({status.describe()})"
+            f"devices are not rebuilt within their lead - margin: their reminders may never queue ({status.describe()})"
             if change == "breached"
-            else "every device has been rebuilt within min lead - margin again"
+            else "every device has been rebuilt within its lead - margin again"
         )
         alerting.alert(settings, title, detail, **status.fields(), stale_chunks=chunks or None)
     requests: list[dg.RunRequest] = []
@@ -98,7 +98,8 @@ def check_result(
 def sweep_period_invariant(
     context: dg.AssetCheckExecutionContext, ledger: LedgerResource, alerting: AlertingResource
 ) -> dg.AssetCheckResult:
-    """Oldest build age < min lead - margin: otherwise some device's reminders never queue."""
+    """Every device rebuilt within its own lead - margin (at least the sweep period and a build
+    cadence): otherwise its reminders may never queue."""
     settings = ledger.settings()
     with ledger.open() as db:
         status = sweep_status(db, settings, now_utc())

@@ -276,6 +276,38 @@ def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple
     return int(never or 0), oldest
 
 
+def leads_in_use(conn: Connection) -> list[int]:
+    """Each distinct ``reminder_lead_seconds`` of live devices."""
+    stmt = select(devices.c.reminder_lead_seconds).where(devices.c.token_invalid_at.is_(None)).distinct()
+    return sorted(conn.scalars(stmt))
+
+
+def stale_per_chunk(conn: Connection, cutoffs: Mapping[int, str]) -> dict[int, int]:
+    """Live devices built before the cutoff for their lead (``cutoffs``: lead -> ISO time), per
+    chunk, in one statement; a lead missing from ``cutoffs`` is never stale."""
+    if not cutoffs:
+        return {}
+    cutoff = case(dict(cutoffs), value=devices.c.reminder_lead_seconds, else_="")
+    stmt = (
+        select(devices.c.chunk, func.count())
+        .where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at < cutoff)
+        .group_by(devices.c.chunk)
+    )
+    return {c: n for c, n in conn.execute(stmt)}
+
+
+def count_devices_with_lead_below(conn: Connection, seconds: int) -> int:
+    """Live devices whose ``reminder_lead_seconds`` is under ``seconds``."""
+    live = devices.c.token_invalid_at.is_(None)
+    return int(conn.scalar(select(func.count()).where(live, devices.c.reminder_lead_seconds < seconds)) or 0)
+
+
+def never_built_chunks(conn: Connection) -> set[int]:
+    """Chunks holding a live device that no build has visited yet."""
+    stmt = select(devices.c.chunk).where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at.is_(None)).distinct()
+    return set(conn.scalars(stmt))
+
+
 def devices_per_chunk(conn: Connection) -> dict[int, int]:
     stmt = select(devices.c.chunk, func.count()).where(devices.c.token_invalid_at.is_(None)).group_by(devices.c.chunk)
     return {c: n for c, n in conn.execute(stmt)}
