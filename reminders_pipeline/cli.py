@@ -115,7 +115,10 @@ def db_upgrade(ctx: Ctx) -> None:
     # No statement timeout: building an index on a large queue may take longer than any query should.
     database = Database(ctx.settings.database_url)
     try:
-        migrate.upgrade(database)
+        try:
+            migrate.upgrade(database)
+        except migrate.MigrationBlocked as exc:
+            raise click.ClickException(str(exc)) from None
         _emit({"database": database.engine.url.render_as_string(hide_password=True), "revision": migrate.current_revision(database)})
     finally:
         database.dispose()

@@ -8,6 +8,7 @@ current, so the check costs one query per engine, not per request.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -18,6 +19,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
 
 from .db import Database
 
@@ -36,14 +38,47 @@ def _config(connection=None) -> Config:  # type: ignore[no-untyped-def]
     return cfg
 
 
-def upgrade(db: Database, revision: str = "head") -> None:
-    with _migrating(db) as conn:
-        command.upgrade(_config(conn), revision)
+LOCK_TIMEOUT_SECONDS = 0.2  # how long one attempt waits for a table lock: what claims queued behind it wait at most
+LOCK_ATTEMPTS = 30
+LOCK_BACKOFF_MAX_SECONDS = 10.0
+
+
+class MigrationBlocked(RuntimeError):
+    """A migration could not take its table locks within its attempts; it changed nothing."""
+
+
+def upgrade(
+    db: Database, revision: str = "head", *, lock_timeout: float = LOCK_TIMEOUT_SECONDS, attempts: int = LOCK_ATTEMPTS
+) -> None:
+    """Apply the migrations up to ``revision`` in one transaction.
+
+    On PostgreSQL each attempt waits at most ``lock_timeout`` for a table lock (``SET LOCAL
+    lock_timeout``): a migration's ALTER waits behind any open transaction on its table, and every
+    claim and build would queue behind the ALTER for as long. An attempt that times out rolls back
+    whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``), so
+    claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``."""
+    for attempt in range(1, attempts + 1):
+        try:
+            with _migrating(db, lock_timeout) as conn:
+                command.upgrade(_config(conn), revision)
+            break
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            if attempt == attempts:
+                raise MigrationBlocked(
+                    f"could not take a table lock within {lock_timeout}s in {attempts} attempts: a long-running transaction "
+                    "holds one (see pg_stat_activity); the upgrade changed nothing, run it again once it ends"
+                ) from None
+            time.sleep(min(0.5 * 2 ** (attempt - 1), LOCK_BACKOFF_MAX_SECONDS))
     db.at_head = False  # checked again on next use
 
 
+LOCK_NOT_AVAILABLE = "55P03"
+
+
 @contextmanager
-def _migrating(db: Database) -> Iterator[Connection]:
+def _migrating(db: Database, lock_timeout: float | None = None) -> Iterator[Connection]:
     """A migration's transaction. On SQLite, foreign keys are off while it runs: SQLite alters a
     table by copying and dropping it, and with foreign keys on the drop would cascade (0002's
     rebuild of ``sources`` deleted every ``device_sources`` row). They are checked afterwards."""
@@ -54,6 +89,8 @@ def _migrating(db: Database) -> Iterator[Connection]:
             raw.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
         try:
             with conn.begin():
+                if lock_timeout is not None and not sqlite:
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{int(lock_timeout * 1000)}ms'")
                 yield conn
                 if sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
                     raise RuntimeError("the migration left rows that break a foreign key; rolled back")

@@ -194,3 +194,53 @@ def test_migration_0011_keeps_a_drain_hold_as_the_rows_held_until(db):
     with db.read() as conn:
         got = conn.execute(text("SELECT item_id, held_until FROM notification_queue ORDER BY item_id")).all()
     assert [tuple(r) for r in got] == [("1:held", end), ("1:retried", None)]
+
+
+def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
+    """Issue 20: a transaction left open on the queue while ``reminders db upgrade`` runs. Each
+    attempt waits at most its lock timeout (0.2 s) for the ALTER's lock, so writes to the queue,
+    which queue behind that request, finish within about that too, never for the transaction's
+    3 s (a033bef had no lock timeout: every claim waited until the holder ended). Out of attempts,
+    the upgrade fails with one clear line and has changed nothing; once the holder ends it completes."""
+    import threading
+    import time
+
+    from reminders_pipeline import migrate
+
+    db = Database(postgres_url)
+    try:
+        migrate.downgrade(db, "0010")
+        holder = db.engine.connect()
+        held = holder.begin()
+        holder.execute(text("SELECT count(*) FROM notification_queue"))  # ACCESS SHARE until it ends
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                migrate.upgrade(db, lock_timeout=0.2, attempts=4)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        upgrading = threading.Thread(target=run)
+        upgrading.start()
+        waits = []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            with db.engine.begin() as conn:  # a claim's lock: ROW EXCLUSIVE on the queue
+                conn.execute(text("UPDATE notification_queue SET updated_at = updated_at WHERE id = -1"))
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+        upgrading.join(timeout=30)
+        held.rollback()
+        holder.close()
+        (error,) = outcome
+        assert isinstance(error, migrate.MigrationBlocked) and "could not take a table lock" in str(error)
+        assert migrate.current_revision(db) == "0010"
+        assert len(waits) > 10 and max(waits) < 1.5, waits
+        migrate.upgrade(db, lock_timeout=0.2, attempts=4)
+        assert migrate.current_revision(db) == migrate.head_revision()
+    finally:
+        migrate.upgrade(db)
+        db.dispose()
