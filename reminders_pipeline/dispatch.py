@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from . import ledger
 from .check import oldest_due_wait
 from .db import Database
-from .drain import DrainSummary, fail_abandoned, send_batch_async, waiting_off_the_loop
+from .drain import APNS_UNREACHABLE, DrainSummary, Outage, fail_abandoned, send_batch_async, waiting_off_the_loop
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
 from .times import iso_floor, iso_from_unix, unix_from_iso
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 0.05  # rows due but not claimed (another claimer holds them): look again shortly
 LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lateness figures only
 HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
+OUTAGE_PROBE_SECONDS = 5.0  # while APNs is unreachable, try again this often: sent soon after it returns
 ABANDON_SWEEP_SECONDS = 60
 
 
@@ -89,6 +90,8 @@ class Dispatcher:
         self._held: dict[int, float] = {}  # row id -> not before: rows a batch could not claim or send
         self._not_before = 0.0  # no dispatch at all before this: a halt's backoff
         self._halts = 0
+        self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
+        self._in_outage = False
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
         self._until: float | None = None
@@ -152,7 +155,8 @@ class Dispatcher:
 
     def _start_batch(self, ids: list[int]) -> None:
         batch = send_batch_async(
-            self.db, self.settings, ids, self.sender_factory, claimer=self.name, clock=self.clock, sender=self._sender, stop=self._stop
+            self.db, self.settings, ids, self.sender_factory, claimer=self.name, clock=self.clock, sender=self._sender, stop=self._stop,
+            outage=self._outage,
         )
         task = asyncio.ensure_future(batch)
         self.summary.due += len(ids)
@@ -173,12 +177,20 @@ class Dispatcher:
         done = task.result()
         self.summary.merge(done)
         del self.summary.lateness_seconds[:-LATENESS_KEPT]
-        if done.halted:
+        if done.halted and done.halted.startswith(APNS_UNREACHABLE):
+            self._not_before = now + OUTAGE_PROBE_SECONDS  # the rows went back to pending, no attempt spent
+            if not self._in_outage:
+                self._in_outage = True
+                log.error("dispatcher %s: halted (%s); trying again every %ss", self.name, done.halted, OUTAGE_PROBE_SECONDS)
+        elif done.halted:
             backoff = HALT_BACKOFF_SECONDS[min(self._halts, len(HALT_BACKOFF_SECONDS) - 1)]
             self._halts += 1
             self._not_before = now + backoff
             log.error("dispatcher %s: halted (%s); next attempt in %ss", self.name, done.halted, backoff)
         else:
+            if self._in_outage and done.claimed:
+                self._in_outage = False
+                log.warning("dispatcher %s: sending again after the outage", self.name)
             self._halts = 0
             self._hold_unfinished(done, ids, now)
         if self.on_batch is not None and done.claimed:

@@ -187,6 +187,7 @@ async def send_batch_async(
     halt_scope: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    outage: Outage | None = None,
 ) -> DrainSummary:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -203,6 +204,8 @@ async def send_batch_async(
     CLI or HTTP drain its claimer. A halt recorded under it by any process stops this batch before
     its next claim; a halt found here is recorded there, and alerted once. A halt is permanent for
     its scope, so a long-lived caller passes a new scope per pass (none: this call alone).
+    ``outage``: the caller's judge of an APNs outage, kept across its batches (a dispatcher's);
+    none: this call's own.
     ``monotonic``: the clock of each claim's fence (``fence_deadline``); a test advances its own
     (and the sender's) to simulate a process paused between claim and send.
     """
@@ -210,7 +213,7 @@ async def send_batch_async(
     claimer = claimer or new_claimer()
     scope = halt_scope or f"{claimer}:{uuid.uuid4().hex[:8]}"
     summary = DrainSummary(now=clock())
-    outage = _Outage(settings.apns_halt_after)
+    outage = outage or Outage(settings.apns_halt_after)
     halted_elsewhere = False
     slices_on_the_wire = -(-settings.apns_concurrency // settings.claim_batch_size) + 1
     owned = sender is None
@@ -284,7 +287,8 @@ async def send_batch_async(
         finally:
             if owned and sender is not None:
                 await sender.aclose()
-    if summary.halted and not halted_elsewhere:
+    if summary.halted and not halted_elsewhere and not (summary.halted.startswith(APNS_UNREACHABLE) and outage.alerted):
+        outage.alerted = summary.halted.startswith(APNS_UNREACHABLE)
         _alert_halt(settings, summary, claimer)
     return summary
 
@@ -342,23 +346,37 @@ def _alert_halt(settings: Settings, summary: DrainSummary, claimer: str) -> None
 APNS_UNREACHABLE = "apns_unreachable"
 
 
+OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
+
+
 @dataclass
-class _Outage:
-    """Counts sends in a row that certainly never reached APNs or that APNs could not process
-    (500, 503). A 429 is APNs throttling one device token: that token's backoff, no outage."""
+class Outage:
+    """Whether APNs is out, judged across batches: sends in a row that certainly never reached
+    APNs or that APNs could not process (500, 503), ``limit`` of them or for ``window`` seconds.
+    A 429 is APNs throttling one device token: that token's backoff, no outage. One instance
+    lives as long as its sender (a dispatcher's, a drain call's), so a stream of one-row batches
+    trips it as a burst does; ``alerted`` keeps its alert to one per outage."""
 
     limit: int
+    window: float = OUTAGE_WINDOW_SECONDS
     streak: int = 0
+    since: float | None = None  # time.monotonic() of the streak's first answer
     last: str | None = None
+    alerted: bool = False
 
-    def count(self, results: list[SendResult]) -> str | None:
-        """The halt reason once the streak reaches the limit, else None."""
+    def count(self, results: list[SendResult], now: float | None = None) -> str | None:
+        """The halt reason while the outage lasts, else None."""
+        now = time.monotonic() if now is None else now
         for r in results:
             if r.retry and r.status != 429:
+                self.since = now if self.streak == 0 else self.since
                 self.streak, self.last = self.streak + 1, r.reason
             else:
-                self.streak = 0
-        if self.streak < self.limit:
+                if self.alerted:
+                    log.warning("APNs answers again after %d sends not delivered", self.streak)
+                self.streak, self.since, self.alerted = 0, None, False
+        lasting = self.since is not None and self.streak >= 2 and now - self.since >= self.window
+        if self.streak < self.limit and not lasting:
             return None
         return f"{APNS_UNREACHABLE}: {self.streak} sends in a row not delivered (last: {self.last})"
 
@@ -471,24 +489,28 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
 
 
 def _return_undelivered(
-    out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: _Outage, summary: DrainSummary
+    out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: Outage, summary: DrainSummary
 ) -> _Settlement:
-    """Rows whose send certainly never reached APNs go back to pending while attempts remain, not
-    due again before their backoff ends (``retry_not_before``); the rest stay failed as
-    ``_settlement`` wrote them. A long enough run of them halts the drain."""
+    """Rows whose send certainly was not delivered go back to pending, not due again before their
+    backoff ends (``retry_not_before``): those APNs answered (429, 500, 503) while attempts remain,
+    one attempt spent; those that never reached APNs (refused, TLS, no route) always, spending none,
+    as only APNs' answers count against a row (the lateness policy still bounds them). The rest stay
+    failed as ``_settlement`` wrote them. A long enough run of them, across batches, halts the drain."""
     attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
-    again = {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
+    unreached = {r.row_id for r in results if r.retry and r.status is None}
+    again = unreached | {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
     if again:
         out.returned.extend(
-            {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": True,
-             "not_before": retry_not_before(out.at, attempts[r["id"]] + 1, settings)}
+            {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": r["id"] not in unreached,
+             "not_before": retry_not_before(out.at, 1 if r["id"] in unreached else attempts[r["id"]] + 1, settings)}
             for r in out.rows if r["id"] in again
         )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]
-    reason = outage.count(results)
+    reason = outage.count(results, unix_from_iso(out.at))
     if reason and not summary.halted:
         summary.halted = reason
-        log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
+        if not outage.alerted:  # one line per outage, not one per batch that meets it
+            log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
     return out
 
 

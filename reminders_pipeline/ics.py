@@ -395,13 +395,14 @@ def _fill(feed: ParsedFeed, occurrences: Iterator[Any], durations: Any, window_s
 
 
 def _cap_until(feed: ParsedFeed, window_start: int) -> int | None:
-    """When the cap cut something: the first instant a kept item may be over, in any zone. From
-    then a cut occurrence may belong among the soonest, so the feed must be expanded again rather
-    than reused on 304."""
+    """When the cap cut something: the first instant a kept item stops counting under it (a timed
+    one when it is over, a floating one 14 h after its wall-time end, as the expansion counts it).
+    From then a cut occurrence may belong among the soonest, so the feed must be expanded again
+    rather than reused on 304."""
     if not feed.cut_ids and feed.cut_from is None:
         return None
-    ends = [i.expires_at - (MAX_OFFSET_SECONDS if i.floating else 0) for i in feed.items]
-    return max(min((e for e in ends if e > window_start), default=window_start), window_start)
+    ends = [i.expires_at + (MAX_OFFSET_SECONDS if i.floating else 0) for i in feed.items]
+    return max(min(ends, default=window_start), window_start)
 
 
 class _Replay(Exception):

@@ -35,6 +35,7 @@ ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "droppe
 STALE_410_SECONDS = 30 * 86400
 MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
 RETRIED = frozenset({"429", "500", "503", "not_sent"})  # certainly not delivered: back to pending
+OUTAGE = frozenset({"500", "503", "not_sent"})  # answers that may add up to an outage, which halts everyone's sends
 _APNS = {
     "400": ("400", "BadDeviceToken"),
     "403": ("403", "InvalidProviderToken"),
@@ -271,6 +272,7 @@ class ApnsDouble:
     answers: dict[str, str] = field(default_factory=dict)
     sent: list[Sent] = field(default_factory=list)
     monotonic: Callable[[], float] = time.monotonic  # the fence's clock, checked as each request leaves
+    down_until: float = 0.0  # APNs unreachable for every token until then (the drain's clock)
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         return [self._one(n) for n in notifications]
@@ -278,7 +280,7 @@ class ApnsDouble:
     def _one(self, n: Notification) -> SendResult:
         if n.past_deadline(self.monotonic()):
             return fence_expired(n.row_id)
-        answer = self.answers.get(n.device_token, "200")
+        answer = "not_sent" if self.clock() < self.down_until else self.answers.get(n.device_token, "200")
         p = n.payload
         self.sent.append(
             Sent(n.row_id, n.device_id, n.device_token, p["reminder"]["item_id"], p["reminder"]["rule"],

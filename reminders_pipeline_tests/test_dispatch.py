@@ -172,3 +172,36 @@ def test_the_dispatchers_reads_wait_off_the_loop_that_reads_apns_answers(db, liv
     longest_gap, summary = asyncio.run(scenario())
     assert longest_gap < 1.0, f"the loop stood still for {longest_gap:.2f}s"
     assert summary.claimed == 0 and summary.halted is None
+
+
+def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_returns(db, live, feeds):
+    """Issue 20's bar, on a driven clock: APNs unreachable for 2 minutes, 50 reminders coming due
+    2.4 s apart through it, each in a batch of its own. None fails, no attempt is spent on a send
+    that never reached APNs, one alert is raised, and every reminder goes within 5 s of APNs'
+    return. (Before: the streak began afresh in each one-row batch, so nothing halted, and rows
+    spent their attempts on the outage: some failed, the rest went with 1 or 2 spent.)"""
+    live = live.with_(alert_webhook_url=feeds.url("/hook"))
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    outage_end = start + 120
+    due = {k: start + 2.4 * k for k in range(50)}
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600", "send_after": iso_from_unix(t),
+             "event_at": iso_from_unix(t + 3600), "expires_at": iso_from_unix(t + 5400), "title": f"E{k}", "body": None}
+            for k, t in due.items()
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+
+    def answer(note):
+        if timer.now() < outage_end:
+            return SendResult(note.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True)
+        return SendResult(note.row_id, True, status=200, apns_id="x")
+
+    asyncio.run(Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(until=outage_end + 60))
+    rows = rows_of(db)
+    assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
+    late = max(unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), outage_end) for r in rows)
+    assert late <= 5.0, late
+    alerts = [p["text"] for p in feeds.posts["/hook"]]
+    assert len(alerts) == 1 and "APNs unreachable" in alerts[0]

@@ -48,7 +48,7 @@ from reminders_pipeline.times import iso_from_unix, unix_from_iso
 from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
 from .model_support import (
-    ANSWERS, FAULTS, ICS_URL, JSON_URL, MAY_HAVE_DELIVERED, RETRIED, ApnsDouble, Event, Feed, FeedTransport, Occurrence,
+    ANSWERS, FAULTS, ICS_URL, JSON_URL, MAY_HAVE_DELIVERED, OUTAGE, RETRIED, ApnsDouble, Event, Feed, FeedTransport, Occurrence,
     Series, Sent, unix_to_wall,
 )
 
@@ -403,6 +403,13 @@ class ReminderMachine(RuleBasedStateMachine):
         remove_device(self.db, device_id, now=self.iso)
         del self.devices[device_id]
 
+    @rule(seconds=st.sampled_from((5, 30, 120, 600)))
+    def apns_unreachable(self, seconds: int) -> None:
+        """From now on, for ``seconds``, no send reaches APNs (refused, for every token): those rows
+        go back to pending spending no attempt, and are sent once APNs is back, or settled by the
+        lateness policy."""
+        self.apns.down_until = self.now + seconds
+
     @rule(which=st.sampled_from(DEVICES), answer=st.sampled_from(ANSWERS + ("200", "200")))
     def apns_answers(self, which: str, answer: str) -> None:
         """From now on APNs answers this device's current token this way."""
@@ -610,8 +617,8 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _check_settled_when_healthy(self, sends: list[Sent], due_by: float, only: int | None) -> None:
         """Every row that came due while sending is healthy is settled by a pass run after it came due."""
-        if any(s.answer == "403" for s in sends):
-            return  # a provider fault halts every drain: legitimately nothing more is claimed
+        if any(s.answer == "403" or s.answer in OUTAGE for s in sends):
+            return  # a provider fault, or what may be an outage, halts the pass: nothing more is claimed
         unhealthy = {t for t, a in self.apns.answers.items() if a in RETRIED or a == "403"}
         with self.db.read() as conn:
             tokens = {i: t for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}

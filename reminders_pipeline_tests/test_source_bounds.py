@@ -487,3 +487,25 @@ def test_a_json_feed_sets_aside_at_most_ten_caps_of_what_it_cut():
     assert feed.rejected == {"over_item_cap": 48} and len(feed.cut_ids) == 48
     assert [i.id for i in feed.aside] == [f"i{n:02}" for n in range(2, 22)]
     assert feed.set_aside_item("i21") is not None and feed.set_aside_item("i22") is None
+
+
+def test_a_floating_event_leaves_the_cap_when_the_expansion_stops_counting_it(db, settings, feeds):
+    """Cap 2: a floating event that ended at 05:10 wall time still counts until 14 h later (the
+    expansion is widened for every zone), so B is cut beside A. At 19:30Z it no longer counts:
+    the unchanged calendar is read again instead of answering 304, and B is queued. (The long model
+    run found this: the cut was kept until A ended, the next day.)"""
+    from reminders_pipeline.build import build
+
+    from .support import device
+
+    capped = settings.with_(source_max_items=2)
+    body = _calendar(
+        _event("early", "20261018T050000", "DURATION:PT10M"),
+        _event("A", "20261019T100000Z", "DURATION:PT10M"),
+        _event("B", "20261019T110000Z", "DURATION:PT10M"),
+    )
+    device(db, capped, sources=[feeds.calendar("/floating-cap.ics", body, etag='"v1"')])
+    build(db, capped, now=NOW)
+    assert {k.split("/")[0] for k in _statuses(db)} == {"A"}
+    build(db, capped, now="2026-10-18T19:30:00.000Z")
+    assert {k.split("/")[0] for k in _statuses(db)} == {"A", "B"}
