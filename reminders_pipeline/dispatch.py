@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 from . import ledger
 from .check import oldest_due_wait
 from .db import Database
+from .quiet import QuietFailures
 from .drain import APNS_UNREACHABLE, DrainSummary, Outage, fail_abandoned, send_batch_async, waiting_off_the_loop
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
@@ -92,6 +93,9 @@ class Dispatcher:
         self._halts = 0
         self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
         self._in_outage = False
+        self._reads = QuietFailures(log, f"dispatcher {self.name}: reading the queue")
+        self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
+        self._batch_errors = QuietFailures(log, f"dispatcher {self.name}: a batch")
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
         self._until: float | None = None
@@ -134,9 +138,10 @@ class Dispatcher:
         busy = self._in_flight | set(self._held)  # a copy: batches end on the loop meanwhile
         try:
             ready, later = await waiting_off_the_loop(self.db, self._read_due, now, self.clock(), busy)
-        except Exception:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
-            log.exception("dispatcher %s: reading the queue failed; retrying in %ss", self.name, self.settings.dispatch_poll_seconds)
+        except Exception as exc:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
+            self._reads.failed(exc, now)
             return poll_at
+        self._reads.succeeded(now)
         if ready:
             self._start_batch(ready)
             return now
@@ -171,9 +176,10 @@ class Dispatcher:
         if task.cancelled():
             return
         if task.exception() is not None:
-            log.error("dispatcher %s: a batch of %d rows failed: %r", self.name, len(ids), task.exception())
+            self._batch_errors.failed(task.exception(), now)  # type: ignore[arg-type]
             self._not_before = now + self.settings.dispatch_poll_seconds
             return
+        self._batch_errors.succeeded(now)
         done = task.result()
         self.summary.merge(done)
         del self.summary.lateness_seconds[:-LATENESS_KEPT]
@@ -225,9 +231,11 @@ class Dispatcher:
             if now >= self._next_beat:
                 await waiting_off_the_loop(self.db, self._beat, now)
                 self._next_beat = now + self.settings.dispatch_heartbeat_seconds
-        except Exception:  # noqa: BLE001 - bookkeeping never stops dispatching
-            log.exception("dispatcher %s: heartbeat or abandoned sweep failed", self.name)
+        except Exception as exc:  # noqa: BLE001 - bookkeeping never stops dispatching
+            self._chores.failed(exc, now)
             self._next_beat = now + self.settings.dispatch_heartbeat_seconds
+            return
+        self._chores.succeeded(now)
 
     def _beat(self, now: float) -> None:
         sent = self.summary.outcomes.get("sent", 0)

@@ -205,3 +205,39 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
     assert late <= 5.0, late
     alerts = [p["text"] for p in feeds.posts["/hook"]]
     assert len(alerts) == 1 and "APNs unreachable" in alerts[0]
+
+
+def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live, feeds, caplog):
+    """Issue 20: every read of the queue fails for 2 minutes (polling every second, on a driven
+    clock): the dispatcher logs when it began, a summary a minute, and when it works again, no
+    traceback (a033bef: a traceback per poll, 120 of them), then sends what came due meanwhile."""
+    import logging
+
+    from sqlalchemy.exc import OperationalError
+
+    live = live.with_(dispatch_poll_seconds=1.0)
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 30),
+             "event_at": iso_from_unix(start + 3630), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="quiet", timer=timer)
+    real = dispatcher._read_due
+
+    def read_due(now, clock, busy):
+        if now < start + 120:
+            raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
+        return real(now, clock, busy)
+
+    dispatcher._read_due = read_due  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="reminders_pipeline.dispatch"):
+        asyncio.run(dispatcher.run(until=start + 180))
+    lines = [r for r in caplog.records if r.name == "reminders_pipeline.dispatch" and r.levelno >= logging.WARNING]
+    assert 2 <= len(lines) <= 5, [r.getMessage() for r in lines]
+    assert not any(r.exc_info for r in lines)
+    assert "reading the queue failed" in lines[0].getMessage() and "works again" in lines[-1].getMessage()
+    (row,) = rows_of(db)
+    assert row["outcome"] == "sent" and unix_from_iso(row["sent_at"]) <= start + 121

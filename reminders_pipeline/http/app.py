@@ -43,7 +43,8 @@ from ..sender import SenderFactory
 from ..settings import Settings
 from ..zones import MAX_TZ_OFFSET_SECONDS, ZoneError, valid_zone_name
 from .contract import MAX_BODY_BYTES, Contract, DeviceRegistration
-from .metrics import Metrics, first_line
+from ..quiet import first_line
+from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from .. import ledger, migrate
 from ..db import Database
 from ..drain import DrainSummary
+from ..quiet import first_line
 from ..settings import Settings
 from ..times import now_utc, seconds_between, shift, unix_from_iso
 
@@ -47,12 +48,6 @@ DISPATCHER_LIVE_BEATS = 4
 WINDOW_MAX_ROWS = 2_000
 
 CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first line: SQLAlchemy appends the whole statement, too much for a warning."""
-    text = str(exc)
-    return text.splitlines()[0] if text else ""
 
 
 @dataclass(frozen=True)

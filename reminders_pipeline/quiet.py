@@ -1,0 +1,44 @@
+"""Logging a step that keeps failing: one line when it starts, a summary a minute while it lasts,
+one line when it works again.
+
+A long-lived loop (the dispatcher) retries a failing step every poll; logging each failure with
+its traceback would write thousands of lines through a database outage and bury the one that
+says when it began.
+"""
+
+from __future__ import annotations
+
+import logging
+
+SUMMARY_EVERY_SECONDS = 60.0
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line: SQLAlchemy appends the whole statement, too much for a warning."""
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
+
+
+class QuietFailures:
+    """The failures of one step (``what``), logged to ``log`` by state change and summary only."""
+
+    def __init__(self, log: logging.Logger, what: str, every: float = SUMMARY_EVERY_SECONDS) -> None:
+        self.log, self.what, self.every = log, what, every
+        self.failures = 0
+        self.since: float | None = None
+        self._next_summary = 0.0
+
+    def failed(self, exc: BaseException, now: float) -> None:
+        self.failures += 1
+        reason = f"{type(exc).__name__}: {first_line(exc)}"
+        if self.since is None:
+            self.since, self._next_summary = now, now + self.every
+            self.log.error("%s failed (%s); retrying quietly, a summary every %.0fs", self.what, reason, self.every)
+        elif now >= self._next_summary:
+            self._next_summary = now + self.every
+            self.log.error("%s still failing: %d times in %.0fs (last: %s)", self.what, self.failures, now - self.since, reason)
+
+    def succeeded(self, now: float) -> None:
+        if self.since is not None:
+            self.log.warning("%s works again after %d failure(s) in %.0fs", self.what, self.failures, now - self.since)
+        self.failures, self.since = 0, None
