@@ -43,6 +43,11 @@ def not_held(now: Any) -> Any:
     return or_(q.c.not_before.is_(None), q.c.not_before <= now)
 
 
+def _due(rows: Any, now: Any) -> tuple[Any, ...]:
+    """The due predicate on ``rows`` (the queue, or what a lock returned of it)."""
+    return rows.c.status == PENDING, rows.c.send_after <= now, or_(rows.c.not_before.is_(None), rows.c.not_before <= now)
+
+
 def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
     """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text comparison."""
     stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now, not_held(now)).order_by(q.c.send_after, q.c.id)
@@ -88,21 +93,23 @@ _CLAIM_DEVICE_COLUMNS = (
 def _claim_statement(dialect: str) -> Any:
     """Built once per dialect: the drain claims every slice with the same statement."""
     now = bindparam("now")
-    if dialect == "postgresql":
-        # Lock by primary key only: a status predicate here would steer the planner onto the
-        # partial due index and scan every pending row for each claim.
-        ids = bindparam("claim_ids", type_=postgresql.ARRAY(BigInteger))
-        target: Any = select(q.c.id).where(q.c.id == any_(ids)).order_by(q.c.id).with_for_update(skip_locked=True).scalar_subquery()
-    else:
-        target = bindparam("claim_ids", expanding=True)
-    stmt = (
-        update(q)
-        .where(q.c.id.in_(target), q.c.status == PENDING, q.c.send_after <= now, not_held(now))
-        .values(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
-        .returning(*q.c)
-    )
+    values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
     if dialect != "postgresql":
-        return stmt
+        return update(q).where(q.c.id.in_(bindparam("claim_ids", expanding=True)), *_due(q, now)).values(**values).returning(*q.c)
+    # Lock by primary key only, and test the due predicate on what the lock returned (the row's
+    # latest version, held until commit, so the claim stays a compare-and-swap). On the UPDATE's
+    # own columns the predicate steered the planner onto the partial due index: every pending row
+    # read and joined against the ids once per claim (21 ms for a 50-row slice at 3,000 due rows).
+    ids = bindparam("claim_ids", type_=postgresql.ARRAY(BigInteger))
+    locked = q.alias("locked")
+    target = (
+        select(locked.c.id, locked.c.status, locked.c.send_after, locked.c.not_before)
+        .where(locked.c.id == any_(ids))
+        .order_by(locked.c.id)
+        .with_for_update(skip_locked=True)
+        .subquery("target")
+    )
+    stmt = update(q).where(q.c.id == target.c.id, *_due(target, now)).values(**values).returning(*q.c)
     claimed = stmt.cte("claimed")  # one round trip: the UPDATE as a CTE joined to devices
     return select(claimed, *_CLAIM_DEVICE_COLUMNS).outerjoin(devices, devices.c.id == claimed.c.device_id)
 
