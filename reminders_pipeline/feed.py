@@ -68,8 +68,9 @@ class ParsedFeed:
     partial_series: set[str] = field(default_factory=set)
     cut_from: int | None = None
     aside: list[Item] = field(default_factory=list)  # the cut items read whole: they re-time rows, never add any
-    # Where the cap cut anything: the first instant a kept item may be over. From then a cut item
-    # may belong among the soonest, so the feed is read and parsed again, never reused on 304.
+    # Where the cap cut anything: the first instant a kept item stops counting under it (over, or
+    # for a calendar's floating item 14 h after its wall-time end). From then a cut item may belong
+    # among the soonest, so the feed is read and parsed again, never reused on 304.
     cap_until: int | None = None
 
     max_items: int | None = field(default=None, repr=False, compare=False)
