@@ -311,7 +311,7 @@ def test_each_library_the_expansion_reads_is_pinned_to_the_installed_version(lib
 def expansion_changed(library: str, attribute: str) -> str:
     return (
         f"{library} {version(library)}: {attribute} is gone or changed. reminders_pipeline/ics.py "
-        "(metered_series, _bounded, _passes, _note_cut) relies on it: re-check before moving the pin."
+        "(metered_series, _bounded, _passes, _OccurrenceEvent) relies on it: re-check before moving the pin."
     )
 
 
@@ -379,3 +379,36 @@ def test_recurring_ical_events_occurrence_keeps_its_source_event() -> None:
     assert len(occurrences) == 2, expansion_changed("recurring-ical-events", "Series.between")
     event = occurrences[0]._adapter._component
     assert str(event.get("UID")) == "u1", expansion_changed("recurring-ical-events", "Occurrence._adapter._component")
+
+
+def test_an_occurrence_read_in_place_is_the_item_as_component_builds() -> None:
+    """ics.py reads each occurrence in place (``_OccurrenceEvent``) instead of copying it with
+    ``Occurrence.as_component``: both must give every item the same, moved instances, DURATION,
+    DTEND, all-day, zoned and floating times and alarms included."""
+    import icalendar
+    import recurring_ical_events
+
+    from reminders_pipeline.ics import _durations, _OccurrenceEvent, _raw_item
+
+    calendar = icalendar.Calendar.from_ical(
+        "\r\n".join([
+            "BEGIN:VCALENDAR", "VERSION:2.0",
+            "BEGIN:VEVENT", "UID:w", "DTSTART;TZID=Europe/Berlin:20260907T093000", "DURATION:PT45M",
+            "RRULE:FREQ=DAILY;COUNT=5", "EXDATE;TZID=Europe/Berlin:20260909T093000", "SUMMARY:Daily", "LOCATION:Room 4",
+            "BEGIN:VALARM", "ACTION:DISPLAY", "TRIGGER:-PT25M", "DESCRIPTION:x", "END:VALARM", "END:VEVENT",
+            "BEGIN:VEVENT", "UID:w", "RECURRENCE-ID;TZID=Europe/Berlin:20260908T093000",
+            "DTSTART;TZID=Europe/Berlin:20260908T110000", "DTEND;TZID=Europe/Berlin:20260908T120000", "SUMMARY:Moved", "END:VEVENT",
+            "BEGIN:VEVENT", "UID:f", "DTSTART:20260908T090000", "RRULE:FREQ=DAILY;COUNT=3", "DURATION:PT15M", "SUMMARY:Floating", "END:VEVENT",
+            "BEGIN:VEVENT", "UID:a", "DTSTART;VALUE=DATE:20260908", "RRULE:FREQ=WEEKLY;COUNT=2", "SUMMARY:All day", "END:VEVENT",
+            "BEGIN:VEVENT", "UID:o", "DTSTART:20260909T120000Z", "DTEND:20260909T123000Z", "STATUS:CANCELLED", "END:VEVENT",
+            "END:VCALENDAR", "",
+        ]).encode()
+    )
+    durations = _durations(calendar)
+    occurrences = [o for s in recurring_ical_events.of(calendar).series
+                   for o in s.between(datetime(2026, 9, 1, tzinfo=timezone.utc), datetime(2026, 9, 30, tzinfo=timezone.utc))]
+    assert len(occurrences) == 10  # 5 daily less 1 EXDATE (1 moved), 3 floating, 2 all-day, 1 cancelled
+    for occurrence in occurrences:
+        assert _raw_item(_OccurrenceEvent(occurrence), durations) == _raw_item(occurrence.as_component(False), durations), (
+            expansion_changed("recurring-ical-events", f"Occurrence.as_component, for {occurrence!r}")
+        )
