@@ -19,7 +19,7 @@ from . import ledger
 from .db import Database
 from .rules import Rule, device_rules
 from .settings import Settings
-from .times import iso_from_unix, now_utc, seconds_between, unix_from_iso
+from .times import now_utc, seconds_between
 
 
 @dataclass(frozen=True)
@@ -210,14 +210,13 @@ def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
     with db.read() as conn:
         never, oldest = ledger.oldest_built(conn)
         per_chunk = ledger.devices_per_chunk(conn)
-        leads = ledger.leads_in_use(conn)
+        min_lead = ledger.min_lead_seconds(conn)
         period = sweep_period_seconds(settings, per_chunk)
-        budgets = {lead: device_budget(settings, lead, period) for lead in leads}
-        now_unix = unix_from_iso(now)
-        stale = ledger.stale_per_chunk(conn, {lead: iso_from_unix(now_unix - b) for lead, b in budgets.items()})
+        floor = device_budget(settings, 0, period)
+        stale = ledger.stale_per_chunk(conn, now, floor, settings.sweep_margin_seconds)
         short = ledger.count_devices_with_lead_below(conn, period + settings.sweep_margin_seconds + 1)
         future = ledger.built_after(conn, now)
-    smallest = budgets[leads[0]] if leads else device_budget(settings, settings.default_lead_seconds, period)
+    smallest = device_budget(settings, settings.default_lead_seconds if min_lead is None else min_lead, period)
     return SweepStatus(now, oldest, never, smallest, period, future, stale, short)
 
 

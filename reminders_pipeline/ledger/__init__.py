@@ -39,7 +39,6 @@ from .devices import (  # noqa: F401
     count_devices_with_lead_below,
     devices_per_chunk,
     get_device,
-    leads_in_use,
     list_devices,
     lock_devices,
     mark_token_invalid,

@@ -1,11 +1,12 @@
 """What every ledger module shares: the status literals the partial indexes are defined on,
-batching under SQLite's parameter limit, and the dialect's INSERT with ON CONFLICT."""
+batching under SQLite's parameter limit, and the dialect's INSERT with ON CONFLICT and date
+functions."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import Connection, literal_column
+from sqlalchemy import TIMESTAMP, BigInteger, ColumnElement, Connection, cast, extract, func, literal_column
 from sqlalchemy.dialects import postgresql, sqlite
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
@@ -25,3 +26,11 @@ def batches(seq: Sequence[Any], size: int = IN_LIST_MAX) -> Iterable[Sequence[An
 def insert_on_conflict(conn: Connection):  # type: ignore[no-untyped-def]
     """SQLAlchemy's generic insert() has no ON CONFLICT; each dialect's own insert() has one."""
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+def unix_of(conn: Connection, column: Any) -> ColumnElement[int]:
+    """Whole Unix seconds of a stored ISO-8601 UTC time, read by the database's own date functions
+    (for a comparison that varies per row, which a bound ISO cutoff cannot express)."""
+    if conn.dialect.name == "postgresql":
+        return cast(func.floor(extract("epoch", cast(column, TIMESTAMP(timezone=True)))), BigInteger)
+    return cast(func.strftime("%s", column), BigInteger)

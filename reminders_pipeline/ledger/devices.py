@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, and_, bindparam, case, delete, func, null, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, null, or_, select, update
 
 from ..schema import device_sources, devices, sources
-from ..times import now_utc
-from ._common import batches, insert_on_conflict
+from ..times import iso_from_unix, now_utc, unix_from_iso
+from ._common import batches, insert_on_conflict, unix_of
 from .queue import end_holds, void_pending_of_device
 
 
@@ -276,21 +276,18 @@ def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple
     return int(never or 0), oldest
 
 
-def leads_in_use(conn: Connection) -> list[int]:
-    """Each distinct ``reminder_lead_seconds`` of live devices."""
-    stmt = select(devices.c.reminder_lead_seconds).where(devices.c.token_invalid_at.is_(None)).distinct()
-    return sorted(conn.scalars(stmt))
-
-
-def stale_per_chunk(conn: Connection, cutoffs: Mapping[int, str]) -> dict[int, int]:
-    """Live devices built before the cutoff for their lead (``cutoffs``: lead -> ISO time), per
-    chunk, in one statement; a lead missing from ``cutoffs`` is never stale."""
-    if not cutoffs:
-        return {}
-    cutoff = case(dict(cutoffs), value=devices.c.reminder_lead_seconds, else_="")
+def stale_per_chunk(conn: Connection, now: str, floor_seconds: int, margin_seconds: int) -> dict[int, int]:
+    """Live devices built longer ago than their budget, per chunk, in one statement: the budget is
+    ``check.device_budget``'s, a device's lead less ``margin_seconds`` but never under
+    ``floor_seconds``. Computed per row, so any number of distinct leads costs one statement."""
+    now_unix = int(unix_from_iso(now))
     stmt = (
         select(devices.c.chunk, func.count())
-        .where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at < cutoff)
+        .where(
+            devices.c.token_invalid_at.is_(None),
+            devices.c.reminders_built_at < iso_from_unix(now_unix - floor_seconds),
+            unix_of(conn, devices.c.reminders_built_at) + devices.c.reminder_lead_seconds - margin_seconds < now_unix,
+        )
         .group_by(devices.c.chunk)
     )
     return {c: n for c, n in conn.execute(stmt)}
