@@ -34,8 +34,9 @@ Expansion is bounded, and checked at every occurrence a recurrence rule yields (
 - a series the library cannot expand (an absurd date that overflows) is dropped alone and counted
   ``bad_recurrence``; a dropped series' UID is kept in ``ParsedFeed.partial_series``, so its rows
   are not voided as if its occurrences had left the feed; one dropped after some of its
-  occurrences were counted is expanded away (the calendar replays without it), so it takes no
-  place under the cap;
+  occurrences were counted is expanded away (the calendar replays without it, each series charged
+  afresh), so it takes no place under the cap; after ``MAX_REPLAYS`` replays, such a series'
+  counted occurrences keep their places;
 - a rule's walk starts from DTSTART only where it must (COUNT, or a month or year period), else
   a whole number of periods later, just before the window; a rule none of whose day filters
   matches a day of the window is not walked at all (``_bounded``);
@@ -69,6 +70,7 @@ from .zones import MAX_OFFSET_SECONDS
 FALLBACK_TITLE = "Untitled event"
 SERIES_SECONDS = 1.0  # CPU a series may take per read, by default (an HOURLY series from 2020 takes ~0.25 s)
 MAX_PER_DAY = 1441  # occurrences a day a series may average: a minutely series passes, a secondly one not
+MAX_REPLAYS = 3  # full expansions again without a series dropped after its occurrences took places
 TICKS_PER_CHECK = 16  # expansion steps between two readings of the deadline and the series' CPU clock
 PRESELECT_ABOVE = 2000  # events in one calendar above which out-of-window single events skip parsing
 _VEVENT = re.compile(rb"^BEGIN:VEVENT\r?\n.*?^END:VEVENT\r?\n", re.S | re.M)
@@ -407,11 +409,13 @@ def parse_ics_feed(
         raise FeedError("bad_recurrence") from None
     dropped: list[tuple[Any, str]] = []
     while True:
-        feed = ParsedFeed(max_items=max_items)
+        feed = ParsedFeed()
+        meter.spent.clear()  # a replay charges each series afresh: the one dropped is not its fault
+        replay = len(dropped) < MAX_REPLAYS
         try:
-            _fill(feed, _occurrences(query, lo, hi, meter, feed, dropped), durations, window_start, max_items, deadline)
-        except _Replay as replay:  # a series dropped after some of its occurrences took places under the cap
-            dropped.append((replay.series, replay.reason))
+            _fill(feed, _occurrences(query, lo, hi, meter, feed, dropped, replay), durations, window_start, max_items, deadline)
+        except _Replay as again:  # a series dropped after some of its occurrences took places under the cap
+            dropped.append((again.series, again.reason))
             continue
         feed.cap_until = _cap_until(feed, window_start)
         return feed
@@ -471,12 +475,15 @@ def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str]
     return 1
 
 
-def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed, dropped: list[tuple[Any, str]]) -> Iterator[Any]:
+def _occurrences(
+    query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed, dropped: list[tuple[Any, str]], replay: bool
+) -> Iterator[Any]:
     """Occurrences soonest first, in slices that double from one day: a flood (``FREQ=MINUTELY``)
     is cut after a slice or two instead of being expanded over the whole window first. Each series
     is expanded on its own, so one that runs away or overflows is dropped and counted alone; the
     series in ``dropped`` (with their reasons) are left out from the start, and one dropped after
-    it yielded raises ``_Replay``, so none of its occurrences holds a place under the cap.
+    it yielded raises ``_Replay`` where ``replay`` allows, so none of its occurrences holds a place
+    under the cap (after ``MAX_REPLAYS`` such series, the yielded ones keep theirs).
     (recurring-ical-events' own ``after`` re-expands each series from its start and is far slower.)
     An occurrence is yielded in the slice where it starts; the first slice also yields those
     already under way. Occurrences are yielded as the library's ``Occurrence``, read as items only
@@ -494,7 +501,7 @@ def _occurrences(query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed:
         for series in list(live):
             found, reason = _expand(series, start, end, meter)
             if reason is not None:
-                if id(series) in yielded:
+                if replay and id(series) in yielded:
                     raise _Replay(series, reason)
                 live.remove(series)
                 feed.rejected[reason] += 1

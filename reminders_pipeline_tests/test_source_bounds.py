@@ -421,6 +421,50 @@ def test_a_series_dropped_after_its_first_slice_gives_its_places_back():
     assert feed.rejected == {"runaway_series": 1} and "hourly" in feed.partial_series
 
 
+def _dropped_after_the_first_day(uids: set[str], seen: dict[str, list[float]]):
+    """An ``ics._expand`` that drops the series ``uids`` as runaway after their first day, and
+    records what each other series had been charged when each expansion reached it first."""
+    import reminders_pipeline.ics as ics
+
+    real = ics._expand
+
+    def expand(series, start, end, meter):
+        uid = str(series.uid)
+        if uid in uids and start >= NOW_S + 86400 - ics.MAX_OFFSET_SECONDS:
+            return [], "runaway_series"
+        if start == NOW_S - ics.MAX_OFFSET_SECONDS:
+            seen.setdefault(uid, []).append(meter.spent.get(id(series), 0.0))
+        return real(series, start, end, meter)
+
+    return expand
+
+
+def test_replays_are_bounded_and_each_charges_a_series_afresh():
+    """Six series dropped after their first day, each once it has taken places under the cap: the
+    calendar is expanded again without them at most ``MAX_REPLAYS`` times (a033bef: once per
+    series, without bound), the others are not charged again for the expansions thrown away, and
+    every dropped series is still counted and its rows kept."""
+    import reminders_pipeline.ics as ics
+
+    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    floods = {f"h{i}" for i in range(6)}
+    body = _calendar(
+        *[_event(uid, stamp(600 + i), "DURATION:PT5M", "RRULE:FREQ=HOURLY") for i, uid in enumerate(sorted(floods))],
+        _event("daily", stamp(900), "DURATION:PT5M", "RRULE:FREQ=DAILY"),
+    )
+    seen: dict[str, list[float]] = {}
+    real = ics._expand
+    ics._expand = _dropped_after_the_first_day(floods, seen)
+    try:
+        feed = ics.parse_ics_feed(body, NOW_S, NOW_S + 3 * 86400, max_items=200)
+    finally:
+        ics._expand = real
+    assert len(seen["daily"]) == 1 + ics.MAX_REPLAYS
+    assert seen["daily"] == [0.0] * len(seen["daily"])
+    assert feed.rejected == {"runaway_series": 6} and floods <= feed.partial_series
+    assert {i.id.split("/")[0] for i in feed.items} >= {"daily"}
+
+
 def test_a_row_of_an_item_the_cap_cut_follows_the_item_when_it_moves(db, settings, feeds):
     """Cap 2: C's row was queued while the feed held two items; a third, sooner item cuts C, and
     then C moves an hour later. Its row is not voided (the cap says nothing of C leaving) and no
