@@ -33,8 +33,11 @@ from urllib.parse import urlsplit
 
 from aioapns import APNs, NotificationRequest, PushType
 from aioapns.common import NotificationResult
+from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
+from aioapns.exceptions import ConnectionError as ApnsConnectionError
 from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol, AuthorizationHeaderProvider
 from cryptography.exceptions import UnsupportedAlgorithm
+from h2.exceptions import NoAvailableStreamIDError
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
@@ -59,6 +62,9 @@ TOPIC = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # a bundle id, maybe wi
 TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
 NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendResult.retry)
+# What failing to reach APNs raises before a request is written: no connection, TLS, DNS, a pool
+# out of attempts or stream ids, GOAWAY and REFUSED_STREAM (NotProcessed is a ConnectionError).
+UNREACHED = (OSError, ApnsConnectionError, ConnectionClosed, MaxAttemptsExceeded, NoAvailableStreamIDError)
 # APNs declined to process the request for now: nothing was delivered, the row may go again.
 TRANSIENT_STATUSES = frozenset({429, 500, 503})
 
@@ -215,14 +221,17 @@ def _stored_time_from_ms(timestamp: Any) -> str | None:
 
 
 def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendResult:
-    """A failed send: certainly not delivered when it was never written or APNs said it did not
-    process it; otherwise it may have reached APNs (the connection died after the write)."""
+    """A failed send: certainly not delivered when APNs could not be reached before the write or
+    said it did not process it (it may go again); failed for good when its own request could not
+    be encoded; otherwise it may have reached APNs (the connection died after the write)."""
     if isinstance(exc, FenceExpired):
         return fence_expired(row_id)
     if isinstance(exc, NotProcessed):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{exc}", retry=True)
-    if not written:
+    if not written and isinstance(exc, UNREACHED):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{type(exc).__name__}", retry=True)
+    if not written:  # the row's own request failed to encode: it would fail again, and says nothing of APNs
+        return SendResult(row_id, False, reason=f"invalid:{type(exc).__name__}")
     return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
 
 

@@ -368,6 +368,8 @@ class Outage:
         """The halt reason while the outage lasts, else None."""
         now = time.monotonic() if now is None else now
         for r in results:
+            if (r.reason or "").startswith("invalid:"):
+                continue  # refused before the write for the row's own fault: says nothing of APNs
             if r.retry and r.status != 429:
                 self.since = now if self.streak == 0 else self.since
                 self.streak, self.last = self.streak + 1, r.reason
