@@ -82,10 +82,12 @@ class DevicePlan:
     # Rows for an item the cap set aside (``ParsedFeed.aside``), made only for a pending row that
     # exists (``realigned``): a feed far over the cap costs its subscribers' builds nothing more.
     make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
+    made: set[str] = field(default_factory=set, repr=False)  # set-aside items whose rows are made: once each
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
-        if (item_id, rule) not in self.realign and item_id not in self.feed_items and self.make_rows is not None:
+        if (item_id, rule) not in self.realign and item_id not in self.feed_items and self.make_rows is not None and item_id not in self.made:
+            self.made.add(item_id)
             source, own = item_id.split(":", 1)
             feed = self.feeds.get(int(source))
             raw = feed.set_aside_item(own) if feed is not None else None

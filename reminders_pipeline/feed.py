@@ -73,19 +73,16 @@ class ParsedFeed:
     # among the soonest, so the feed is read and parsed again, never reused on 304.
     cap_until: int | None = None
 
-    max_items: int | None = field(default=None, repr=False, compare=False)
     _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
     def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
-        """Validate one wire-format item: keep it, or count why it was rejected (duplicates and
-        items past ``max_items`` too: a source that floods is cut, and the cut is counted)."""
+        """Validate one wire-format item: keep it, or count why it was rejected (duplicates too).
+        The cap is applied by the caller (``keep_soonest``, or a calendar's expansion)."""
         checked = checked_item(raw, floating, all_day, tail_seconds, alarms)
         if isinstance(checked, str):
             self.rejected[checked] += 1
         elif checked.id in self._ids:
             self.rejected["duplicate_id"] += 1
-        elif self.max_items is not None and len(self.items) >= self.max_items:
-            self.set_aside(checked, checked.id)
         else:
             self._ids.add(checked.id)
             self.items.append(checked)
