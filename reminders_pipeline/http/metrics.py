@@ -214,7 +214,8 @@ def families(s: LedgerSnapshot) -> Iterator[Metric]:
     yield _gauge("reminders_never_built_devices", "Live devices never built yet.", s.never_built)
     yield _gauge(
         "reminders_dispatcher_heartbeat_age_seconds",
-        "Age of the newest heartbeat of any running exact-time dispatcher (NaN when none runs, or it is in the future).",
+        f"Age of the newest heartbeat of an exact-time dispatcher not stopped that beat within {DISPATCHER_LIVE_BEATS} "
+        "heartbeat intervals (NaN when none did, as after a dispatcher is killed, or when it is in the future).",
         _age(age_seconds(s.now, s.latest_beat)),
     )
     yield _gauge(

@@ -121,7 +121,7 @@ def queue_gauges(conn: Connection, now: str, beat_after: str) -> QueueGauges:
         select(func.min(devices.c.reminders_built_at)).where(live).scalar_subquery(),
         select(func.count()).where(live, devices.c.reminders_built_at > now).scalar_subquery(),
         _capped_count([q.c.status == SETTLED, q.c.settled_at > now], COUNT_CAP),
-        select(func.max(dispatchers.c.beat_at)).where(running).scalar_subquery(),
+        select(func.max(dispatchers.c.beat_at)).where(running, dispatchers.c.beat_at > beat_after).scalar_subquery(),
         select(func.count()).where(running, dispatchers.c.beat_at > beat_after).scalar_subquery(),
     )
     due, oldest_due, claimed, never, oldest, future, settled_future, beat, live_n = conn.execute(stmt).one()
