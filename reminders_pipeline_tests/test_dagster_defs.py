@@ -87,7 +87,7 @@ def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):
     assert prod["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_POSTGRES_URL"}
     limits = {(l["key"], l.get("value")): l["limit"] for l in prod["concurrency"]["runs"]["tag_concurrency_limits"]}
     assert limits[("reminders/kind", "build")] > limits[("reminders/kind", "drain")]
-    # The dispatcher's own slots (one run in flight, two during a handover) come on top of the rest.
+    # The dispatcher's own slots (one run in flight, two during a handover); test_dagster_queue checks the sum.
     assert limits[("reminders/kind", "dispatch")] == 2 and prod["concurrency"]["runs"]["max_concurrent_runs"] == 10
     assert prod["run_monitoring"]["enabled"] and prod["retention"]["sensor"]["purge_after_days"]["skipped"] == 7
 

@@ -82,7 +82,8 @@ def test_build_schedule_with_chunks_per_tick_requests_the_stalest_as_ranges(
 
 
 def test_build_schedule_skips_while_a_build_is_in_flight(db_url, instance):
-    instance.add_run(dg.DagsterRun(job_name=build_job.name, run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED))
+    tags = dict(build_job.tags)  # a job's tags are its runs' (a UI build gets them as it is queued: test_dagster_queue)
+    instance.add_run(dg.DagsterRun(job_name=build_job.name, run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED, tags=tags))
     result = evaluate(build_schedule, at_minute(0), instance, db_url)
     assert not result.run_requests and "still queued or running" in result.skip_message
 
@@ -251,3 +252,30 @@ def test_two_hours_of_ticks_with_a_lead_900_device_breach_only_on_a_real_stall(d
     assert [b for _, b in changes] == [True, False]
     breached_at, recovered_at = changes[0][0], changes[1][0]
     assert 120 < breached_at < 180 and recovered_at == 180
+
+
+def test_forty_thousand_distinct_leads_are_each_judged_against_their_own_budget(db, settings):
+    """A device may choose any lead, so the sweep alert must not pass one value per distinct lead
+    to the database (a CASE of 40,000 branches exceeds PostgreSQL's 65,535 parameters). Half the devices are a minute past their budget, half a minute short of it;
+    leads run from under the floor budget to far above it."""
+    from reminders_pipeline.check import device_budget, sweep_period_seconds, sweep_status
+    from reminders_pipeline.schema import devices
+    from reminders_pipeline.times import iso_from_unix, unix_from_iso
+
+    count, now = 40_000, now_utc()
+    period = sweep_period_seconds(settings, {c: count // 16 for c in range(16)})
+    rows, expected = [], {}
+    for i in range(count):
+        lead, chunk, late = 60 + 3 * i, i % 16, i % 2 == 0
+        budget = device_budget(settings, lead, period)
+        built = iso_from_unix(int(unix_from_iso(now)) - budget + (-60 if late else 60))
+        rows.append({"id": f"d{i}", "apns_token": "ab" * 32, "reminder_lead_seconds": lead, "chunk": chunk,
+                     "reminders_built_at": built, "created_at": now, "updated_at": now})
+        if late:
+            expected[chunk] = expected.get(chunk, 0) + 1
+    with db.write() as conn:
+        conn.execute(devices.insert(), rows)
+    status = sweep_status(db, settings, now)
+    assert status.sweep_period_seconds == period
+    assert dict(status.stale) == expected and sum(expected.values()) == count // 2
+    assert status.budget_seconds == device_budget(settings, 60, period)

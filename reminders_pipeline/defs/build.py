@@ -16,12 +16,12 @@ from reminders_pipeline.times import now_utc
 
 from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SourcesResource
+from .run_queue import BUILD_TAGS, RUN_KIND_TAG
 
 # Read once when the code location loads: the partition keys and the cron strings are part of the
 # definitions. The same Settings reads the same variables in every run process.
 LOAD_SETTINGS = Settings.from_env()
 
-RUN_KIND_TAG = "reminders/kind"  # dagster.yaml limits concurrent runs per kind
 RANGE_START_TAG = "dagster/asset_partition_range_start"
 RANGE_END_TAG = "dagster/asset_partition_range_end"
 IN_FLIGHT = [
@@ -87,7 +87,7 @@ build_job = dg.define_asset_job(
     "build_notification_queue",
     selection=dg.AssetSelection.assets(notification_queue).without_checks(),
     executor_def=job_executor(LOAD_SETTINGS.dagster_executor),
-    tags={RUN_KIND_TAG: "build", "dagster/max_runtime": 3600},
+    tags=BUILD_TAGS,
     description="Build notification_queue for a range of device chunks (one run, chunks in turn).",
 )
 
@@ -126,13 +126,9 @@ def build_requests(chunks: Sequence[int], run_key: str | None = None, **tags: st
 
 
 def builds_in_flight(instance: dg.DagsterInstance) -> int:
-    """Build runs queued or running: a new tick would only rebuild the same stalest chunks."""
-    return len(
-        instance.get_run_ids(
-            dg.RunsFilter(job_name=build_job.name, statuses=IN_FLIGHT),
-            limit=1,
-        )
-    )
+    """Build runs queued or running, wherever launched (a UI materialization is tagged as one when
+    queued, ``run_queue``): a new tick would only rebuild the same stalest chunks."""
+    return len(instance.get_run_ids(dg.RunsFilter(tags={RUN_KIND_TAG: "build"}, statuses=IN_FLIGHT), limit=1))
 
 
 @dg.schedule(

@@ -19,10 +19,11 @@ from reminders_pipeline.dispatch import Dispatcher, batch_line, dispatch_health
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 
-from .build import IN_FLIGHT, LOAD_SETTINGS, RUN_KIND_TAG, notification_queue
+from .build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
 from .drain import summary_metadata
 from .monitoring import check_result
 from .resources import AlertingResource, LedgerResource, SenderResource
+from .run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
 from .signals import stop_on_signals
 
 MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this long past its planned end
@@ -63,7 +64,11 @@ async def dispatch(
 @dg.job(
     name="dispatcher",
     executor_def=dg.in_process_executor,  # one op that runs for an hour: nothing to spread
-    tags={RUN_KIND_TAG: "dispatch", "dagster/max_runtime": LOAD_SETTINGS.dispatch_run_seconds + MAX_RUNTIME_MARGIN_SECONDS},
+    tags={
+        RUN_KIND_TAG: "dispatch",
+        MAX_RUNTIME_TAG: str(LOAD_SETTINGS.dispatch_run_seconds + MAX_RUNTIME_MARGIN_SECONDS),
+        PRIORITY_TAG: str(DISPATCH_PRIORITY),
+    },
     description="The exact-time dispatcher for REMINDERS_DISPATCH_RUN_SECONDS; dispatcher_sensor keeps one in flight.",
 )
 def dispatcher_job() -> None:
@@ -85,7 +90,7 @@ dispatch_check_job = dg.define_asset_job(
     "dispatch_on_time_check",
     selection=dg.AssetSelection.checks(dispatch_on_time),
     executor_def=dg.in_process_executor,
-    tags={RUN_KIND_TAG: "check"},
+    tags=CHECK_TAGS,
     description="Evaluate dispatch_on_time now (requested by dispatcher_sensor when due rows start or stop waiting).",
 )
 

@@ -23,6 +23,7 @@ from reminders_pipeline.times import now_utc, unix_from_iso
 
 from .build import LOAD_SETTINGS, RANGE_END_TAG, RANGE_START_TAG, build_job, build_requests, builds_in_flight, notification_queue
 from .resources import AlertingResource, LedgerResource
+from .run_queue import CHECK_TAGS
 
 CATCH_UP_TAG = "reminders/trigger"
 # The checks run this long after each drain tick (REMINDERS_DRAIN_CRON), so drain_backlog sees what
@@ -135,6 +136,7 @@ queue_checks_schedule = dg.ScheduleDefinition(
     cron_schedule=_check_crons[0] if len(_check_crons) == 1 else list(_check_crons),
     execution_timezone="UTC",
     target=dg.AssetSelection.checks_for_assets(notification_queue),
+    tags=CHECK_TAGS,
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Evaluate sweep_period_invariant and drain_backlog 5 minutes after each drain tick (REMINDERS_DRAIN_CRON).",
 )
