@@ -10,8 +10,10 @@ Around aioapns' public API this module adds, each for a reason found against the
 * one provider JWT for every connection, sender and process (``ProviderToken``): aioapns signs one
   per connection, and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;
 * which failures certainly never reached APNs (no connection, TLS failed, REFUSED_STREAM, a stream
-  above a GOAWAY's last stream id, a request never written, one stopped by its claim's fence): ``SendResult.retry``, so the drain
-  can return those rows to pending, while one that may have arrived stays failed;
+  above a GOAWAY's last stream id, a stream refused on a connection APNs just closed, one stopped
+  by its claim's fence; ``not-sent``), and which failed before the write for another reason
+  (``not-written``, spending an attempt): ``SendResult.retry``, so the drain can return those rows
+  to pending, while one that may have arrived stays failed;
 * the exact ``apns-expiration`` (aioapns only takes a relative TTL) and compact JSON bodies, each
   serialised once (``Wire``);
 * a shielded response timeout: aioapns has none, and a plain ``wait_for`` breaks the connection;
@@ -37,13 +39,13 @@ from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
 from aioapns.exceptions import ConnectionError as ApnsConnectionError
 from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol, AuthorizationHeaderProvider
 from cryptography.exceptions import UnsupportedAlgorithm
-from h2.exceptions import NoAvailableStreamIDError
+from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
-from .sender import Notification, SenderFactory, SendResult, fence_expired
+from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
 from .times import iso_from_unix
 
@@ -63,8 +65,9 @@ TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
 NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendResult.retry)
 # What failing to reach APNs raises before a request is written: no connection, TLS, DNS, a pool
-# out of attempts or stream ids, GOAWAY and REFUSED_STREAM (NotProcessed is a ConnectionError).
-UNREACHED = (OSError, ApnsConnectionError, ConnectionClosed, MaxAttemptsExceeded, NoAvailableStreamIDError)
+# out of attempts or stream ids, GOAWAY and REFUSED_STREAM (NotProcessed is a ConnectionError),
+# and h2 refusing to open a stream on a connection APNs has just closed.
+UNREACHED = (OSError, ApnsConnectionError, ConnectionClosed, MaxAttemptsExceeded, NoAvailableStreamIDError, ProtocolError)
 # APNs declined to process the request for now: nothing was delivered, the row may go again.
 TRANSIENT_STATUSES = frozenset({429, 500, 503})
 
@@ -222,16 +225,17 @@ def _stored_time_from_ms(timestamp: Any) -> str | None:
 
 def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendResult:
     """A failed send: certainly not delivered when APNs could not be reached before the write or
-    said it did not process it (it may go again); failed for good when its own request could not
-    be encoded; otherwise it may have reached APNs (the connection died after the write)."""
+    said it did not process it (it may go again, spending no attempt), or when anything else failed
+    before the write (``NOT_WRITTEN``: it may go again, spending one); otherwise it may have reached
+    APNs (the connection died after the write)."""
     if isinstance(exc, FenceExpired):
         return fence_expired(row_id)
     if isinstance(exc, NotProcessed):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{exc}", retry=True)
     if not written and isinstance(exc, UNREACHED):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{type(exc).__name__}", retry=True)
-    if not written:  # the row's own request failed to encode: it would fail again, and says nothing of APNs
-        return SendResult(row_id, False, reason=f"invalid:{type(exc).__name__}")
+    if not written:  # anything else before the write: it may fail the same way, and says nothing of APNs
+        return SendResult(row_id, False, reason=f"{NOT_WRITTEN}:{type(exc).__name__}", retry=True)
     return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
 
 

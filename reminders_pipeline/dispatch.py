@@ -233,7 +233,8 @@ class Dispatcher:
                 self._next_beat = now + self.settings.dispatch_heartbeat_seconds
         except Exception as exc:  # noqa: BLE001 - bookkeeping never stops dispatching
             self._chores.failed(exc, now)
-            self._next_beat = now + self.settings.dispatch_heartbeat_seconds
+            retry_at = now + self.settings.dispatch_heartbeat_seconds  # not on every poll: the database is down
+            self._next_beat, self._next_sweep = retry_at, max(self._next_sweep, retry_at)
             return
         self._chores.succeeded(now)
 

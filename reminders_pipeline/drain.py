@@ -27,7 +27,7 @@ from .alerts import raise_alert
 from .notification import compose, record_of_send
 from .db import Database
 from .policy import decide, quiet_end
-from .sender import FENCE_EXPIRED, Notification, SendResult, Sender, SenderFactory, fence_expired
+from .sender import FENCE_EXPIRED, NOT_WRITTEN, Notification, SendResult, Sender, SenderFactory, fence_expired
 from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
 
@@ -368,8 +368,8 @@ class Outage:
         """The halt reason while the outage lasts, else None."""
         now = time.monotonic() if now is None else now
         for r in results:
-            if (r.reason or "").startswith("invalid:"):
-                continue  # refused before the write for the row's own fault: says nothing of APNs
+            if _not_written(r):
+                continue  # failed before the write for another reason than reaching APNs: says nothing of it
             if r.retry and r.status != 429:
                 self.since = now if self.streak == 0 else self.since
                 self.streak, self.last = self.streak + 1, r.reason
@@ -494,12 +494,13 @@ def _return_undelivered(
     out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: Outage, summary: DrainSummary
 ) -> _Settlement:
     """Rows whose send certainly was not delivered go back to pending, not due again before their
-    backoff ends (``retry_not_before``): those APNs answered (429, 500, 503) while attempts remain,
-    one attempt spent; those that never reached APNs (refused, TLS, no route) always, spending none,
-    as only APNs' answers count against a row (the lateness policy still bounds them). The rest stay
+    backoff ends (``retry_not_before``): those APNs answered (429, 500, 503) and those that failed
+    before their write for another reason (``NOT_WRITTEN``) while attempts remain, one attempt
+    spent; those that never reached APNs (refused, TLS, no route) always, spending none, as only
+    APNs' answers count against a row (the lateness policy still bounds them). The rest stay
     failed as ``_settlement`` wrote them. A long enough run of them, across batches, halts the drain."""
     attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
-    unreached = {r.row_id for r in results if r.retry and r.status is None}
+    unreached = {r.row_id for r in results if r.retry and r.status is None and not _not_written(r)}
     again = unreached | {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
     if again:
         out.returned.extend(
@@ -514,6 +515,10 @@ def _return_undelivered(
         if not outage.alerted:  # one line per outage, not one per batch that meets it
             log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
     return out
+
+
+def _not_written(result: SendResult) -> bool:
+    return (result.reason or "").startswith(NOT_WRITTEN + ":")
 
 
 def retry_not_before(now: str, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform) -> str:

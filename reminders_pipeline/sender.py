@@ -76,6 +76,10 @@ SenderFactory = Callable[[], Sender]
 # The reason a send was refused at the last moment because its claim's fence had passed: it
 # certainly never left this process, and the row goes back to pending if the claim is still ours.
 FENCE_EXPIRED = "not-sent:fence_expired"
+# The reason prefix of a send that failed before its write for a reason other than reaching APNs:
+# certainly not delivered, so it may go again, but spending an attempt (it may fail the same way),
+# and saying nothing of whether APNs is out.
+NOT_WRITTEN = "not-written"
 
 
 def fence_expired(row_id: int) -> SendResult:

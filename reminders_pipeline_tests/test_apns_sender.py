@@ -789,29 +789,30 @@ def test_1500_error_answers_on_one_connection_all_arrive(mock: MockApns, setting
 
 
 @pytest.mark.parametrize(
-    ("exc", "reached"),
+    ("exc", "unreached"),
     [
-        (ConnectionRefusedError(), False),
-        (__import__("ssl").SSLError("handshake"), False),
-        (__import__("socket").gaierror("no such host"), False),
-        (__import__("aioapns.exceptions").exceptions.MaxAttemptsExceeded(), False),
-        (__import__("aioapns.exceptions").exceptions.ConnectionClosed(), False),
-        (UnicodeEncodeError("ascii", "é", 0, 1, "no"), True),
-        (ValueError("header value"), True),
-        (KeyError("x"), True),
+        (ConnectionRefusedError(), True),
+        (__import__("ssl").SSLError("handshake"), True),
+        (__import__("socket").gaierror("no such host"), True),
+        (__import__("aioapns.exceptions").exceptions.MaxAttemptsExceeded(), True),
+        (__import__("aioapns.exceptions").exceptions.ConnectionClosed(), True),
+        (__import__("h2.exceptions").exceptions.ProtocolError("SEND_HEADERS in state CLOSED"), True),
+        (UnicodeEncodeError("ascii", "é", 0, 1, "no"), False),
+        (RuntimeError("anything else"), False),
     ],
 )
-def test_only_failing_to_reach_apns_is_unreached_and_may_go_again(exc: BaseException, reached: bool) -> None:
-    """Before the write, a connection, TLS or DNS failure says APNs is out of reach: the row goes
-    again spending no attempt, and it counts toward an outage. A failure of the row's own request
-    (an encoding error) would fail again on every try and says nothing of APNs: it fails for good
-    (a033bef retried it forever, and two such rows in ten seconds halted every send as an outage)."""
+def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outage(exc: BaseException, unreached: bool) -> None:
+    """Before the write, a connection, TLS or DNS failure, or h2 refusing a stream on a connection
+    APNs has just closed, says APNs is out of reach: the row goes again spending no attempt, and
+    it counts toward an outage. Anything else before the write goes again too, but spends an
+    attempt (it may fail the same way every time) and says nothing of APNs (a033bef counted it
+    as unreached: such a row came back forever, and two of them halted every send as an outage)."""
     from reminders_pipeline.apns import result_from_error
     from reminders_pipeline.drain import Outage
 
     result = result_from_error(7, exc, written=False)
-    assert result.retry is not reached and result.status is None
-    assert result.reason == (f"invalid:{type(exc).__name__}" if reached else f"not-sent:{type(exc).__name__}")
-    unreachable = result_from_error(8, ConnectionRefusedError(), written=False)
-    tripped = Outage(limit=3).count([unreachable, result, unreachable, unreachable], now=0.0)
-    assert (tripped or "").startswith("apns_unreachable: 3 sends") if reached else (tripped or "").startswith("apns_unreachable: 4 sends")
+    assert result.retry and result.status is None
+    assert result.reason == f"{'not-sent' if unreached else 'not-written'}:{type(exc).__name__}"
+    refused = result_from_error(8, ConnectionRefusedError(), written=False)
+    tripped = Outage(limit=3).count([refused, result, refused, refused], now=0.0)
+    assert (tripped or "").startswith(f"apns_unreachable: {4 if unreached else 3} sends")

@@ -19,8 +19,8 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 
 from reminders_pipeline.definitions import defs
 from reminders_pipeline.defs.build import builds_in_flight, notification_queue
-from reminders_pipeline.defs.dispatch import dispatcher_job
-from reminders_pipeline.defs.run_queue import BUILD_ASSET, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG, TaggingRunCoordinator
+from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatcher_job
+from reminders_pipeline.defs.run_queue import BUILD_ASSET, KINDS, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG, TaggingRunCoordinator
 from reminders_pipeline.demo import DEV_INSTANCE_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,9 @@ def run_kinds() -> set[str]:
     tagged += [schedule.tags for schedule in repo.schedule_defs if schedule.job_name.startswith("__")]
     for tags in tagged:
         assert RUN_KIND_TAG in tags and int(tags[MAX_RUNTIME_TAG]) > 0, tags
-    return {tags[RUN_KIND_TAG] for tags in tagged} | {"build", "check", "other"}
+    kinds = {tags[RUN_KIND_TAG] for tags in tagged} | {"build", "check", "other"}
+    assert kinds == set(KINDS)
+    return kinds
 
 
 @pytest.fixture
@@ -107,7 +109,7 @@ def test_the_dispatchers_successor_is_dequeued_first_with_ten_runs_in_flight(que
     instance, context, daemon = queue
     running = fill(instance)
     assert len(running) == 10
-    check = queued(instance, "dispatch_on_time_check", {})
+    check = queued(instance, dispatch_check_job.name, dict(dispatch_check_job.tags))
     ui_build = queued(instance, "__ASSET_JOB", {"dagster/from_ui": "true"}, asset_selection=frozenset({BUILD_ASSET}))
     successor = queued(instance, dispatcher_job.name, dict(dispatcher_job.tags))
     assert dequeue_once(instance, context, daemon) == []  # full: nothing moves
@@ -125,7 +127,7 @@ def test_the_successor_goes_first_when_runs_from_outside_the_queue_take_slots(qu
         for _ in range(n):
             add_run(instance, f"{kind}_job", dg.DagsterRunStatus.STARTED, {RUN_KIND_TAG: kind})
     add_run(instance, "__ASSET_JOB", dg.DagsterRunStatus.STARTED, {})  # 8 in progress: 2 slots left
-    check = queued(instance, "dispatch_on_time_check", {})
+    check = queued(instance, dispatch_check_job.name, dict(dispatch_check_job.tags))
     queued(instance, "__ASSET_JOB", {"dagster/from_ui": "true"})  # an "other" run
     successor = queued(instance, dispatcher_job.name, dict(dispatcher_job.tags))
     assert dequeue_once(instance, context, daemon) == [successor, check]
@@ -153,5 +155,6 @@ def test_a_run_with_its_kind_keeps_its_tags():
     run = dg.DagsterRun(job_name="drain_job", tags={RUN_KIND_TAG: "drain", MAX_RUNTIME_TAG: "1800"})
     assert tags_for(run) == {}
     assert tags_for(dg.DagsterRun(job_name="__ASSET_JOB", tags={MAX_RUNTIME_TAG: "60"})) == {RUN_KIND_TAG: "other"}
+    assert tags_for(dg.DagsterRun(job_name="__ASSET_JOB", tags={RUN_KIND_TAG: "x"}))[RUN_KIND_TAG] == "other"  # no limit names "x"
     assert issubclass(TaggingRunCoordinator, dg.QueuedRunCoordinator)
     assert int(dispatcher_job.tags[PRIORITY_TAG]) > 0

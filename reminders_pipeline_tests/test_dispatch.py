@@ -241,3 +241,27 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     assert "reading the queue failed" in lines[0].getMessage() and "works again" in lines[-1].getMessage()
     (row,) = rows_of(db)
     assert row["outcome"] == "sent" and unix_from_iso(row["sent_at"]) <= start + 121
+
+
+def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once_a_poll(db, live, monkeypatch):
+    """Issue 20: the sweep for abandoned claims failing for 2 minutes, polling every second: it is
+    tried again at the heartbeat's pace (a033bef tried it on every poll, 120 times)."""
+    import reminders_pipeline.dispatch as dispatch_module
+    from sqlalchemy.exc import OperationalError
+
+    live = live.with_(dispatch_poll_seconds=1.0, dispatch_heartbeat_seconds=15)
+    start = float(NOW_S)
+    calls = []
+
+    def fail_abandoned(db, settings, now):
+        calls.append(now)
+        if unix_from_iso(now) < start + 120:
+            raise OperationalError("UPDATE ...", {}, ConnectionRefusedError("connection refused"))
+        return 0
+
+    monkeypatch.setattr(dispatch_module, "fail_abandoned", fail_abandoned)
+    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="sweep", timer=DrivenTimer(start))
+    asyncio.run(dispatcher.run(until=start + 180))
+    during = [t for t in calls if unix_from_iso(t) < start + 120]
+    assert 2 <= len(during) <= 120 / 15 + 1, len(during)
+    assert any(unix_from_iso(t) >= start + 120 for t in calls)  # tried again, and working, once it is back

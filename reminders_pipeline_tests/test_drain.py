@@ -719,3 +719,21 @@ def test_a_row_claimed_inside_quiet_hours_whose_event_begins_before_their_end_se
     _quiet_device(db, live, feeds, starts_in=2 * 3600 + 1800, lead=1800)  # the event at 10:30, inside the window
     summary = drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
     assert summary.outcomes == {"quiet_hours": 1}
+
+
+def test_a_send_failing_before_its_write_goes_again_spending_its_attempts(db, live, feeds):
+    """A send that failed before its write for another reason than reaching APNs is certainly not
+    delivered: it goes back to pending after a backoff, but spends an attempt each time, so a row
+    that fails that way on every try ends failed (REMINDERS_SEND_MAX_ATTEMPTS 3), while an
+    unreachable APNs spends none."""
+    _due_items(db, live, feeds, 1)
+    broken = SendResult(0, False, reason="not-written:RuntimeError", retry=True)
+    unreachable = SendResult(0, False, reason="not-sent:ConnectionRefusedError", retry=True)
+    assert drain(db, live, RecordingSender(script={TOKEN: unreachable}).factory(), now=at(0)).returned_to_pending == 1
+    assert rows(db)[0]["attempts"] == 0
+    for n, now in enumerate((at(60), at(120)), start=1):
+        assert drain(db, live, RecordingSender(script={TOKEN: broken}).factory(), now=now).returned_to_pending == 1
+        (row,) = rows(db)
+        assert (row["status"], row["attempts"], row["outcome_detail"]) == ("pending", n, "not-written:RuntimeError")
+    last = drain(db, live, RecordingSender(script={TOKEN: broken}).factory(), now=at(180))
+    assert last.outcomes == {"failed": 1} and last.halted is None

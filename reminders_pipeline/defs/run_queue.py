@@ -36,10 +36,14 @@ CHECK_TAGS = {RUN_KIND_TAG: "check", MAX_RUNTIME_TAG: str(CHECK_MAX_RUNTIME_SECO
 OTHER_TAGS = {RUN_KIND_TAG: "other", MAX_RUNTIME_TAG: str(OTHER_MAX_RUNTIME_SECONDS)}
 
 
+KINDS = ("build", "drain", "check", "other", "dispatch")  # each limited in every dagster.yaml
+
+
 def tags_for(run: dg.DagsterRun) -> Mapping[str, str]:
     """The tags a run lacks: a build's when it materializes ``notification_queue``, a check's when
-    it only evaluates checks, else ``other``'s; none for a run that has its kind already."""
-    if RUN_KIND_TAG in run.tags:
+    it only evaluates checks, else ``other``'s; none for a run that has a known kind already (one
+    edited in the launchpad to a kind no limit names is given its own)."""
+    if run.tags.get(RUN_KIND_TAG) in KINDS:
         return {}
     if run.asset_selection and BUILD_ASSET in run.asset_selection:
         kind = BUILD_TAGS
@@ -47,7 +51,7 @@ def tags_for(run: dg.DagsterRun) -> Mapping[str, str]:
         kind = CHECK_TAGS
     else:
         kind = OTHER_TAGS
-    return {k: v for k, v in kind.items() if k not in run.tags}
+    return {k: v for k, v in kind.items() if k == RUN_KIND_TAG or k not in run.tags}
 
 
 class TaggingRunCoordinator(dg.QueuedRunCoordinator):
