@@ -30,11 +30,11 @@ ICS_URL = "http://feeds.model.test/calendar.ics"
 FAULTS = ("timeout", "http_500", "http_503", "http_404", "http_403", "malformed", "partial", "dropped")
 
 # What APNs answers a token (the model chooses). Only these two may have reached the phone.
-ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "dropped", "not_sent")
+ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "dropped", "not_sent", "not_written")
 # A 410 whose timestamp is this long before the send: older than any registration in a run.
 STALE_410_SECONDS = 30 * 86400
 MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
-RETRIED = frozenset({"429", "500", "503", "not_sent"})  # certainly not delivered: back to pending
+RETRIED = frozenset({"429", "500", "503", "not_sent", "not_written"})  # certainly not delivered: back to pending
 OUTAGE = frozenset({"500", "503", "not_sent"})  # answers that may add up to an outage, which halts everyone's sends
 _APNS = {
     "400": ("400", "BadDeviceToken"),
@@ -292,6 +292,8 @@ class ApnsDouble:
             return result_from_error(n.row_id, ConnectionResetError(), written=True)
         if answer == "not_sent":
             return result_from_error(n.row_id, ConnectionRefusedError(), written=False)
+        if answer == "not_written":  # failed before its write, not for want of APNs: spends an attempt
+            return result_from_error(n.row_id, RuntimeError(), written=False)
         status, reason = _APNS[answer]
         stamp = {"410": int(self.clock() * 1000), "410_stale": int((self.clock() - STALE_410_SECONDS) * 1000)}.get(answer)
         return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), status, reason, stamp))
