@@ -35,14 +35,14 @@ from urllib.parse import urlsplit
 
 from aioapns import APNs, NotificationRequest, PushType
 from aioapns.common import NotificationResult
+from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol, AuthorizationHeaderProvider
 from aioapns.exceptions import ConnectionClosed, MaxAttemptsExceeded
 from aioapns.exceptions import ConnectionError as ApnsConnectionError
-from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol, AuthorizationHeaderProvider
 from cryptography.exceptions import UnsupportedAlgorithm
-from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
 from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
 from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
