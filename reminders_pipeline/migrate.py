@@ -19,9 +19,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.schema import CreateIndex
 
 from .db import Database
+from .schema import metadata
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -41,40 +43,108 @@ def _config(connection=None) -> Config:  # type: ignore[no-untyped-def]
 LOCK_TIMEOUT_SECONDS = 0.2  # how long one attempt waits for a table lock: what claims queued behind it wait at most
 LOCK_ATTEMPTS = 30
 LOCK_BACKOFF_MAX_SECONDS = 10.0
+FINISH_WAIT_SECONDS = 60.0  # how long a validation or index build waits for older transactions (blocking no claim)
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 class MigrationBlocked(RuntimeError):
-    """A migration could not take its table locks within its attempts; it changed nothing."""
+    """A step could not finish (its locks not taken in time, or old rows breaking a new CHECK); the
+    migrations before it are committed, and the next run starts from it."""
 
 
 def upgrade(
     db: Database, revision: str = "head", *, lock_timeout: float = LOCK_TIMEOUT_SECONDS, attempts: int = LOCK_ATTEMPTS
 ) -> None:
-    """Apply the migrations up to ``revision`` in one transaction.
+    """Apply the migrations up to ``revision``, each in its own transaction.
 
-    On PostgreSQL each attempt waits at most ``lock_timeout`` for a table lock (``SET LOCAL
-    lock_timeout``): a migration's ALTER waits behind any open transaction on its table, and every
-    claim and build would queue behind the ALTER for as long. An attempt that times out rolls back
-    whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``), so
-    claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``."""
+    On PostgreSQL each attempt at a migration waits at most ``lock_timeout`` for a table lock
+    (``SET LOCAL lock_timeout``): its ALTER waits behind any open transaction on its table, and
+    every claim and build would queue behind the ALTER for as long. An attempt that times out rolls
+    back whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``),
+    so claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``. After each
+    migration commits, ``_finish`` does on PostgreSQL what must not run under its exclusive lock."""
+    current = current_revision(db)
+    for step in reversed(list(_scripts().iterate_revisions(revision, current or "base"))):
+        _apply(db, step.revision, current, lock_timeout, attempts)
+        current = step.revision
+        _finish(db)
+    _finish(db)  # also heals what an earlier run left undone
+    db.at_head = False  # checked again on next use
+
+
+def _apply(db: Database, step: str, current: str | None, lock_timeout: float, attempts: int) -> None:
     for attempt in range(1, attempts + 1):
         try:
             with _migrating(db, lock_timeout) as conn:
-                command.upgrade(_config(conn), revision)
-            break
+                command.upgrade(_config(conn), step)
+            return
         except OperationalError as exc:
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
             if attempt == attempts:
                 raise MigrationBlocked(
                     f"could not take a table lock within {lock_timeout}s in {attempts} attempts: a long-running transaction "
-                    "holds one (see pg_stat_activity); the upgrade changed nothing, run it again once it ends"
+                    f"holds one (see pg_stat_activity); the database stays at revision {current or 'none'}, "
+                    "run the upgrade again once it ends"
                 ) from None
             time.sleep(min(0.5 * 2 ** (attempt - 1), LOCK_BACKOFF_MAX_SECONDS))
-    db.at_head = False  # checked again on next use
 
 
-LOCK_NOT_AVAILABLE = "55P03"
+def _finish(db: Database) -> None:
+    """PostgreSQL only: validate the CHECKs the migrations added ``NOT VALID`` and build, ``CONCURRENTLY``,
+    every index of the schema whose columns exist but which is missing or left invalid by an
+    interrupted build. Both take SHARE UPDATE EXCLUSIVE, which no read, claim or build waits for;
+    each runs outside any transaction and waits at most ``FINISH_WAIT_SECONDS`` for older ones."""
+    if db.dialect != "postgresql":
+        return
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(f"SET lock_timeout = '{int(FINISH_WAIT_SECONDS * 1000)}ms'")
+        try:
+            for statement in [*_validations(conn), *_index_builds(conn)]:
+                conn.exec_driver_sql(statement)
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+            raise MigrationBlocked(
+                f"waited {FINISH_WAIT_SECONDS:.0f}s for older transactions to end (see pg_stat_activity) while running "
+                f"{statement.split(' (')[0]}; claims were not held up; run the upgrade again to finish it"
+            ) from None
+        except IntegrityError as exc:
+            raise MigrationBlocked(
+                f"{statement}: rows written before the upgrade break it ({str(exc.orig).splitlines()[0]}); every new write is checked; "
+                "correct those rows and run the upgrade again"
+            ) from None
+        finally:
+            conn.exec_driver_sql("RESET lock_timeout")
+
+
+def _validations(conn: Connection) -> list[str]:
+    rows = conn.exec_driver_sql(
+        "SELECT c.conrelid::regclass::text, quote_ident(c.conname) FROM pg_constraint c "
+        "WHERE NOT c.convalidated AND c.connamespace = current_schema()::regnamespace ORDER BY 1, 2"
+    ).all()
+    return [f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}" for table, name in rows]
+
+
+def _index_builds(conn: Connection) -> list[str]:
+    """``DROP``/``CREATE INDEX CONCURRENTLY`` for each schema index missing or invalid in the database."""
+    columns = set(conn.exec_driver_sql(
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+    ).all())
+    valid = dict(conn.exec_driver_sql(
+        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relnamespace = current_schema()::regnamespace"
+    ).all())
+    statements = []
+    for table in metadata.sorted_tables:
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if valid.get(index.name) or any((table.name, c.name) not in columns for c in index.columns):
+                continue
+            if index.name in valid:
+                statements.append(f"DROP INDEX CONCURRENTLY {index.name}")
+            create = str(CreateIndex(index).compile(dialect=conn.dialect))
+            statements.append(create.replace("INDEX ", "INDEX CONCURRENTLY ", 1))
+    return statements
 
 
 @contextmanager

@@ -244,3 +244,118 @@ def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
     finally:
         migrate.upgrade(db)
         db.dispose()
+
+
+def _pg_state(db: Database) -> tuple[list[str], dict[str, bool]]:
+    """The CHECKs not yet validated, and every index's validity."""
+    with db.engine.connect() as conn:
+        unchecked = conn.execute(text("SELECT conname FROM pg_constraint WHERE NOT convalidated ORDER BY 1")).scalars().all()
+        valid = dict(conn.execute(text(
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relnamespace = current_schema()::regnamespace"
+        )).all())
+    return list(unchecked), valid
+
+
+def test_a_new_check_is_validated_after_its_migration_commits_not_under_its_lock(postgres_url):
+    """Issue 20: 0007 replaces the queue's outcome CHECK. PostgreSQL validates an inline CHECK by
+    reading every row under the ALTER's ACCESS EXCLUSIVE lock; here it is added NOT VALID and
+    validated afterwards, under a lock no claim waits for. A row that breaks it shows the order:
+    0007 commits, its validation stops the upgrade with one line naming the rows, and once they are
+    corrected the upgrade completes with every CHECK validated."""
+    from reminders_pipeline import migrate
+
+    db = Database(postgres_url)
+    try:
+        migrate.downgrade(db, "0005")
+        with db.engine.begin() as conn:
+            conn.execute(text(  # a row the new CHECK refuses, let in by a looser one of the same name
+                "ALTER TABLE notification_queue DROP CONSTRAINT ck_queue_outcome, ADD CONSTRAINT ck_queue_outcome CHECK (true)"
+            ))
+            conn.execute(insert(notification_queue).values(**_queue_row(item_id="1:odd", status="settled", outcome="bogus")))
+        with pytest.raises(migrate.MigrationBlocked) as blocked:
+            migrate.upgrade(db)
+        assert "VALIDATE CONSTRAINT ck_queue_outcome" in str(blocked.value) and "correct those rows" in str(blocked.value)
+        assert "\n" not in str(blocked.value)
+        assert migrate.current_revision(db) == "0007"
+        assert _pg_state(db)[0] == ["ck_queue_outcome"]
+        with db.engine.begin() as conn:
+            with pytest.raises(IntegrityError):  # NOT VALID still checks every new write
+                conn.execute(insert(notification_queue).values(**_queue_row(item_id="1:new", status="settled", outcome="bogus")))
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE notification_queue SET outcome = 'failed' WHERE outcome = 'bogus'"))
+        migrate.upgrade(db)
+        assert migrate.current_revision(db) == migrate.head_revision()
+        unchecked, valid = _pg_state(db)
+        assert unchecked == [] and all(valid.values())
+        with db.engine.begin() as conn:
+            conn.execute(text("DELETE FROM notification_queue"))
+    finally:
+        migrate.upgrade(db)
+        db.dispose()
+
+
+def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if_left_invalid(postgres_url, monkeypatch):
+    """Issue 20: 0010's partial index is built CONCURRENTLY after 0010 commits. A transaction that
+    holds a snapshot (no lock on the queue) makes the build wait; claims go on meanwhile. With the
+    wait bounded at 1 s the upgrade stops with one line and leaves the index invalid, as an
+    interrupted build does; the next upgrade drops and builds it again, then applies 0011."""
+    import threading
+    import time
+
+    from reminders_pipeline import migrate
+
+    db = Database(postgres_url)
+    monkeypatch.setattr(migrate, "FINISH_WAIT_SECONDS", 1.0)
+    try:
+        migrate.downgrade(db, "0009")
+        assert "ix_queue_not_before" not in _pg_state(db)[1]
+        holder = db.engine.connect().execution_options(isolation_level="REPEATABLE READ")
+        held = holder.begin()
+        holder.execute(text("SELECT 1"))  # a snapshot that an index build must outwait
+        outcome: list[BaseException | None] = []
+
+        def run() -> None:
+            try:
+                migrate.upgrade(db)
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        upgrading = threading.Thread(target=run)
+        upgrading.start()
+        waits = []
+        while upgrading.is_alive():
+            started = time.monotonic()
+            with db.engine.begin() as conn:
+                conn.execute(text("UPDATE notification_queue SET updated_at = updated_at WHERE id = -1"))
+            waits.append(time.monotonic() - started)
+            time.sleep(0.02)
+        held.rollback()
+        holder.close()
+        (error,) = outcome
+        assert isinstance(error, migrate.MigrationBlocked), error
+        assert "CREATE INDEX CONCURRENTLY ix_queue_not_before" in str(error) and "claims were not held up" in str(error)
+        assert migrate.current_revision(db) == "0010"
+        assert _pg_state(db)[1]["ix_queue_not_before"] is False
+        assert len(waits) > 5 and max(waits) < 0.5, waits
+        migrate.upgrade(db)
+        assert migrate.current_revision(db) == migrate.head_revision()
+        unchecked, valid = _pg_state(db)
+        assert unchecked == [] and valid["ix_queue_not_before"] is True
+    finally:
+        migrate.upgrade(db)
+        db.dispose()
+
+
+def test_an_upgrade_builds_every_index_the_schema_declares(db):
+    """The migrations (and, on PostgreSQL, the concurrent builds after them) leave exactly the
+    schema's indexes: compare_metadata cannot read partial predicates back, so names are compared."""
+    from sqlalchemy import inspect
+
+    declared = {(t.name, i.name) for t in metadata.sorted_tables for i in t.indexes}
+    inspector = inspect(db.engine)
+    built = {
+        (t.name, i["name"]) for t in metadata.sorted_tables for i in inspector.get_indexes(t.name) if not i.get("duplicates_constraint")
+    }
+    assert declared == built

@@ -8,6 +8,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from reminders_pipeline.migrations.checks import replace_check
+
 revision = "0007"
 down_revision = "0005"
 branch_labels = None
@@ -69,8 +71,7 @@ def _queue(outcomes: str) -> sa.Table:
 
 def _outcomes(outcomes: str) -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.drop_constraint("ck_queue_outcome", "notification_queue", type_="check")
-        op.create_check_constraint("ck_queue_outcome", "notification_queue", f"outcome IS NULL OR outcome IN ({outcomes})")
+        replace_check("notification_queue", "ck_queue_outcome", f"outcome IS NULL OR outcome IN ({outcomes})")
     else:
         with op.batch_alter_table("notification_queue", copy_from=_queue(outcomes), recreate="always"):
             pass

@@ -1,0 +1,35 @@
+"""CHECKs that a migration adds to a table already full of rows, without scanning it under lock.
+
+PostgreSQL verifies a new CHECK by reading every row, and an ALTER holds ACCESS EXCLUSIVE for its
+whole transaction: every claim, settlement and build would wait for that scan. So here a CHECK is
+added ``NOT VALID`` (enforced on every write from then on, existing rows not read), and
+``migrate.upgrade`` validates it afterwards in its own transaction, under SHARE UPDATE EXCLUSIVE,
+which no claim waits for. SQLite has no such lock to hold anyone up: its CHECKs are added inline.
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+
+def iso_shape(column: str) -> str:
+    """The stored-time shape of a nullable column: ``2026-09-10T08:30:00.000Z`` or NULL."""
+    return f"{column} IS NULL OR (length({column}) = 24 AND substr({column}, 11, 1) = 'T' AND substr({column}, 24, 1) = 'Z')"
+
+
+def _postgresql() -> bool:
+    return op.get_bind().dialect.name == "postgresql"
+
+
+def add_iso_column(table: str, column: str) -> None:
+    """A nullable time column with its shape CHECK ``ck_<column>_iso``: catalog-only on both databases."""
+    check = f"CONSTRAINT ck_{column}_iso CHECK ({iso_shape(column)})"
+    if _postgresql():
+        op.execute(f'ALTER TABLE {table} ADD COLUMN {column} TEXT COLLATE "C", ADD {check} NOT VALID')
+    else:
+        op.execute(f"ALTER TABLE {table} ADD COLUMN {column} TEXT {check}")
+
+
+def replace_check(table: str, name: str, condition: str) -> None:
+    """PostgreSQL only: swap a CHECK for another of the same name in one ALTER, the new one NOT VALID."""
+    op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}, ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
