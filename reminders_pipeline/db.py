@@ -23,12 +23,15 @@ import atexit
 import logging
 import os
 import threading
+import time
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Iterator
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+
+from .quiet import QuietFailures
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -138,18 +141,20 @@ async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
     import psycopg
 
     failures = 0
+    lost = QuietFailures(log, f"LISTEN {channel} (polling meanwhile)")
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 await conn.execute(f'LISTEN "{channel}"')
                 failures = 0
+                lost.succeeded(time.monotonic())
                 heard.set()
                 async for _ in conn.notifies():
                     heard.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the poll backstop covers the gap; keep trying
-            log.warning("LISTEN %s lost (%s); polling until it reconnects", channel, type(exc).__name__)
+            lost.failed(exc, time.monotonic())
         heard.set()
         await asyncio.sleep(LISTEN_RETRY_SECONDS[min(failures, len(LISTEN_RETRY_SECONDS) - 1)])
         failures += 1

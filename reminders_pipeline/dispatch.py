@@ -30,7 +30,10 @@ from . import ledger
 from .check import oldest_due_wait
 from .db import Database
 from .quiet import QuietFailures
-from .drain import APNS_UNREACHABLE, DrainSummary, Outage, fail_abandoned, send_batch_async, waiting_off_the_loop
+from .drain import (
+    APNS_UNREACHABLE, DrainSummary, Outage, SettlementsNotWritten, fail_abandoned, send_batch_async, waiting_off_the_loop,
+    write_settlements,
+)
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
 from .times import iso_floor, iso_from_unix, unix_from_iso
@@ -42,6 +45,7 @@ LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lat
 HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
 OUTAGE_PROBE_SECONDS = 5.0  # while APNs is unreachable, try again this often: sent soon after it returns
 ABANDON_SWEEP_SECONDS = 60
+KEPT_RETRY_SECONDS = 1.0  # settlements the database failed under: written again this often until it answers
 
 
 class Timer:
@@ -96,6 +100,7 @@ class Dispatcher:
         self._reads = QuietFailures(log, f"dispatcher {self.name}: reading the queue")
         self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
         self._batch_errors = QuietFailures(log, f"dispatcher {self.name}: a batch")
+        self._kept: list[Any] = []  # settlements a batch could not write (``SettlementsNotWritten``)
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
         self._until: float | None = None
@@ -117,10 +122,13 @@ class Dispatcher:
                     now = self.timer.now()
                     if until is not None and now >= until:
                         break
+                    await self._write_kept(now)
                     await self._housekeeping(now)
                     if heard is not None:
                         heard.clear()  # before the read: a NOTIFY after it wakes the wait below
                     wake_at = await self._dispatch_due(now)
+                    if self._kept:
+                        wake_at = min(wake_at, now + KEPT_RETRY_SECONDS)
                     await self._wait(wake_at, heard, stop)
             finally:
                 await self._finish()
@@ -176,6 +184,8 @@ class Dispatcher:
         if task.cancelled():
             return
         if task.exception() is not None:
+            if isinstance(task.exception(), SettlementsNotWritten):
+                self._kept.extend(task.exception().settlements)  # type: ignore[union-attr]
             self._batch_errors.failed(task.exception(), now)  # type: ignore[arg-type]
             self._not_before = now + self.settings.dispatch_poll_seconds
             return
@@ -221,9 +231,25 @@ class Dispatcher:
             for w in waiters:
                 w.cancel()
 
+    async def _write_kept(self, now: float) -> None:
+        """Write the settlements a batch could not, once the database answers: their rows are still
+        ours until the abandon threshold, and each rewrite settles only rows still claimed by us."""
+        if not self._kept:
+            return
+        kept, self._kept = self._kept, []
+        try:
+            await waiting_off_the_loop(self.db, write_settlements, self.db, kept, self.name, self.summary)
+        except Exception as exc:  # noqa: BLE001 - kept for the next pass
+            self._kept = kept + self._kept
+            self._batch_errors.failed(exc, now)
+            return
+        self._batch_errors.succeeded(now)
+
     async def _housekeeping(self, now: float) -> None:
         """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left. Both
         are writes: on SQLite they wait for the write lock off the loop that reads APNs' answers."""
+        if now < min(self._next_sweep, self._next_beat):
+            return  # nothing due: says nothing of whether the database is back
         try:
             if now >= self._next_sweep:
                 self.summary.abandoned += await waiting_off_the_loop(self.db, fail_abandoned, self.db, self.settings, iso_floor(now))
@@ -254,6 +280,7 @@ class Dispatcher:
     async def _finish(self) -> None:
         if self._batches:
             await asyncio.wait(list(self._batches))
+        await self._write_kept(self.timer.now())
         await self._sender.aclose()
         self.summary.duration_seconds = time.perf_counter() - self._began
         try:

@@ -27,6 +27,7 @@ from .alerts import raise_alert
 from .notification import compose, record_of_send
 from .db import Database
 from .policy import decide, quiet_end
+from .quiet import first_line
 from .sender import FENCE_EXPIRED, NOT_WRITTEN, Notification, SendResult, Sender, SenderFactory, fence_expired
 from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
@@ -283,7 +284,13 @@ async def send_batch_async(
                             ledger.record_halt(conn, scope, summary.halted, claimer, clock())  # type: ignore[arg-type]
                         return written
 
-                _count_settlements(returned, await waiting_off_the_loop(db, settle_last), summary)
+                try:
+                    written = await waiting_off_the_loop(db, settle_last)
+                except Exception as exc:
+                    if returned:
+                        raise SettlementsNotWritten(list(returned), exc) from exc
+                    raise
+                _count_settlements(returned, written, summary)
         finally:
             if owned and sender is not None:
                 await sender.aclose()
@@ -528,6 +535,24 @@ def retry_not_before(now: str, attempt: int, settings: Settings, uniform: Callab
     not all come back together, and a second dispatcher or the cron drain waits as well."""
     delay = min(settings.send_retry_max_seconds, settings.send_retry_base_seconds * 2 ** (attempt - 1))
     return shift(now, uniform(delay / 2, delay))
+
+
+class SettlementsNotWritten(RuntimeError):
+    """A batch's answers came back but the database failed under their settlements. Their rows stay
+    claimed; a long-lived caller (the dispatcher) keeps ``settlements`` and writes them with
+    ``write_settlements`` once the database answers, so a short outage loses no outcome. If the
+    abandoned sweep fails the rows first, the late write settles nothing."""
+
+    def __init__(self, settlements: list[_Settlement], cause: BaseException) -> None:
+        super().__init__(f"{len(settlements)} settlement(s) kept to write again ({type(cause).__name__}: {first_line(cause)})")
+        self.settlements = settlements
+
+
+def write_settlements(db: Database, settlements: Sequence[_Settlement], claimer: str, summary: DrainSummary) -> None:
+    """Write settlements a batch could not (``SettlementsNotWritten``) and count them in ``summary``."""
+    with db.write() as conn:
+        written = _write_returned(conn, settlements, claimer)
+    _count_settlements(list(settlements), written, summary)
 
 
 def _write_returned(conn: Connection, returned: Sequence[_Settlement], claimer: str) -> list[tuple[int, int]]:

@@ -232,15 +232,63 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
         return real(now, clock, busy)
 
+    real_beat = dispatcher._beat
+
+    def beat(now):
+        if now < start + 120:
+            raise OperationalError("UPDATE dispatchers ...", {}, ConnectionRefusedError("connection refused"))
+        return real_beat(now)
+
     dispatcher._read_due = read_due  # type: ignore[method-assign]
+    dispatcher._beat = beat  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="reminders_pipeline.dispatch"):
         asyncio.run(dispatcher.run(until=start + 180))
     lines = [r for r in caplog.records if r.name == "reminders_pipeline.dispatch" and r.levelno >= logging.WARNING]
-    assert 2 <= len(lines) <= 5, [r.getMessage() for r in lines]
+    assert 4 <= len(lines) <= 8, [r.getMessage() for r in lines]
     assert not any(r.exc_info for r in lines)
-    assert "reading the queue failed" in lines[0].getMessage() and "works again" in lines[-1].getMessage()
+    reads = [r.getMessage() for r in lines if "reading the queue" in r.getMessage()]
+    assert "reading the queue failed" in reads[0] and "works again" in reads[-1]
+    chores = [r.getMessage() for r in lines if "heartbeat" in r.getMessage()]
+    # a pass with no chore due says nothing of the database (fixed: "works again after 1 failure" while it was down)
+    assert "failed" in chores[0] and [c for c in chores if "works again" in c] == chores[-1:], chores
+    assert int(chores[-1].split("works again after ")[1].split(" ")[0]) > 1, chores
     (row,) = rows_of(db)
     assert row["outcome"] == "sent" and unix_from_iso(row["sent_at"]) <= start + 121
+
+
+def test_settlements_the_database_failed_under_are_written_once_it_answers(db, live, monkeypatch):
+    """The database fails while a batch writes what APNs answered (its claim committed, the send
+    went). The dispatcher keeps those settlements and writes them on its next pass once the
+    database answers: the row ends ``sent``, sent once, instead of staying claimed until the
+    abandoned sweep fails it (a sent reminder recorded as failed; an unsent one lost)."""
+    from sqlalchemy.exc import OperationalError
+
+    from reminders_pipeline import drain as drain_mod
+
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 5),
+             "event_at": iso_from_unix(start + 3605), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
+        ], at(0))  # fmt: skip
+    real, failures = drain_mod._write_returned, []
+
+    def write_returned(conn, returned, claimer):
+        if returned and len(failures) < 3:  # the claim's transaction and the batch's last write, then the first retry
+            failures.append(len(returned))
+            raise OperationalError("UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection"))
+        return real(conn, returned, claimer)
+
+    monkeypatch.setattr(drain_mod, "_write_returned", write_returned)
+    sender = RecordingSender()
+    dispatcher = Dispatcher(db, live, sender.factory(), name="kept", timer=DrivenTimer(start))
+    asyncio.run(dispatcher.run(until=start + 30))
+    (row,) = rows_of(db)
+    assert (row["status"], row["outcome"], row["claimed_by"]) == ("settled", "sent", "kept")
+    assert len(failures) == 3
+    assert len(sender.sent) == 1
+    assert dispatcher.summary.outcomes["sent"] == 1
 
 
 def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once_a_poll(db, live, monkeypatch):

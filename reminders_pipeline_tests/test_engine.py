@@ -106,3 +106,33 @@ def test_an_unreachable_database_answers_503_not_500(serve, db_url, tmp_path: Pa
         assert error_of(response)["error"] == "database_unavailable"
     finally:
         database.dispose()
+
+
+def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypatch):
+    """The dispatcher's LISTEN connection retrying against a server that is down logs one line,
+    not one per attempt (a 2-minute PostgreSQL outage logged 40), and the event is set on every
+    attempt so the listener keeps polling."""
+    import asyncio
+    import logging
+    import socket
+
+    monkeypatch.setattr(db_module, "LISTEN_RETRY_SECONDS", (0.05,))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    wakes = 0
+
+    async def run() -> None:
+        nonlocal wakes
+        async with Database(f"postgresql+psycopg://postgres@127.0.0.1:{port}/none").notifications("reminders_due") as heard:
+            assert heard is not None
+            for _ in range(10):
+                await asyncio.wait_for(heard.wait(), 5)
+                heard.clear()
+                wakes += 1
+
+    with caplog.at_level(logging.INFO, logger="reminders_pipeline.db"):
+        asyncio.run(run())
+    lines = [r.getMessage() for r in caplog.records if r.name == "reminders_pipeline.db"]
+    assert wakes == 10
+    assert len(lines) == 1 and "LISTEN reminders_due" in lines[0] and "failed" in lines[0], lines

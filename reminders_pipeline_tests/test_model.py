@@ -35,6 +35,7 @@ import pytest
 from hypothesis import HealthCheck, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 from sqlalchemy import select, text
+from sqlalchemy.exc import OperationalError
 
 from reminders_pipeline import build as build_mod, drain as drain_mod, ledger, retention, sources as sources_mod
 from reminders_pipeline.db import Database
@@ -550,6 +551,32 @@ class ReminderMachine(RuleBasedStateMachine):
 
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
+
+    @rule(span=st.sampled_from((60, 600)), lost=st.integers(1, 3))
+    def dispatcher_pass_losing_writes(self, span: int, lost: int) -> None:
+        """The database fails the first ``lost`` settlement writes of a dispatcher pass, and answers
+        again for its last 10 s: a claim's transaction rolls back whole, a batch's last write loses
+        what APNs answered. Nothing is sent twice and no row is left claimed once the pass ends."""
+        real, failed = drain_mod._write_returned, []
+
+        def flaky(conn: Any, returned: Any, claimer: str) -> Any:
+            if returned and len(failed) < lost and timer.t < until - 10:
+                failed.append(len(returned))
+                raise OperationalError("UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection"))
+            return real(conn, returned, claimer)
+
+        timer = DrivenTimer(self.now)
+        dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), name="lossy", timer=timer)
+        until = self.now + span
+        drain_mod._write_returned = flaky  # type: ignore[assignment]
+        try:
+            self._pass(lambda: asyncio.run(dispatcher.run(until=until)), due_by=until - 1, clock=lambda: timer.t)
+        finally:
+            drain_mod._write_returned = real  # type: ignore[assignment]
+        self.now = max(self.now, until)
+        stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
+        if stuck:
+            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after a dispatcher pass whose writes the database lost {failed}")
 
     def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None, stopped: bool = False) -> None:
         self.clock_now = self.now
