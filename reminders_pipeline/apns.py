@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import math
 import re
 import ssl
@@ -45,9 +46,12 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
 from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
+from .quiet import RepeatFilter
 from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
 from .times import iso_from_unix
+
+logging.getLogger("aioapns").addFilter(RepeatFilter())  # every send's outcome is settled and summarised by the drain
 
 REQUIRED = (
     ("apns_key_file", "REMINDERS_APNS_KEY_FILE"),

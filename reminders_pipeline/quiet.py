@@ -42,3 +42,25 @@ class QuietFailures:
         if self.since is not None:
             self.log.warning("%s works again after %d failure(s) in %.0fs", self.what, self.failures, now - self.since)
         self.failures, self.since = 0, None
+
+
+class RepeatFilter(logging.Filter):
+    """A library's log lines, one per message template a minute: aioapns logs three lines for every
+    send that cannot connect (a two-minute APNs outage wrote 1,300). The first of each template
+    passes at once; the next to pass says how many alike it stands for."""
+
+    def __init__(self, every: float = SUMMARY_EVERY_SECONDS) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[str, tuple[float, int]] = {}  # template -> (when one last passed, how many held since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)
+        passed, held = self._last.get(key, (float("-inf"), 0))
+        if record.created - passed < self.every:
+            self._last[key] = (passed, held + 1)
+            return False
+        self._last[key] = (record.created, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} alike in the last {record.created - passed:.0f}s)"
+        return True

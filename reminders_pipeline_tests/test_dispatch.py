@@ -192,13 +192,17 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
             for k, t in due.items()
         ], at(0))  # fmt: skip
     timer = DrivenTimer(start)
+    refused = []
 
     def answer(note):
         if timer.now() < outage_end:
+            refused.append(timer.now())
             return SendResult(note.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True)
         return SendResult(note.row_id, True, status=200, apns_id="x")
 
     asyncio.run(Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(until=outage_end + 60))
+    # once halted, each probe (every 5 s) sends one row, not every row due by then
+    assert len(refused) <= live.apns_halt_after + 2 * 120 / 5, len(refused)  # before: 593
     rows = rows_of(db)
     assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
     late = max(unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), outage_end) for r in rows)
