@@ -32,7 +32,7 @@ from .db import Database
 from .quiet import QuietFailures
 from .drain import (
     APNS_UNREACHABLE, DrainSummary, Outage, SettlementsNotWritten, fail_abandoned, send_batch_async, waiting_off_the_loop,
-    write_settlements,
+    settled_ids, write_settlement,
 )
 from .sender import Notification, SendResult, Sender, SenderFactory
 from .settings import Settings
@@ -45,7 +45,7 @@ LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lat
 HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
 OUTAGE_PROBE_SECONDS = 5.0  # while APNs is unreachable, try again this often: sent soon after it returns
 ABANDON_SWEEP_SECONDS = 60
-KEPT_RETRY_SECONDS = 1.0  # settlements the database failed under: written again this often until it answers
+FAILED_RETRY_SECONDS = 1.0  # after a batch or a kept settlement's write failed: try again this soon, not a poll later
 
 
 class Timer:
@@ -101,6 +101,7 @@ class Dispatcher:
         self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
         self._batch_errors = QuietFailures(log, f"dispatcher {self.name}: a batch")
         self._kept: list[Any] = []  # settlements a batch could not write (``SettlementsNotWritten``)
+        self._kept_writes = QuietFailures(log, f"dispatcher {self.name}: writing settlements kept through a database failure")
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
         self._until: float | None = None
@@ -128,7 +129,7 @@ class Dispatcher:
                         heard.clear()  # before the read: a NOTIFY after it wakes the wait below
                     wake_at = await self._dispatch_due(now)
                     if self._kept:
-                        wake_at = min(wake_at, now + KEPT_RETRY_SECONDS)
+                        wake_at = min(wake_at, now + FAILED_RETRY_SECONDS)
                     await self._wait(wake_at, heard, stop)
             finally:
                 await self._finish()
@@ -143,7 +144,9 @@ class Dispatcher:
         if now < self._not_before:
             return min(self._not_before, poll_at)
         self._held = {i: t for i, t in self._held.items() if t > now}
-        busy = self._in_flight | set(self._held)  # a copy: batches end on the loop meanwhile
+        # A copy: batches end on the loop meanwhile. A row whose settlement is kept is not claimed
+        # again by us before it is written: the late write would meet our new claim.
+        busy = self._in_flight | set(self._held) | {i for s in self._kept for i in settled_ids(s)}
         try:
             ready, later = await waiting_off_the_loop(self.db, self._read_due, now, self.clock(), busy)
         except Exception as exc:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
@@ -187,7 +190,7 @@ class Dispatcher:
             if isinstance(task.exception(), SettlementsNotWritten):
                 self._kept.extend(task.exception().settlements)  # type: ignore[union-attr]
             self._batch_errors.failed(task.exception(), now)  # type: ignore[arg-type]
-            self._not_before = now + self.settings.dispatch_poll_seconds
+            self._not_before = now + min(self.settings.dispatch_poll_seconds, FAILED_RETRY_SECONDS)
             return
         self._batch_errors.succeeded(now)
         done = task.result()
@@ -231,19 +234,33 @@ class Dispatcher:
             for w in waiters:
                 w.cancel()
 
-    async def _write_kept(self, now: float) -> None:
-        """Write the settlements a batch could not, once the database answers: their rows are still
-        ours until the abandon threshold, and each rewrite settles only rows still claimed by us."""
-        if not self._kept:
-            return
-        kept, self._kept = self._kept, []
-        try:
-            await waiting_off_the_loop(self.db, write_settlements, self.db, kept, self.name, self.summary)
-        except Exception as exc:  # noqa: BLE001 - kept for the next pass
-            self._kept = kept + self._kept
-            self._batch_errors.failed(exc, now)
-            return
-        self._batch_errors.succeeded(now)
+    async def _write_kept(self, now: float, last: bool = False) -> None:
+        """Write the settlements a batch could not, once the database answers, each in its own
+        transaction: their rows are still ours until the abandon threshold, and each rewrite
+        settles only rows still claimed by us. Past that threshold another process's abandoned
+        sweep has failed them, so they are dropped; so are those left when the dispatcher stops."""
+        expired = now - self.settings.abandon_after_seconds
+        for settlement in list(self._kept):
+            if unix_from_iso(settlement.at) < expired:
+                self._drop_kept(settlement, "past the abandon threshold")
+                continue
+            try:
+                await waiting_off_the_loop(self.db, write_settlement, self.db, settlement, self.name, self.summary)
+            except Exception as exc:  # noqa: BLE001 - kept for the next pass
+                self._kept_writes.failed(exc, now)
+                if last:
+                    for left in list(self._kept):
+                        self._drop_kept(left, "the dispatcher stopped before the database answered")
+                return
+            self._kept.remove(settlement)
+            self._kept_writes.succeeded(now)
+
+    def _drop_kept(self, settlement: Any, why: str) -> None:
+        self._kept.remove(settlement)
+        log.error(
+            "dispatcher %s: %s: rows %s not settled by it; they fail as abandoned (their reminders may have gone)",
+            self.name, why, settled_ids(settlement),
+        )  # fmt: skip
 
     async def _housekeeping(self, now: float) -> None:
         """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left. Both
@@ -280,7 +297,7 @@ class Dispatcher:
     async def _finish(self) -> None:
         if self._batches:
             await asyncio.wait(list(self._batches))
-        await self._write_kept(self.timer.now())
+        await self._write_kept(self.timer.now(), last=True)
         await self._sender.aclose()
         self.summary.duration_seconds = time.perf_counter() - self._began
         try:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
 
 from . import ledger
 from .alerts import raise_alert
@@ -286,7 +287,7 @@ async def send_batch_async(
 
                 try:
                     written = await waiting_off_the_loop(db, settle_last)
-                except Exception as exc:
+                except OperationalError as exc:  # the database went away or timed out: worth writing again
                     if returned:
                         raise SettlementsNotWritten(list(returned), exc) from exc
                     raise
@@ -548,11 +549,16 @@ class SettlementsNotWritten(RuntimeError):
         self.settlements = settlements
 
 
-def write_settlements(db: Database, settlements: Sequence[_Settlement], claimer: str, summary: DrainSummary) -> None:
-    """Write settlements a batch could not (``SettlementsNotWritten``) and count them in ``summary``."""
+def write_settlement(db: Database, settlement: _Settlement, claimer: str, summary: DrainSummary) -> None:
+    """Write one settlement a batch could not (``SettlementsNotWritten``) and count it in ``summary``."""
     with db.write() as conn:
-        written = _write_returned(conn, settlements, claimer)
-    _count_settlements(list(settlements), written, summary)
+        written = _write_returned(conn, [settlement], claimer)
+    _count_settlements([settlement], written, summary)
+
+
+def settled_ids(settlement: _Settlement) -> list[int]:
+    """The rows a settlement writes, settled or returned to pending."""
+    return [row["id"] for row in (*settlement.rows, *settlement.returned)]
 
 
 def _write_returned(conn: Connection, returned: Sequence[_Settlement], claimer: str) -> list[tuple[int, int]]:

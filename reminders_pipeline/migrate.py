@@ -23,6 +23,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.schema import CreateIndex
 
 from .db import Database
+from .quiet import first_line
 from .schema import metadata
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -45,6 +46,7 @@ LOCK_ATTEMPTS = 30
 LOCK_BACKOFF_MAX_SECONDS = 10.0
 FINISH_WAIT_SECONDS = 60.0  # how long a validation or index build waits for older transactions (blocking no claim)
 LOCK_NOT_AVAILABLE = "55P03"
+QUERY_CANCELED = "57014"  # a statement_timeout set on the role or database
 
 
 class MigrationBlocked(RuntimeError):
@@ -63,13 +65,36 @@ def upgrade(
     back whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``),
     so claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``. After each
     migration commits, ``_finish`` does on PostgreSQL what must not run under its exclusive lock."""
-    current = current_revision(db)
-    for step in reversed(list(_scripts().iterate_revisions(revision, current or "base"))):
-        _apply(db, step.revision, current, lock_timeout, attempts)
-        current = step.revision
-        _finish(db)
-    _finish(db)  # also heals what an earlier run left undone
+    with _one_upgrade_at_a_time(db):
+        _finish(db)  # first what an earlier run left undone: the next migration may read through it
+        current = current_revision(db)
+        for step in reversed(list(_scripts().iterate_revisions(revision, current or "base"))):
+            _apply(db, step.revision, current, lock_timeout, attempts)
+            current = step.revision
+            _finish(db)
     db.at_head = False  # checked again on next use
+
+
+UPGRADE_LOCK = 7_406_352_011  # pg_advisory_lock key: one `reminders db upgrade` at a time
+UPGRADE_LOCK_POLL_SECONDS = 0.5
+
+
+@contextmanager
+def _one_upgrade_at_a_time(db: Database) -> Iterator[None]:
+    """PostgreSQL: a second upgrade waits for the first; run side by side, one would add a column
+    the other already added, or drop the index the other is building. The lock is a session
+    advisory lock, taken by polling: a waiting ``pg_advisory_lock`` is a running statement, whose
+    snapshot the first upgrade's ``CREATE INDEX CONCURRENTLY`` would wait for in turn."""
+    if db.dialect != "postgresql":
+        yield
+        return
+    with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        while not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({UPGRADE_LOCK})").scalar():
+            time.sleep(UPGRADE_LOCK_POLL_SECONDS)
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql(f"SELECT pg_advisory_unlock({UPGRADE_LOCK})")
 
 
 def _apply(db: Database, step: str, current: str | None, lock_timeout: float, attempts: int) -> None:
@@ -103,11 +128,11 @@ def _finish(db: Database) -> None:
             for statement in [*_validations(conn), *_index_builds(conn)]:
                 conn.exec_driver_sql(statement)
         except OperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            if getattr(exc.orig, "sqlstate", None) not in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
                 raise
             raise MigrationBlocked(
-                f"waited {FINISH_WAIT_SECONDS:.0f}s for older transactions to end (see pg_stat_activity) while running "
-                f"{statement.split(' (')[0]}; claims were not held up; run the upgrade again to finish it"
+                f"gave up on {statement.split(' (')[0]} ({first_line(exc.orig)}): it waits for older transactions "
+                f"(at most {FINISH_WAIT_SECONDS:.0f}s, see pg_stat_activity); claims were not held up; run the upgrade again to finish it"
             ) from None
         except IntegrityError as exc:
             raise MigrationBlocked(
@@ -118,10 +143,14 @@ def _finish(db: Database) -> None:
             conn.exec_driver_sql("RESET lock_timeout")
 
 
+# Where the ledger's tables are: the schema the search path finds the queue in.
+LEDGER_SCHEMA = "(SELECT relnamespace FROM pg_class WHERE oid = to_regclass('notification_queue'))"
+
+
 def _validations(conn: Connection) -> list[str]:
     rows = conn.exec_driver_sql(
         "SELECT c.conrelid::regclass::text, quote_ident(c.conname) FROM pg_constraint c "
-        "WHERE NOT c.convalidated AND c.connamespace = current_schema()::regnamespace ORDER BY 1, 2"
+        f"WHERE NOT c.convalidated AND c.connamespace = {LEDGER_SCHEMA} ORDER BY 1, 2"
     ).all()
     return [f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}" for table, name in rows]
 
@@ -129,11 +158,11 @@ def _validations(conn: Connection) -> list[str]:
 def _index_builds(conn: Connection) -> list[str]:
     """``DROP``/``CREATE INDEX CONCURRENTLY`` for each schema index missing or invalid in the database."""
     columns = set(conn.exec_driver_sql(
-        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()"
+        f"SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = {LEDGER_SCHEMA}::regnamespace::text"
     ).all())
     valid = dict(conn.exec_driver_sql(
         "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE c.relnamespace = current_schema()::regnamespace"
+        f"WHERE c.relnamespace = {LEDGER_SCHEMA}"
     ).all())
     statements = []
     for table in metadata.sorted_tables:

@@ -295,6 +295,58 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
     assert dispatcher.summary.outcomes["sent"] == 1
 
 
+def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, monkeypatch):
+    """A batch's last write commits but is reported lost (its settlement is kept), and settlement
+    writes then fail for 15 s while reads and claims work. The dispatcher does not claim that row
+    again until its kept settlement is written: claimed again and sent, the late "back to pending"
+    would land on the new claim, and the row would go a second time."""
+    from sqlalchemy.exc import OperationalError
+
+    from reminders_pipeline import dispatch as dispatch_mod
+    from reminders_pipeline import drain as drain_mod
+
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 5),
+             "event_at": iso_from_unix(start + 3605), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+    answers = iter([SendResult(0, False, reason="ConnectionRefusedError", retry=True)])  # 1st send: never reached APNs
+
+    def answer(n):
+        r = next(answers, None)
+        return SendResult(n.row_id, True, status=200, apns_id="ok") if r is None else SendResult(n.row_id, **{k: v for k, v in vars(r).items() if k != "row_id"})
+
+    sender = RecordingSender(script={TOKEN: answer})
+    state = {"ambiguous": 0}
+    real_wol = drain_mod.waiting_off_the_loop
+
+    def flapping() -> bool:  # settlement writes fail for 15 s; reads and claims work
+        return start + 5 <= timer.now() < start + 20
+
+
+    async def wol(db_, transaction, *args):
+        name = getattr(transaction, "__name__", "")
+        if name == "settle_last" and state["ambiguous"] == 0:
+            state["ambiguous"] = 1
+            await real_wol(db_, transaction, *args)  # committed...
+            raise OperationalError("COMMIT", {}, ConnectionResetError("server closed the connection"))  # ...but reported lost
+        if name in ("settle_last", "write_settlement") and flapping():
+            raise OperationalError("UPDATE ...", {}, ConnectionResetError("server closed the connection"))
+        return await real_wol(db_, transaction, *args)
+
+    monkeypatch.setattr(drain_mod, "waiting_off_the_loop", wol)
+    monkeypatch.setattr(dispatch_mod, "waiting_off_the_loop", wol)
+    d = Dispatcher(db, live, sender.factory(), name="kept", timer=timer)
+    asyncio.run(d.run(until=start + 60))
+    (row,) = rows_of(db)
+    delivered = len(sender.sent) - 1  # the first never reached APNs
+    assert delivered == 1, f"delivered {delivered} times"
+    assert (row["status"], row["outcome"]) == ("settled", "sent") and not d._kept
+
+
 def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once_a_poll(db, live, monkeypatch):
     """Issue 20: the sweep for abandoned claims failing for 2 minutes, polling every second: it is
     tried again at the heartbeat's pace (a033bef tried it on every poll, 120 times)."""

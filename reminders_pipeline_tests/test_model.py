@@ -552,16 +552,20 @@ class ReminderMachine(RuleBasedStateMachine):
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
 
-    @rule(span=st.sampled_from((60, 600)), lost=st.integers(1, 3))
-    def dispatcher_pass_losing_writes(self, span: int, lost: int) -> None:
+    @rule(span=st.sampled_from((60, 600)), lost=st.integers(1, 3), committed=st.booleans())
+    def dispatcher_pass_losing_writes(self, span: int, lost: int, committed: bool) -> None:
         """The database fails the first ``lost`` settlement writes of a dispatcher pass, and answers
         again for its last 10 s: a claim's transaction rolls back whole, a batch's last write loses
-        what APNs answered. Nothing is sent twice and no row is left claimed once the pass ends."""
+        what APNs answered, or (``committed``) commits but is reported lost. Nothing is sent twice
+        and no row is left claimed once the pass ends."""
         real, failed = drain_mod._write_returned, []
 
         def flaky(conn: Any, returned: Any, claimer: str) -> Any:
             if returned and len(failed) < lost and timer.t < until - 10:
                 failed.append(len(returned))
+                if committed and len(failed) == 1:
+                    real(conn, returned, claimer)
+                    conn.commit()
                 raise OperationalError("UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection"))
             return real(conn, returned, claimer)
 

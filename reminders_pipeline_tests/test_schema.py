@@ -359,3 +359,32 @@ def test_an_upgrade_builds_every_index_the_schema_declares(db):
         (t.name, i["name"]) for t in metadata.sorted_tables for i in inspector.get_indexes(t.name) if not i.get("duplicates_constraint")
     }
     assert declared == built
+
+
+def test_two_upgrades_at_once_wait_for_each_other_and_both_succeed(postgres_url):
+    """Three `reminders db upgrade` processes side by side (a deploy job retried while the first
+    runs): each waits for the advisory lock of the one before, then finds the database further on.
+    Without it, one adds a column another already added, or drops the index another is building."""
+    import os
+    import subprocess
+    import sys
+
+    from reminders_pipeline import migrate
+
+    db = Database(postgres_url)
+    try:
+        migrate.downgrade(db, "0005")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
+        env["REMINDERS_DATABASE_URL"] = postgres_url
+        runs = [
+            subprocess.Popen([sys.executable, "-m", "reminders_pipeline.cli", "db", "upgrade"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(3)
+        ]
+        results = [(r.wait(120), r.stderr.read()) for r in runs]  # type: ignore[union-attr]
+        assert [code for code, _ in results] == [0, 0, 0], results
+        assert migrate.current_revision(db) == migrate.head_revision()
+        unchecked, valid = _pg_state(db)
+        assert unchecked == [] and all(valid.values())
+    finally:
+        migrate.upgrade(db)
+        db.dispose()
