@@ -30,6 +30,19 @@ def live(settings):
     return settings.with_(enabled=True)
 
 
+def one_row_due(db, live, in_seconds: int) -> float:
+    """dev-1 with one row, ``1:e``, due ``in_seconds`` after NOW; returns NOW in Unix seconds."""
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        ledger.upsert_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + in_seconds),
+             "event_at": iso_from_unix(start + in_seconds + 3600), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
+        ], at(0))  # fmt: skip
+    return start
+
+
+
 def queue_the_morning(db, settings, feeds):
     """The issue's device: ``--lead 300 --rule lead:0 --rule lead:600 --rule lead:900``, a 10:00 event."""
     url = feeds.items("/morning.json", [item("standup", EVENT)])
@@ -220,13 +233,7 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     from sqlalchemy.exc import OperationalError
 
     live = live.with_(dispatch_poll_seconds=1.0)
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        ledger.upsert_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 30),
-             "event_at": iso_from_unix(start + 3630), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
-        ], at(0))  # fmt: skip
+    start = one_row_due(db, live, in_seconds=30)
     timer = DrivenTimer(start)
     dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="quiet", timer=timer)
     real = dispatcher._read_due
@@ -269,13 +276,7 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
 
     from reminders_pipeline import drain as drain_mod
 
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        ledger.upsert_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 5),
-             "event_at": iso_from_unix(start + 3605), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
-        ], at(0))  # fmt: skip
+    start = one_row_due(db, live, in_seconds=5)
     real, failures = drain_mod._write_returned, []
 
     def write_returned(conn, returned, claimer):
@@ -305,13 +306,7 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     from reminders_pipeline import dispatch as dispatch_mod
     from reminders_pipeline import drain as drain_mod
 
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        ledger.upsert_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + 5),
-             "event_at": iso_from_unix(start + 3605), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
-        ], at(0))  # fmt: skip
+    start = one_row_due(db, live, in_seconds=5)
     timer = DrivenTimer(start)
     answers = iter([SendResult(0, False, reason="ConnectionRefusedError", retry=True)])  # 1st send: never reached APNs
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -202,7 +205,6 @@ def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
     which queue behind that request, finish within about that too, never for the transaction's
     3 s (a033bef had no lock timeout: every claim waited until the holder ended). Out of attempts,
     the upgrade fails with one clear line and has changed nothing; once the holder ends it completes."""
-    import threading
     import time
 
     from reminders_pipeline import migrate
@@ -213,17 +215,7 @@ def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
         holder = db.engine.connect()
         held = holder.begin()
         holder.execute(text("SELECT count(*) FROM notification_queue"))  # ACCESS SHARE until it ends
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                migrate.upgrade(db, lock_timeout=0.2, attempts=4)
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                outcome.append(exc)
-
-        upgrading = threading.Thread(target=run)
-        upgrading.start()
+        upgrading, outcome = _upgrading(db, lock_timeout=0.2, attempts=4)
         waits = []
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
@@ -300,7 +292,6 @@ def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if
     holds a snapshot (no lock on the queue) makes the build wait; claims go on meanwhile. With the
     wait bounded at 1 s the upgrade stops with one line and leaves the index invalid, as an
     interrupted build does; the next upgrade drops and builds it again, then applies 0011."""
-    import threading
     import time
 
     from reminders_pipeline import migrate
@@ -313,17 +304,7 @@ def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if
         holder = db.engine.connect().execution_options(isolation_level="REPEATABLE READ")
         held = holder.begin()
         holder.execute(text("SELECT 1"))  # a snapshot that an index build must outwait
-        outcome: list[BaseException | None] = []
-
-        def run() -> None:
-            try:
-                migrate.upgrade(db)
-                outcome.append(None)
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                outcome.append(exc)
-
-        upgrading = threading.Thread(target=run)
-        upgrading.start()
+        upgrading, outcome = _upgrading(db)
         waits = []
         while upgrading.is_alive():
             started = time.monotonic()
@@ -388,3 +369,21 @@ def test_two_upgrades_at_once_wait_for_each_other_and_both_succeed(postgres_url)
     finally:
         migrate.upgrade(db)
         db.dispose()
+
+
+def _upgrading(db: Database, **options: Any) -> tuple[threading.Thread, list[BaseException | None]]:
+    """``migrate.upgrade`` started in a thread; the list gets None or what it raised."""
+    from reminders_pipeline import migrate
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            migrate.upgrade(db, **options)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - asserted by the caller
+            outcome.append(exc)
+
+    upgrading = threading.Thread(target=run)
+    upgrading.start()
+    return upgrading, outcome
