@@ -1,4 +1,5 @@
-"""``reminders check``: the seed's two relationships, asserted as relationships, never as numbers.
+"""``reminders check``: the relationships the cadences, leads and retention must keep, asserted as
+relationships, never as numbers.
 
     full sweep period < min lead - margin          (else reminders never queue)
     MAX_LATENESS_SECONDS > drain cadence + slack   (else late rows are dropped as too_late)

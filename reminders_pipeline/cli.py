@@ -221,6 +221,10 @@ def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: 
         raise click.UsageError("give exactly one of --all, --device ID..., --chunk N...")
     if any(c >= ctx.settings.chunk_count for c in chunks):
         raise click.BadParameter(f"chunks are 0..{ctx.settings.chunk_count - 1}", param_hint="--chunk")
+    with ctx.db.read() as conn:
+        unknown = [d for d in device_ids if ledger.get_device(conn, d) is None]
+    if unknown:
+        raise click.BadParameter(f"no device {', '.join(map(repr, unknown))}", param_hint="--device")
     with progress("build", "devices") as shown:
         summary = run_build(
             ctx.db, ctx.settings, device_ids=device_ids or None, chunks=chunks or None, limit=limit, now=now, progress=shown

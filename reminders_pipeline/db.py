@@ -59,8 +59,6 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
         if statement_timeout_ms:
             kwargs.setdefault("connect_args", {"options": f"-c statement_timeout={statement_timeout_ms}"})
         return create_engine(url, **kwargs)
-    if not in_memory:
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -89,6 +87,14 @@ class Database:
         self.engine = make_engine(url, **engine_kwargs)
         self.dialect = self.engine.dialect.name
         self.at_head = False  # set by migrate.require_head once the schema is known current
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        """The file of a file-backed SQLite ledger; None for PostgreSQL or an in-memory SQLite."""
+        parsed = make_url(self.url)
+        if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+            return None
+        return Path(parsed.database)
 
     @classmethod
     def for_settings(cls, settings: "Settings") -> "Database":

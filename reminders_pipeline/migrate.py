@@ -65,6 +65,8 @@ def upgrade(
     back whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``),
     so claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``. After each
     migration commits, ``_finish`` does on PostgreSQL what must not run under its exclusive lock."""
+    if db.sqlite_file is not None:  # the one command that creates the ledger; every other refuses a missing one
+        db.sqlite_file.parent.mkdir(parents=True, exist_ok=True)
     with _one_upgrade_at_a_time(db):
         _finish(db)  # first what an earlier run left undone: the next migration may read through it
         current = current_revision(db)
@@ -226,6 +228,8 @@ def require_head(db: Database) -> None:
     so a server started before the upgrade recovers as soon as it is applied."""
     if db.at_head:
         return
+    if db.sqlite_file is not None and not db.sqlite_file.exists():  # connecting would create it
+        raise SchemaNotCurrent(f"no ledger at {db.sqlite_file}: run reminders db upgrade")
     problem = schema_problem(current_revision(db), head_revision())
     if problem:
         raise SchemaNotCurrent(problem)

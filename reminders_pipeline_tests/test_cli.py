@@ -76,6 +76,7 @@ def test_drain_single_row_by_id(cli, feeds):
         (["drain", "--id", "0"], "--id"),
         (["queue", "list", "--status", "lost"], "lost"),
         (["device", "remove", "ghost"], "no device"),
+        (["build", "--device", "ghost"], "no device 'ghost'"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message_and_write_nothing(cli, args, message):
@@ -83,6 +84,20 @@ def test_bad_arguments_exit_2_with_a_message_and_write_nothing(cli, args, messag
     assert message in result.output
     assert json.loads(cli("device", "list").output) == []
     assert json.loads(cli("queue", "list").output) == []
+
+
+def test_reading_commands_never_create_a_sqlite_ledger(tmp_path):
+    """Only `reminders db upgrade` creates the ledger: every other command against a file that is
+    not there exits 1 saying so, and leaves neither the file nor its directory behind."""
+    target = tmp_path / "nowhere" / "ledger.sqlite3"
+    runner = CliRunner()
+    env = {"REMINDERS_DATABASE_URL": f"sqlite:///{target}"}
+    for args in (["queue", "list"], ["device", "list"], ["sources"], ["build", "--all"], ["check"]):
+        result = runner.invoke(main, args, env=env, catch_exceptions=False)
+        assert result.exit_code == 1 and f"no ledger at {target}: run reminders db upgrade" in result.output, (args, result.output)
+        assert not target.parent.exists()
+    assert runner.invoke(main, ["db", "upgrade"], env=env).exit_code == 0
+    assert target.exists()
 
 
 def test_bad_configuration_exits_2(cli):

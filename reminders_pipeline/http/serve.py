@@ -1,8 +1,8 @@
 """Run the HTTP app under uvicorn: ``reminders serve --host --port`` calls ``serve``.
 
-One worker process: the drain counters and lateness histogram on ``/metrics`` live in the process
-that ran the drains, and a second worker would split them. Concurrency comes from the threadpool
-the core calls run in; more capacity means more instances behind a balancer, each scraped.
+One worker process: concurrency comes from the threadpool the core calls run in, and more capacity
+means more instances behind a balancer. ``/metrics`` is read from the ledger at scrape time
+(``http/metrics.py``), so every instance reports the same figures, whichever process drained.
 
 ``python -m reminders_pipeline.http.serve --host H --port P`` does the same without the CLI.
 """
