@@ -1,7 +1,7 @@
 """The send-time policy: one function from (row, now, settings) to what happens to a claimed row,
 and the build's quiet-hours hold that decides which ``send_after`` a row gets.
 
-``decide`` checks in this order (the README's policy table):
+``decide`` checks in this order (the policy table in docs/guide.md):
 
 1. ``event_expired``: a start-anchored or all-day (``day:``) reminder once the event is over
    (``now >= expires_at``; an all-day event ends with its last day).

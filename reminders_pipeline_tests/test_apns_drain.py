@@ -1,6 +1,6 @@
 """What each APNs answer does to the ledger: the drain, the real aioapns sender and the mock APNs.
 
-Every row of the README's APNs table, on SQLite and PostgreSQL. Times are real (the sender sets
+Every row of the APNs table in docs/guide.md, on SQLite and PostgreSQL. Times are real (the sender sets
 ``apns-expiration`` from the wall clock), so items start shortly after the real now.
 """
 

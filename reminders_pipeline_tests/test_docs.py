@@ -33,3 +33,13 @@ def test_the_operations_guide_lists_every_setting_and_no_other():
     assert len(read) > 50
     rows = set(re.findall(r"^\| `(REMINDERS_[A-Z_]+)` \|", GUIDE.read_text(), flags=re.MULTILINE))
     assert rows == read, {"not in the guide": sorted(read - rows), "not read by settings.py": sorted(rows - read)}
+
+
+def test_the_readme_is_a_newcomers_page():
+    """At most 200 lines: what it does, the two commands, the flow and a row's states as diagrams, a
+    glossary, where to start reading; everything else lives in docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    assert readme.count("```mermaid") == 2 and "stateDiagram" in readme and "flowchart" in readme
+    for heading in ("## The two commands", "## Glossary", "## Where to start reading", "## Read next"):
+        assert heading in readme

@@ -48,7 +48,7 @@ def test_the_rule_catches_a_statement_built_or_written_outside_ledger():
 
 
 def _readme_layout() -> str:
-    readme = (PACKAGE.parent / "README.md").read_text()
+    readme = (PACKAGE.parent / "docs" / "development.md").read_text()
     block = readme.split("## Layout", 1)[1]
     return block.split("```", 2)[1]
 
@@ -64,7 +64,7 @@ def test_the_readme_layout_names_every_module_of_the_package():
         and p.name not in named
         and f"{p.parent.name}/{p.name}" not in named
     ]
-    assert missing == [], f"README's Layout does not name: {missing}"
+    assert missing == [], f"docs/development.md Layout does not name: {missing}"
 
 
 def test_every_path_the_readme_layout_names_exists():

@@ -1,4 +1,4 @@
-"""The send-time policy table from the README, one row per case."""
+"""The send-time policy table from docs/guide.md, one row per case."""
 
 import pytest
 

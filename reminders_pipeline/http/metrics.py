@@ -173,7 +173,7 @@ def _age(value: float | None) -> float:
 
 
 def families(s: LedgerSnapshot) -> Iterator[Metric]:
-    """The snapshot as metric families (names and help texts are the README's metrics list)."""
+    """The snapshot as metric families (names and help texts are the metrics list in docs/guide.md)."""
     window = "in the window (reminders_metrics_window_seconds)"
     yield _gauge(
         "reminders_metrics_window_seconds",
