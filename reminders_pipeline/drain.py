@@ -265,6 +265,7 @@ async def send_batch_async(
             summary.claimed += len(rows)
             if rows:
                 plan = _decide_all(rows, claim_time, settings)
+                summary.lateness_seconds.extend(plan.dry_run_lateness)
                 if plan.to_send and sender is None:
                     sender = sender_factory()
                 in_flight.add(asyncio.ensure_future(dispatch(rows, plan, fence_deadline(settings, claimed_at))))
@@ -397,6 +398,7 @@ class _Plan:
     to_send: list[Notification]
     records: dict[int, dict[str, str | None]]  # per row id: what its settlement records of the alert (``record_of_send``)
     held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
+    dry_run_lateness: list[float] = field(default_factory=list)  # a dry run's rows: how late they would have gone
 
 
 @dataclass
@@ -428,6 +430,7 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
             if decision == "send":
                 plan.to_send.append(note)
                 continue
+            plan.dry_run_lateness.append(unix_from_iso(now) - unix_from_iso(row["send_after"]))
         plan.settlements.append({"id": row["id"], "outcome": decision, **plan.records.get(row["id"], {})})
     return plan
 

@@ -42,6 +42,7 @@ def test_newcomer_flow_dry_run(cli, feeds):
     assert {r["status"] for r in queued} == {"pending"} and len(queued) == 4
     drained = json.loads(cli("drain", "--now", str(NOW_S + 3600 + 400)).output)
     assert drained["outcomes"] == {"event_started": 1, "disabled": 1}
+    assert drained["lateness_seconds"]["max"] == 400  # what a live run would have had: retro's lead:3600 came due 400 s before
     settled = json.loads(cli("queue", "list", "--status", "settled").output)
     assert [(r["item_id"].split(":")[1], r["outcome"]) for r in settled] == [("standup", "event_started"), ("retro", "disabled")]
     devices = json.loads(cli("device", "list").output)
