@@ -255,6 +255,7 @@ class Api:
         """Like ``protected``, for a device's own routes: its credential opens them too."""
 
         async def guarded(request: Request) -> Response:
+            await self.require_schema()  # before the credential is read: a missing ledger is never made
             await self.check_device_auth(request)
             return await endpoint(request)
 
