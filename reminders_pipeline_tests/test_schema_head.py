@@ -169,3 +169,19 @@ def test_dagster_ops_fail_with_the_line(old_url):
     error = failure.step_failure_data.error
     assert error.message.strip().endswith(needs(OLD))
     assert "sqlalchemy" not in error.message.lower()
+
+
+def test_a_device_route_on_a_missing_sqlite_ledger_answers_503_and_makes_no_file(serve, tmp_path):
+    """A device's own route reads its credential from the ledger: the schema is checked first, so
+    a server pointed at a SQLite file nobody created answers 503 with the line and creates nothing."""
+    target = tmp_path / "never-made" / "ledger.sqlite3"
+    url = f"sqlite:///{target}"
+    db = Database(url)
+    try:
+        s = serve(http_settings(Settings(database_url=url)), database=db)
+        response = s.anon.get("/v1/devices/phone-1/feed", headers={"Authorization": "Bearer whatever"})
+        assert response.status_code == 503
+        assert error_of(response) == {"error": "schema_not_current", "detail": blank(url)}
+        assert not target.parent.exists()
+    finally:
+        db.dispose()
