@@ -543,8 +543,8 @@ def retry_not_before(now: str, attempt: int, settings: Settings, uniform: Callab
 
 class SettlementsNotWritten(RuntimeError):
     """A batch's answers came back but the database failed under their settlements. Their rows stay
-    claimed; a long-lived caller (the dispatcher) keeps ``settlements`` and writes them with
-    ``write_settlements`` once the database answers, so a short outage loses no outcome. If the
+    claimed; a long-lived caller (the dispatcher) keeps ``settlements`` and writes each with
+    ``write_settlement`` once the database answers, so a short outage loses no outcome. If the
     abandoned sweep fails the rows first, the late write settles nothing."""
 
     def __init__(self, settlements: list[_Settlement], cause: BaseException) -> None:
