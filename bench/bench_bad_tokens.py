@@ -45,7 +45,13 @@ def load_round(db: Database, t: float, good_offset: float) -> None:
     with db.write() as conn:
         conn.execute(notification_queue.delete())
         conn.execute(devices.delete())
-        conn.execute(devices.insert(), [{"id": d, "apns_token": token(n), "chunk": 0, "created_at": now, "updated_at": now} for n, d in enumerate(due)])
+        conn.execute(
+            devices.insert(),
+            [
+                {"id": d, "apns_token": token(n), "chunk": 0, "created_at": now, "updated_at": now}
+                for n, d in enumerate(due)
+            ],
+        )
         ledger.upsert_rows(conn, [
             {"device_id": d, "source_id": 1, "item_id": f"1:{d}", "rule": "lead:600", "send_after": iso_from_unix(sa),
              "event_at": iso_from_unix(sa + 600), "expires_at": iso_from_unix(sa + 1200), "title": "Event", "body": None}
@@ -77,7 +83,12 @@ def main() -> None:
     args = parser.parse_args()
     mock = MockHandle(in_process=True)
     for n in range(BAD):
-        mock._mock.script(token(n), **({"status": 410, "reason": "Unregistered"} if n % 5 == 4 else {"status": 400, "reason": "BadDeviceToken"}))
+        mock._mock.script(
+            token(n),
+            **(
+                {"status": 410, "reason": "Unregistered"} if n % 5 == 4 else {"status": 400, "reason": "BadDeviceToken"}
+            ),
+        )
     db, close = fresh(args.db)
     settings = mock.settings(200).with_(database_url=db.url, enabled=True, dispatch_poll_seconds=2.0)
     try:

@@ -33,16 +33,15 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh  # noqa: E402
-
-from reminders_pipeline import ledger  # noqa: E402
 from feed_server import ZONES  # noqa: E402
 
+from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.build import build, make_reader, read_window  # noqa: E402
-from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
-from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
+from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
+from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
 
 TOKEN = "ab" * 32
 
@@ -53,10 +52,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(json_count: int, ics_count: int, t0: int, *options: str, zoned_count: int = 0) -> tuple[subprocess.Popen, str]:
+def start_server(
+    json_count: int, ics_count: int, t0: int, *options: str, zoned_count: int = 0
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "feed_server.py"), str(port), str(json_count), str(ics_count), str(t0), str(zoned_count), *options],
+        [
+            sys.executable,
+            str(Path(__file__).parent / "feed_server.py"),
+            str(port),
+            str(json_count),
+            str(ics_count),
+            str(t0),
+            str(zoned_count),
+            *options,
+        ],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout and proc.stdout.readline().strip() == b"ready"
@@ -68,7 +78,9 @@ FAST_HOSTS = [f"127.0.0.{i}" for i in range(1, 9)]
 SLOW_HOST = "127.0.0.9"
 
 
-def timed_build(subscriptions: dict[str, list[str]], t0: int, concurrency: int, per_host: int) -> tuple[float, object, float]:
+def timed_build(
+    subscriptions: dict[str, list[str]], t0: int, concurrency: int, per_host: int
+) -> tuple[float, object, float]:
     """(seconds, summary, wall clock at start) of one cold build on a fresh PostgreSQL ledger."""
     db, close = fresh("postgresql")
     try:
@@ -87,8 +99,22 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
     t0 = int(unix_from_iso(now_utc()))
     hosts = FAST_HOSTS + [SLOW_HOST]
     proc, base = start_server(
-        0, devices + slow_sources, t0, "--delay", str(READ_LATENCY), "--slow-share", "0.02", "--slow-delay", "3",
-        "--fail-share", "0.01", "--hosts", ",".join(hosts), "--slow-host", SLOW_HOST, "--light-ics",
+        0,
+        devices + slow_sources,
+        t0,
+        "--delay",
+        str(READ_LATENCY),
+        "--slow-share",
+        "0.02",
+        "--slow-delay",
+        "3",
+        "--fail-share",
+        "0.01",
+        "--hosts",
+        ",".join(hosts),
+        "--slow-host",
+        SLOW_HOST,
+        "--light-ics",
     )
     port = base.rsplit(":", 1)[1]
     instant, instant_base = start_server(0, devices, t0, "--hosts", ",".join(FAST_HOSTS), "--light-ics")
@@ -97,25 +123,43 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
         own = {f"own-{i}": [f"http://{FAST_HOSTS[i % len(FAST_HOSTS)]}:{port}/c/{i}.ics"] for i in range(devices)}
         # The CPU limit: the same build with every read answered at once.
         cpu_seconds, _, _ = timed_build(
-            {d: [u.replace(f":{port}/", f":{instant_port}/")] for d, (u,) in own.items()}, t0, max(concurrencies), per_host
+            {d: [u.replace(f":{port}/", f":{instant_port}/")] for d, (u,) in own.items()},
+            t0,
+            max(concurrencies),
+            per_host,
         )
         cpu_limit = devices / cpu_seconds
-        out: dict = {"devices": devices, "read_latency_s": READ_LATENCY, "slow_share": 0.02, "slow_s": 3, "fail_share": 0.01,
-                     "hosts": len(FAST_HOSTS), "per_host": per_host, "cpu_limit_devices_per_s": round(cpu_limit, 1),
-                     "by_concurrency": []}
+        out: dict = {
+            "devices": devices,
+            "read_latency_s": READ_LATENCY,
+            "slow_share": 0.02,
+            "slow_s": 3,
+            "fail_share": 0.01,
+            "hosts": len(FAST_HOSTS),
+            "per_host": per_host,
+            "cpu_limit_devices_per_s": round(cpu_limit, 1),
+            "by_concurrency": [],
+        }
         for c in concurrencies:
             seconds, summary, _ = timed_build(own, t0, c, per_host)
             rate = devices / seconds
             bound = c / READ_LATENCY
             # The read mix itself: 97% at 0.15 s, 2% at 3 s, 1% failing at 0.15 s -> mean slot time.
             mix = 0.98 * READ_LATENCY + 0.02 * 3
-            out["by_concurrency"].append({
-                "concurrency": c, "seconds": round(seconds, 2), "devices_per_s": round(rate, 1),
-                "bound_per_s": round(bound, 1), "ratio_to_bound": round(rate / bound, 2),
-                "mix_bound_per_s": round(c / mix, 1), "ratio_to_mix_bound": round(rate / (c / mix), 2),
-                "ratio_to_lower_of_bound_and_cpu": round(rate / min(bound, cpu_limit), 2),
-                "sources_failed": len(summary.sources_failed), "rows_inserted": summary.rows_inserted,  # type: ignore[attr-defined]
-            })
+            out["by_concurrency"].append(
+                {
+                    "concurrency": c,
+                    "seconds": round(seconds, 2),
+                    "devices_per_s": round(rate, 1),
+                    "bound_per_s": round(bound, 1),
+                    "ratio_to_bound": round(rate / bound, 2),
+                    "mix_bound_per_s": round(c / mix, 1),
+                    "ratio_to_mix_bound": round(rate / (c / mix), 2),
+                    "ratio_to_lower_of_bound_and_cpu": round(rate / min(bound, cpu_limit), 2),
+                    "sources_failed": len(summary.sources_failed),
+                    "rows_inserted": summary.rows_inserted,  # type: ignore[attr-defined]
+                }
+            )
         # One slow host: every answer 3 s. Its sources wait for its own per_host slots only.
         c = concurrencies[0]
         slow = {f"slow-{i}": [f"http://{SLOW_HOST}:{port}/c/{devices + i}.ics"] for i in range(slow_sources)}
@@ -126,11 +170,21 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
             stats = httpx.get(f"{base}/_stats").json()
             last_fast = max(stats[h]["last_answer_at"] for h in FAST_HOSTS)
             fast_reads = sum(stats[h]["requests"] - stats_before.get(h, {}).get("requests", 0) for h in FAST_HOSTS)
-            runs[name] = {"seconds": round(seconds, 2), "fast_host_reads": fast_reads,
-                          "fast_hosts_done_after_s": round(last_fast - wall, 2),
-                          "fast_devices_per_s": round(devices / (last_fast - wall), 1)}
-        out["slow_host"] = {"concurrency": c, "per_host": per_host, "slow_host_sources": slow_sources, **runs,
-                            "fast_rate_ratio": round(runs["with_slow_host"]["fast_devices_per_s"] / runs["without_slow_host"]["fast_devices_per_s"], 2)}
+            runs[name] = {
+                "seconds": round(seconds, 2),
+                "fast_host_reads": fast_reads,
+                "fast_hosts_done_after_s": round(last_fast - wall, 2),
+                "fast_devices_per_s": round(devices / (last_fast - wall), 1),
+            }
+        out["slow_host"] = {
+            "concurrency": c,
+            "per_host": per_host,
+            "slow_host_sources": slow_sources,
+            **runs,
+            "fast_rate_ratio": round(
+                runs["with_slow_host"]["fast_devices_per_s"] / runs["without_slow_host"]["fast_devices_per_s"], 2
+            ),
+        }
         return out
     finally:
         proc.kill()
@@ -145,14 +199,25 @@ def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones:
         for i in range(0, len(subscriptions), 2000):
             part = list(subscriptions)[i : i + 2000]
             for d in part:
-                values = {"id": d, "apns_token": TOKEN, "reminder_lead_seconds": 3600, "extra_rules": "", "chunk": chunk_of(d, 16)}
+                values = {
+                    "id": d,
+                    "apns_token": TOKEN,
+                    "reminder_lead_seconds": 3600,
+                    "extra_rules": "",
+                    "chunk": chunk_of(d, 16),
+                }
                 ledger.upsert_device(conn, {**values, "tz_name": (zones or {}).get(d)}, now)
         from reminders_pipeline.ledger._common import insert_on_conflict  # noqa: PLC0415
         from reminders_pipeline.schema import device_sources, sources
 
-        conn.execute(insert_on_conflict(conn)(sources).on_conflict_do_nothing(), [{"url": u, "created_at": now} for u in urls])
+        conn.execute(
+            insert_on_conflict(conn)(sources).on_conflict_do_nothing(), [{"url": u, "created_at": now} for u in urls]
+        )
         ids = dict(conn.execute(sources.select().with_only_columns(sources.c.url, sources.c.id)).all())
-        conn.execute(device_sources.insert(), [{"device_id": d, "source_id": ids[u]} for d, us in subscriptions.items() for u in us])
+        conn.execute(
+            device_sources.insert(),
+            [{"device_id": d, "source_id": ids[u]} for d, us in subscriptions.items() for u in us],
+        )
 
 
 def naive(subscriptions: dict[str, list[str]], sample: int) -> float:
@@ -240,7 +305,14 @@ def main() -> None:
     cases = set(args.cases.split(","))
     if args.latency:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
-        print(json.dumps(latency_case(args.devices if args.devices != 10_000 else 5_000, concurrencies, args.per_host, args.slow_sources), indent=2))
+        print(
+            json.dumps(
+                latency_case(
+                    args.devices if args.devices != 10_000 else 5_000, concurrencies, args.per_host, args.slow_sources
+                ),
+                indent=2,
+            )
+        )
         return
     t0 = int(unix_from_iso(now_utc()))
     proc, base = start_server(250 + args.own, 250, t0, zoned_count=args.zoned)

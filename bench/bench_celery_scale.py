@@ -53,7 +53,9 @@ def devices_per_chunk(per_chunk: int, base: str) -> dict[str, list[str]]:
     return subs
 
 
-def one_case(workers: int, subs: dict[str, list[str]], dbs: ThrowawayDatabases, env: dict[str, str], tmp: Path, launchers: int) -> dict:
+def one_case(
+    workers: int, subs: dict[str, list[str]], dbs: ThrowawayDatabases, env: dict[str, str], tmp: Path, launchers: int
+) -> dict:
     ledger_url = dbs.create("bench_scale_ledger")
     db = Database(ledger_url)
     migrate.upgrade(db)
@@ -67,22 +69,51 @@ def one_case(workers: int, subs: dict[str, list[str]], dbs: ThrowawayDatabases, 
     try:
         for k in range(workers):
             name = f"s{workers}w{k}"
-            args = [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app", "-y", str(config),
-                    "-q", queue, "--name", name, "--", "--concurrency=1"]
+            args = [
+                str(BIN / "dagster-celery"),
+                "worker",
+                "start",
+                "-A",
+                "dagster_celery.app",
+                "-y",
+                str(config),
+                "-q",
+                queue,
+                "--name",
+                name,
+                "--",
+                "--concurrency=1",
+            ]
             started.append(Worker(name, args, env, tmp))
         for w in started:
             wait_for(f"worker {w.name}", lambda w=w: " ready." in w.output(), 120)
         launch = [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(config), "build"]
         t = time.perf_counter()
         procs = [
-            subprocess.Popen([*launch, *map(str, range(k, CHUNKS, launchers))], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            subprocess.Popen(
+                [*launch, *map(str, range(k, CHUNKS, launchers))],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
             for k in range(launchers)
         ]
-        lines = [json.loads(line) for p in procs for line in p.communicate(timeout=1800)[0].splitlines() if line.startswith("{")]
+        lines = [
+            json.loads(line)
+            for p in procs
+            for line in p.communicate(timeout=1800)[0].splitlines()
+            if line.startswith("{")
+        ]
         seconds = time.perf_counter() - t
         assert sorted(x["status"] for x in lines) == ["SUCCESS"] * CHUNKS, lines
-        return {"workers": workers, "seconds": round(seconds, 1), "chunks_per_s": round(CHUNKS / seconds, 3),
-                "devices_per_s": round(len(subs) / seconds, 1)}
+        return {
+            "workers": workers,
+            "seconds": round(seconds, 1),
+            "chunks_per_s": round(CHUNKS / seconds, 3),
+            "devices_per_s": round(len(subs) / seconds, 1),
+        }
     finally:
         for w in started:
             w.stop()
@@ -97,7 +128,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = int(unix_from_iso(now_utc()))
     dbs = ThrowawayDatabases()
-    proc, base = start_server(0, CHUNKS * args.per_chunk * 2, t0, "--delay", "0.15", "--hosts", ",".join(FAST_HOSTS), "--light-ics")
+    proc, base = start_server(
+        0, CHUNKS * args.per_chunk * 2, t0, "--delay", "0.15", "--hosts", ",".join(FAST_HOSTS), "--light-ics"
+    )
     tmp = Path(tempfile.mkdtemp(prefix="bench-celery-"))
     try:
         home = tmp / "dagster_home"
@@ -122,11 +155,23 @@ def main() -> None:
         subs = devices_per_chunk(args.per_chunk, base)
         cases = [one_case(k, subs, dbs, env, tmp, args.launchers) for k in (1, 2)]
         ratio = cases[1]["chunks_per_s"] / cases[0]["chunks_per_s"]
-        print(json.dumps({
-            "chunks": CHUNKS, "devices_per_chunk": args.per_chunk, "read_latency_s": 0.15,
-            "source_concurrency": args.source_concurrency, "launchers": args.launchers, "cpus": os.cpu_count(),
-            "cases": cases, "speedup_2_over_1": round(ratio, 2), "bar": 1.7, "passes": ratio >= 1.7,
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "chunks": CHUNKS,
+                    "devices_per_chunk": args.per_chunk,
+                    "read_latency_s": 0.15,
+                    "source_concurrency": args.source_concurrency,
+                    "launchers": args.launchers,
+                    "cpus": os.cpu_count(),
+                    "cases": cases,
+                    "speedup_2_over_1": round(ratio, 2),
+                    "bar": 1.7,
+                    "passes": ratio >= 1.7,
+                },
+                indent=2,
+            )
+        )
     finally:
         proc.kill()
         dbs.drop_all()

@@ -25,10 +25,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -50,7 +51,12 @@ def feed_server(sources: int, items: int, start_in: int, step: int = 60) -> Iter
     t0 = int(time.time()) + start_in
     bodies = {
         f"/s/{n}.json": json.dumps(
-            {"items": [{"id": f"e{k}", "title": f"S{n} E{k}", "startsAt": t0 + k * step, "expiresAt": t0 + k * step + 1800} for k in range(items)]}
+            {
+                "items": [
+                    {"id": f"e{k}", "title": f"S{n} E{k}", "startsAt": t0 + k * step, "expiresAt": t0 + k * step + 1800}
+                    for k in range(items)
+                ]
+            }
         ).encode()
         for n in range(sources)
     }
@@ -156,7 +162,11 @@ def bench_build(devices: int, tmp: Path) -> dict[str, Any]:
     with feed_server(sources=20, items=10, start_in=7200) as base:
         template = tmp / "template.sqlite3"
         ledger_with_devices(template, base, devices, sources=20)
-        out: dict[str, Any] = {"devices": devices, "chunks": CHUNKS, "core_build_baseline": core_build_baseline(template, tmp)}
+        out: dict[str, Any] = {
+            "devices": devices,
+            "chunks": CHUNKS,
+            "core_build_baseline": core_build_baseline(template, tmp),
+        }
         for mode in ("run_per_tick", "run_per_chunk_sequential", "run_per_chunk_2_parallel"):
             out[mode] = build_mode(mode, template, tmp)
     return out
@@ -238,7 +248,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         out: dict[str, Any] = {
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(), "dagster": dg.__version__},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "dagster": dg.__version__,
+            },
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
         }
         if not args.skip_build:

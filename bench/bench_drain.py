@@ -76,10 +76,18 @@ def latency_bound(n: int, latency: float, rounds: int) -> dict:
     latency_limit = concurrency / latency
     bound = min(latency_limit, cpu_limit)
     return {
-        "n": n, "apns_latency_seconds": latency, "apns_concurrency": concurrency, "cpus": os.cpu_count(),
-        "sends_per_s": measured, "latency_bound_per_s": latency_limit, "cpu_limit_per_s": cpu_limit,
-        "bound": "latency" if latency_limit <= cpu_limit else "cpu", "ratio_to_bound": round(measured / bound, 2),
-        "bar": 0.8, "passes": measured >= 0.8 * bound, "runs": runs,
+        "n": n,
+        "apns_latency_seconds": latency,
+        "apns_concurrency": concurrency,
+        "cpus": os.cpu_count(),
+        "sends_per_s": measured,
+        "latency_bound_per_s": latency_limit,
+        "cpu_limit_per_s": cpu_limit,
+        "bound": "latency" if latency_limit <= cpu_limit else "cpu",
+        "ratio_to_bound": round(measured / bound, 2),
+        "bar": 0.8,
+        "passes": measured >= 0.8 * bound,
+        "runs": runs,
     }
 
 
@@ -107,18 +115,26 @@ def main() -> None:
     # Each round's figure over the raw figure of the same round: drift between rounds cancels out.
     paired = {
         k: sorted(round(r["sends_per_s"] / raw["sends_per_s"], 2) for r, raw in zip(v, runs["raw_aioapns"]))
-        for k, v in runs.items() if k != "raw_aioapns"
+        for k, v in runs.items()
+        if k != "raw_aioapns"
     }
-    print(json.dumps({
-        "n": args.n,
-        "concurrency": args.concurrency,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "median_sends_per_s": medians,
-        "ratio_to_raw": {k: round(v / medians["raw_aioapns"], 2) for k, v in medians.items() if k != "raw_aioapns"},
-        "paired_ratio_to_raw": paired,
-        "runs": runs,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "n": args.n,
+                "concurrency": args.concurrency,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "median_sends_per_s": medians,
+                "ratio_to_raw": {
+                    k: round(v / medians["raw_aioapns"], 2) for k, v in medians.items() if k != "raw_aioapns"
+                },
+                "paired_ratio_to_raw": paired,
+                "runs": runs,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from reminders_pipeline import ledger, migrate
-from reminders_pipeline.ledger import queue as ledger_queue
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import send_batch
+from reminders_pipeline.ledger import queue as ledger_queue
 from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
@@ -120,9 +120,13 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
     data = rows_for(n)
     cols = ledger.UPSERT_COLUMNS
     sqlite = db.dialect == "sqlite"
-    sql = ledger_queue._UPSERT.format(
-        rows=ledger_queue._UPSERT_ROWS_SOURCE[db.dialect], distinct=ledger_queue._NULL_SAFE_DIFFERENT[db.dialect]
-    ).replace(":rows", "?" if sqlite else "%(rows)s").replace(":now", "?" if sqlite else "%(now)s")
+    sql = (
+        ledger_queue._UPSERT.format(
+            rows=ledger_queue._UPSERT_ROWS_SOURCE[db.dialect], distinct=ledger_queue._NULL_SAFE_DIFFERENT[db.dialect]
+        )
+        .replace(":rows", "?" if sqlite else "%(rows)s")
+        .replace(":now", "?" if sqlite else "%(now)s")
+    )
     raw = db.engine.raw_connection()
     try:
         cur = raw.cursor()
@@ -224,7 +228,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20_000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    results = {"machine": f"{platform.machine()} {platform.processor() or ''} {__import__('os').cpu_count()} cores".strip(), "rows": args.rows}
+    results = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} {__import__('os').cpu_count()} cores".strip(),
+        "rows": args.rows,
+    }
     for kind in ("sqlite", "postgresql"):
         db, close = fresh(kind)
         try:

@@ -27,8 +27,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh  # noqa: E402  one way to make a throwaway ledger for every benchmark
@@ -44,23 +44,63 @@ WINDOW = 900
 DEVICES = 25_000
 DUE, CLAIMED = 500, 100
 COLUMNS = (
-    "device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body", "status",
-    "outcome", "outcome_detail", "payload", "apns_id", "claimed_by", "claimed_at", "settled_at", "sent_at",
-    "created_at", "updated_at",
+    "device_id",
+    "source_id",
+    "item_id",
+    "rule",
+    "send_after",
+    "event_at",
+    "expires_at",
+    "title",
+    "body",
+    "status",
+    "outcome",
+    "outcome_detail",
+    "payload",
+    "apns_id",
+    "claimed_by",
+    "claimed_at",
+    "settled_at",
+    "sent_at",
+    "created_at",
+    "updated_at",
 )
-HISTORY_OUTCOMES = [("sent", None)] * 85 + [("voided", "left_feed")] * 10 + [("failed", "BadDeviceToken")] * 3 + [
-    ("too_late", None),
-    ("event_started", None),
-]
+HISTORY_OUTCOMES = (
+    [("sent", None)] * 85
+    + [("voided", "left_feed")] * 10
+    + [("failed", "BadDeviceToken")] * 3
+    + [
+        ("too_late", None),
+        ("event_started", None),
+    ]
+)
 
 
-def _row(i: int, status: str, send_after: int, outcome=None, detail=None, settled=None, sent=None, claimed=None) -> tuple:
+def _row(
+    i: int, status: str, send_after: int, outcome=None, detail=None, settled=None, sent=None, claimed=None
+) -> tuple:
     iso = iso_from_unix
     return (
-        f"d{i % DEVICES}", 1, f"1:item-{i}", "lead:3600", iso(send_after), iso(send_after + 3600), iso(send_after + 5400),
-        "Standup", None, status, outcome, detail, None, None, "bench" if claimed else None,
-        iso(claimed) if claimed else None, iso(settled) if settled else None, iso(sent) if sent else None,
-        iso(send_after - 86400), iso(settled or claimed or send_after - 86400),
+        f"d{i % DEVICES}",
+        1,
+        f"1:item-{i}",
+        "lead:3600",
+        iso(send_after),
+        iso(send_after + 3600),
+        iso(send_after + 5400),
+        "Standup",
+        None,
+        status,
+        outcome,
+        detail,
+        None,
+        None,
+        "bench" if claimed else None,
+        iso(claimed) if claimed else None,
+        iso(settled) if settled else None,
+        iso(sent) if sent else None,
+        iso(send_after - 86400),
+        iso(settled or claimed or send_after - 86400),
     )
 
 
@@ -105,8 +145,14 @@ def chunks(it: Iterator[tuple], size: int = 50_000) -> Iterator[list[tuple]]:
 
 
 def seed(db: Database, total: int, window_rows: int) -> None:
-    devices = [(f"d{i}", "ab" * 32, i % 16, iso_from_unix(T0 - 600 - i % 600), iso_from_unix(T0 - 86400)) for i in range(DEVICES)]
-    beats = [("disp-a", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 3)), ("disp-b", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 4))]
+    devices = [
+        (f"d{i}", "ab" * 32, i % 16, iso_from_unix(T0 - 600 - i % 600), iso_from_unix(T0 - 86400))
+        for i in range(DEVICES)
+    ]
+    beats = [
+        ("disp-a", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 3)),
+        ("disp-b", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 4)),
+    ]
     raw = db.engine.raw_connection()
     try:
         cur = raw.cursor()
@@ -152,7 +198,11 @@ def timed(fn: Callable[[], object], n: int) -> dict[str, float]:
         fn()
         ms.append((time.perf_counter() - started) * 1000)
     ms.sort()
-    return {"median_ms": round(statistics.median(ms), 2), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 2), "max_ms": round(ms[-1], 2)}
+    return {
+        "median_ms": round(statistics.median(ms), 2),
+        "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 2),
+        "max_ms": round(ms[-1], 2),
+    }
 
 
 def raw_query(db: Database, sql: str, params: tuple = ()) -> Callable[[], object]:
@@ -197,7 +247,8 @@ def bench(kind: str, total: int, window_rows: int, scrapes: int) -> dict:
                 ),
             }
         out["raw_whole_table_group_by"] = timed(
-            raw_query(db, "SELECT status, outcome, count(*) FROM notification_queue GROUP BY status, outcome"), max(5, scrapes // 5)
+            raw_query(db, "SELECT status, outcome, count(*) FROM notification_queue GROUP BY status, outcome"),
+            max(5, scrapes // 5),
         )
         return out
     finally:

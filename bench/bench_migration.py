@@ -47,7 +47,10 @@ def claimer(db: Database, pending: list[int], stop: threading.Event, waits: list
     while not stop.is_set():
         started = time.perf_counter()
         with db.engine.begin() as conn:
-            conn.execute(text("UPDATE notification_queue SET updated_at = updated_at WHERE id = :id"), {"id": random.choice(pending)})
+            conn.execute(
+                text("UPDATE notification_queue SET updated_at = updated_at WHERE id = :id"),
+                {"id": random.choice(pending)},
+            )
         waits.append(time.perf_counter() - started)
         time.sleep(0.01)
 
@@ -71,20 +74,32 @@ def scans(db: Database) -> dict[str, float]:
     """The scans the head schema needs, timed alone (after the upgrade, on the same rows)."""
     out = {}
     with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        names = conn.execute(text(
-            "SELECT conname FROM pg_constraint WHERE conrelid = 'notification_queue'::regclass AND contype = 'c'"
-        )).scalars().all()
+        names = (
+            conn.execute(
+                text(
+                    "SELECT conname FROM pg_constraint WHERE conrelid = 'notification_queue'::regclass AND contype = 'c'"
+                )
+            )
+            .scalars()
+            .all()
+        )
         for name in ("ck_queue_outcome", "ck_item_at_iso", "ck_not_before_iso", "ck_held_until_iso"):
             if name in names:
                 conn.execute(text(f"ALTER TABLE notification_queue DROP CONSTRAINT {name}"))
         started = time.perf_counter()
-        conn.execute(text(
-            "ALTER TABLE notification_queue ADD CONSTRAINT ck_bench CHECK (outcome IS NULL OR outcome IN ('sent', 'failed'))"
-        ))
+        conn.execute(
+            text(
+                "ALTER TABLE notification_queue ADD CONSTRAINT ck_bench CHECK (outcome IS NULL OR outcome IN ('sent', 'failed'))"
+            )
+        )
         out["one_check_scan_s"] = time.perf_counter() - started
         conn.execute(text("DROP INDEX IF EXISTS ix_queue_not_before"))
         started = time.perf_counter()
-        conn.execute(text("CREATE INDEX ix_bench ON notification_queue (not_before) WHERE status = 'pending' AND not_before IS NOT NULL"))
+        conn.execute(
+            text(
+                "CREATE INDEX ix_bench ON notification_queue (not_before) WHERE status = 'pending' AND not_before IS NOT NULL"
+            )
+        )
         out["index_build_s"] = time.perf_counter() - started
     return out
 
@@ -134,7 +149,9 @@ def main() -> None:
     print(f"{args.rows:,} queue rows; upgrade 0005 -> head took {took:.2f} s")
     print(f"claims before: {b['claims']} p50 {b['p50_ms']:.1f} ms, max {b['max_ms']:.1f} ms")
     print(f"claims during: {d['claims']} p50 {d['p50_ms']:.1f} ms, max {d['max_ms']:.1f} ms (bound {bound_ms:.0f} ms)")
-    print(f"one CHECK's scan {result['one_check_scan_s']:.2f} s, the partial index's build {result['index_build_s']:.2f} s")
+    print(
+        f"one CHECK's scan {result['one_check_scan_s']:.2f} s, the partial index's build {result['index_build_s']:.2f} s"
+    )
     print("met" if result["met"] else "MISSED")
 
 

@@ -24,8 +24,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh, rows_for  # noqa: E402
@@ -68,7 +69,9 @@ FROM generate_series(1, :rows) AS g
 PENDING_AT = "2026-09-10T08:30:00.000Z"  # the fill's pending send_after: every pending row is due from here
 
 
-def captured(db: Database, work: Callable[[Connection], Any], setup: Callable[[Connection], Any] | None = None) -> list[tuple[str, Any]]:
+def captured(
+    db: Database, work: Callable[[Connection], Any], setup: Callable[[Connection], Any] | None = None
+) -> list[tuple[str, Any]]:
     """The statements ``work`` sends (``(sql, parameters)``), run after ``setup`` (not captured) in
     a transaction that is rolled back."""
     seen: list[tuple[str, Any]] = []
@@ -93,14 +96,24 @@ def captured(db: Database, work: Callable[[Connection], Any], setup: Callable[[C
 def plans(db: Database) -> dict[str, list[str]]:
     """``EXPLAIN (COSTS OFF)`` of every queue statement the ledger sends, as it sends them."""
     with db.read() as conn:
-        sample = [dict(r) for r in conn.execute(text(
-            "SELECT id, device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body "
-            "FROM notification_queue WHERE status = 'pending' ORDER BY id LIMIT 100"
-        )).mappings()]
-        settled = [dict(r) for r in conn.execute(text(
-            "SELECT device_id, source_id, item_id, rule, event_at, expires_at, title, body "
-            "FROM notification_queue WHERE status = 'settled' ORDER BY id LIMIT 100"
-        )).mappings()]
+        sample = [
+            dict(r)
+            for r in conn.execute(
+                text(
+                    "SELECT id, device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body "
+                    "FROM notification_queue WHERE status = 'pending' ORDER BY id LIMIT 100"
+                )
+            ).mappings()
+        ]
+        settled = [
+            dict(r)
+            for r in conn.execute(
+                text(
+                    "SELECT device_id, source_id, item_id, rule, event_at, expires_at, title, body "
+                    "FROM notification_queue WHERE status = 'settled' ORDER BY id LIMIT 100"
+                )
+            ).mappings()
+        ]
     ids = [r["id"] for r in sample]
     now = "2026-09-10T08:31:00.000Z"
     moved = [{**r, "send_after": "2026-09-10T08:35:00.000Z"} for r in sample]
@@ -108,16 +121,25 @@ def plans(db: Database) -> dict[str, list[str]]:
         "due ids (drain find_due)": lambda c: ledger.due_ids(c, now),
         "next due (dispatcher)": lambda c: ledger.next_send_after(c, PENDING_AT),
         "claim": lambda c: ledger.claim(c, ids, now, "bench"),
-        "settle": lambda c: ledger.settle(c, [{"id": i, "outcome": "sent", "sent_body": "Starts at 09:30"} for i in ids], "bench", now),
-        "return to pending": lambda c: ledger.return_to_pending(c, [{"id": i, "outcome_detail": "x"} for i in ids], "bench", now),
+        "settle": lambda c: ledger.settle(
+            c, [{"id": i, "outcome": "sent", "sent_body": "Starts at 09:30"} for i in ids], "bench", now
+        ),
+        "return to pending": lambda c: ledger.return_to_pending(
+            c, [{"id": i, "outcome_detail": "x"} for i in ids], "bench", now
+        ),
         "abandoned sweep": lambda c: ledger.fail_abandoned(c, "2026-09-10T08:20:00.000Z", now),
-        "prune": lambda c: ledger.prune_settled(c, "2026-09-11T00:00:00.000Z", 1000, ended_before="2026-09-11T00:00:00.000Z"),
+        "prune": lambda c: ledger.prune_settled(
+            c, "2026-09-11T00:00:00.000Z", 1000, ended_before="2026-09-11T00:00:00.000Z"
+        ),
         "build: existing rows": lambda c: ledger.existing_rows(c, sorted({r["device_id"] for r in sample})),
         "build: upsert of pending rows": lambda c: ledger.upsert_rows(c, moved, now),
-        "build: upsert re-arming settled rows (history copy, render, re-arm, upsert)":
-            lambda c: ledger.upsert_rows(c, [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled], now),
+        "build: upsert re-arming settled rows (history copy, render, re-arm, upsert)": lambda c: ledger.upsert_rows(
+            c, [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled], now
+        ),
         "build: void rows": lambda c: ledger.void_rows(c, ids, "gone", now),
-        "device removed: void its pending rows": lambda c: ledger.void_pending_of_device(c, sample[0]["device_id"], "gone", now),
+        "device removed: void its pending rows": lambda c: ledger.void_pending_of_device(
+            c, sample[0]["device_id"], "gone", now
+        ),
         "metrics: latest settled": lambda c: ledger.latest_settled(c, "2026-09-10T08:00:00.000Z", now, 1000),
         "metrics: queue gauges": lambda c: ledger.queue_gauges(c, now, now),
     }
@@ -146,13 +168,16 @@ def hot_updates(n: int, fillfactor: int) -> dict[str, dict[str, int]]:
     try:
         with db.write() as conn:
             conn.execute(text(f"ALTER TABLE notification_queue SET (fillfactor = {int(fillfactor)})"))
+
         def counters() -> tuple[int, int]:
             with db.read() as conn:
                 conn.execute(text("SELECT pg_stat_force_next_flush()"))
             with db.read() as conn:
-                return conn.execute(text(
-                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'notification_queue'"
-                )).one()
+                return conn.execute(
+                    text(
+                        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'notification_queue'"
+                    )
+                ).one()
 
         def phase(name: str, fn: Callable[[], Any]) -> None:
             before = counters()
@@ -167,12 +192,17 @@ def hot_updates(n: int, fillfactor: int) -> dict[str, dict[str, int]]:
         with db.write() as conn:
             ids = ledger.due_ids(conn, "2026-09-10T23:00:00.000Z")
         settings = Settings(database_url="", enabled=True)
-        phase("claim and settle (drain)", lambda: send_batch(db, settings, ids, RecordingSender().factory(), now="2026-09-10T23:00:00.000Z"))
+        phase(
+            "claim and settle (drain)",
+            lambda: send_batch(db, settings, ids, RecordingSender().factory(), now="2026-09-10T23:00:00.000Z"),
+        )
         with db.write() as conn:
             ledger.upsert_rows(conn, rows_for(n, lead=7200), t0)  # the same items, a second rule: pending rows
+
         def retitle() -> None:
             with db.write() as conn:
                 ledger.upsert_rows(conn, rows_for(n, lead=7200, title="Standup, renamed"), t0)
+
         phase("pending row re-titled (build upsert)", retitle)
     finally:
         close()
@@ -203,31 +233,53 @@ def main() -> None:
             rows = conn.execute(text("SELECT count(*) FROM notification_queue")).scalar()
             heap = conn.execute(text("SELECT pg_relation_size('notification_queue')")).scalar()
             total = conn.execute(text("SELECT pg_total_relation_size('notification_queue')")).scalar()
-            toast = conn.execute(text(
-                "SELECT coalesce(pg_total_relation_size(reltoastrelid), 0) FROM pg_class WHERE relname = 'notification_queue'"
-            )).scalar()
-            indexes = dict(conn.execute(text(
-                "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
-                "WHERE indrelid = 'notification_queue'::regclass ORDER BY 2 DESC"
-            )).all())
+            toast = conn.execute(
+                text(
+                    "SELECT coalesce(pg_total_relation_size(reltoastrelid), 0) FROM pg_class WHERE relname = 'notification_queue'"
+                )
+            ).scalar()
+            indexes = dict(
+                conn.execute(
+                    text(
+                        "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
+                        "WHERE indrelid = 'notification_queue'::regclass ORDER BY 2 DESC"
+                    )
+                ).all()
+            )
             columns = {}
             for c in notification_queue.c:
-                columns[c.name] = float(conn.execute(text(f'SELECT avg(pg_column_size("{c.name}")) FROM notification_queue')).scalar() or 0)
-            fillfactor = conn.execute(text("SELECT reloptions FROM pg_class WHERE relname = 'notification_queue'")).scalar()
+                columns[c.name] = float(
+                    conn.execute(text(f'SELECT avg(pg_column_size("{c.name}")) FROM notification_queue')).scalar() or 0
+                )
+            fillfactor = conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = 'notification_queue'")
+            ).scalar()
         explained = plans(db) if args.plans else None
-        print(json.dumps({
-            "rows": rows, "reloptions": fillfactor, "pending_share": round(1 / args.pending_every, 3), "fill_seconds": round(fill_seconds, 1),
-            "bytes_per_row": {
-                "table_with_indexes_and_toast": round(total / rows, 1),
-                "heap": round(heap / rows, 1),
-                "toast": round(toast / rows, 1),
-                **{f"index {name}": round(size / rows, 1) for name, size in indexes.items()},
-            },
-            "avg_column_bytes": {k: round(v, 1) for k, v in sorted(columns.items(), key=lambda kv: -kv[1])},
-            "avg_column_bytes_sum": round(sum(columns.values()), 1),
-            **({"plans": explained} if explained is not None else {}),
-            **({"hot_updates": {f"fillfactor {ff}": hot_updates(args.hot_rows, ff) for ff in (85, 100)}} if args.hot_rows else {}),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "reloptions": fillfactor,
+                    "pending_share": round(1 / args.pending_every, 3),
+                    "fill_seconds": round(fill_seconds, 1),
+                    "bytes_per_row": {
+                        "table_with_indexes_and_toast": round(total / rows, 1),
+                        "heap": round(heap / rows, 1),
+                        "toast": round(toast / rows, 1),
+                        **{f"index {name}": round(size / rows, 1) for name, size in indexes.items()},
+                    },
+                    "avg_column_bytes": {k: round(v, 1) for k, v in sorted(columns.items(), key=lambda kv: -kv[1])},
+                    "avg_column_bytes_sum": round(sum(columns.values()), 1),
+                    **({"plans": explained} if explained is not None else {}),
+                    **(
+                        {"hot_updates": {f"fillfactor {ff}": hot_updates(args.hot_rows, ff) for ff in (85, 100)}}
+                        if args.hot_rows
+                        else {}
+                    ),
+                },
+                indent=2,
+            )
+        )
     finally:
         close()
 

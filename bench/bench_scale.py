@@ -72,10 +72,16 @@ def main() -> None:
                     conn.execute(text("DELETE FROM notification_queue"))
                     conn.execute(text("UPDATE devices SET reminders_built_at = NULL"))
                     conn.execute(text("UPDATE sources SET etag = NULL, feed_cache = NULL, cache_until = NULL"))
-                results[f"build_devices_per_s_{workers}_processes"] = round(parallel_builds(db.url, workers, iso_from_unix(t0)))
+                results[f"build_devices_per_s_{workers}_processes"] = round(
+                    parallel_builds(db.url, workers, iso_from_unix(t0))
+                )
             with db.read() as conn:
-                results["queue_rows_after_build"] = conn.execute(text("SELECT count(*) FROM notification_queue")).scalar()
-                results["queue_table_bytes"] = conn.execute(text("SELECT pg_total_relation_size('notification_queue')")).scalar()
+                results["queue_rows_after_build"] = conn.execute(
+                    text("SELECT count(*) FROM notification_queue")
+                ).scalar()
+                results["queue_table_bytes"] = conn.execute(
+                    text("SELECT pg_total_relation_size('notification_queue')")
+                ).scalar()
         finally:
             close()
     finally:
@@ -85,7 +91,11 @@ def main() -> None:
         drained = full_drain(mock, "postgresql", args.due, 200)
     finally:
         mock.close()
-    results["peak_quarter_hour_drain"] = {"rows": args.due, **drained, "share_of_15_min_cadence": round(drained["seconds"] / 900, 3)}
+    results["peak_quarter_hour_drain"] = {
+        "rows": args.due,
+        **drained,
+        "share_of_15_min_cadence": round(drained["seconds"] / 900, 3),
+    }
     print(json.dumps(results, indent=2))
 
 

@@ -30,7 +30,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
-
 from sqlalchemy import func, select  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
@@ -58,7 +57,13 @@ def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
     with db.write() as conn:
         conn.execute(devices.delete())
         conn.execute(notification_queue.delete())
-        conn.execute(devices.insert(), [{"id": f"dev-{d}", "apns_token": f"{d + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now} for d in range(devices_n)])
+        conn.execute(
+            devices.insert(),
+            [
+                {"id": f"dev-{d}", "apns_token": f"{d + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
+                for d in range(devices_n)
+            ],
+        )
         for i in range(0, len(rows), 2000):
             ledger.upsert_rows(conn, rows[i : i + 2000], now)
 
@@ -72,7 +77,11 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     v = sorted(values)
     if not v:
         return {"p50": None, "p99": None, "max": None}
-    return {"p50": round(v[len(v) // 2], 3), "p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 3), "max": round(v[-1], 3)}
+    return {
+        "p50": round(v[len(v) // 2], 3),
+        "p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 3),
+        "max": round(v[-1], 3),
+    }
 
 
 class Running:
@@ -94,7 +103,7 @@ class Running:
 
         asyncio.run(go())
 
-    def __enter__(self) -> "Running":
+    def __enter__(self) -> Running:
         self._thread.start()
         self._ready.wait(30)
         return self
@@ -119,7 +128,9 @@ def wait_settled(db: Database, n: int, timeout: float) -> None:
 
 def lateness_of(rows: list[dict[str, Any]]) -> tuple[list[float], int]:
     late = [unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"]) for r in rows if r["outcome"] == "sent"]
-    early = sum(1 for r in rows if r["claimed_at"] < r["send_after"] or (r["sent_at"] and r["sent_at"] < r["send_after"]))
+    early = sum(
+        1 for r in rows if r["claimed_at"] < r["send_after"] or (r["sent_at"] and r["sent_at"] < r["send_after"])
+    )
     return late, early
 
 
@@ -137,13 +148,13 @@ def spread(dbs: dict[str, Database], settings: dict[str, Settings], n: int, seco
     start = time.time() + 5
     send_afters = [start + random.uniform(0, seconds) for _ in range(n)]
     out: dict[str, Any] = {}
-    for kind, db in dbs.items():
+    for db in dbs.values():
         load(db, send_afters)
     runners = {kind: Running(db, settings[kind]) for kind, db in dbs.items()}
     for r in runners.values():
         r.__enter__()
     try:
-        for kind, db in dbs.items():
+        for db in dbs.values():
             wait_settled(db, n, seconds + 120)
     finally:
         for r in runners.values():
@@ -186,7 +197,14 @@ def idle(dbs: dict[str, Database], settings: dict[str, Settings], seconds: float
     time.sleep(seconds)
     for r in runners.values():
         r.__exit__()
-    return {kind: {"seconds": seconds, "cpu_seconds": round(r.cpu_seconds, 3), "share_of_one_core": round(r.cpu_seconds / seconds, 4)} for kind, r in runners.items()}
+    return {
+        kind: {
+            "seconds": seconds,
+            "cpu_seconds": round(r.cpu_seconds, 3),
+            "share_of_one_core": round(r.cpu_seconds / seconds, 4),
+        }
+        for kind, r in runners.items()
+    }
 
 
 def main() -> None:
@@ -200,7 +218,8 @@ def main() -> None:
     made = {kind: fresh(kind) for kind in ("sqlite", "postgresql")}
     dbs = {kind: db for kind, (db, _) in made.items()}
     settings = {
-        kind: mock.settings(200).with_(database_url=db.url, enabled=True, dispatch_poll_seconds=2.0) for kind, db in dbs.items()
+        kind: mock.settings(200).with_(database_url=db.url, enabled=True, dispatch_poll_seconds=2.0)
+        for kind, db in dbs.items()
     }
     try:
         result = {

@@ -91,7 +91,12 @@ def main() -> None:
     stderr = workdir / "dispatch.stderr"
     with stderr.open("w") as err:
         dispatcher = subprocess.Popen(
-            [sys.executable, "-m", "reminders_pipeline.cli", "dispatch"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
+            [sys.executable, "-m", "reminders_pipeline.cli", "dispatch"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
         )
     try:
         time.sleep(max(0.0, start + args.outage - time.time()))
@@ -107,7 +112,9 @@ def main() -> None:
         rows = conn.execute(text("SELECT * FROM notification_queue")).mappings().all()
     db.dispose()
     outcomes = Counter((r["outcome"], r["outcome_detail"]) for r in rows)
-    late = [unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), back) for r in rows if r["outcome"] == "sent"]
+    late = [
+        unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), back) for r in rows if r["outcome"] == "sent"
+    ]
     summary = json.loads(out) if out.strip() else {}
     result = {
         "outage_s": back - start,

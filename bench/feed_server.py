@@ -20,21 +20,26 @@ import json
 import threading
 import time
 import zlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def json_body(n: int, t0: int) -> bytes:
     """A busy calendar's worth: an event every 3 hours for three days (8 within a 24 h horizon)."""
     items = [
-        {"id": f"e{k}", "title": f"Source {n} event {k}", "startsAt": t0 + 1800 + k * 3 * 3600 + n, "expiresAt": t0 + 3600 + k * 3 * 3600 + n}
+        {
+            "id": f"e{k}",
+            "title": f"Source {n} event {k}",
+            "startsAt": t0 + 1800 + k * 3 * 3600 + n,
+            "expiresAt": t0 + 3600 + k * 3 * 3600 + n,
+        }
         for k in range(24)
     ]
     return json.dumps({"items": items}).encode()
 
 
 def ics_body(n: int, t0: int) -> bytes:
-    start = datetime.fromtimestamp(t0 + 1800 + n * 7, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    start = datetime.fromtimestamp(t0 + 1800 + n * 7, UTC).strftime("%Y%m%dT%H%M%SZ")
     events = []
     for k, interval in enumerate((3, 6)):  # about 12 occurrences within a 24 h horizon
         events += [
@@ -49,31 +54,69 @@ def ics_body(n: int, t0: int) -> bytes:
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
-ZONES = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "Pacific/Chatham", "America/Los_Angeles"]
+ZONES = [
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Lord_Howe",
+    "Asia/Kolkata",
+    "Pacific/Chatham",
+    "America/Los_Angeles",
+]
 
 
 def zoned_body(n: int, t0: int) -> bytes:
     """A person's calendar: weekly series in the owner's zone with a deleted and a moved instance,
     a floating daily stand-up, a weekly all-day item and a few one-off events."""
     zone = ZONES[n % len(ZONES)]
-    day = datetime.fromtimestamp(t0 - 14 * 86400, timezone.utc)
+    day = datetime.fromtimestamp(t0 - 14 * 86400, UTC)
     d = day.strftime("%Y%m%d")
-    ex = datetime.fromtimestamp(t0 + 7 * 86400, timezone.utc).strftime("%Y%m%d")
+    ex = datetime.fromtimestamp(t0 + 7 * 86400, UTC).strftime("%Y%m%d")
     events = []
     for k, (hh, byday) in enumerate((("0930", "MO,WE,FR"), ("1400", "TU,TH"), ("1700", "MO"))):
         events += [
-            "BEGIN:VEVENT", f"UID:w{n}-{k}@bench", f"DTSTART;TZID={zone}:{d}T{hh}00", "DURATION:PT45M",
-            f"RRULE:FREQ=WEEKLY;BYDAY={byday};COUNT=60", f"EXDATE;TZID={zone}:{ex}T{hh}00",
-            f"SUMMARY:Series {k} of {n}", "END:VEVENT",
-            "BEGIN:VEVENT", f"UID:w{n}-{k}@bench", f"RECURRENCE-ID;TZID={zone}:{d}T{hh}00",
-            f"DTSTART;TZID={zone}:{d}T{int(hh[:2]) + 1:02d}{hh[2:]}00", "DURATION:PT45M", f"SUMMARY:Series {k} moved", "END:VEVENT",
+            "BEGIN:VEVENT",
+            f"UID:w{n}-{k}@bench",
+            f"DTSTART;TZID={zone}:{d}T{hh}00",
+            "DURATION:PT45M",
+            f"RRULE:FREQ=WEEKLY;BYDAY={byday};COUNT=60",
+            f"EXDATE;TZID={zone}:{ex}T{hh}00",
+            f"SUMMARY:Series {k} of {n}",
+            "END:VEVENT",
+            "BEGIN:VEVENT",
+            f"UID:w{n}-{k}@bench",
+            f"RECURRENCE-ID;TZID={zone}:{d}T{hh}00",
+            f"DTSTART;TZID={zone}:{d}T{int(hh[:2]) + 1:02d}{hh[2:]}00",
+            "DURATION:PT45M",
+            f"SUMMARY:Series {k} moved",
+            "END:VEVENT",
         ]
-    events += ["BEGIN:VEVENT", f"UID:f{n}@bench", f"DTSTART:{d}T090000", "DURATION:PT15M", "RRULE:FREQ=DAILY;COUNT=120",
-               "SUMMARY:Stand-up", "END:VEVENT"]
-    events += ["BEGIN:VEVENT", f"UID:a{n}@bench", f"DTSTART;VALUE=DATE:{d}", "RRULE:FREQ=WEEKLY;COUNT=20", "SUMMARY:Bins out", "END:VEVENT"]
+    events += [
+        "BEGIN:VEVENT",
+        f"UID:f{n}@bench",
+        f"DTSTART:{d}T090000",
+        "DURATION:PT15M",
+        "RRULE:FREQ=DAILY;COUNT=120",
+        "SUMMARY:Stand-up",
+        "END:VEVENT",
+    ]
+    events += [
+        "BEGIN:VEVENT",
+        f"UID:a{n}@bench",
+        f"DTSTART;VALUE=DATE:{d}",
+        "RRULE:FREQ=WEEKLY;COUNT=20",
+        "SUMMARY:Bins out",
+        "END:VEVENT",
+    ]
     for k in range(5):
-        at = datetime.fromtimestamp(t0 + 3600 + k * 5 * 3600 + n, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        events += ["BEGIN:VEVENT", f"UID:o{n}-{k}@bench", f"DTSTART:{at}", "DURATION:PT30M", f"SUMMARY:One-off {k}", "END:VEVENT"]
+        at = datetime.fromtimestamp(t0 + 3600 + k * 5 * 3600 + n, UTC).strftime("%Y%m%dT%H%M%SZ")
+        events += [
+            "BEGIN:VEVENT",
+            f"UID:o{n}-{k}@bench",
+            f"DTSTART:{at}",
+            "DURATION:PT30M",
+            f"SUMMARY:One-off {k}",
+            "END:VEVENT",
+        ]
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
@@ -84,15 +127,30 @@ def share(path: str, salt: str) -> float:
 
 def light_ics_body(n: int, t0: int) -> bytes:
     """A person's calendar: six single meetings over the next two days and one weekly series."""
+
     def stamp(t: int) -> str:
-        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        return datetime.fromtimestamp(t, UTC).strftime("%Y%m%dT%H%M%SZ")
 
     events = []
     for k in range(6):
         start = t0 + 1800 + k * 8 * 3600 + n % 600
-        events += ["BEGIN:VEVENT", f"UID:s{n}-m{k}@bench", f"DTSTART:{stamp(start)}", "DURATION:PT30M", f"SUMMARY:Meeting {k}", "END:VEVENT"]
-    events += ["BEGIN:VEVENT", f"UID:s{n}-weekly@bench", f"DTSTART:{stamp(t0 + 5400 + n % 600)}", "DURATION:PT1H",
-               "RRULE:FREQ=WEEKLY;COUNT=52", "SUMMARY:Weekly", "END:VEVENT"]
+        events += [
+            "BEGIN:VEVENT",
+            f"UID:s{n}-m{k}@bench",
+            f"DTSTART:{stamp(start)}",
+            "DURATION:PT30M",
+            f"SUMMARY:Meeting {k}",
+            "END:VEVENT",
+        ]
+    events += [
+        "BEGIN:VEVENT",
+        f"UID:s{n}-weekly@bench",
+        f"DTSTART:{stamp(t0 + 5400 + n % 600)}",
+        "DURATION:PT1H",
+        "RRULE:FREQ=WEEKLY;COUNT=52",
+        "SUMMARY:Weekly",
+        "END:VEVENT",
+    ]
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 

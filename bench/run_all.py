@@ -50,7 +50,9 @@ def _zoned_rows(bld: dict) -> list[str]:
 
 def run(script: str, *args: str) -> dict:
     print(f"running {script} {' '.join(args)}", file=sys.stderr, flush=True)
-    done = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=3600
+    )
     if done.returncode != 0:
         raise SystemExit(f"{script} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout[done.stdout.index("{") :])
@@ -226,7 +228,7 @@ def render_timeliness(t: dict) -> list[str]:
         "",
         f"`bench/bench_timeliness.py` ({t.get('date', 'date not recorded')}): the dispatcher on the real clock with the real APNs",
         "client against the mock APNs in another process, SQLite and PostgreSQL side by side. Lateness is",
-        "`sent_at − send_after`, `sent_at` being APNs' answer for that row; \"early\" counts rows claimed or",
+        '`sent_at − send_after`, `sent_at` being APNs\' answer for that row; "early" counts rows claimed or',
         f"sent before their `send_after`. Poll backstop {t['poll_seconds']} s.",
         "",
         f"**{n(s_rows)} rows spread at random over 5 minutes** (bar: p99 ≤ 1 s, max ≤ 3 s, none early):",
@@ -298,7 +300,11 @@ def render_metrics(m: dict) -> list[str]:
 
 
 def timeliness(quick: bool) -> dict:
-    args = ("--spread-rows", "200", "--spread-seconds", "30", "--burst-rows", "2000", "--idle-seconds", "10") if quick else ()
+    args = (
+        ("--spread-rows", "200", "--spread-seconds", "30", "--burst-rows", "2000", "--idle-seconds", "10")
+        if quick
+        else ()
+    )
     return {**run("bench_timeliness.py", *args), "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
@@ -420,8 +426,11 @@ def _row_cost(rc: dict) -> list[str]:
             "",
             "| fillfactor | phase | updates | HOT |",
             "|---|---|---|---|",
-            *[f"| {ff.split()[-1]} | {phase} | {n(c['updates'])} | {n(c['hot'])} |"
-              for ff, phases in rc["hot_updates"].items() for phase, c in phases.items()],
+            *[
+                f"| {ff.split()[-1]} | {phase} | {n(c['updates'])} | {n(c['hot'])} |"
+                for ff, phases in rc["hot_updates"].items()
+                for phase, c in phases.items()
+            ],
             "",
         ]
     if rc.get("note"):
@@ -443,8 +452,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--with-dagster", action="store_true")
     ap.add_argument("--with-latency", action="store_true", help="also the latency-bound build and drain")
-    ap.add_argument("--render-only", action="store_true", help="re-render docs/benchmarks.md from docs/bench-results.json")
-    ap.add_argument("--only-timeliness", action="store_true", help="re-run bench_timeliness.py alone; keep the other recorded figures")
+    ap.add_argument(
+        "--render-only", action="store_true", help="re-render docs/benchmarks.md from docs/bench-results.json"
+    )
+    ap.add_argument(
+        "--only-timeliness",
+        action="store_true",
+        help="re-run bench_timeliness.py alone; keep the other recorded figures",
+    )
     args = ap.parse_args()
     results_file = DOCS / "bench-results.json"
     if args.render_only:
@@ -463,7 +478,9 @@ def main() -> None:
             "build": run("bench_build.py", "--devices", "1000" if q else "10000", "--own", "200" if q else "2000"),
             "drain": run("bench_drain.py", "--n", "500" if q else "5000", "--rounds", "1" if q else "5"),
             "scale": run("bench_scale.py", "--devices", "1000" if q else "20000", "--due", "1000" if q else "50000"),
-            "metrics": run("bench_metrics.py", "--rows", "20000" if q else "1000000", "--window-rows", "1000" if q else "50000"),
+            "metrics": run(
+                "bench_metrics.py", "--rows", "20000" if q else "1000000", "--window-rows", "1000" if q else "50000"
+            ),
         }
         if args.with_dagster:
             results["dagster"] = run("bench_dagster.py")
@@ -474,7 +491,9 @@ def main() -> None:
                 results[key] = previous[key]
         if args.with_latency:
             results["build_latency"] = run("bench_build.py", "--latency", "--devices", "500" if q else "5000")
-            results["drain_latency"] = run("bench_drain.py", "--latency", "0.04", "--n", "500" if q else "5000", "--rounds", "1" if q else "3")
+            results["drain_latency"] = run(
+                "bench_drain.py", "--latency", "0.04", "--n", "500" if q else "5000", "--rounds", "1" if q else "3"
+            )
         results_file.write_text(json.dumps(results, indent=2) + "\n")
     page = DOCS / "benchmarks.md"
     previous_page = page.read_text() if page.exists() else ""

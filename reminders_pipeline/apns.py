@@ -31,7 +31,8 @@ import re
 import ssl
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from aioapns import APNs, NotificationRequest, PushType
@@ -71,7 +72,14 @@ NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendR
 # What failing to reach APNs raises before a request is written: no connection, TLS, DNS, a pool
 # out of attempts or stream ids, GOAWAY and REFUSED_STREAM (NotProcessed is a ConnectionError),
 # and h2 refusing to open a stream on a connection APNs has just closed.
-UNREACHED = (OSError, ApnsConnectionError, ConnectionClosed, MaxAttemptsExceeded, NoAvailableStreamIDError, ProtocolError)
+UNREACHED = (
+    OSError,
+    ApnsConnectionError,
+    ConnectionClosed,
+    MaxAttemptsExceeded,
+    NoAvailableStreamIDError,
+    ProtocolError,
+)
 # APNs declined to process the request for now: nothing was delivered, the row may go again.
 TRANSIENT_STATUSES = frozenset({429, 500, 503})
 
@@ -135,7 +143,9 @@ def ssl_context(settings: Settings) -> ssl.SSLContext:
     try:
         ctx = ssl.create_default_context(cafile=settings.apns_ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ApnsConfigError(f"REMINDERS_APNS_CA_FILE {settings.apns_ca_file!r} is not a readable CA bundle: {exc}") from None
+        raise ApnsConfigError(
+            f"REMINDERS_APNS_CA_FILE {settings.apns_ca_file!r} is not a readable CA bundle: {exc}"
+        ) from None
     ctx.set_alpn_protocols(["h2"])
     return ctx
 
@@ -158,7 +168,9 @@ class ProviderToken(AuthorizationHeaderProvider):
     REFRESH_SECONDS = 30 * 60
     SKEW_SECONDS = 120  # iat a little in the past, so a clock ahead of Apple's is not "in the future"
 
-    def __init__(self, key: ec.EllipticCurvePrivateKey, key_id: str, team_id: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, key: ec.EllipticCurvePrivateKey, key_id: str, team_id: str, clock: Callable[[], float] = time.time
+    ) -> None:
         self.key = key
         self.key_id = key_id
         self.team_id = team_id
@@ -260,12 +272,16 @@ def default_max_connections(concurrency: int) -> int:
 class AioApnsSender:
     """The drain's Sender on aioapns. Build it inside the running loop (aioapns binds to it)."""
 
-    def __init__(self, settings: Settings, *, max_connections: int | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: Settings, *, max_connections: int | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         validate_apns_settings(settings)
         self.settings = settings
         self.clock = clock
         key_text = read_key_text(settings.apns_key_file)  # type: ignore[arg-type]
-        self.token = ProviderToken(load_signing_key(settings.apns_key_file), settings.apns_key_id, settings.apns_team_id, clock)  # type: ignore[arg-type]
+        self.token = ProviderToken(
+            load_signing_key(settings.apns_key_file), settings.apns_key_id, settings.apns_team_id, clock
+        )  # type: ignore[arg-type]
         self._wire: dict[str, Wire] = {}
         self._slots = asyncio.Semaphore(settings.apns_concurrency)
         self._tasks: dict[asyncio.Task[NotificationResult], str] = {}  # -> notification id

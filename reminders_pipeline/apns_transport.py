@@ -88,8 +88,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from aioapns import NotificationRequest
 from aioapns.common import NotificationResult
@@ -237,7 +238,9 @@ class WireH2Connection(H2Connection):
         # aioapns builds every header itself from values checked in AioApnsSender.send_one (hex
         # token, collapse id) or before (topic; uuid apns-id), so h2's per-header normalising and
         # validation are skipped.
-        super().__init__(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
+        super().__init__(
+            H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False)
+        )
         self.encoder.huffman_coder = HuffmanCodes()
         self._wire = wire
         self._bodies: dict[int, bytes] = {}
@@ -346,7 +349,9 @@ def hpack_headers(headers: Sequence[tuple[str, str]], first: bool) -> list[Heade
     return [NeverIndexedHeaderTuple(k, v) if k in PER_REQUEST_HEADERS else HeaderTuple(k, v) for k, v in headers]
 
 
-def protocol_class(where: Endpoint, token: AuthorizationHeaderProvider, wire: dict[str, Wire]) -> type[APNsTLSClientProtocol]:
+def protocol_class(
+    where: Endpoint, token: AuthorizationHeaderProvider, wire: dict[str, Wire]
+) -> type[APNsTLSClientProtocol]:
     """aioapns' connection class for ``where``, with the shared token and the patches above."""
 
     class ReminderApnsProtocol(where.base):  # type: ignore[misc, valid-type]
@@ -355,7 +360,9 @@ def protocol_class(where: Endpoint, token: AuthorizationHeaderProvider, wire: di
         INACTIVITY_TIME = CONNECTION_IDLE_SECONDS
         conn: WireH2Connection
 
-        def __init__(self, apns_topic: str, loop: Any = None, on_connection_lost: Any = None, auth_provider: Any = None) -> None:
+        def __init__(
+            self, apns_topic: str, loop: Any = None, on_connection_lost: Any = None, auth_provider: Any = None
+        ) -> None:
             super().__init__(apns_topic, loop, on_connection_lost, token)
             self.conn = WireH2Connection(wire)
             # Apple allows one stream until it has seen a valid token; start there instead of

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -86,7 +87,12 @@ class DevicePlan:
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
-        if (item_id, rule) not in self.realign and item_id not in self.feed_items and self.make_rows is not None and item_id not in self.made:
+        if (
+            (item_id, rule) not in self.realign
+            and item_id not in self.feed_items
+            and self.make_rows is not None
+            and item_id not in self.made
+        ):
             self.made.add(item_id)
             source, own = item_id.split(":", 1)
             feed = self.feeds.get(int(source))
@@ -120,15 +126,27 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = read.feed  # type: ignore[assignment]
         for raw in read.feed.items:  # type: ignore[union-attr]
-            for row, begun in _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon):
+            for row, begun in _rows_for(
+                plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon
+            ):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
-    plan.make_rows = lambda source_id, raw: _rows_for(plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None)
+    plan.make_rows = lambda source_id, raw: _rows_for(
+        plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None
+    )
     return plan
 
 
 def _rows_for(
-    plan: DevicePlan, device: dict[str, Any], source_id: int, raw: Item, rules: dict[str, Rule], use_alarms: bool,
-    local: Any, quiet: Any, now_unix: float, horizon: int | None,
+    plan: DevicePlan,
+    device: dict[str, Any],
+    source_id: int,
+    raw: Item,
+    rules: dict[str, Rule],
+    use_alarms: bool,
+    local: Any,
+    quiet: Any,
+    now_unix: float,
+    horizon: int | None,
 ) -> Iterator[tuple[dict[str, Any], bool]]:
     """One item's rows for this device (within ``horizon``, if given), each with whether its
     anchor has passed; a kept item is entered in ``plan.feed_items``, a set-aside one is not."""
@@ -140,18 +158,21 @@ def _rows_for(
         send_after = _send_after(rule, raw, item, local)
         if horizon is not None and send_after > now_unix + horizon:
             continue
-        yield {
-            "device_id": device["id"],
-            "source_id": source_id,
-            "item_id": item_id,
-            "rule": rule.name,
-            "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
-            "event_at": iso_from_unix(item.starts_at),
-            "expires_at": iso_from_unix(item.expires_at),
-            "title": item.title,
-            "body": item.body,
-            "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
-        }, rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix
+        yield (
+            {
+                "device_id": device["id"],
+                "source_id": source_id,
+                "item_id": item_id,
+                "rule": rule.name,
+                "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
+                "event_at": iso_from_unix(item.starts_at),
+                "expires_at": iso_from_unix(item.expires_at),
+                "title": item.title,
+                "body": item.body,
+                "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
+            },
+            rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix,
+        )
 
 
 def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule], use_alarms: bool) -> list[Rule]:
@@ -169,14 +190,20 @@ def rules_of(device: dict[str, Any]) -> list[Rule]:
     """A build row's rules: lead rules and all-day rules (the column may be absent in old callers)."""
     all_day = device.get("all_day_rules")
     return device_rules(
-        device["reminder_lead_seconds"], device["extra_rules"].split(), DEFAULT_ALL_DAY_RULES if all_day is None else all_day.split()
+        device["reminder_lead_seconds"],
+        device["extra_rules"].split(),
+        DEFAULT_ALL_DAY_RULES if all_day is None else all_day.split(),
     )
 
 
 def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
     """A day rule names a local time on a local day (DST exact); a lead rule an offset from an instant."""
     if rule.anchor == "day":
-        return local.to_unix(rule.day_wall(raw.starts_at)) if raw.floating else item.starts_at - rule.lead_seconds + rule.at_minutes * 60
+        return (
+            local.to_unix(rule.day_wall(raw.starts_at))
+            if raw.floating
+            else item.starts_at - rule.lead_seconds + rule.at_minutes * 60
+        )
     return rule.send_after_unix(item.starts_at, item.expires_at)
 
 
@@ -318,7 +345,17 @@ def build(
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.write() as conn:
-            _write_batch(conn, batch, subs, reads, now, now_unix, settings.horizon_seconds, summary, settings.rearm_threshold_seconds)
+            _write_batch(
+                conn,
+                batch,
+                subs,
+                reads,
+                now,
+                now_unix,
+                settings.horizon_seconds,
+                summary,
+                settings.rearm_threshold_seconds,
+            )
         if progress:
             progress(i + len(batch), len(devices))
 
@@ -331,8 +368,13 @@ def build(
 
 def make_reader(settings: Settings) -> SourceReader:
     return SourceReader(
-        settings.source_timeout_seconds, settings.source_max_bytes, settings.source_concurrency, settings.source_per_host,
-        parse_networks(settings.source_allow_networks), settings.source_max_items, settings.source_parse_seconds,
+        settings.source_timeout_seconds,
+        settings.source_max_bytes,
+        settings.source_concurrency,
+        settings.source_per_host,
+        parse_networks(settings.source_allow_networks),
+        settings.source_max_items,
+        settings.source_parse_seconds,
         settings.source_series_seconds,
     )
 
@@ -348,7 +390,9 @@ def read_window(rules: Iterable[Rule], now: str, horizon: int) -> tuple[int, int
     return start, start + horizon + longest
 
 
-def source_windows(devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: str, horizon: int) -> dict[int, tuple[int, int]]:
+def source_windows(
+    devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: str, horizon: int
+) -> dict[int, tuple[int, int]]:
     """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
     so one device with a year-long lead makes only its own calendars expand over a year."""
     windows: dict[int, tuple[int, int]] = {}
@@ -440,7 +484,9 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
     # (as a drain locks what it settles): statement by statement, each in id order, would still take
     # a lower id after a higher one and deadlock with a drain settling both.
     keys = {(r["device_id"], r["item_id"], r["rule"]) for r in (*candidates, *stale)}
-    ledger.lock_rows(conn, [by_key[k]["id"] for k in keys if k in by_key] + [i for row_ids in voids.values() for i in row_ids])
+    ledger.lock_rows(
+        conn, [by_key[k]["id"] for k in keys if k in by_key] + [i for row_ids in voids.values() for i in row_ids]
+    )
 
     written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
     written |= ledger.realign_pending(conn, stale, now)

@@ -11,13 +11,13 @@ Parsing and stepping are cronsim's; this module only adds the rule that a cadenc
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 from cronsim import CronSim, CronSimError
 
 DAY_MINUTES = 24 * 60
-_DAY = datetime(2026, 1, 1, tzinfo=timezone.utc)  # any UTC day will do: only minutes and hours vary
+_DAY = datetime(2026, 1, 1, tzinfo=UTC)  # any UTC day will do: only minutes and hours vary
 
 
 class CronError(ValueError):

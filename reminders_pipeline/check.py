@@ -11,8 +11,9 @@ Cadences come from the cron strings the schedules run on, so retuning one side a
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -54,7 +55,11 @@ def short_leads(settings: Settings, rules: Iterable[Rule]) -> Finding:
     A rule with a shorter lead comes due less than that before its anchor, so its reminder is
     settled ``event_started`` (or, for a zero lead, sent after the event began)."""
     if settings.dispatch_enabled:
-        return Finding("short_leads_deliverable", True, "the dispatcher sends each row at its send_after: any lead is deliverable, 0 included")
+        return Finding(
+            "short_leads_deliverable",
+            True,
+            "the dispatcher sends each row at its send_after: any lead is deliverable, 0 included",
+        )
     bound = settings.drain_cadence_seconds + settings.scheduler_slack_seconds
     short = sorted({r.name for r in rules if r.lead_seconds < bound})
     return Finding(
@@ -66,7 +71,9 @@ def short_leads(settings: Settings, rules: Iterable[Rule]) -> Finding:
     )
 
 
-def evaluate(settings: Settings, devices_per_chunk: Mapping[int, int], min_lead: int | None, rules: Iterable[Rule] = ()) -> list[Finding]:
+def evaluate(
+    settings: Settings, devices_per_chunk: Mapping[int, int], min_lead: int | None, rules: Iterable[Rule] = ()
+) -> list[Finding]:
     drain, build = settings.drain_cadence_seconds, settings.build_cadence_seconds
     period = sweep_period_seconds(settings, devices_per_chunk)
     lead = settings.default_lead_seconds if min_lead is None else min_lead
@@ -194,7 +201,8 @@ class SweepStatus:
         stale = sum(self.stale.values())
         text = (
             f"{stale} device(s) not rebuilt within their own lead - margin (at least the sweep period {self.sweep_period_seconds}s "
-            f"+ a build cadence)" + (f", in chunks {sorted(self.stale)}" if stale else "")
+            f"+ a build cadence)"
+            + (f", in chunks {sorted(self.stale)}" if stale else "")
             + f"; oldest build is {'unknown' if age is None else f'{age:.0f}s'} old; smallest budget is {self.budget_seconds}s"
         )
         if self.short_lead_devices:

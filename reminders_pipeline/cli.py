@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import click
 
@@ -19,9 +20,10 @@ from . import ledger, migrate
 from .build import build as run_build
 from .check import check as run_check
 from .db import Database
-from .rules import DEFAULT_ALL_DAY_RULES
 from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
-from .drain import default_sender_factory, drain as run_drain
+from .drain import default_sender_factory
+from .drain import drain as run_drain
+from .rules import DEFAULT_ALL_DAY_RULES
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
 from .sources import shown_url
@@ -119,7 +121,12 @@ def db_upgrade(ctx: Ctx) -> None:
             migrate.upgrade(database)
         except migrate.MigrationBlocked as exc:
             raise click.ClickException(str(exc)) from None
-        _emit({"database": database.engine.url.render_as_string(hide_password=True), "revision": migrate.current_revision(database)})
+        _emit(
+            {
+                "database": database.engine.url.render_as_string(hide_password=True),
+                "revision": migrate.current_revision(database),
+            }
+        )
     finally:
         database.dispose()
 
@@ -136,14 +143,28 @@ def device() -> None:
 @click.option("--rule", "rules", multiple=True, help="Extra rule, e.g. lead:0@expiry. Repeatable.")
 @click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
 @click.option("--tz", default=None, help="IANA time zone, e.g. Europe/Berlin (default: keep the stored one).")
-@click.option("--all-day-rule", "all_day_rules", multiple=True, help="Rule for all-day items, e.g. day:1@18:00 (default day:0@09:00). Repeatable.")
+@click.option(
+    "--all-day-rule",
+    "all_day_rules",
+    multiple=True,
+    help="Rule for all-day items, e.g. day:1@18:00 (default day:0@09:00). Repeatable.",
+)
 @click.option("--no-all-day-rules", is_flag=True, help="No reminders for all-day items.")
 @click.option("--quiet-hours", default=None, help="Quiet hours in the device's zone, e.g. 22:00-07:00.")
 @click.option("--alarms", is_flag=True, help="Use each calendar event's own alarms (VALARM) as its rules.")
 @pass_ctx
 def device_put(
-    ctx: Ctx, device_id: str, apns_token: str, lead: int | None, rules: tuple[str, ...], sources: tuple[str, ...],
-    tz: str | None, all_day_rules: tuple[str, ...], no_all_day_rules: bool, quiet_hours: str | None, alarms: bool,
+    ctx: Ctx,
+    device_id: str,
+    apns_token: str,
+    lead: int | None,
+    rules: tuple[str, ...],
+    sources: tuple[str, ...],
+    tz: str | None,
+    all_day_rules: tuple[str, ...],
+    no_all_day_rules: bool,
+    quiet_hours: str | None,
+    alarms: bool,
 ) -> None:
     """Create or replace a device: exactly these rules and sources.
 
@@ -215,7 +236,14 @@ def sources_list(ctx: Ctx) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many stalest devices.")
 @click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
 @pass_ctx
-def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: tuple[int, ...], limit: int | None, now: str | None) -> None:
+def build_cmd(
+    ctx: Ctx,
+    all_devices: bool,
+    device_ids: tuple[str, ...],
+    chunks: tuple[int, ...],
+    limit: int | None,
+    now: str | None,
+) -> None:
     """Compose feeds and upsert queue rows; print one JSON summary."""
     if sum(map(bool, (all_devices, device_ids, chunks))) != 1:
         raise click.UsageError("give exactly one of --all, --device ID..., --chunk N...")
@@ -227,7 +255,13 @@ def build_cmd(ctx: Ctx, all_devices: bool, device_ids: tuple[str, ...], chunks: 
         raise click.BadParameter(f"no device {', '.join(map(repr, unknown))}", param_hint="--device")
     with progress("build", "devices") as shown:
         summary = run_build(
-            ctx.db, ctx.settings, device_ids=device_ids or None, chunks=chunks or None, limit=limit, now=now, progress=shown
+            ctx.db,
+            ctx.settings,
+            device_ids=device_ids or None,
+            chunks=chunks or None,
+            limit=limit,
+            now=now,
+            progress=shown,
         )
     _emit(summary.as_dict())
 
@@ -247,7 +281,12 @@ def drain_cmd(ctx: Ctx, row_id: int | None, now: str | None) -> None:
 
 
 @main.command("dispatch")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop after this long (default: until SIGTERM or Ctrl-C).")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this long (default: until SIGTERM or Ctrl-C).",
+)
 @pass_ctx
 def dispatch_cmd(ctx: Ctx, seconds: float | None) -> None:
     """Send each row at its own send_after, in the foreground; SIGTERM or Ctrl-C stops it cleanly
@@ -274,7 +313,9 @@ def queue() -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default; kept for scripts).")
 @pass_ctx
-def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None, as_json: bool) -> None:
+def queue_list(
+    ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None, as_json: bool
+) -> None:
     with ctx.db.read() as conn:
         _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
 

@@ -24,9 +24,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -97,7 +98,7 @@ class Database:
         return Path(parsed.database)
 
     @classmethod
-    def for_settings(cls, settings: "Settings") -> "Database":
+    def for_settings(cls, settings: Settings) -> Database:
         """A new engine sized and bounded by the settings (``shared`` is the one to use per process)."""
         return cls(
             settings.database_url,
@@ -135,7 +136,9 @@ class Database:
             yield None
             return
         heard = asyncio.Event()
-        task = asyncio.ensure_future(_listen(self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False), channel, heard))
+        task = asyncio.ensure_future(
+            _listen(self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False), channel, heard)
+        )
         try:
             yield heard
         finally:
@@ -165,11 +168,12 @@ async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
         await asyncio.sleep(LISTEN_RETRY_SECONDS[min(failures, len(LISTEN_RETRY_SECONDS) - 1)])
         failures += 1
 
+
 _shared: dict[tuple[int, str, int, int], Database] = {}
 _shared_lock = threading.Lock()
 
 
-def shared(settings: "Settings") -> Database:
+def shared(settings: Settings) -> Database:
     """This process's ``Database`` for these settings, made on first use and kept until exit.
 
     Keyed by process id too: a forked child must not reuse its parent's pooled connections.

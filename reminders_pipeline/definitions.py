@@ -14,11 +14,12 @@ from reminders_pipeline import defs as defs_package
 from reminders_pipeline.defs.executors import job_executor
 from reminders_pipeline.settings import Settings
 
-
 # Binding resources to a job a sensor targets (the dispatcher's) makes Dagster copy the sensor
 # through its own beta ``owners`` parameter, later, when the repository is resolved in the webserver
 # and daemon: a warning about Dagster's internals, not ours. Only that message is silenced.
-warnings.filterwarnings("ignore", message="Parameter `owners` of initializer `SensorDefinition", category=dg.BetaWarning)
+warnings.filterwarnings(
+    "ignore", message="Parameter `owners` of initializer `SensorDefinition", category=dg.BetaWarning
+)
 
 
 @dg.definitions

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sqlalchemy.engine import make_url
 
@@ -142,7 +143,7 @@ class DemoSource:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}{DEMO_PATH}"
 
-    def __enter__(self) -> "DemoSource":
+    def __enter__(self) -> DemoSource:
         self._thread.start()
         return self
 
@@ -191,7 +192,7 @@ def dagster_postgres_url(url: str) -> str:
     """dagster-postgres needs psycopg2 by name: SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg2://" + url[len(prefix):]
+            return "postgresql+psycopg2://" + url[len(prefix) :]
     return url
 
 
@@ -316,7 +317,10 @@ def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace:
     # dagster dev itself is spared the SIGTERM: it ends, and says so, once its services are gone.
     killed = end_tree(os.getpid(), known, started + grace, spare=frozenset({process.pid}))
     if killed:
-        print(f"reminders dev: killed {len(killed)} process(es) still running {grace:.0f}s after the stop", file=sys.stderr)
+        print(
+            f"reminders dev: killed {len(killed)} process(es) still running {grace:.0f}s after the stop",
+            file=sys.stderr,
+        )
     process.poll()
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 from urllib.parse import urlparse
 
 from . import ledger
-from .sources import shown_url
 from .db import Database
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
+from .sources import shown_url
 from .times import now_utc
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
@@ -121,8 +121,15 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
             shown = shown_url(url) if isinstance(url, str) else type(url).__name__
             raise DeviceError("sources", f"not an http(s) or webcal URL: {shown}")
     return DeviceSpec(
-        spec.id, spec.apns_token.lower(), lead, tuple(dict.fromkeys(rules)), tuple(dict.fromkeys(spec.source_urls)),
-        tz, tuple(dict.fromkeys(all_day_rules)), quiet.text if quiet else None, bool(spec.alarms),
+        spec.id,
+        spec.apns_token.lower(),
+        lead,
+        tuple(dict.fromkeys(rules)),
+        tuple(dict.fromkeys(spec.source_urls)),
+        tz,
+        tuple(dict.fromkeys(all_day_rules)),
+        quiet.text if quiet else None,
+        bool(spec.alarms),
     )
 
 

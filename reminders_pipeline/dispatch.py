@@ -23,18 +23,26 @@ import logging
 import signal
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from . import ledger
 from .check import oldest_due_wait
 from .db import Database
-from .quiet import QuietFailures
 from .drain import (
-    APNS_UNREACHABLE, DrainSummary, Outage, SettlementsNotWritten, fail_abandoned, send_batch_async, waiting_off_the_loop,
-    settled_ids, write_settlement,
+    APNS_UNREACHABLE,
+    DrainSummary,
+    Outage,
+    SettlementsNotWritten,
+    fail_abandoned,
+    send_batch_async,
+    settled_ids,
+    waiting_off_the_loop,
+    write_settlement,
 )
-from .sender import Notification, SendResult, Sender, SenderFactory
+from .quiet import QuietFailures
+from .sender import Notification, Sender, SenderFactory, SendResult
 from .settings import Settings
 from .times import iso_floor, iso_from_unix, unix_from_iso
 
@@ -101,7 +109,9 @@ class Dispatcher:
         self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
         self._batch_errors = QuietFailures(log, f"dispatcher {self.name}: a batch")
         self._kept: list[Any] = []  # settlements a batch could not write (``SettlementsNotWritten``)
-        self._kept_writes = QuietFailures(log, f"dispatcher {self.name}: writing settlements kept through a database failure")
+        self._kept_writes = QuietFailures(
+            log, f"dispatcher {self.name}: writing settlements kept through a database failure"
+        )
         self._next_beat = self._next_sweep = 0.0
         self._started = self.summary.now
         self._until: float | None = None
@@ -154,7 +164,9 @@ class Dispatcher:
             return poll_at
         self._reads.succeeded(now)
         if ready:
-            self._start_batch(ready[:1] if self._in_outage else ready)  # a probe of APNs sends one row, not every due one
+            self._start_batch(
+                ready[:1] if self._in_outage else ready
+            )  # a probe of APNs sends one row, not every due one
             return now
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
         # the next row to come due; a batch ending or a hold expiring wakes us too.
@@ -171,7 +183,14 @@ class Dispatcher:
 
     def _start_batch(self, ids: list[int]) -> None:
         batch = send_batch_async(
-            self.db, self.settings, ids, self.sender_factory, claimer=self.name, clock=self.clock, sender=self._sender, stop=self._stop,
+            self.db,
+            self.settings,
+            ids,
+            self.sender_factory,
+            claimer=self.name,
+            clock=self.clock,
+            sender=self._sender,
+            stop=self._stop,
             outage=self._outage,
         )
         task = asyncio.ensure_future(batch)
@@ -200,7 +219,9 @@ class Dispatcher:
             self._not_before = now + OUTAGE_PROBE_SECONDS  # the rows went back to pending, no attempt spent
             if not self._in_outage:
                 self._in_outage = True
-                log.error("dispatcher %s: halted (%s); trying again every %ss", self.name, done.halted, OUTAGE_PROBE_SECONDS)
+                log.error(
+                    "dispatcher %s: halted (%s); trying again every %ss", self.name, done.halted, OUTAGE_PROBE_SECONDS
+                )
         elif done.halted:
             backoff = HALT_BACKOFF_SECONDS[min(self._halts, len(HALT_BACKOFF_SECONDS) - 1)]
             self._halts += 1
@@ -269,7 +290,9 @@ class Dispatcher:
             return  # nothing due: says nothing of whether the database is back
         try:
             if now >= self._next_sweep:
-                self.summary.abandoned += await waiting_off_the_loop(self.db, fail_abandoned, self.db, self.settings, iso_floor(now))
+                self.summary.abandoned += await waiting_off_the_loop(
+                    self.db, fail_abandoned, self.db, self.settings, iso_floor(now)
+                )
                 self._next_sweep = now + ABANDON_SWEEP_SECONDS
             if now >= self._next_beat:
                 await waiting_off_the_loop(self.db, self._beat, now)
@@ -335,7 +358,10 @@ class DispatchHealth:
         )
 
     def metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {"oldest_due_wait_seconds": round(self.wait_seconds, 1), "late_after_seconds": self.late_after_seconds}
+        meta: dict[str, Any] = {
+            "oldest_due_wait_seconds": round(self.wait_seconds, 1),
+            "late_after_seconds": self.late_after_seconds,
+        }
         if self.oldest_due:
             meta["oldest_due_send_after"] = self.oldest_due
         if self.latest_beat:
@@ -357,7 +383,9 @@ def batch_line(summary: DrainSummary) -> str:
     return f"batch: {summary.claimed} rows, outcomes {dict(summary.outcomes)}{lateness}"
 
 
-def run_in_foreground(db: Database, settings: Settings, sender_factory: SenderFactory, *, seconds: float | None = None) -> DrainSummary:
+def run_in_foreground(
+    db: Database, settings: Settings, sender_factory: SenderFactory, *, seconds: float | None = None
+) -> DrainSummary:
     """``reminders dispatch``: until SIGTERM or Ctrl-C (or ``seconds``); both stop it cleanly, in-flight
     sends answered and settled first."""
 
@@ -367,6 +395,8 @@ def run_in_foreground(db: Database, settings: Settings, sender_factory: SenderFa
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         until = None if seconds is None else time.time() + seconds
-        return await Dispatcher(db, settings, sender_factory, on_batch=lambda s: log.info(batch_line(s))).run(until=until, stop=stop)
+        return await Dispatcher(db, settings, sender_factory, on_batch=lambda s: log.info(batch_line(s))).run(
+            until=until, stop=stop
+        )
 
     return asyncio.run(main())

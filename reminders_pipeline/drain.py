@@ -17,19 +17,20 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from . import ledger
 from .alerts import raise_alert
-from .notification import compose, record_of_send
 from .db import Database
+from .notification import compose, record_of_send
 from .policy import decide, quiet_end
 from .quiet import first_line
-from .sender import FENCE_EXPIRED, NOT_WRITTEN, Notification, SendResult, Sender, SenderFactory, fence_expired
+from .sender import FENCE_EXPIRED, NOT_WRITTEN, Notification, Sender, SenderFactory, SendResult, fence_expired
 from .settings import Settings
 from .times import now_utc, shift, unix_from_iso
 
@@ -54,7 +55,7 @@ class DrainSummary:
     duration_seconds: float = 0.0
     returned_to_pending: int = 0  # certainly not delivered: pending again, one attempt more
 
-    def merge(self, other: "DrainSummary") -> "DrainSummary":
+    def merge(self, other: DrainSummary) -> DrainSummary:
         self.abandoned += other.abandoned
         self.claimed += other.claimed
         self.outcomes.update(other.outcomes)
@@ -120,7 +121,9 @@ def fail_abandoned(db: Database, settings: Settings, now: str | None = None) -> 
     with db.write() as conn:
         n = ledger.fail_abandoned(conn, shift(now, -settings.abandon_after_seconds), now)
     if n:
-        log.warning("failed %d abandoned claim(s) older than %ss; they will not be retried", n, settings.abandon_after_seconds)
+        log.warning(
+            "failed %d abandoned claim(s) older than %ss; they will not be retried", n, settings.abandon_after_seconds
+        )
     return n
 
 
@@ -171,7 +174,17 @@ def send_batch(
     stop: Stop | None = None,
 ) -> DrainSummary:
     return asyncio.run(
-        send_batch_async(db, settings, ids, sender_factory, now=now, claimer=claimer, halt_scope=halt_scope, progress=progress, stop=stop)
+        send_batch_async(
+            db,
+            settings,
+            ids,
+            sender_factory,
+            now=now,
+            claimer=claimer,
+            halt_scope=halt_scope,
+            progress=progress,
+            stop=stop,
+        )
     )
 
 
@@ -245,13 +258,17 @@ async def send_batch_async(
                 break
             claim_time, claimed_at = clock(), monotonic()
 
-            def settle_and_claim(slice_ids: Sequence[int]) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
+            def settle_and_claim(
+                slice_ids: Sequence[int],
+            ) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
                 with db.write() as conn:
                     written = _write_returned(conn, returned, claimer)
                     halted = ledger.halt_of(conn, scope)
-                    return written, halted, [] if halted else ledger.claim(conn, slice_ids, claim_time, claimer)
+                    return written, halted, [] if halted else ledger.claim(conn, slice_ids, claim_time, claimer)  # noqa: B023 - awaited in this iteration
 
-            written, halted, rows = await waiting_off_the_loop(db, settle_and_claim, ids[i : i + settings.claim_batch_size])
+            written, halted, rows = await waiting_off_the_loop(
+                db, settle_and_claim, ids[i : i + settings.claim_batch_size]
+            )
             _count_settlements(returned, written, summary)  # only once committed: a lost commit is retried below
             returned.clear()
             if halted and not summary.halted:
@@ -260,7 +277,9 @@ async def send_batch_async(
             if summary.halted:
                 # A send on the wire may have found the fault while this claim ran in its thread
                 # (SQLite): the rows just claimed were never sent, so they go back to pending.
-                returned.append(_Settlement(clock(), [], [], [{"id": r["id"], "outcome_detail": "halted"} for r in rows]))
+                returned.append(
+                    _Settlement(clock(), [], [], [{"id": r["id"], "outcome_detail": "halted"} for r in rows])
+                )
                 break
             summary.claimed += len(rows)
             if rows:
@@ -331,7 +350,11 @@ async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *arg
     delivered would be recorded ``timeout``. The claim itself skips rows held elsewhere (SKIP
     LOCKED) and takes them on a later pass. The thread hop costs well under a millisecond per slice.
     """
-    if db.dialect == "sqlite" and db.engine.url.database in (None, "", ":memory:"):  # in memory: one connection per thread
+    if db.dialect == "sqlite" and db.engine.url.database in (
+        None,
+        "",
+        ":memory:",
+    ):  # in memory: one connection per thread
         return transaction(*args)
     return await asyncio.to_thread(transaction, *args)
 
@@ -396,7 +419,9 @@ class Outage:
 class _Plan:
     settlements: list[dict[str, Any]]
     to_send: list[Notification]
-    records: dict[int, dict[str, str | None]]  # per row id: what its settlement records of the alert (``record_of_send``)
+    records: dict[
+        int, dict[str, str | None]
+    ]  # per row id: what its settlement records of the alert (``record_of_send``)
     held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
     dry_run_lateness: list[float] = field(default_factory=list)  # a dry run's rows: how late they would have gone
 
@@ -425,7 +450,9 @@ def _decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> _Pl
                 note = compose(row, settings.interruption_level)
                 plan.records[row["id"]] = record_of_send(row, note)
             except ValueError as exc:  # text that cannot be encoded fails its row, not the claimed slice
-                plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": f"invalid:{type(exc).__name__}"})
+                plan.settlements.append(
+                    {"id": row["id"], "outcome": "failed", "outcome_detail": f"invalid:{type(exc).__name__}"}
+                )
                 continue
             if decision == "send":
                 plan.to_send.append(note)
@@ -451,7 +478,10 @@ async def _send_fenced(
         results = await _send(sender, [n.fenced(send_by) for n in notes])
     fenced = {r.row_id for r in results if r.reason == FENCE_EXPIRED}
     if fenced:
-        log.error("%d claimed row(s) not sent: the claim's fence passed (a paused process?); pending again if still ours", len(fenced))
+        log.error(
+            "%d claimed row(s) not sent: the claim's fence passed (a paused process?); pending again if still ours",
+            len(fenced),
+        )
     return [r for r in results if r.reason != FENCE_EXPIRED], fenced
 
 
@@ -470,7 +500,14 @@ def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) 
     return min(done, shift(started[0], max(0.0, res.answered_at - started[1])))  # a fixed clock stands still
 
 
-def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary: DrainSummary, started: tuple[str, float] | None = None) -> _Settlement:  # type: ignore[no-untyped-def]
+def _settlement(
+    rows,
+    plan: _Plan,
+    results: list[SendResult],
+    done: str,
+    summary: DrainSummary,
+    started: tuple[str, float] | None = None,
+) -> _Settlement:  # type: ignore[no-untyped-def]
     by_id = {r["id"]: r for r in rows}
     out = _Settlement(done, list(plan.settlements), [], list(plan.held))
     answered = set()
@@ -502,7 +539,12 @@ def _settlement(rows, plan: _Plan, results: list[SendResult], done: str, summary
 
 
 def _return_undelivered(
-    out: _Settlement, rows: list[dict[str, Any]], results: list[SendResult], settings: Settings, outage: Outage, summary: DrainSummary
+    out: _Settlement,
+    rows: list[dict[str, Any]],
+    results: list[SendResult],
+    settings: Settings,
+    outage: Outage,
+    summary: DrainSummary,
 ) -> _Settlement:
     """Rows whose send certainly was not delivered go back to pending, not due again before their
     backoff ends (``retry_not_before``): those APNs answered (429, 500, 503) and those that failed
@@ -532,7 +574,9 @@ def _not_written(result: SendResult) -> bool:
     return (result.reason or "").startswith(NOT_WRITTEN + ":")
 
 
-def retry_not_before(now: str, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform) -> str:
+def retry_not_before(
+    now: str, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform
+) -> str:
     """When a row may go again after its ``attempt``-th send certainly did not deliver: exponential
     backoff (``REMINDERS_SEND_RETRY_BASE_SECONDS`` doubling per attempt, at most
     ``REMINDERS_SEND_RETRY_MAX_SECONDS``) with jitter down to half, so rows throttled together do
@@ -548,7 +592,9 @@ class SettlementsNotWritten(RuntimeError):
     abandoned sweep fails the rows first, the late write settles nothing."""
 
     def __init__(self, settlements: list[_Settlement], cause: BaseException) -> None:
-        super().__init__(f"{len(settlements)} settlement(s) kept to write again ({type(cause).__name__}: {first_line(cause)})")
+        super().__init__(
+            f"{len(settlements)} settlement(s) kept to write again ({type(cause).__name__}: {first_line(cause)})"
+        )
         self.settlements = settlements
 
 
@@ -587,7 +633,12 @@ def _write_settlement(conn: Connection, s: _Settlement, claimer: str) -> tuple[i
     voided = invalidated = 0
     for row, res in s.dead_tokens:
         voided += ledger.mark_token_invalid(
-            conn, row["device_id"], row["apns_token"], res.token_invalid_at or s.at, res.reason or "invalid", s.at,
+            conn,
+            row["device_id"],
+            row["apns_token"],
+            res.token_invalid_at or s.at,
+            res.reason or "invalid",
+            s.at,
             since=res.token_invalid_at or row["claimed_at"],
         )
         invalidated += 1
@@ -632,6 +683,10 @@ def drain(
     ids = find_due(db, clock(), row_id=row_id)
     summary.due = len(ids)
     claimer = new_claimer()
-    summary.merge(send_batch(db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer, progress=progress, stop=stop))
+    summary.merge(
+        send_batch(
+            db, settings, ids, factory, now=now, claimer=claimer, halt_scope=claimer, progress=progress, stop=stop
+        )
+    )
     summary.duration_seconds = time.perf_counter() - started
     return summary

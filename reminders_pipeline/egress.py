@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import typing
-from typing import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 import anyio
 import httpcore
@@ -182,7 +182,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     to httpcore and its answer back (both public API).
     """
 
-    def __init__(self, allow: Sequence[Network] = (), limits: httpx.Limits = httpx.Limits()) -> None:
+    def __init__(self, allow: Sequence[Network] = (), limits: httpx.Limits | None = None) -> None:
+        limits = limits or httpx.Limits()
         self.pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(),
             max_connections=limits.max_connections,
@@ -196,7 +197,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         core_request = httpcore.Request(
             method=request.method,
             url=httpcore.URL(
-                scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port, target=request.url.raw_path
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
             ),
             headers=request.headers.raw,
             content=request.stream,
@@ -208,7 +212,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             raise _as_httpx(exc) from exc
         assert isinstance(response.stream, typing.AsyncIterable)
         return httpx.Response(
-            status_code=response.status, headers=response.headers, stream=_Body(response.stream), extensions=response.extensions
+            status_code=response.status,
+            headers=response.headers,
+            stream=_Body(response.stream),
+            extensions=response.extensions,
         )
 
     async def aclose(self) -> None:

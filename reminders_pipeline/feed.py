@@ -31,7 +31,7 @@ class Item:
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
     alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
 
-    def for_local(self, local: LocalTime) -> "Item":
+    def for_local(self, local: LocalTime) -> Item:
         """Fixed to a device's local time (zone, else offset, else UTC); a fixed item is unchanged.
 
         A DURATION's days were added to the wall time (nominal, RFC 5545); its exact part is added
@@ -45,11 +45,19 @@ class Item:
 
     def to_json(self) -> list[Any]:
         return [
-            self.id, self.title, self.body, self.starts_at, self.expires_at, self.floating, self.all_day, self.tail_seconds, list(self.alarms)
+            self.id,
+            self.title,
+            self.body,
+            self.starts_at,
+            self.expires_at,
+            self.floating,
+            self.all_day,
+            self.tail_seconds,
+            list(self.alarms),
         ]
 
     @classmethod
-    def from_json(cls, data: list[Any]) -> "Item":
+    def from_json(cls, data: list[Any]) -> Item:
         return cls(*data[:8], tuple(data[8])) if len(data) > 8 else cls(*data)
 
 
@@ -75,7 +83,14 @@ class ParsedFeed:
 
     _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
-    def add(self, raw: Any, floating: bool = False, all_day: bool = False, tail_seconds: int = 0, alarms: tuple[str, ...] = ()) -> None:
+    def add(
+        self,
+        raw: Any,
+        floating: bool = False,
+        all_day: bool = False,
+        tail_seconds: int = 0,
+        alarms: tuple[str, ...] = (),
+    ) -> None:
         """Validate one wire-format item: keep it, or count why it was rejected (duplicates too).
         The cap is applied by the caller (``keep_soonest``, or a calendar's expansion)."""
         checked = checked_item(raw, floating, all_day, tail_seconds, alarms)
@@ -87,7 +102,7 @@ class ParsedFeed:
             self._ids.add(checked.id)
             self.items.append(checked)
 
-    def set_aside(self, item: "Item | None", item_id: str) -> None:
+    def set_aside(self, item: Item | None, item_id: str) -> None:
         """An item the cap cut: counted, its id kept, and, when it was read whole, the item itself
         in ``aside``, which only brings rows already queued for it in line (never queues anew)."""
         self.rejected["over_item_cap"] += 1
@@ -109,7 +124,7 @@ class ParsedFeed:
             self.set_aside(item if n < max_items * ASIDE_CAPS else None, item.id)
         self.cap_until = min(i.expires_at for i in future[:max_items])
 
-    def set_aside_item(self, item_id: str) -> "Item | None":
+    def set_aside_item(self, item_id: str) -> Item | None:
         """An item the cap set aside, by id (the index is built once, on first use)."""
         if self._aside_index is None:
             self._aside_index = {i.id: i for i in self.aside}
@@ -140,7 +155,7 @@ class ParsedFeed:
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> "ParsedFeed":
+    def from_json(cls, text: str) -> ParsedFeed:
         doc = json.loads(text)
         return cls(
             [Item.from_json(i) for i in doc["items"]],
@@ -153,7 +168,7 @@ class ParsedFeed:
         )
 
 
-def checked_item(raw: Any, floating: bool, all_day: bool, tail_seconds: int, alarms: tuple[str, ...]) -> "Item | str":
+def checked_item(raw: Any, floating: bool, all_day: bool, tail_seconds: int, alarms: tuple[str, ...]) -> Item | str:
     """A wire-format item validated and marked as its calendar states it, or why it is rejected."""
     checked = validate_item(raw)
     if isinstance(checked, str):

@@ -53,9 +53,9 @@ import re
 import threading
 import time
 from collections import Counter
-from datetime import date, datetime, timedelta, timezone
-from itertools import islice
-from typing import Any, Iterator
+from collections.abc import Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import icalendar
 import recurring_ical_events
@@ -83,14 +83,18 @@ def _unix(value: date | datetime) -> tuple[int, bool]:
     """(Unix seconds, floating). Dates and naive datetimes are read as UTC and marked floating."""
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            return int(value.replace(tzinfo=timezone.utc).timestamp()), True
+            return int(value.replace(tzinfo=UTC).timestamp()), True
         return int(value.timestamp()), False
-    return int(datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp()), True
+    return int(datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp()), True
 
 
 def _occurrence_id(uid: str, original: date | datetime) -> str:
     if isinstance(original, datetime):
-        stamp = original.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ") if original.tzinfo else original.strftime("%Y%m%dT%H%M%S")
+        stamp = (
+            original.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+            if original.tzinfo
+            else original.strftime("%Y%m%dT%H%M%S")
+        )
     else:
         stamp = original.strftime("%Y%m%d")
     item_id = f"{uid}/{stamp}"
@@ -133,7 +137,9 @@ def _durations(calendar: icalendar.Calendar) -> dict[tuple[str, str], timedelta]
     return out
 
 
-def _end(event: Any, start: date | datetime, durations: dict[tuple[str, str], timedelta]) -> tuple[date | datetime, int]:
+def _end(
+    event: Any, start: date | datetime, durations: dict[tuple[str, str], timedelta]
+) -> tuple[date | datetime, int]:
     """(end as a date/datetime, exact seconds still to add to its instant)."""
     uid, rid = str(event.get("UID")), event.get("RECURRENCE-ID")
     duration = durations.get((uid, rid.to_ical().decode() if rid is not None else "")) or durations.get((uid, ""))
@@ -160,7 +166,9 @@ class _OccurrenceEvent:
         start = icalendar.vDDDTypes(occurrence.start)
         rid = self.source.get("RECURRENCE-ID")
         self._own = {
-            "DTSTART": start, "DTEND": icalendar.vDDDTypes(occurrence.end), "DURATION": None,
+            "DTSTART": start,
+            "DTEND": icalendar.vDDDTypes(occurrence.end),
+            "DURATION": None,
             "RECURRENCE-ID": start if rid is None else rid,
         }
 
@@ -217,7 +225,10 @@ def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
             continue
         value = trigger.dt
         if isinstance(value, timedelta):
-            lead, anchor = -int(value.total_seconds()), "@expiry" if str(trigger.params.get("RELATED", "")).upper() == "END" else ""
+            lead, anchor = (
+                -int(value.total_seconds()),
+                "@expiry" if str(trigger.params.get("RELATED", "")).upper() == "END" else "",
+            )
         elif isinstance(value, datetime) and isinstance(start, datetime) and start.tzinfo is not None:
             lead, anchor = int(_unix(start)[0] - _unix(value)[0]), ""
         else:
@@ -396,7 +407,7 @@ def parse_ics_feed(
     except Exception:  # icalendar raises ValueError and friends on garbage; their text quotes the body
         raise FeedError("not_icalendar") from None
     _check(deadline)
-    lo = datetime.fromtimestamp(window_start - MAX_OFFSET_SECONDS, timezone.utc)
+    lo = datetime.fromtimestamp(window_start - MAX_OFFSET_SECONDS, UTC)
     hi = window_end + MAX_OFFSET_SECONDS
     synthesize_uids(calendar)
     durations = _durations(calendar)
@@ -413,7 +424,14 @@ def parse_ics_feed(
         meter.spent.clear()  # a replay charges each series afresh: the one dropped is not its fault
         replay = len(dropped) < MAX_REPLAYS
         try:
-            _fill(feed, _occurrences(query, lo, hi, meter, feed, dropped, replay), durations, window_start, max_items, deadline)
+            _fill(
+                feed,
+                _occurrences(query, lo, hi, meter, feed, dropped, replay),
+                durations,
+                window_start,
+                max_items,
+                deadline,
+            )
         except _Replay as again:  # a series dropped after some of its occurrences took places under the cap
             dropped.append((again.series, again.reason))
             continue
@@ -421,7 +439,14 @@ def parse_ics_feed(
         return feed
 
 
-def _fill(feed: ParsedFeed, occurrences: Iterator[Any], durations: Any, window_start: int, max_items: int | None, deadline: float | None) -> None:
+def _fill(
+    feed: ParsedFeed,
+    occurrences: Iterator[Any],
+    durations: Any,
+    window_start: int,
+    max_items: int | None,
+    deadline: float | None,
+) -> None:
     """Build the occurrences into ``feed`` up to the cap, then note (not build) the ones cut."""
     cut = 0
     for occurrence in occurrences:
@@ -476,7 +501,13 @@ def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str]
 
 
 def _occurrences(
-    query: Any, lo: datetime, hi: int, meter: ExpansionMeter, feed: ParsedFeed, dropped: list[tuple[Any, str]], replay: bool
+    query: Any,
+    lo: datetime,
+    hi: int,
+    meter: ExpansionMeter,
+    feed: ParsedFeed,
+    dropped: list[tuple[Any, str]],
+    replay: bool,
 ) -> Iterator[Any]:
     """Occurrences soonest first, in slices that double from one day: a flood (``FREQ=MINUTELY``)
     is cut after a slice or two instead of being expanded over the whole window first. Each series
@@ -519,7 +550,7 @@ def _expand(series: Any, start: int, end: int, meter: ExpansionMeter) -> tuple[l
     """One series' occurrences in one slice, or why the series is dropped from the calendar."""
     meter.enter(series)
     try:
-        return list(series.between(datetime.fromtimestamp(start, timezone.utc), datetime.fromtimestamp(end, timezone.utc))), None
+        return list(series.between(datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC))), None
     except FeedError:
         raise
     except SeriesRunaway:
@@ -577,7 +608,7 @@ def _raw_time(block: bytes, name: bytes) -> int | None:
         return None
     try:
         day, clock = match.group(1).decode(), (match.group(2) or b"000000").decode()
-        return int(datetime.strptime(day + clock, "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc).timestamp())
+        return int(datetime.strptime(day + clock, "%Y%m%d%H%M%S").replace(tzinfo=UTC).timestamp())
     except ValueError:
         return None
 

@@ -9,10 +9,10 @@ current, so the check costs one query per engine, not per request.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
-from typing import Iterator
 
 from alembic import command
 from alembic.config import Config
@@ -159,13 +159,17 @@ def _validations(conn: Connection) -> list[str]:
 
 def _index_builds(conn: Connection) -> list[str]:
     """``DROP``/``CREATE INDEX CONCURRENTLY`` for each schema index missing or invalid in the database."""
-    columns = set(conn.exec_driver_sql(
-        f"SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = {LEDGER_SCHEMA}::regnamespace::text"
-    ).all())
-    valid = dict(conn.exec_driver_sql(
-        "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-        f"WHERE c.relnamespace = {LEDGER_SCHEMA}"
-    ).all())
+    columns = set(
+        conn.exec_driver_sql(
+            f"SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = {LEDGER_SCHEMA}::regnamespace::text"
+        ).all()
+    )
+    valid = dict(
+        conn.exec_driver_sql(
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            f"WHERE c.relnamespace = {LEDGER_SCHEMA}"
+        ).all()
+    )
     statements = []
     for table in metadata.sorted_tables:
         for index in sorted(table.indexes, key=lambda i: str(i.name)):

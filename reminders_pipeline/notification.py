@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 from .rules import parse_rule
 from .sender import Notification
@@ -54,14 +55,18 @@ def _fit(note: Notification) -> Notification:
     for key in ("body", "title"):
         while len(note.body) > MAX_PAYLOAD_BYTES and alert.get(key):
             text = alert[key]
-            per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(text)  # bytes sent per character, escapes included
+            per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(
+                text
+            )  # bytes sent per character, escapes included
             keep = max(0, len(text) - math.ceil((len(note.body) - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
             note = replace(note)  # a new instance: its body is serialised afresh
     return note
 
 
-def compose(row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = DEFAULT_SOUND) -> Notification:
+def compose(
+    row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = DEFAULT_SOUND
+) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
     rule = parse_rule(row["rule"])
     starts = unix_from_iso(row["event_at"])
@@ -114,7 +119,12 @@ def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str 
     """
     aps = note.payload["aps"]
     body = aps["alert"]["body"]
-    if body and aps["alert"]["title"] == row["title"] and aps["interruption-level"] == DEFAULT_INTERRUPTION_LEVEL and aps["sound"] == DEFAULT_SOUND:
+    if (
+        body
+        and aps["alert"]["title"] == row["title"]
+        and aps["interruption-level"] == DEFAULT_INTERRUPTION_LEVEL
+        and aps["sound"] == DEFAULT_SOUND
+    ):
         return {"payload": None, "sent_body": body}
     return {"payload": stored_payload(note), "sent_body": None}
 

@@ -25,7 +25,8 @@ Guards come before ``disabled`` so a dry run shows exactly what a live run would
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from .feed import Item
 from .rules import Rule, parse_rule

@@ -51,7 +51,9 @@ def _table() -> dict[int, tuple[int, str, bool]]:
                 fields = stat[stat.rindex(")") + 2 :].split()
                 table[int(entry.name)] = (int(fields[1]), fields[19], fields[0] not in ("Z", "X"))
         return table
-    out = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "lstart=", "-o", "stat="], capture_output=True, text=True)
+    out = subprocess.run(
+        ["ps", "-A", "-o", "pid=", "-o", "ppid=", "-o", "lstart=", "-o", "stat="], capture_output=True, text=True
+    )
     table = {}
     for line in out.stdout.splitlines():
         parts = line.split()

@@ -36,7 +36,9 @@ class QuietFailures:
             self.log.error("%s failed (%s); retrying quietly, a summary every %.0fs", self.what, reason, self.every)
         elif now >= self._next_summary:
             self._next_summary = now + self.every
-            self.log.error("%s still failing: %d times in %.0fs (last: %s)", self.what, self.failures, now - self.since, reason)
+            self.log.error(
+                "%s still failing: %d times in %.0fs (last: %s)", self.what, self.failures, now - self.since, reason
+            )
 
     def succeeded(self, now: float) -> None:
         if self.since is not None:

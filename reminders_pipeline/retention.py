@@ -12,7 +12,7 @@ has ended (``expires_at`` in the past, when no rule can want them again) are pru
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from . import ledger
 from .db import Database

@@ -12,8 +12,9 @@ for one item.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 Anchor = Literal["start", "expiry", "day"]
 
@@ -109,7 +110,9 @@ def _parse_day_rule(text: str) -> Rule:
     return Rule(int(match.group("days")) * 86400, "day", hours * 60 + minutes, bool(match.group("bang")))
 
 
-def device_rules(reminder_lead_seconds: int, extra_rules: Iterable[str], all_day_rules: Iterable[str] = ()) -> list[Rule]:
+def device_rules(
+    reminder_lead_seconds: int, extra_rules: Iterable[str], all_day_rules: Iterable[str] = ()
+) -> list[Rule]:
     """A device's rules: ``lead:<reminder_lead_seconds>``, its extra rules and its all-day rules, deduplicated."""
     rules = {Rule(int(reminder_lead_seconds))}
     rules.update(parse_rule(r) for r in extra_rules)

@@ -57,7 +57,9 @@ devices = Table(
     Column("tz_name", Text),  # IANA zone (Europe/Berlin); beats last_tz_offset_seconds when set
     Column("all_day_rules", Text, nullable=False, server_default=text("'day:0@09:00'")),  # space-separated day rules
     Column("quiet_hours", Text),  # "22:00-07:00" in the device's zone, or NULL
-    Column("use_alarms", Integer, nullable=False, server_default=text("0")),  # 1: a calendar's VALARMs are the item's rules
+    Column(
+        "use_alarms", Integer, nullable=False, server_default=text("0")
+    ),  # 1: a calendar's VALARMs are the item's rules
     Column("created_at", IsoTime, nullable=False),
     Column("updated_at", IsoTime, nullable=False),
     # From 0011: the last registration (``device put``); a dead-token answer older than it marks

@@ -9,9 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Notification:
     # time.monotonic() after which the request must not leave: the claim's fence (drain.fence_deadline).
     send_by: float | None = None
 
-    def fenced(self, send_by: float) -> "Notification":
+    def fenced(self, send_by: float) -> Notification:
         """This notification, sent only before ``send_by``; the body already serialised is kept."""
         out = replace(self, send_by=send_by)
         if "body" in self.__dict__:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .cadence import CronError, cron_cadence_seconds
 
@@ -28,7 +29,9 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float) ->
     return _number(env, name, default, minimum, float, "a number of seconds")
 
 
-def _number(env: Mapping[str, str], name: str, default: Any, minimum: Any, kind: Callable[[str], Any], what: str) -> Any:
+def _number(
+    env: Mapping[str, str], name: str, default: Any, minimum: Any, kind: Callable[[str], Any], what: str
+) -> Any:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -48,6 +51,8 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw not in ("true", "false"):
         raise SettingsError(f"{name} must be 'true' or 'false', got {env.get(name)!r}")
     return raw == "true"
+
+
 def _networks(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     """A comma-separated CIDR list, each checked here so a typo stops the process at start."""
     texts = tuple(t.strip() for t in (env.get(name) or "").split(",") if t.strip())
@@ -71,7 +76,7 @@ def normalize_database_url(url: str) -> str:
     """``postgresql://`` and ``postgres://`` mean psycopg 3 here."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
+            return "postgresql+psycopg://" + url[len(prefix) :]
     return url
 
 
@@ -160,11 +165,11 @@ class Settings:
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
-    def with_(self, **changes: object) -> "Settings":
+    def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         s = cls(
             database_url=normalize_database_url(env.get("REMINDERS_DATABASE_URL") or default_database_url()),
@@ -240,7 +245,9 @@ class Settings:
             except CronError as exc:
                 raise SettingsError(f"{name}: {exc}") from None
         if s.dispatch_handover_seconds >= s.dispatch_run_seconds:
-            raise SettingsError("REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS")
+            raise SettingsError(
+                "REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS"
+            )
         if s.abandon_after_seconds <= s.send_timeout_seconds + s.fence_margin_seconds:
             raise SettingsError(
                 "REMINDERS_ABANDON_AFTER_SECONDS must exceed REMINDERS_SEND_TIMEOUT_SECONDS + REMINDERS_FENCE_MARGIN_SECONDS: "

@@ -21,10 +21,11 @@ import hashlib
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -43,7 +44,7 @@ PARSE_GRACE_SECONDS = 1.0
 # parse past its bound hold up the whole build. A parse left behind finishes here, unread.
 _PARSERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reminders-parse")
 
-Windows = Union[tuple[int, int], Mapping[int, tuple[int, int]], None]
+Windows = tuple[int, int] | Mapping[int, tuple[int, int]] | None
 
 # What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
 READ_ERRORS = {
@@ -118,7 +119,11 @@ def fetch_url(url: str) -> str:
 
 
 def is_calendar(url: str, content_type: str, body: bytes) -> bool:
-    return url.startswith("webcal://") or "calendar" in content_type.lower() or body.lstrip()[:15].upper() == b"BEGIN:VCALENDAR"
+    return (
+        url.startswith("webcal://")
+        or "calendar" in content_type.lower()
+        or body.lstrip()[:15].upper() == b"BEGIN:VCALENDAR"
+    )
 
 
 class SourceReader:
@@ -148,7 +153,9 @@ class SourceReader:
         """Blocking wrapper for sync callers (the build, the CLI)."""
         return asyncio.run(self.read_all_async(sources, window))
 
-    async def read_all_async(self, sources: Mapping[int, SourceState | str], window: Windows = None) -> dict[int, SourceRead]:
+    async def read_all_async(
+        self, sources: Mapping[int, SourceState | str], window: Windows = None
+    ) -> dict[int, SourceRead]:
         """``window``: (start, end) Unix seconds of the occurrences the caller needs from calendars,
         one for every source or a mapping with one per source id (each source's own subscribers')."""
         if not sources:
@@ -187,8 +194,13 @@ class SourceReader:
             try:
                 if response.status_code == 304 and cached is not None:
                     return SourceRead(
-                        source_id, url, feed=cached, not_modified=True, etag=state.etag,
-                        last_modified=state.last_modified, cache_until=state.cache_until,
+                        source_id,
+                        url,
+                        feed=cached,
+                        not_modified=True,
+                        etag=state.etag,
+                        last_modified=state.last_modified,
+                        cache_until=state.cache_until,
                     )
                 if response.status_code != 200:
                     return SourceRead(source_id, url, error=f"http_{response.status_code}")
@@ -201,7 +213,9 @@ class SourceReader:
             if is_calendar(url, content_type, body):
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
-                return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until))
+                return SourceRead(
+                    source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until)
+                )
             feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
             return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
         except (FeedError, ReadFailed) as exc:
@@ -215,12 +229,14 @@ class SourceReader:
         ``from_ical``, and then tells the thread to stop at its next occurrence."""
         cancel = threading.Event()
         if parse is parse_ics_feed:
-            kwargs.update(deadline=time.monotonic() + self.parse_seconds, series_seconds=self.series_seconds, cancel=cancel)
+            kwargs.update(
+                deadline=time.monotonic() + self.parse_seconds, series_seconds=self.series_seconds, cancel=cancel
+            )
         call = functools.partial(parse, *args, **kwargs)
         try:
             work = asyncio.get_running_loop().run_in_executor(_PARSERS, call)
             return await asyncio.wait_for(work, self.parse_seconds + PARSE_GRACE_SECONDS)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise FeedError("parse_timeout") from None
         finally:
             cancel.set()
@@ -287,7 +303,7 @@ class _Layer:
 
     def __init__(self, coding: str) -> None:
         self.gzip = coding in ("gzip", "x-gzip")
-        self.inflater: "zlib._Decompress | None" = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzip else None
+        self.inflater: zlib._Decompress | None = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzip else None
         self.produced = 0
         self.held = b""  # bytes not yet fed: a deflate header still being sniffed, or half a gzip magic
         self.ended = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 
 ISO_PATTERN = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
@@ -55,7 +55,15 @@ def unix_from_iso(text: str) -> float:
     if not ISO_PATTERN.match(text):
         raise ValueError(f"not a stored time (YYYY-MM-DDTHH:MM:SS.mmmZ): {text!r}")
     # Field slicing instead of strptime: the drain converts several times per row.
-    dt = datetime(int(text[0:4]), int(text[5:7]), int(text[8:10]), int(text[11:13]), int(text[14:16]), int(text[17:19]), tzinfo=timezone.utc)
+    dt = datetime(
+        int(text[0:4]),
+        int(text[5:7]),
+        int(text[8:10]),
+        int(text[11:13]),
+        int(text[14:16]),
+        int(text[17:19]),
+        tzinfo=UTC,
+    )
     return dt.timestamp() + int(text[20:23]) / 1000
 
 
@@ -63,6 +71,8 @@ def iso_floor(seconds: float) -> str:
     """Unix seconds -> stored text, rounded *down* to the millisecond: a clock that must never run
     ahead of itself (the dispatcher's claim is due when ``send_after <= now``)."""
     return iso_from_unix(math.floor(seconds * 1000) / 1000)
+
+
 def seconds_between(earlier: str, later: str) -> float:
     """``later - earlier`` in seconds, exact to the stored millisecond, for times read in bulk
     (/metrics' lateness of thousands of rows): the C ISO parser, without ``unix_from_iso``'s

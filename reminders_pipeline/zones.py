@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -25,7 +25,7 @@ MAX_ZONE_NAME = 64
 ZONE_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")
 # Blank (or only whitespace) means no quiet hours.
 QUIET_HOURS_PATTERN = re.compile(r"\s*(?:(\d{2}):(\d{2})-(\d{2}):(\d{2}))?\s*")
-_UTC = timezone.utc
+_UTC = UTC
 
 
 class ZoneError(ValueError):

@@ -20,7 +20,13 @@ END:VTIMEZONE"""
 
 
 def calendar(*events: str) -> str:
-    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//reminders tests//EN", BERLIN, *events, "END:VCALENDAR", ""]).replace("\n", "\r\n").replace("\r\r\n", "\r\n")
+    return (
+        "\r\n".join(
+            ["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//reminders tests//EN", BERLIN, *events, "END:VCALENDAR", ""]
+        )
+        .replace("\n", "\r\n")
+        .replace("\r\r\n", "\r\n")
+    )
 
 
 # Mondays 09:00 Berlin from 2026-10-19 (CEST, UTC+2) across the 2026-10-25 DST end (CET, UTC+1);

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 def parallel(config_yaml: str, chunks: list[int], n: int) -> int:
     shares = [chunks[i::n] for i in range(n)]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "reminders_pipeline_tests.celery_runs", config_yaml, "build", *map(str, share)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "reminders_pipeline_tests.celery_runs", config_yaml, "build", *map(str, share)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for share in shares
         if share
     ]

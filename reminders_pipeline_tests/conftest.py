@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -74,7 +74,7 @@ def postgres_server_url(pytestconfig: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def embedded_postgres(pytestconfig: pytest.Config) -> "postgres_server.EmbeddedServer | None":
+def embedded_postgres(pytestconfig: pytest.Config) -> postgres_server.EmbeddedServer | None:
     """The embedded server when it is the session's PostgreSQL (its binaries serve private clusters too)."""
     return pytestconfig.stash[_EMBEDDED]
 

@@ -66,7 +66,7 @@ class DispatcherThread:
             self._started.set()
             self.db.dispose()
 
-    def start(self) -> "DispatcherThread":
+    def start(self) -> DispatcherThread:
         self._thread.start()
         self._started.wait(10)
         return self

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gzip
 import json
 import ssl
-import threading
 import struct
+import threading
 import time
 import zlib
 from collections import Counter, defaultdict
@@ -171,7 +171,12 @@ def gzip_bomb(inflated_mib: int, layers: int = 2) -> bytes:
     for _ in range(inflated_mib):
         crc = zlib.crc32(mib, crc)
     size = (inflated_mib << 20) & 0xFFFFFFFF
-    body = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff" + block * inflated_mib + deflate.flush() + struct.pack("<II", crc, size)
+    body = (
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
+        + block * inflated_mib
+        + deflate.flush()
+        + struct.pack("<II", crc, size)
+    )
     for _ in range(layers - 1):
         body = gzip.compress(body, 9)
     return body

@@ -35,9 +35,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jwt
 import trustme
@@ -54,7 +55,19 @@ MAX_PAYLOAD_BYTES = 4096
 TOKEN_MAX_AGE_SECONDS = 3600
 PATH = re.compile(r"^/3/device/(?P<token>[^/]*)$")
 HEX_TOKEN = re.compile(r"^[0-9a-fA-F]{64,200}$")
-PUSH_TYPES = {"alert", "background", "voip", "complication", "fileprovider", "mdm", "liveactivity", "location", "pushtotalk", "widgets", "controls"}
+PUSH_TYPES = {
+    "alert",
+    "background",
+    "voip",
+    "complication",
+    "fileprovider",
+    "mdm",
+    "liveactivity",
+    "location",
+    "pushtotalk",
+    "widgets",
+    "controls",
+}
 
 
 def write_p8_key(path: Path) -> ec.EllipticCurvePrivateKey:
@@ -111,7 +124,7 @@ class _Stream:
 class _ApnsConnection(asyncio.Protocol):
     """One client connection: h2 framing, stream bookkeeping and the SETTINGS ramp."""
 
-    def __init__(self, server: "MockApns", connection_id: int) -> None:
+    def __init__(self, server: MockApns, connection_id: int) -> None:
         self.server = server
         self.id = connection_id
         self.transport: asyncio.Transport | None = None
@@ -386,7 +399,7 @@ class MockApns:
                 connection.transport.abort()
         await asyncio.sleep(0)
 
-    def __enter__(self) -> "MockApns":
+    def __enter__(self) -> MockApns:
         self.start()
         return self
 
@@ -566,7 +579,7 @@ class MockApns:
             headers={k: v for k, v in headers.items()},
             body=body,
             payload=payload,
-            jwt=auth[len("bearer "):] if auth.startswith("bearer ") else None,
+            jwt=auth[len("bearer ") :] if auth.startswith("bearer ") else None,
             status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,
@@ -604,7 +617,7 @@ class MockApns:
             return Answer(403, "MissingProviderToken")
         if not authorization.startswith("bearer "):
             return Answer(403, "InvalidProviderToken")
-        token = authorization[len("bearer "):]
+        token = authorization[len("bearer ") :]
         claims = self._verify(token)
         if claims is None:
             return Answer(403, "InvalidProviderToken")
@@ -739,4 +752,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -11,9 +11,10 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Sequence
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import httpx
@@ -21,7 +22,7 @@ from aioapns.common import NotificationResult
 
 from reminders_pipeline.apns import result_from_apns, result_from_error
 from reminders_pipeline.ics import _occurrence_id
-from reminders_pipeline.sender import Notification, SendResult, SenderFactory, fence_expired
+from reminders_pipeline.sender import Notification, SenderFactory, SendResult, fence_expired
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"
@@ -144,7 +145,9 @@ class Feed:
     def body(self) -> tuple[bytes, str]:
         """The feed as served: (body, content type)."""
         if self.url == JSON_URL:
-            items = [{"id": e.uid, "title": e.title, "startsAt": e.start, "expiresAt": e.end} for e in self.events.values()]
+            items = [
+                {"id": e.uid, "title": e.title, "startsAt": e.start, "expiresAt": e.end} for e in self.events.values()
+            ]
             return json.dumps({"items": items}).encode(), "application/json"
         return ics_body(self).encode(), "text/calendar; charset=utf-8"
 
@@ -154,7 +157,7 @@ def _ics_value(t: int, kind: str) -> date | datetime:
         return (datetime(1970, 1, 1) + timedelta(seconds=t)).date()
     if kind == "floating":
         return datetime(1970, 1, 1) + timedelta(seconds=t)
-    return datetime.fromtimestamp(t, timezone.utc)
+    return datetime.fromtimestamp(t, UTC)
 
 
 def _ics_time(name: str, t: int, kind: str) -> str:
@@ -172,17 +175,36 @@ def ics_body(feed: Feed) -> str:
         if e.cancelled:
             lines.append("STATUS:CANCELLED")
         if e.alarm_lead is not None:
-            lines += ["BEGIN:VALARM", "ACTION:DISPLAY", "DESCRIPTION:alarm", f"TRIGGER:-PT{e.alarm_lead}S", "END:VALARM"]
+            lines += [
+                "BEGIN:VALARM",
+                "ACTION:DISPLAY",
+                "DESCRIPTION:alarm",
+                f"TRIGGER:-PT{e.alarm_lead}S",
+                "END:VALARM",
+            ]
         lines.append("END:VEVENT")
     s = feed.series
     if s is not None:
         lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("DTSTART", s.start, "utc")]
-        lines += [_ics_time("DTEND", s.start + s.duration, "utc"), f"SUMMARY:{s.title}", "RRULE:FREQ=SECONDLY" if s.runaway else f"RRULE:FREQ=DAILY;COUNT={s.count}"]
+        lines += [
+            _ics_time("DTEND", s.start + s.duration, "utc"),
+            f"SUMMARY:{s.title}",
+            "RRULE:FREQ=SECONDLY" if s.runaway else f"RRULE:FREQ=DAILY;COUNT={s.count}",
+        ]
         lines += [_ics_time("EXDATE", x, "utc") for x in sorted(s.exdates)]
         lines.append("END:VEVENT")
         for original, start, title, cancelled in s.overrides:
-            lines += ["BEGIN:VEVENT", f"UID:{s.uid}", "DTSTAMP:20260101T000000Z", _ics_time("RECURRENCE-ID", original, "utc")]
-            lines += [_ics_time("DTSTART", start, "utc"), _ics_time("DTEND", start + s.duration, "utc"), f"SUMMARY:{title}"]
+            lines += [
+                "BEGIN:VEVENT",
+                f"UID:{s.uid}",
+                "DTSTAMP:20260101T000000Z",
+                _ics_time("RECURRENCE-ID", original, "utc"),
+            ]
+            lines += [
+                _ics_time("DTSTART", start, "utc"),
+                _ics_time("DTEND", start + s.duration, "utc"),
+                f"SUMMARY:{title}",
+            ]
             lines += ["STATUS:CANCELLED"] if cancelled else []
             lines.append("END:VEVENT")
     lines.append("END:VCALENDAR")
@@ -215,7 +237,7 @@ class FeedTransport(httpx.AsyncBaseTransport):
     faults: dict[str, str] = field(default_factory=dict)
     reads: list[tuple[str, str]] = field(default_factory=list)  # (url, fault or "ok" / "not_modified")
 
-    def __call__(self, *_: Any, **__: Any) -> "FeedTransport":
+    def __call__(self, *_: Any, **__: Any) -> FeedTransport:
         return self  # stands in for ``GuardedTransport(allow, limits)``
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -232,9 +254,13 @@ class FeedTransport(httpx.AsyncBaseTransport):
         if fault is not None and fault.startswith("http_"):
             return httpx.Response(int(fault[5:]), content=b"<html>error</html>", headers={"content-type": "text/html"})
         if fault == "malformed":
-            return httpx.Response(200, content=b"<html><body>Sign in</body></html>", headers={"content-type": "text/html"})
+            return httpx.Response(
+                200, content=b"<html><body>Sign in</body></html>", headers={"content-type": "text/html"}
+            )
         if fault == "partial":  # the body cut short, served as if whole
-            return httpx.Response(200, content=body[: max(1, len(body) * 2 // 3)], headers={"content-type": content_type})
+            return httpx.Response(
+                200, content=body[: max(1, len(body) * 2 // 3)], headers={"content-type": content_type}
+            )
         if fault == "dropped":
             return httpx.Response(200, stream=_Broken(body[: len(body) // 2]), headers={"content-type": content_type})
         if request.headers.get("if-none-match") == etag:
@@ -295,7 +321,9 @@ class ApnsDouble:
         if answer == "not_written":  # failed before its write, not for want of APNs: spends an attempt
             return result_from_error(n.row_id, RuntimeError(), written=False)
         status, reason = _APNS[answer]
-        stamp = {"410": int(self.clock() * 1000), "410_stale": int((self.clock() - STALE_410_SECONDS) * 1000)}.get(answer)
+        stamp = {"410": int(self.clock() * 1000), "410_stale": int((self.clock() - STALE_410_SECONDS) * 1000)}.get(
+            answer
+        )
         return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), status, reason, stamp))
 
     async def aclose(self) -> None:

@@ -80,7 +80,7 @@ class EmbeddedServer:
     server: Any
 
     @classmethod
-    def start(cls) -> "EmbeddedServer":
+    def start(cls) -> EmbeddedServer:
         # Not under pytest's basetemp: the package opens the path's prefix to the server's user, and
         # pytest closes its own root again (0700) at the next session, under any server still running.
         root = Path(tempfile.mkdtemp(prefix="reminders-embedded-pg-"))

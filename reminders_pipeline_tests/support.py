@@ -17,10 +17,25 @@ TOKEN = "ab" * 32
 
 def item(item_id: str, starts_in: int, duration: int = 1800, title: str | None = None, **extra: Any) -> dict[str, Any]:
     """A wire-format item starting ``starts_in`` seconds after NOW."""
-    return {"id": item_id, "title": title or f"Event {item_id}", "startsAt": NOW_S + starts_in, "expiresAt": NOW_S + starts_in + duration, **extra}
+    return {
+        "id": item_id,
+        "title": title or f"Event {item_id}",
+        "startsAt": NOW_S + starts_in,
+        "expiresAt": NOW_S + starts_in + duration,
+        **extra,
+    }
 
 
-def device(db: Database, settings: Settings, device_id: str = "dev-1", *, sources: list[str], lead: int = 3600, rules: tuple[str, ...] = (), token: str = TOKEN) -> None:
+def device(
+    db: Database,
+    settings: Settings,
+    device_id: str = "dev-1",
+    *,
+    sources: list[str],
+    lead: int = 3600,
+    rules: tuple[str, ...] = (),
+    token: str = TOKEN,
+) -> None:
     put_device(db, settings, DeviceSpec(device_id, token, lead, rules, tuple(sources)), now=NOW)
 
 

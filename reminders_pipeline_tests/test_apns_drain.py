@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections import Counter
-from typing import Iterator
 
 import pytest
 
@@ -21,7 +20,6 @@ from reminders_pipeline.build import build
 from reminders_pipeline.drain import DrainSummary, default_sender_factory, drain, fail_abandoned, send_batch_async
 from reminders_pipeline.times import now_utc, shift, unix_from_iso
 
-from .mock_apns import MockApns
 from .support import device, rows
 
 TOKENS = [f"{i:064x}" for i in range(1, 9)]
@@ -40,7 +38,13 @@ def live(settings, mock):
 def queue(db, settings, feeds, *, devices=1, items=1, starts_in=1200, lead=1800):
     """Devices each with ``items`` due rows (send_after 10 minutes ago, event in 20 minutes)."""
     now = int(unix_from_iso(now_utc()))
-    url = feeds.items("/a.json", [{"id": f"e{i}", "title": f"Event {i}", "startsAt": now + starts_in + i, "expiresAt": now + starts_in + 1800} for i in range(items)])
+    url = feeds.items(
+        "/a.json",
+        [
+            {"id": f"e{i}", "title": f"Event {i}", "startsAt": now + starts_in + i, "expiresAt": now + starts_in + 1800}
+            for i in range(items)
+        ],
+    )
     for d in range(devices):
         device(db, settings, f"dev-{d}", sources=[url], lead=lead, token=TOKENS[d])
     build(db, settings)
@@ -70,7 +74,9 @@ def test_200_sends_once_with_the_right_headers_and_stores_the_apns_id(db, live, 
     assert run_drain(db, live).claimed == 0 and len(mock.requests) == 3  # never twice
 
 
-@pytest.mark.parametrize("status, reason", [(410, "Unregistered"), (400, "BadDeviceToken"), (400, "DeviceTokenNotForTopic")])
+@pytest.mark.parametrize(
+    "status, reason", [(410, "Unregistered"), (400, "BadDeviceToken"), (400, "DeviceTokenNotForTopic")]
+)
 def test_dead_token_fails_the_row_marks_the_device_and_voids_its_other_rows(db, live, feeds, mock, status, reason):
     queue(db, live, feeds, items=1, devices=2)
     feeds_url = feeds.url("/a.json")
@@ -82,7 +88,10 @@ def test_dead_token_fails_the_row_marks_the_device_and_voids_its_other_rows(db, 
     summary = run_drain(db, live)
     dev0 = {r["rule"]: r for r in rows(db, device_id="dev-0")}
     assert (dev0["lead:1800"]["outcome"], dev0["lead:1800"]["outcome_detail"]) == ("failed", reason)
-    assert (dev0["lead:60"]["outcome"], dev0["lead:60"]["outcome_detail"]) == ("voided", "unregistered" if status == 410 else "token_invalid")
+    assert (dev0["lead:60"]["outcome"], dev0["lead:60"]["outcome_detail"]) == (
+        "voided",
+        "unregistered" if status == 410 else "token_invalid",
+    )
     assert [r["outcome"] for r in rows(db, device_id="dev-1")] == ["sent"]
     with db.read() as conn:
         record = ledger.get_device(conn, "dev-0")
@@ -97,7 +106,13 @@ def test_dead_token_fails_the_row_marks_the_device_and_voids_its_other_rows(db, 
 
 @pytest.mark.parametrize(
     "status, reason",
-    [(403, "InvalidProviderToken"), (403, "ExpiredProviderToken"), (403, "MissingProviderToken"), (400, "TopicDisallowed"), (400, "BadTopic")],
+    [
+        (403, "InvalidProviderToken"),
+        (403, "ExpiredProviderToken"),
+        (403, "MissingProviderToken"),
+        (400, "TopicDisallowed"),
+        (400, "BadTopic"),
+    ],
 )
 def test_configuration_fault_stops_claiming_and_alerts(db, live, feeds, mock, status, reason):
     hook = feeds.url("/hook")
@@ -120,7 +135,9 @@ def test_configuration_fault_stops_claiming_and_alerts(db, live, feeds, mock, st
         ({"drop_connection": True}, "transport:"),
     ],
 )
-def test_a_send_that_may_have_reached_apns_fails_the_row_and_it_is_never_sent_again(db, live, feeds, mock, answer, detail):
+def test_a_send_that_may_have_reached_apns_fails_the_row_and_it_is_never_sent_again(
+    db, live, feeds, mock, answer, detail
+):
     queue(db, live, feeds, items=1)
     mock.script(TOKENS[0], **answer)
     run_drain(db, live)
@@ -159,7 +176,9 @@ def heal(mock):
 
 
 @pytest.mark.parametrize("answer, detail", CERTAIN_NON_DELIVERY, ids=[d for _, d in CERTAIN_NON_DELIVERY])
-def test_certain_non_delivery_returns_the_row_to_pending_and_it_is_then_delivered_once(db, live, feeds, mock, answer, detail):
+def test_certain_non_delivery_returns_the_row_to_pending_and_it_is_then_delivered_once(
+    db, live, feeds, mock, answer, detail
+):
     """A row goes back to pending; an APNs answer (429, 500, 503) spends one of its attempts, a send
     that never reached APNs none: only APNs' own answers count against a row (issue 20)."""
     spent = 0 if detail.startswith("not-sent") else 1
@@ -167,7 +186,12 @@ def test_certain_non_delivery_returns_the_row_to_pending_and_it_is_then_delivere
     fault(mock, TOKENS[0], answer)
     summary = run_drain(db, live)
     (row,) = rows(db)
-    assert (row["status"], row["attempts"], row["outcome_detail"], summary.returned_to_pending) == ("pending", spent, detail, 1)
+    assert (row["status"], row["attempts"], row["outcome_detail"], summary.returned_to_pending) == (
+        "pending",
+        spent,
+        detail,
+        1,
+    )
     assert summary.outcomes == {} and summary.halted is None
     heal(mock)
     assert run_drain(db, live).outcomes == {"sent": 1}
@@ -224,7 +248,17 @@ def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_e
     tokens = [f"{i:064x}" for i in range(1000, 2500)]
     with db.write() as conn:
         for i, token in enumerate(tokens):
-            ledger.upsert_device(conn, {"id": f"dev-{i:04d}", "apns_token": token, "reminder_lead_seconds": 1800, "extra_rules": "", "chunk": 0}, now_utc())
+            ledger.upsert_device(
+                conn,
+                {
+                    "id": f"dev-{i:04d}",
+                    "apns_token": token,
+                    "reminder_lead_seconds": 1800,
+                    "extra_rules": "",
+                    "chunk": 0,
+                },
+                now_utc(),
+            )
             ledger.set_subscriptions(conn, f"dev-{i:04d}", [url], now_utc())
     build(db, live)
     mock.script_default(status=410, reason="Unregistered")
@@ -249,7 +283,7 @@ class PausedApns:
         other.join()
         fence = max(n.send_by for n in notifications)
         while time.monotonic() <= fence:
-            time.sleep(0.05)
+            time.sleep(0.05)  # noqa: ASYNC251 - holds the loop past every deadline, on purpose
         self.inner = AioApnsSender(self.settings)
         return await self.inner.send_many(notifications)
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import jwt
 import pytest
@@ -30,15 +31,21 @@ from hypothesis import strategies as st
 from reminders_pipeline.apns import (
     TIMEOUT,
     TIMEOUT_NOT_SENT,
-    ApnsConfigError,
     AioApnsSender,
+    ApnsConfigError,
     ProviderToken,
     apns_sender_factory,
     load_signing_key,
     result_from_apns,
     validate_apns_settings,
 )
-from reminders_pipeline.apns_transport import CONNECTION_IDLE_SECONDS, PER_REQUEST_HEADERS, HuffmanCodes, StreamSlots, WireH2Connection
+from reminders_pipeline.apns_transport import (
+    CONNECTION_IDLE_SECONDS,
+    PER_REQUEST_HEADERS,
+    HuffmanCodes,
+    StreamSlots,
+    WireH2Connection,
+)
 from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
@@ -69,7 +76,9 @@ def token(i: int) -> str:
     return f"{i:064x}"
 
 
-def note(i: int, *, device_token: str | None = None, expiration: int | None = None, payload: dict | None = None) -> Notification:
+def note(
+    i: int, *, device_token: str | None = None, expiration: int | None = None, payload: dict | None = None
+) -> Notification:
     return Notification(
         row_id=i,
         device_id=f"device-{i}",
@@ -148,7 +157,11 @@ def test_payload_fitted_to_4kb_compact_is_not_inflated_by_spaces(mock: MockApns,
 def test_payload_over_4kb_is_413(settings: Settings) -> None:
     [result] = send(settings, [note(1, payload={"aps": {"alert": "x" * 5000}})])
     assert (result.ok, result.status, result.reason, result.token_invalid, result.config_fault) == (
-        False, 413, "PayloadTooLarge", False, False,
+        False,
+        413,
+        "PayloadTooLarge",
+        False,
+        False,
     )
 
 
@@ -219,7 +232,12 @@ def test_topic_of_another_app_is_a_config_fault(settings: Settings) -> None:
 
 def test_device_token_apns_rejects_is_invalid(settings: Settings) -> None:
     [result] = send(settings, [note(1, device_token="ab" * 20)])  # hex, but shorter than any APNs token
-    assert (result.status, result.reason, result.token_invalid, result.config_fault) == (400, "BadDeviceToken", True, False)
+    assert (result.status, result.reason, result.token_invalid, result.config_fault) == (
+        400,
+        "BadDeviceToken",
+        True,
+        False,
+    )
 
 
 def test_token_that_is_not_hex_is_invalid_without_a_request(mock: MockApns, settings: Settings) -> None:
@@ -229,7 +247,9 @@ def test_token_that_is_not_hex_is_invalid_without_a_request(mock: MockApns, sett
     assert [r.token for r in mock.requests] == [token(2)]
 
 
-def test_a_collapse_id_that_is_not_a_header_value_fails_that_row_without_a_request(mock: MockApns, settings: Settings) -> None:
+def test_a_collapse_id_that_is_not_a_header_value_fails_that_row_without_a_request(
+    mock: MockApns, settings: Settings
+) -> None:
     bad = [replace(note(1), collapse_id="item\r\nx-injected: 1"), replace(note(2), collapse_id="c" * 65)]
     results = by_row(send(settings, [*bad, note(3)]))
     assert [(r.ok, r.reason) for r in (results[1], results[2])] == [(False, "invalid:collapse_id")] * 2
@@ -322,7 +342,9 @@ def test_answer_without_apns_id_times_out_and_the_connection_survives(mock: Mock
     assert mock.connections_opened == 1
 
 
-def test_dropped_connection_fails_the_send_once_and_the_next_send_reconnects(mock: MockApns, settings: Settings) -> None:
+def test_dropped_connection_fails_the_send_once_and_the_next_send_reconnects(
+    mock: MockApns, settings: Settings
+) -> None:
     mock.script(token(2), drop_connection=True)
 
     results = two_sends_on_one_sender(settings)
@@ -353,7 +375,9 @@ def test_send_still_waiting_for_a_stream_at_the_timeout_is_never_sent(mock: Mock
     assert [r.token for r in mock.requests] == [token(1), token(2), token(4)]
 
 
-def test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written(mock: MockApns, settings: Settings) -> None:
+def test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written(
+    mock: MockApns, settings: Settings
+) -> None:
     """The claim's fence is checked where the HEADERS are encoded, after every wait of the send: a
     request stuck behind a stream past its fence never reaches APNs, and its stream slot is freed."""
     mock.raised_max_streams = 1  # one stream, one connection: 3 waits behind 2
@@ -399,7 +423,9 @@ def test_unreachable_endpoint_is_certainly_not_sent(settings: Settings) -> None:
 
 
 @pytest.mark.parametrize("mode", ["connect", "tls"])
-def test_a_connection_that_cannot_be_opened_is_certainly_not_sent(mock: MockApns, settings: Settings, mode: str) -> None:
+def test_a_connection_that_cannot_be_opened_is_certainly_not_sent(
+    mock: MockApns, settings: Settings, mode: str
+) -> None:
     mock.refuse(mode)
     results = send(settings, [note(1), note(2)])
     assert [(r.reason, r.retry) for r in results] == [("not-sent:MaxAttemptsExceeded", True)] * 2
@@ -698,10 +724,17 @@ def test_a_topic_that_is_not_a_bundle_id_names_the_variable(settings: Settings) 
 def aioapns_headers(i: int, token: str) -> list[tuple[str, str]]:
     """The header list aioapns 4.0 builds for one request, in its order."""
     return [
-        (":method", "POST"), (":scheme", "https"), (":path", f"/3/device/{i:064x}"), ("host", "api.push.apple.com"),
-        ("apns-id", f"00000000-0000-4000-8000-{i:012x}"), ("apns-topic", "com.example.reminders"),
-        ("apns-expiration", str(1_900_000_000 + i)), ("apns-priority", "10"), ("apns-collapse-id", f"{i:064x}"),
-        ("apns-push-type", "alert"), ("authorization", token),
+        (":method", "POST"),
+        (":scheme", "https"),
+        (":path", f"/3/device/{i:064x}"),
+        ("host", "api.push.apple.com"),
+        ("apns-id", f"00000000-0000-4000-8000-{i:012x}"),
+        ("apns-topic", "com.example.reminders"),
+        ("apns-expiration", str(1_900_000_000 + i)),
+        ("apns-priority", "10"),
+        ("apns-collapse-id", f"{i:064x}"),
+        ("apns-push-type", "alert"),
+        ("authorization", token),
     ]
 
 
@@ -801,7 +834,9 @@ def test_1500_error_answers_on_one_connection_all_arrive(mock: MockApns, setting
         (RuntimeError("anything else"), False),
     ],
 )
-def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outage(exc: BaseException, unreached: bool) -> None:
+def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outage(
+    exc: BaseException, unreached: bool
+) -> None:
     """Before the write, a connection, TLS or DNS failure, or h2 refusing a stream on a connection
     APNs has just closed, says APNs is out of reach: the row goes again spending no attempt, and
     it counts toward an outage. Anything else before the write goes again too, but spends an

@@ -311,7 +311,9 @@ def test_device_with_dead_token_is_skipped(db, settings, feeds):
 def _send(db, row_id, when):
     with db.write() as conn:
         ledger.claim(conn, [row_id], when, "t")
-        ledger.settle(conn, [{"id": row_id, "outcome": "sent", "apns_id": "apns-1", "sent_at": when, "payload": "{}"}], "t", when)
+        ledger.settle(
+            conn, [{"id": row_id, "outcome": "sent", "apns_id": "apns-1", "sent_at": when, "payload": "{}"}], "t", when
+        )
 
 
 def test_a_sent_row_is_not_rearmed_by_a_feed_jittering_under_the_threshold(db, settings, feeds):
@@ -326,7 +328,10 @@ def test_a_sent_row_is_not_rearmed_by_a_feed_jittering_under_the_threshold(db, s
     # the upsert itself, without the build's pre-filter, holds the same line
     moved = {**row, "send_after": at(3600 - settings.rearm_threshold_seconds + 1)}
     with db.write() as conn:
-        assert ledger.upsert_rows(conn, [moved], at(3700), rearm_threshold_seconds=settings.rearm_threshold_seconds) == set()
+        assert (
+            ledger.upsert_rows(conn, [moved], at(3700), rearm_threshold_seconds=settings.rearm_threshold_seconds)
+            == set()
+        )
     assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
 
 
@@ -339,19 +344,30 @@ def test_a_rearmed_row_keeps_what_it_sent_as_history(db, settings, feeds):
     feeds.items("/a.json", [item("e", 7200 + settings.rearm_threshold_seconds)])  # moved by exactly 5 minutes
     assert build(db, settings, now=at(3700)).rows_updated == 1
     rearmed = by_key(db)[("e", "lead:3600")]
-    assert (rearmed["id"], rearmed["status"], rearmed["apns_id"], rearmed["sent_at"]) == (row["id"], "pending", None, None)
+    assert (rearmed["id"], rearmed["status"], rearmed["apns_id"], rearmed["sent_at"]) == (
+        row["id"],
+        "pending",
+        None,
+        None,
+    )
     with db.read() as conn:
         [before] = ledger.history_of(conn, row["id"])
-    assert {k: before[k] for k in ("send_after", "outcome", "apns_id", "sent_at", "settled_at", "payload", "rearmed_at")} == {
-        "send_after": at(3600), "outcome": "sent", "apns_id": "apns-1", "sent_at": at(3600), "settled_at": at(3600),
-        "payload": "{}", "rearmed_at": at(3700),
+    assert {
+        k: before[k] for k in ("send_after", "outcome", "apns_id", "sent_at", "settled_at", "payload", "rearmed_at")
+    } == {
+        "send_after": at(3600),
+        "outcome": "sent",
+        "apns_id": "apns-1",
+        "sent_at": at(3600),
+        "settled_at": at(3600),
+        "payload": "{}",
+        "rearmed_at": at(3700),
     }
     _send(db, row["id"], at(3900))  # the moved reminder goes, then the meeting moves again
     feeds.items("/a.json", [item("e", 14400)])
     build(db, settings, now=at(4000))
     with db.read() as conn:
         assert [h["sent_at"] for h in ledger.history_of(conn, row["id"])] == [at(3600), at(3900)]
-
 
 
 ALARM_ICS = """BEGIN:VCALENDAR\r
@@ -380,7 +396,9 @@ END:VCALENDAR\r
 
 def test_a_failed_read_keeps_the_calendar_alarms_rows(db, settings, feeds):
     url = feeds.calendar("/alarms.ics", ALARM_ICS)
-    put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now="2026-10-27T08:00:00.000Z")
+    put_device(
+        db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now="2026-10-27T08:00:00.000Z"
+    )
     build(db, settings, now="2026-10-27T08:00:00.000Z")
     before = {(r["title"], r["rule"]): r for r in rows(db)}
     assert set(before) == {("Meeting", "lead:1500"), ("No alarms", "lead:3600")}
@@ -389,7 +407,9 @@ def test_a_failed_read_keeps_the_calendar_alarms_rows(db, settings, feeds):
     assert summary.sources_failed and summary.rows_voided == {}
     assert {(r["title"], r["rule"]): r for r in rows(db)} == before
     # the device changes its own lead while the calendar still fails: what the alarm gave stays
-    put_device(db, settings, DeviceSpec("uses", TOKEN, 1800, (), (url,), "UTC", alarms=True), now="2026-10-27T08:20:00.000Z")
+    put_device(
+        db, settings, DeviceSpec("uses", TOKEN, 1800, (), (url,), "UTC", alarms=True), now="2026-10-27T08:20:00.000Z"
+    )
     assert build(db, settings, now="2026-10-27T08:30:00.000Z").rows_voided == {}
     assert rows(db, status="pending") == list(before.values())
 
@@ -465,7 +485,12 @@ def test_a_sent_all_day_reminder_is_not_sent_again_when_the_device_changes_zone(
     [after] = rows(db)
     assert (after["status"], after["outcome"], after["send_after"]) == ("settled", "sent", "2026-10-27T09:00:00.000Z")
     with db.write() as conn:  # the upsert itself: the Azores row, same item
-        azores = {**row, "send_after": "2026-10-27T10:00:00.000Z", "event_at": "2026-10-27T01:00:00.000Z", "expires_at": "2026-10-28T01:00:00.000Z"}
+        azores = {
+            **row,
+            "send_after": "2026-10-27T10:00:00.000Z",
+            "event_at": "2026-10-27T01:00:00.000Z",
+            "expires_at": "2026-10-28T01:00:00.000Z",
+        }
         assert ledger.upsert_rows(conn, [azores], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
     assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
@@ -500,7 +525,11 @@ def test_a_reminder_settled_before_item_at_existed_is_not_sent_again_when_the_de
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
     assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
     [moved] = rows(db)
-    assert (moved["status"], moved["send_after"], moved["item_at"]) == ("pending", "2026-10-28T10:00:00.000Z", "2026-10-28T00:00:00.000Z")
+    assert (moved["status"], moved["send_after"], moved["item_at"]) == (
+        "pending",
+        "2026-10-28T10:00:00.000Z",
+        "2026-10-28T00:00:00.000Z",
+    )
 
 
 def test_an_expiry_rule_is_rearmed_by_its_end_moving_not_its_start(db, settings, feeds):
@@ -530,7 +559,10 @@ def test_a_meeting_moved_into_the_past_sends_nothing_for_its_old_time(db, settin
     build(db, live, now=at(3 * 3600))
     row = by_key(db)[("m", "lead:3600")]
     assert (row["status"], row["event_at"], row["send_after"]) == ("pending", at(2 * 3600 + 1800), at(3600 + 1800))
-    assert (by_key(db)[("done", "lead:3600")]["status"], by_key(db)[("done", "lead:3600")]["title"]) == ("settled", "Standup")
+    assert (by_key(db)[("done", "lead:3600")]["status"], by_key(db)[("done", "lead:3600")]["title"]) == (
+        "settled",
+        "Standup",
+    )
     sender = RecordingSender()
     drain(db, live, sender.factory(), now=at(4 * 3600))
     assert sender.sent == [] and by_key(db)[("m", "lead:3600")]["outcome"] == "event_started"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from dagster._utils.schedules import cron_string_iterator
@@ -10,7 +10,7 @@ from dagster._utils.schedules import cron_string_iterator
 from reminders_pipeline.cadence import CronError, cron_cadence_seconds, crons_after, firing_minutes
 from reminders_pipeline.settings import Settings, SettingsError
 
-DAY = datetime(2026, 9, 10, tzinfo=timezone.utc)
+DAY = datetime(2026, 9, 10, tzinfo=UTC)
 
 
 def dagster_ticks(crons: str | tuple[str, ...], start: datetime, end: datetime) -> list[datetime]:
@@ -20,7 +20,7 @@ def dagster_ticks(crons: str | tuple[str, ...], start: datetime, end: datetime) 
         for tick in cron_string_iterator(start.timestamp(), cron, "UTC"):
             if tick >= end:
                 break
-            ticks.add(tick.astimezone(timezone.utc))
+            ticks.add(tick.astimezone(UTC))
     return sorted(ticks)
 
 

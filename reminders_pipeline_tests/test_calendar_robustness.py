@@ -6,7 +6,7 @@ time and off the event loop, and the read window per device."""
 from __future__ import annotations
 
 import threading
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import icalendar
@@ -22,9 +22,12 @@ from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
 from .support import TOKEN, rows
 
-UTC = timezone.utc
+UTC = UTC
 DAY = 86400
-SUITES = {"icalendar": Path(icalendar.__file__).parent / "tests", "recurring_ical_events": Path(recurring_ical_events.__file__).parent / "test"}
+SUITES = {
+    "icalendar": Path(icalendar.__file__).parent / "tests",
+    "recurring_ical_events": Path(recurring_ical_events.__file__).parent / "test",
+}
 # Every UID-less calendar of the two suites that the libraries themselves read without error
 # (the others are deliberately broken calendars, bare VEVENTs, or events before 2000).
 UIDLESS = [
@@ -83,7 +86,9 @@ def test_uidless_calendars_are_queued_in_full_with_stable_ids(db, settings, feed
 
 
 def test_event_without_summary_gets_a_fallback_title(db, settings, feeds):
-    ics = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nDTSTART:20261020T090000Z\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    ics = (
+        "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nDTSTART:20261020T090000Z\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
+    )
     url = feeds.calendar("/untitled.ics", ics)
     now = "2026-10-20T07:00:00.000Z"
     put_device(db, settings, DeviceSpec("d", TOKEN, 3600, (), (url,)), now=now)
@@ -154,7 +159,9 @@ def test_parsing_runs_off_the_event_loop(feeds, monkeypatch):
 
     monkeypatch.setattr(sources, "parse_ics_feed", spy)
     url = feeds.calendar("/one.ics", MINUTELY)
-    reads = sources.SourceReader(allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all({1: url}, (NOW_S, NOW_S + DAY))
+    reads = sources.SourceReader(allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all(
+        {1: url}, (NOW_S, NOW_S + DAY)
+    )
     assert reads[1].ok and threads and all(t.startswith("reminders-parse") for t in threads)
 
 

@@ -6,7 +6,7 @@ the zone's capture over HTTP and the CLI."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import icalendar
@@ -26,7 +26,7 @@ from reminders_pipeline.times import iso_from_unix, unix_from_iso
 from .support import TOKEN, rows
 from .test_http_support import error_of, serve, served  # noqa: F401 - fixtures
 
-UTC = timezone.utc
+UTC = UTC
 ZONES = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "Pacific/Chatham"]
 LEAD = 900
 FLOATING_TIMES = ["0100", "0145", "0215", "0230", "0300", "0900"]  # around every zone's DST change
@@ -40,13 +40,19 @@ def oracle_calendar() -> str:
         f"SUMMARY:F{t}\nEND:VEVENT"
         for t in FLOATING_TIMES
     ]
-    events.append("BEGIN:VEVENT\nUID:day@oracle\nDTSTART;VALUE=DATE:20260301\nRRULE:FREQ=DAILY;UNTIL=20261130\nSUMMARY:AllDay\nEND:VEVENT")
+    events.append(
+        "BEGIN:VEVENT\nUID:day@oracle\nDTSTART;VALUE=DATE:20260301\nRRULE:FREQ=DAILY;UNTIL=20261130\nSUMMARY:AllDay\nEND:VEVENT"
+    )
     for uid, tz, t in (("ny", "America/New_York", "0230"), ("lh", "Australia/Lord_Howe", "0215")):
         events.append(
             f"BEGIN:VEVENT\nUID:{uid}@oracle\nDTSTART;TZID={tz}:20260301T{t}00\nDURATION:PT3H\n"
             f"RRULE:FREQ=DAILY;COUNT=280\nSUMMARY:{uid.upper()}{t}\nEND:VEVENT"
         )
-    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//oracle//EN", *events, "END:VCALENDAR", ""]).replace("\n", "\r\n").replace("\r\r\n", "\r\n")
+    return (
+        "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//oracle//EN", *events, "END:VCALENDAR", ""])
+        .replace("\n", "\r\n")
+        .replace("\r\r\n", "\r\n")
+    )
 
 
 def expected(ics: str, tz: str, now: int, horizon: int) -> set[tuple]:
@@ -88,7 +94,13 @@ def test_oracle_floating_all_day_and_tzid_in_five_zones_across_dst(db, settings,
     for r in rows(db):
         assert r["status"] == "pending"
         got[r["device_id"].replace(":", "/")].add(
-            (r["title"], int(unix_from_iso(r["event_at"])), int(unix_from_iso(r["expires_at"])), int(unix_from_iso(r["send_after"])), r["rule"])
+            (
+                r["title"],
+                int(unix_from_iso(r["event_at"])),
+                int(unix_from_iso(r["expires_at"])),
+                int(unix_from_iso(r["send_after"])),
+                r["rule"],
+            )
         )
     for tz in ZONES:
         want = expected(ics, tz, int(unix_from_iso(now)), horizon)
@@ -115,7 +127,12 @@ def test_west_of_utc_floating_event_stays_queued_through_every_build_until_sent(
     30 minutes from a day before keep one pending row with the same send_after; then it is sent."""
     url = feeds.calendar("/west.ics", FLOATING_MEETING)
     first = "2026-10-19T13:00:00.000Z"
-    put_device(db, settings, DeviceSpec("west", TOKEN, 900, (), (url,), "America/New_York" if how == "zone" else None), now=first)
+    put_device(
+        db,
+        settings,
+        DeviceSpec("west", TOKEN, 900, (), (url,), "America/New_York" if how == "zone" else None),
+        now=first,
+    )
     if how == "offset":
         with db.write() as conn:
             ledger.store_tz_offset(conn, "west", -4 * 3600)
@@ -152,7 +169,9 @@ END:VCALENDAR\r
 
 def test_all_day_items_take_day_rules_and_timed_items_lead_rules(db, settings, feeds):
     url = feeds.calendar("/days.ics", ALL_DAY_AND_TIMED)
-    spec = DeviceSpec("berlin", TOKEN, 3600, ("lead:0@expiry",), (url,), "Europe/Berlin", ("day:1@18:00", "day:0@09:00"))
+    spec = DeviceSpec(
+        "berlin", TOKEN, 3600, ("lead:0@expiry",), (url,), "Europe/Berlin", ("day:1@18:00", "day:0@09:00")
+    )
     put_device(db, settings.with_(horizon_seconds=3 * 86400), spec, now="2026-10-25T12:00:00.000Z")
     build(db, settings.with_(horizon_seconds=3 * 86400), now="2026-10-25T12:00:00.000Z")
     got = {(r["title"], r["rule"]): r["send_after"] for r in rows(db)}
@@ -173,7 +192,10 @@ def test_all_day_reminder_is_queued_after_the_day_began_and_sent(db, settings, f
     build(db, live, now="2026-10-27T07:55:00.000Z")
     [row] = [r for r in rows(db) if r["title"] == "Birthday"]
     assert (row["rule"], row["send_after"], row["event_at"], row["expires_at"]) == (
-        "day:0@09:00", "2026-10-27T08:00:00.000Z", "2026-10-26T23:00:00.000Z", "2026-10-27T23:00:00.000Z"
+        "day:0@09:00",
+        "2026-10-27T08:00:00.000Z",
+        "2026-10-26T23:00:00.000Z",
+        "2026-10-27T23:00:00.000Z",
     )
     sender = RecordingSender()
     assert drain(db, live, sender.factory(), now="2026-10-27T08:00:30.000Z").outcomes == {"sent": 1}
@@ -211,12 +233,19 @@ END:VCALENDAR\r
     assert got[("Flight", "lead:7200")] == ("2026-10-27T06:00:00.000Z", "2026-10-27T07:00:00.000Z")  # held to 07:00 CET
     assert got[("Alarm", "lead:0")] == ("2026-10-27T05:30:00.000Z", "2026-10-27T05:30:00.000Z")
     assert got[("Alarm", "lead:0!")] == ("2026-10-27T05:30:00.000Z", "2026-10-27T05:30:00.000Z")
-    assert got[("Alarm", "lead:7200")] == ("2026-10-27T03:30:00.000Z", "2026-10-27T05:30:00.000Z")  # 04:30 local, not held
+    assert got[("Alarm", "lead:7200")] == (
+        "2026-10-27T03:30:00.000Z",
+        "2026-10-27T05:30:00.000Z",
+    )  # 04:30 local, not held
     sender = RecordingSender()
     drain(db, live, sender.factory(), now="2026-10-27T03:30:30.000Z")
     drain(db, live, sender.factory(), now="2026-10-27T05:30:10.000Z")
     outcomes = {(r["title"], r["rule"]): r["outcome"] for r in rows(db) if r["status"] == "settled"}
-    assert outcomes == {("Alarm", "lead:0"): "quiet_hours", ("Alarm", "lead:0!"): "sent", ("Alarm", "lead:7200"): "quiet_hours"}
+    assert outcomes == {
+        ("Alarm", "lead:0"): "quiet_hours",
+        ("Alarm", "lead:0!"): "sent",
+        ("Alarm", "lead:7200"): "quiet_hours",
+    }
     drain(db, live, sender.factory(), now="2026-10-27T06:00:05.000Z")
     assert {(r["title"], r["rule"]): r["outcome"] for r in rows(db)}[("Flight", "lead:7200")] == "sent"
 
@@ -276,21 +305,41 @@ def test_widget_feed_resolves_floating_times_in_the_device_zone(served, feeds):
     midnight = datetime(day.year, day.month, day.day, tzinfo=ny)
     following = day + timedelta(days=1)
     assert got["Floating"] == (int(nine.timestamp()), int(nine.timestamp()) + 3600)
-    assert got["All day"] == (int(midnight.timestamp()), int(datetime(following.year, following.month, following.day, tzinfo=ny).timestamp()))
+    assert got["All day"] == (
+        int(midnight.timestamp()),
+        int(datetime(following.year, following.month, following.day, tzinfo=ny).timestamp()),
+    )
 
 
 def test_device_api_sets_zone_all_day_rules_and_quiet_hours(served):
-    r = served.put_device("phone-1", tz="Australia/Lord_Howe", all_day_rules=["day:1@18:00"], quiet_hours="22:30-06:45", alarms=True)
+    r = served.put_device(
+        "phone-1", tz="Australia/Lord_Howe", all_day_rules=["day:1@18:00"], quiet_hours="22:30-06:45", alarms=True
+    )
     assert r.status_code == 200, r.text
     d = served.api.get("/v1/devices/phone-1").json()
     assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == (
-        "Australia/Lord_Howe", ["day:1@18:00"], "22:30-06:45", True
+        "Australia/Lord_Howe",
+        ["day:1@18:00"],
+        "22:30-06:45",
+        True,
     )
     served.put_device("phone-1")  # omitted: the zone stays (the widget reports it), the rest take defaults
     d = served.api.get("/v1/devices/phone-1").json()
-    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == ("Australia/Lord_Howe", ["day:0@09:00"], None, False)
-    for field, value in [("tz", "Nowhere/Land"), ("tz", 5), ("all_day_rules", ["lead:60"]), ("all_day_rules", ["day:0@25:00"]),
-                         ("quiet_hours", "22-07"), ("extra_rules", ["day:0@09:00"]), ("alarms", "yes")]:
+    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == (
+        "Australia/Lord_Howe",
+        ["day:0@09:00"],
+        None,
+        False,
+    )
+    for field, value in [
+        ("tz", "Nowhere/Land"),
+        ("tz", 5),
+        ("all_day_rules", ["lead:60"]),
+        ("all_day_rules", ["day:0@25:00"]),
+        ("quiet_hours", "22-07"),
+        ("extra_rules", ["day:0@09:00"]),
+        ("alarms", "yes"),
+    ]:
         r = served.put_device("phone-1", **{field: value})
         assert r.status_code == 422 and error_of(r)["field"] == field, (field, value, r.text)
 
@@ -298,11 +347,32 @@ def test_device_api_sets_zone_all_day_rules_and_quiet_hours(served):
 def test_cli_device_put_tz(db_url):
     runner = CliRunner()
     env = {"REMINDERS_DATABASE_URL": db_url}
-    ok = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--tz", "Pacific/Chatham", "--all-day-rule", "day:2@08:00",
-                              "--quiet-hours", "23:00-06:00", "--alarms"], env=env)
+    ok = runner.invoke(
+        main,
+        [
+            "device",
+            "put",
+            "p",
+            "--apns-token",
+            TOKEN,
+            "--tz",
+            "Pacific/Chatham",
+            "--all-day-rule",
+            "day:2@08:00",
+            "--quiet-hours",
+            "23:00-06:00",
+            "--alarms",
+        ],
+        env=env,
+    )
     assert ok.exit_code == 0, ok.output
     d = json.loads(ok.output)
-    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == ("Pacific/Chatham", ["day:2@08:00"], "23:00-06:00", True)
+    assert (d["tz_name"], d["all_day_rules"], d["quiet_hours"], d["use_alarms"]) == (
+        "Pacific/Chatham",
+        ["day:2@08:00"],
+        "23:00-06:00",
+        True,
+    )
     bad = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--tz", "Pacific/Nowhere"], env=env)
     assert bad.exit_code == 2 and "Pacific/Nowhere" in bad.output
     none = runner.invoke(main, ["device", "put", "p", "--apns-token", TOKEN, "--no-all-day-rules"], env=env)
@@ -372,5 +442,7 @@ def test_a_device_using_calendar_alarms_gets_what_the_author_asked_for(db, setti
     summary = build(db, settings, now="2026-10-27T08:01:00.000Z")
     assert summary.rows_voided == {"rule_removed": 1}
     assert {r["rule"] for r in rows(db, status="pending") if r["device_id"] == "uses" and r["title"] == "Dentist"} == {
-        "lead:1200", "lead:300@expiry", "lead:14400"
+        "lead:1200",
+        "lead:300@expiry",
+        "lead:14400",
     }

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import date, datetime, timedelta, timezone
 import inspect
 import re
 import tomllib
+from datetime import UTC, date, datetime, timedelta
 from importlib.metadata import version
 from pathlib import Path
 
@@ -39,8 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
-from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
-from hpack import huffman_constants
+from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple, huffman_constants
 
 from reminders_pipeline import apns_transport
 from reminders_pipeline.apns_transport import StreamSlots
@@ -79,7 +78,9 @@ def params(function: object) -> list[str]:
 @pytest.mark.parametrize("library", PATCHED)
 def test_each_patched_library_is_pinned_to_the_installed_version(library: str) -> None:
     pinned = pins().get(library)
-    assert pinned is not None, f"{library} {version(library)}: pyproject.toml must pin it exactly (==), apns_transport.py patches it"
+    assert pinned is not None, (
+        f"{library} {version(library)}: pyproject.toml must pin it exactly (==), apns_transport.py patches it"
+    )
     assert version(library) == pinned, f"{library} {version(library)} is installed but pyproject.toml pins {pinned}"
 
 
@@ -100,12 +101,22 @@ def test_cryptography_signs_deterministically() -> None:
 
 def test_aioapns_protocol_constructor_takes_topic_loop_callback_and_auth_provider() -> None:
     """ReminderApnsProtocol.__init__ replaces the pool's per-connection auth provider by the shared token."""
-    assert params(APNsBaseClientProtocol.__init__) == ["self", "apns_topic", "loop", "on_connection_lost", "auth_provider"], changed(
-        "aioapns", "APNsBaseClientProtocol.__init__'s signature", "(apns_topic, loop, on_connection_lost, auth_provider)"
+    assert params(APNsBaseClientProtocol.__init__) == [
+        "self",
+        "apns_topic",
+        "loop",
+        "on_connection_lost",
+        "auth_provider",
+    ], changed(
+        "aioapns",
+        "APNsBaseClientProtocol.__init__'s signature",
+        "(apns_topic, loop, on_connection_lost, auth_provider)",
     )
     create = source(APNsKeyConnectionPool.create_connection)
     assert "self.apns_topic" in create and "self.discard_connection" in create and "auth_provider," in create, changed(
-        "aioapns", "APNsKeyConnectionPool.create_connection", "a partial(protocol_class, topic, loop, discard_connection, auth_provider)"
+        "aioapns",
+        "APNsKeyConnectionPool.create_connection",
+        "a partial(protocol_class, topic, loop, discard_connection, auth_provider)",
     )
 
 
@@ -115,10 +126,23 @@ def test_aioapns_protocol_instance_attributes_the_patches_use() -> None:
         protocol = APNsBaseClientProtocol("com.example.reminders", loop=loop)
     finally:
         loop.close()
-    expected = {"conn", "free_channels", "requests", "request_streams", "request_statuses", "inactivity_timer", "loop", "transport"}
+    expected = {
+        "conn",
+        "free_channels",
+        "requests",
+        "request_streams",
+        "request_statuses",
+        "inactivity_timer",
+        "loop",
+        "transport",
+    }
     missing = expected - set(vars(protocol))
-    assert not missing, changed("aioapns", f"APNsBaseClientProtocol instance attributes {sorted(missing)}", "set by __init__")
-    assert isinstance(protocol.conn, H2Connection), changed("aioapns", "APNsBaseClientProtocol.conn", "an h2 H2Connection")
+    assert not missing, changed(
+        "aioapns", f"APNsBaseClientProtocol instance attributes {sorted(missing)}", "set by __init__"
+    )
+    assert isinstance(protocol.conn, H2Connection), changed(
+        "aioapns", "APNsBaseClientProtocol.conn", "an h2 H2Connection"
+    )
 
 
 def test_aioapns_endpoint_and_idle_time_are_class_attributes() -> None:
@@ -141,7 +165,17 @@ def test_aioapns_pool_attributes_the_sender_sets_and_reads() -> None:
         "aioapns", "APNsBaseConnectionPool.protocol_class/connections", "attributes set in __init__"
     )
     assert "self.pool" in source(APNs.__init__), changed("aioapns", "APNs.pool", "set in __init__")
-    expected = ["key", "key_id", "team_id", "topic", "max_connections", "max_connection_attempts", "use_sandbox", "ssl_context", "err_func"]
+    expected = [
+        "key",
+        "key_id",
+        "team_id",
+        "topic",
+        "max_connections",
+        "max_connection_attempts",
+        "use_sandbox",
+        "ssl_context",
+        "err_func",
+    ]
     missing = [p for p in expected if p not in params(APNs.__init__)]
     assert not missing, changed("aioapns", f"APNs.__init__ parameters {missing}", "accepted")
 
@@ -173,7 +207,9 @@ def test_aioapns_send_notification_order_the_wire_patches_rely_on() -> None:
     ]
     positions = [body.find(step) for step in steps]
     assert -1 not in positions and positions == sorted(positions), changed(
-        "aioapns", "APNsBaseClientProtocol.send_notification", "acquire, headers (apns-id, TTL), send_headers, send_data, flush, then register the request"
+        "aioapns",
+        "APNsBaseClientProtocol.send_notification",
+        "acquire, headers (apns-id, TTL), send_headers, send_data, flush, then register the request",
     )
 
 
@@ -189,31 +225,53 @@ def test_aioapns_still_ignores_flow_control_credit_and_resets() -> None:
     assert "acknowledge_received_data" not in source(H2Protocol), changed(
         "aioapns", "H2Protocol", "silent on flow-control credit (patch 5 returns it; upstream PR Fatal1ty/aioapns#75)"
     )
-    assert "StreamReset" not in source(H2Protocol.data_received), changed("aioapns", "H2Protocol.data_received", "ignoring StreamReset (patch 6)")
+    assert "StreamReset" not in source(H2Protocol.data_received), changed(
+        "aioapns", "H2Protocol.data_received", "ignoring StreamReset (patch 6)"
+    )
 
 
 def test_aioapns_still_keeps_ended_streams_and_overrides_what_the_protocol_overrides() -> None:
     assert "request_streams" not in source(H2Protocol.on_stream_ended), changed(
         "aioapns", "H2Protocol.on_stream_ended", "keeping request_streams' entry (patch 8 drops it)"
     )
-    overridden = ("send_notification", "flush", "close", "on_stream_ended", "connection_lost", "data_received", "on_connection_terminated")
+    overridden = (
+        "send_notification",
+        "flush",
+        "close",
+        "on_stream_ended",
+        "connection_lost",
+        "data_received",
+        "on_connection_terminated",
+    )
     missing = [name for name in overridden if not callable(getattr(APNsBaseClientProtocol, name, None))]
-    assert not missing, changed("aioapns", f"APNsBaseClientProtocol methods {missing}", "present (ReminderApnsProtocol overrides them)")
+    assert not missing, changed(
+        "aioapns", f"APNsBaseClientProtocol methods {missing}", "present (ReminderApnsProtocol overrides them)"
+    )
 
 
 # -- h2 -------------------------------------------------------------------------------------------
 
 
 def test_h2_methods_wire_h2_connection_overrides() -> None:
-    assert params(H2Connection.send_headers)[:3] == ["self", "stream_id", "headers"], changed("h2", "H2Connection.send_headers", "(stream_id, headers, ...)")
-    assert params(H2Connection.send_data)[:3] == ["self", "stream_id", "data"], changed("h2", "H2Connection.send_data", "(stream_id, data, ...)")
+    assert params(H2Connection.send_headers)[:3] == ["self", "stream_id", "headers"], changed(
+        "h2", "H2Connection.send_headers", "(stream_id, headers, ...)"
+    )
+    assert params(H2Connection.send_data)[:3] == ["self", "stream_id", "data"], changed(
+        "h2", "H2Connection.send_data", "(stream_id, data, ...)"
+    )
     assert params(H2Connection.acknowledge_received_data)[:3] == ["self", "acknowledged_size", "stream_id"], changed(
         "h2", "H2Connection.acknowledge_received_data", "(acknowledged_size, stream_id)"
     )
-    assert H2Connection.HIGHEST_ALLOWED_STREAM_ID == 2**31 - 1, changed("h2", "H2Connection.HIGHEST_ALLOWED_STREAM_ID", "2**31 - 1")
+    assert H2Connection.HIGHEST_ALLOWED_STREAM_ID == 2**31 - 1, changed(
+        "h2", "H2Connection.HIGHEST_ALLOWED_STREAM_ID", "2**31 - 1"
+    )
     connection = H2Connection()
-    assert isinstance(connection.outbound_flow_control_window, int), changed("h2", "H2Connection.outbound_flow_control_window", "an int")
-    assert isinstance(connection.encoder, Encoder), changed("h2", "H2Connection.encoder", "the hpack Encoder h2 encodes headers with")
+    assert isinstance(connection.outbound_flow_control_window, int), changed(
+        "h2", "H2Connection.outbound_flow_control_window", "an int"
+    )
+    assert isinstance(connection.encoder, Encoder), changed(
+        "h2", "H2Connection.encoder", "the hpack Encoder h2 encodes headers with"
+    )
 
 
 def test_h2_configuration_switches_and_event_fields() -> None:
@@ -221,7 +279,11 @@ def test_h2_configuration_switches_and_event_fields() -> None:
     assert (config.normalize_outbound_headers, config.validate_outbound_headers) == (False, False), changed(
         "h2", "H2Configuration(normalize_outbound_headers, validate_outbound_headers)", "accepted"
     )
-    for event, names in ((DataReceived, ("flow_controlled_length", "stream_id")), (StreamReset, ("error_code", "stream_id")), (ConnectionTerminated, ("last_stream_id",))):
+    for event, names in (
+        (DataReceived, ("flow_controlled_length", "stream_id")),
+        (StreamReset, ("error_code", "stream_id")),
+        (ConnectionTerminated, ("last_stream_id",)),
+    ):
         present = {f.name for f in dataclasses.fields(event)} if dataclasses.is_dataclass(event) else set(vars(event()))
         missing = [name for name in names if name not in present]
         assert not missing, changed("h2", f"{event.__name__}.{missing}", "event attributes")
@@ -230,18 +292,29 @@ def test_h2_configuration_switches_and_event_fields() -> None:
 def test_h2_keeps_the_indexing_each_header_tuple_asks_for() -> None:
     """hpack_headers (patch 10) relies on h2 passing HeaderTuple/NeverIndexedHeaderTuple through
     to hpack with normalising off: the first enters the HPACK table, the second never does."""
-    client = H2Connection(H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False))
+    client = H2Connection(
+        H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False)
+    )
     server = H2Connection(H2Configuration(client_side=False))
     client.initiate_connection()
     server.initiate_connection()
     request = [(":method", "POST"), (":scheme", "https"), (":path", "/"), (":authority", "a")]
-    client.send_headers(1, [NeverIndexedHeaderTuple(k, v) for k, v in request] + [HeaderTuple("x-indexed", "1"), NeverIndexedHeaderTuple("x-never", "2")], end_stream=True)
+    client.send_headers(
+        1,
+        [NeverIndexedHeaderTuple(k, v) for k, v in request]
+        + [HeaderTuple("x-indexed", "1"), NeverIndexedHeaderTuple("x-never", "2")],
+        end_stream=True,
+    )
     [received] = [e for e in server.receive_data(client.data_to_send()) if isinstance(e, RequestReceived)]
     assert [type(h) for h in received.headers[-2:]] == [HeaderTuple, NeverIndexedHeaderTuple], changed(
         "h2", "H2Connection.send_headers", "keeping each header tuple's indexing"
     )
     table = [name for name, _ in server.decoder.header_table.dynamic_entries]
-    assert table == [b"x-indexed"], changed("hpack", "Decoder.header_table.dynamic_entries (also read by test_apns_sender.py)", f"the indexed entries; got {table}")
+    assert table == [b"x-indexed"], changed(
+        "hpack",
+        "Decoder.header_table.dynamic_entries (also read by test_apns_sender.py)",
+        f"the indexed entries; got {table}",
+    )
 
 
 # -- hpack ----------------------------------------------------------------------------------------
@@ -250,7 +323,9 @@ def test_h2_keeps_the_indexing_each_header_tuple_asks_for() -> None:
 def test_hpack_huffman_coder_is_the_attribute_the_encoder_uses() -> None:
     """HuffmanCodes replaces Encoder.huffman_coder (patch 11); hpack must still code through it."""
     assert hasattr(Encoder(), "huffman_coder"), changed("hpack", "Encoder().huffman_coder", "an attribute")
-    assert "self.huffman_coder.encode(" in source(Encoder), changed("hpack", "Encoder", "coding strings through self.huffman_coder.encode")
+    assert "self.huffman_coder.encode(" in source(Encoder), changed(
+        "hpack", "Encoder", "coding strings through self.huffman_coder.encode"
+    )
     assert len(huffman_constants.REQUEST_CODES) == len(huffman_constants.REQUEST_CODES_LENGTH) == 257, changed(
         "hpack", "huffman_constants.REQUEST_CODES/REQUEST_CODES_LENGTH", "RFC 7541's 257 codes"
     )
@@ -304,7 +379,9 @@ EXPANSION = ("python-dateutil", "recurring-ical-events")
 @pytest.mark.parametrize("library", EXPANSION)
 def test_each_library_the_expansion_reads_is_pinned_to_the_installed_version(library: str) -> None:
     pinned = pins().get(library)
-    assert pinned is not None, f"{library} {version(library)}: pyproject.toml must pin it exactly (==), ics.py reads its internals"
+    assert pinned is not None, (
+        f"{library} {version(library)}: pyproject.toml must pin it exactly (==), ics.py reads its internals"
+    )
     assert version(library) == pinned, f"{library} {version(library)} is installed but pyproject.toml pins {pinned}"
 
 
@@ -319,19 +396,47 @@ def test_dateutil_rule_internals_the_day_filter_reads() -> None:
     from dateutil.rrule import MONTHLY, _iterinfo, rrule
 
     rule = rrule(MONTHLY, dtstart=datetime(2026, 1, 1), bymonthday=(30,), bymonth=(2, 3), count=3)
-    for attribute in ("_count", "_bymonth", "_byweekno", "_byweekday", "_byeaster", "_bymonthday", "_bynmonthday",
-                      "_byyearday", "_dtstart", "_freq", "_interval"):
+    for attribute in (
+        "_count",
+        "_bymonth",
+        "_byweekno",
+        "_byweekday",
+        "_byeaster",
+        "_bymonthday",
+        "_bynmonthday",
+        "_byyearday",
+        "_dtstart",
+        "_freq",
+        "_interval",
+    ):
         assert hasattr(rule, attribute), expansion_changed("python-dateutil", f"rrule.{attribute}")
     info = _iterinfo(rule)
     info.rebuild(2026, 2)
-    for mask in ("mmask", "wnomask", "wdaymask", "nwdaymask", "eastermask", "mdaymask", "nmdaymask", "yearlen", "yearordinal"):
+    for mask in (
+        "mmask",
+        "wnomask",
+        "wdaymask",
+        "nwdaymask",
+        "eastermask",
+        "mdaymask",
+        "nmdaymask",
+        "yearlen",
+        "yearordinal",
+    ):
         assert hasattr(info, mask), expansion_changed("python-dateutil", f"_iterinfo.{mask}")
 
 
 @pytest.mark.parametrize(
     "rule_text",
-    ["FREQ=DAILY;BYMONTH=2;BYMONTHDAY=28,29,30", "FREQ=WEEKLY;BYDAY=MO,FR", "FREQ=MONTHLY;BYDAY=-1SU",
-     "FREQ=YEARLY;BYYEARDAY=1,-1", "FREQ=DAILY;BYWEEKNO=1,53", "FREQ=MONTHLY;BYMONTHDAY=-1", "FREQ=YEARLY;BYEASTER=0"],
+    [
+        "FREQ=DAILY;BYMONTH=2;BYMONTHDAY=28,29,30",
+        "FREQ=WEEKLY;BYDAY=MO,FR",
+        "FREQ=MONTHLY;BYDAY=-1SU",
+        "FREQ=YEARLY;BYYEARDAY=1,-1",
+        "FREQ=DAILY;BYWEEKNO=1,53",
+        "FREQ=MONTHLY;BYMONTHDAY=-1",
+        "FREQ=YEARLY;BYEASTER=0",
+    ],
 )
 def test_the_day_filter_agrees_with_dateutils_own_iteration(rule_text: str) -> None:
     """``ics._day_matches`` copies dateutil's day filter: for each day of two years it must say
@@ -359,7 +464,9 @@ def test_recurring_ical_events_series_internals_the_meter_subclasses() -> None:
         "recurring-ical-events", "Series.occurrence(adapter, start, end)"
     )
     for attribute in ("rrules", "tzinfo"):
-        assert attribute in source(Series.RecurrenceRules), expansion_changed("recurring-ical-events", f"RecurrenceRules.{attribute}")
+        assert attribute in source(Series.RecurrenceRules), expansion_changed(
+            "recurring-ical-events", f"RecurrenceRules.{attribute}"
+        )
 
 
 def test_recurring_ical_events_occurrence_keeps_its_source_event() -> None:
@@ -375,7 +482,7 @@ def test_recurring_ical_events_occurrence_keeps_its_source_event() -> None:
     query = recurring_ical_events.of(calendar)
     assert hasattr(query, "series"), expansion_changed("recurring-ical-events", "CalendarQuery.series")
     (series,) = list(query.series)
-    occurrences = list(series.between(datetime(2026, 9, 10, tzinfo=timezone.utc), datetime(2026, 9, 12, tzinfo=timezone.utc)))
+    occurrences = list(series.between(datetime(2026, 9, 10, tzinfo=UTC), datetime(2026, 9, 12, tzinfo=UTC)))
     assert len(occurrences) == 2, expansion_changed("recurring-ical-events", "Series.between")
     event = occurrences[0]._adapter._component
     assert str(event.get("UID")) == "u1", expansion_changed("recurring-ical-events", "Occurrence._adapter._component")
@@ -391,24 +498,63 @@ def test_an_occurrence_read_in_place_is_the_item_as_component_builds() -> None:
     from reminders_pipeline.ics import _durations, _OccurrenceEvent, _raw_item
 
     calendar = icalendar.Calendar.from_ical(
-        "\r\n".join([
-            "BEGIN:VCALENDAR", "VERSION:2.0",
-            "BEGIN:VEVENT", "UID:w", "DTSTART;TZID=Europe/Berlin:20260907T093000", "DURATION:PT45M",
-            "RRULE:FREQ=DAILY;COUNT=5", "EXDATE;TZID=Europe/Berlin:20260909T093000", "SUMMARY:Daily", "LOCATION:Room 4",
-            "BEGIN:VALARM", "ACTION:DISPLAY", "TRIGGER:-PT25M", "DESCRIPTION:x", "END:VALARM", "END:VEVENT",
-            "BEGIN:VEVENT", "UID:w", "RECURRENCE-ID;TZID=Europe/Berlin:20260908T093000",
-            "DTSTART;TZID=Europe/Berlin:20260908T110000", "DTEND;TZID=Europe/Berlin:20260908T120000", "SUMMARY:Moved", "END:VEVENT",
-            "BEGIN:VEVENT", "UID:f", "DTSTART:20260908T090000", "RRULE:FREQ=DAILY;COUNT=3", "DURATION:PT15M", "SUMMARY:Floating", "END:VEVENT",
-            "BEGIN:VEVENT", "UID:a", "DTSTART;VALUE=DATE:20260908", "RRULE:FREQ=WEEKLY;COUNT=2", "SUMMARY:All day", "END:VEVENT",
-            "BEGIN:VEVENT", "UID:o", "DTSTART:20260909T120000Z", "DTEND:20260909T123000Z", "STATUS:CANCELLED", "END:VEVENT",
-            "END:VCALENDAR", "",
-        ]).encode()
+        "\r\n".join(
+            [
+                "BEGIN:VCALENDAR",
+                "VERSION:2.0",
+                "BEGIN:VEVENT",
+                "UID:w",
+                "DTSTART;TZID=Europe/Berlin:20260907T093000",
+                "DURATION:PT45M",
+                "RRULE:FREQ=DAILY;COUNT=5",
+                "EXDATE;TZID=Europe/Berlin:20260909T093000",
+                "SUMMARY:Daily",
+                "LOCATION:Room 4",
+                "BEGIN:VALARM",
+                "ACTION:DISPLAY",
+                "TRIGGER:-PT25M",
+                "DESCRIPTION:x",
+                "END:VALARM",
+                "END:VEVENT",
+                "BEGIN:VEVENT",
+                "UID:w",
+                "RECURRENCE-ID;TZID=Europe/Berlin:20260908T093000",
+                "DTSTART;TZID=Europe/Berlin:20260908T110000",
+                "DTEND;TZID=Europe/Berlin:20260908T120000",
+                "SUMMARY:Moved",
+                "END:VEVENT",
+                "BEGIN:VEVENT",
+                "UID:f",
+                "DTSTART:20260908T090000",
+                "RRULE:FREQ=DAILY;COUNT=3",
+                "DURATION:PT15M",
+                "SUMMARY:Floating",
+                "END:VEVENT",
+                "BEGIN:VEVENT",
+                "UID:a",
+                "DTSTART;VALUE=DATE:20260908",
+                "RRULE:FREQ=WEEKLY;COUNT=2",
+                "SUMMARY:All day",
+                "END:VEVENT",
+                "BEGIN:VEVENT",
+                "UID:o",
+                "DTSTART:20260909T120000Z",
+                "DTEND:20260909T123000Z",
+                "STATUS:CANCELLED",
+                "END:VEVENT",
+                "END:VCALENDAR",
+                "",
+            ]
+        ).encode()
     )
     durations = _durations(calendar)
-    occurrences = [o for s in recurring_ical_events.of(calendar).series
-                   for o in s.between(datetime(2026, 9, 1, tzinfo=timezone.utc), datetime(2026, 9, 30, tzinfo=timezone.utc))]
+    occurrences = [
+        o
+        for s in recurring_ical_events.of(calendar).series
+        for o in s.between(datetime(2026, 9, 1, tzinfo=UTC), datetime(2026, 9, 30, tzinfo=UTC))
+    ]
     assert len(occurrences) == 10  # 5 daily less 1 EXDATE (1 moved), 3 floating, 2 all-day, 1 cancelled
     for occurrence in occurrences:
-        assert _raw_item(_OccurrenceEvent(occurrence), durations) == _raw_item(occurrence.as_component(False), durations), (
-            expansion_changed("recurring-ical-events", f"Occurrence.as_component, for {occurrence!r}")
-        )
+        assert _raw_item(_OccurrenceEvent(occurrence), durations) == _raw_item(
+            occurrence.as_component(False), durations
+        ), expansion_changed("recurring-ical-events", f"Occurrence.as_component, for {occurrence!r}")

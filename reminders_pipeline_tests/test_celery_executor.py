@@ -22,8 +22,9 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -32,15 +33,14 @@ import yaml
 from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
 from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
 from reminders_pipeline.notification import collapse_id
-from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
 from reminders_pipeline.settings import Settings
 
 from .http_sources import FeedServer
 from .mock_apns import MockApns
 from .test_dagster_stack import BIN, ROOT, Service, ThrowawayDatabases, dagster_url, wait_for
-
 from .test_dagster_support import definitions_for, live_item
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(900)]
@@ -52,7 +52,18 @@ DEVICES = 200  # x ITEMS = 5,000 due rows
 FAULT_DEVICES = 80  # 2,000 rows for the configuration-fault drain
 KILL_DEVICES = 40  # 1,000 rows for the killed worker
 BATCH = 500  # REMINDERS_DRAIN_BATCH_SIZE: 10 batches for 5,000 rows
-STABLE = ("send_after", "event_at", "expires_at", "title", "body", "status", "outcome", "outcome_detail", "payload", "attempts")
+STABLE = (
+    "send_after",
+    "event_at",
+    "expires_at",
+    "title",
+    "body",
+    "status",
+    "outcome",
+    "outcome_detail",
+    "payload",
+    "attempts",
+)
 
 
 def token_of(device_id: str) -> str:
@@ -77,7 +88,8 @@ def snapshot(db: Database, prefix: str = "") -> dict[tuple[str, str, str], tuple
     with db.read() as conn:
         rows = ledger.list_queue(conn)
     return {
-        (r["device_id"], r["item_id"], r["rule"]): tuple(r[c] for c in STABLE) + (r["sent_at"] is not None, r["apns_id"] is not None)
+        (r["device_id"], r["item_id"], r["rule"]): tuple(r[c] for c in STABLE)
+        + (r["sent_at"] is not None, r["apns_id"] is not None)
         for r in rows
         if r["device_id"].startswith(prefix)
     }
@@ -91,7 +103,11 @@ def apns_keys(mock: MockApns) -> Counter:
 def row_keys(db: Database, prefix: str, **filters: Any) -> set[tuple[str, str]]:
     with db.read() as conn:
         rows = ledger.list_queue(conn, **filters)
-    return {(token_of(r["device_id"]), collapse_id(r["device_id"], r["item_id"])) for r in rows if r["device_id"].startswith(prefix)}
+    return {
+        (token_of(r["device_id"]), collapse_id(r["device_id"], r["item_id"]))
+        for r in rows
+        if r["device_id"].startswith(prefix)
+    }
 
 
 def descendants(pid: int) -> set[int]:
@@ -125,8 +141,18 @@ class Worker(Service):
 
 
 class Cluster:
-    def __init__(self, home: Path, config: Path, env: dict[str, str], ledger_url: str, reference_url: str,
-                 workers: list[Worker], mock: MockApns, feeds: FeedServer, instance: dg.DagsterInstance) -> None:
+    def __init__(
+        self,
+        home: Path,
+        config: Path,
+        env: dict[str, str],
+        ledger_url: str,
+        reference_url: str,
+        workers: list[Worker],
+        mock: MockApns,
+        feeds: FeedServer,
+        instance: dg.DagsterInstance,
+    ) -> None:
         self.home, self.config, self.env = home, config, env
         self.db, self.reference = Database(ledger_url), Database(reference_url)
         self.ledger_url, self.reference_url = ledger_url, reference_url
@@ -139,7 +165,11 @@ class Cluster:
         try:
             done = subprocess.run(
                 [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(self.config), *args],
-                cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout,
+                cwd=ROOT,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired as exc:
             raise AssertionError(f"{args} timed out: {str(exc.stderr)[-3000:]}{self.logs()}") from None
@@ -150,7 +180,11 @@ class Cluster:
     def start_runs(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(self.config), *args],
-            cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
 
     def step_workers(self, run_id: str) -> dict[str, tuple[str, int | None]]:
@@ -261,8 +295,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) 
         # The instance's tables exist before two workers race to create them.
         with dg.DagsterInstance.from_config(str(home)) as instance:
             for name in worker_names(queue):
-                args = [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app", "-y", str(config),
-                        "-q", queue, "--name", name, "--", "--concurrency=1"]
+                args = [
+                    str(BIN / "dagster-celery"),
+                    "worker",
+                    "start",
+                    "-A",
+                    "dagster_celery.app",
+                    "-y",
+                    str(config),
+                    "-q",
+                    queue,
+                    "--name",
+                    name,
+                    "--",
+                    "--concurrency=1",
+                ]
                 workers.append(Worker(name, args, env, tmp))
             for w in workers:
                 wait_for(f"worker {w.name}", lambda w=w: f"{w.name}@" in w.output() and " ready." in w.output(), 90)
@@ -285,12 +332,14 @@ def in_process_reference(c: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in c.env.items():
         if key.startswith("REMINDERS_") and key not in ("REMINDERS_DAGSTER_EXECUTOR", "REMINDERS_DATABASE_URL"):
             monkeypatch.setenv(key, value)
-    defs = definitions_for({
-        "ledger": LedgerResource(database_url=c.reference_url),
-        "sender": SenderResource(enabled="true"),  # APNs: the mock, from the environment
-        "sources": SourcesResource(),
-        "alerting": AlertingResource(),
-    })
+    defs = definitions_for(
+        {
+            "ledger": LedgerResource(database_url=c.reference_url),
+            "sender": SenderResource(enabled="true"),  # APNs: the mock, from the environment
+            "sources": SourcesResource(),
+            "alerting": AlertingResource(),
+        }
+    )
     with dg.DagsterInstance.ephemeral() as instance:
         builder = defs.resolve_job_def("build_notification_queue")
         for chunk in range(CHUNKS):
@@ -298,7 +347,9 @@ def in_process_reference(c: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
         assert defs.resolve_job_def("drain_job").execute_in_process(instance=instance).success
 
 
-def test_builds_and_a_drain_run_on_both_workers_and_end_as_in_process(cluster: Cluster, monkeypatch: pytest.MonkeyPatch):
+def test_builds_and_a_drain_run_on_both_workers_and_end_as_in_process(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+):
     c = cluster
     c.items = due_items("standup")
     url = c.feeds.items("/due.json", c.items)
@@ -360,7 +411,7 @@ def test_a_configuration_fault_found_by_one_batch_stops_the_batches_on_the_other
     other_batches = [k for k, w in workers.items() if k.startswith("send_batch[") and w != halter]
     assert other_batches, workers  # the other worker ran batches of this run ...
     # ... and each stopped short of its 500 rows: the halt in the ledger stopped it before a claim.
-    assert all(claimed.get(k[len("send_batch["):-1], 0) < BATCH for k in other_batches), (claimed, workers)
+    assert all(claimed.get(k[len("send_batch[") : -1], 0) < BATCH for k in other_batches), (claimed, workers)
     pending = [r for r in rows if r["status"] == "pending"]
     assert len(pending) >= FAULT_DEVICES * ITEMS - 2 * BATCH
     assert {r["attempts"] for r in pending} == {0}
@@ -385,8 +436,15 @@ def test_a_worker_killed_holding_a_batch_leaves_rows_failed_as_abandoned_never_r
     known = {r.run_id for r in c.instance.get_runs(dg.RunsFilter(job_name="drain_job"))}
     background = c.start_runs("drain")
     try:
-        run_id = wait_for("the drain run", lambda: next(
-            (r.run_id for r in c.instance.get_runs(dg.RunsFilter(job_name="drain_job")) if r.run_id not in known), None), 60, 0.2)
+        run_id = wait_for(
+            "the drain run",
+            lambda: next(
+                (r.run_id for r in c.instance.get_runs(dg.RunsFilter(job_name="drain_job")) if r.run_id not in known),
+                None,
+            ),
+            60,
+            0.2,
+        )
 
         def held_batch() -> tuple[str, int] | None:
             with c.db.read() as conn:
@@ -398,8 +456,11 @@ def test_a_worker_killed_holding_a_batch_leaves_rows_failed_as_abandoned_never_r
 
         batch, pid = wait_for("a worker to hold a claimed batch", held_batch, 120, 0.2)
         with c.db.read() as conn:
-            held = {(token_of(r["device_id"]), collapse_id(r["device_id"], r["item_id"]))
-                    for r in ledger.list_queue(conn, status="claimed") if r["claimed_by"] == f"{run_id}:{batch}"}
+            held = {
+                (token_of(r["device_id"]), collapse_id(r["device_id"], r["item_id"]))
+                for r in ledger.list_queue(conn, status="claimed")
+                if r["claimed_by"] == f"{run_id}:{batch}"
+            }
         wait_for("its sends to be on the wire", lambda: held & set(apns_keys(c.mock)), 30, 0.1)
         os.kill(pid, signal.SIGKILL)
         out, _ = background.communicate(timeout=240)
@@ -438,14 +499,24 @@ def test_a_build_step_killed_mid_chunk_leaves_the_chunk_and_the_next_run_rebuild
     known = {r.run_id for r in c.instance.get_runs(dg.RunsFilter(job_name="build_notification_queue"))}
     background = c.start_runs("build", str(chunk))
     try:
+
         def reading() -> int | None:
-            runs = [r for r in c.instance.get_runs(dg.RunsFilter(job_name="build_notification_queue")) if r.run_id not in known]
+            runs = [
+                r
+                for r in c.instance.get_runs(dg.RunsFilter(job_name="build_notification_queue"))
+                if r.run_id not in known
+            ]
             if not runs or not c.feeds.hits.get("/due.json"):
                 return None
             return next((pid for key, (_, pid) in c.step_workers(runs[0].run_id).items() if pid), None)
 
         hits = c.feeds.hits.get("/due.json", 0)
-        pid = wait_for("the build step to read the slow source", lambda: c.feeds.hits.get("/due.json", 0) > hits and reading(), 120, 0.2)
+        pid = wait_for(
+            "the build step to read the slow source",
+            lambda: c.feeds.hits.get("/due.json", 0) > hits and reading(),
+            120,
+            0.2,
+        )
         os.kill(pid, signal.SIGKILL)
         out, _ = background.communicate(timeout=120)
     finally:

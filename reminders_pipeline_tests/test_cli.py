@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +34,21 @@ def cli(db_url):
 def test_newcomer_flow_dry_run(cli, feeds):
     url = feeds.items("/feed.json", [item("standup", 3600 + 300), item("retro", 7200)])
     cli("db", "upgrade")
-    put = json.loads(cli("device", "put", "phone-1", "--apns-token", TOKEN, "--lead", "3600", "--rule", "lead:0@expiry", "--source", url).output)
+    put = json.loads(
+        cli(
+            "device",
+            "put",
+            "phone-1",
+            "--apns-token",
+            TOKEN,
+            "--lead",
+            "3600",
+            "--rule",
+            "lead:0@expiry",
+            "--source",
+            url,
+        ).output
+    )
     assert put["extra_rules"] == ["lead:0@expiry"] and put["source_urls"] == [url]
     built = json.loads(cli("build", "--all", "--now", NOW).output)
     assert built["rows_inserted"] == 4 and built["devices_built"] == 1
@@ -42,9 +56,14 @@ def test_newcomer_flow_dry_run(cli, feeds):
     assert {r["status"] for r in queued} == {"pending"} and len(queued) == 4
     drained = json.loads(cli("drain", "--now", str(NOW_S + 3600 + 400)).output)
     assert drained["outcomes"] == {"event_started": 1, "disabled": 1}
-    assert drained["lateness_seconds"]["max"] == 400  # what a live run would have had: retro's lead:3600 came due 400 s before
+    assert (
+        drained["lateness_seconds"]["max"] == 400
+    )  # what a live run would have had: retro's lead:3600 came due 400 s before
     settled = json.loads(cli("queue", "list", "--status", "settled").output)
-    assert [(r["item_id"].split(":")[1], r["outcome"]) for r in settled] == [("standup", "event_started"), ("retro", "disabled")]
+    assert [(r["item_id"].split(":")[1], r["outcome"]) for r in settled] == [
+        ("standup", "event_started"),
+        ("retro", "disabled"),
+    ]
     devices = json.loads(cli("device", "list").output)
     assert devices[0]["reminders_built_at"] == NOW
     removed = json.loads(cli("device", "remove", "phone-1").output)
@@ -95,7 +114,10 @@ def test_reading_commands_never_create_a_sqlite_ledger(tmp_path):
     env = {"REMINDERS_DATABASE_URL": f"sqlite:///{target}"}
     for args in (["queue", "list"], ["device", "list"], ["sources"], ["build", "--all"], ["check"]):
         result = runner.invoke(main, args, env=env, catch_exceptions=False)
-        assert result.exit_code == 1 and f"no ledger at {target}: run reminders db upgrade" in result.output, (args, result.output)
+        assert result.exit_code == 1 and f"no ledger at {target}: run reminders db upgrade" in result.output, (
+            args,
+            result.output,
+        )
         assert not target.parent.exists()
     assert runner.invoke(main, ["db", "upgrade"], env=env).exit_code == 0
     assert target.exists()
@@ -115,11 +137,25 @@ def test_check_passes_on_defaults_and_names_each_broken_relationship(cli):
 
 
 def test_check_knows_the_dispatcher_and_names_short_leads_when_it_is_off(cli):
-    cli("device", "put", "a", "--apns-token", TOKEN, "--rule", "lead:300", "--rule", "lead:0", "--rule", "lead:1800", "--rule", "lead:0@expiry")
+    cli(
+        "device",
+        "put",
+        "a",
+        "--apns-token",
+        TOKEN,
+        "--rule",
+        "lead:300",
+        "--rule",
+        "lead:0",
+        "--rule",
+        "lead:1800",
+        "--rule",
+        "lead:0@expiry",
+    )
     cli("device", "put", "b", "--apns-token", TOKEN, "--lead", "3600", "--rule", "lead:600")
     assert "ok   short_leads_deliverable" in cli("check").output  # the dispatcher is on by default
     off = cli("check", code=1, REMINDERS_DISPATCH_ENABLED="false")
-    (line,) = [l for l in off.output.splitlines() if l.startswith(("ok", "FAIL")) and "short_leads_deliverable" in l]
+    (line,) = [s for s in off.output.splitlines() if s.startswith(("ok", "FAIL")) and "short_leads_deliverable" in s]
     # drain cadence 900 s + slack 300 s = 1200 s: every shorter lead, by name; lead:1800 and longer are fine
     assert line.startswith("FAIL") and line.endswith("lead:0, lead:0@expiry, lead:300, lead:600")
     assert "broken: short_leads_deliverable" in off.output
@@ -172,7 +208,9 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     from reminders_pipeline.sources import shown_url
 
     feeds.fail("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret", 503)
-    url = feeds.url("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret").replace("http://", "http://me:pa55secret@")
+    url = feeds.url("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret").replace(
+        "http://", "http://me:pa55secret@"
+    )
     hook = feeds.url("/hook")
     cli("db", "upgrade")
     cli("device", "put", "phone-1", "--apns-token", TOKEN, "--source", url)
@@ -181,7 +219,10 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     results.append(cli("sources"))
     outputs = [r.stdout for r in results]  # the JSON; a log line on stderr may interleave with .output
     shown = shown_url(url)
-    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/…#[0-9a-f]{8}", shown) and shown_url(url.replace("p4th", "other")) != shown
+    assert (
+        re.fullmatch(r"http://127\.0\.0\.1:\d+/…#[0-9a-f]{8}", shown)
+        and shown_url(url.replace("p4th", "other")) != shown
+    )
     assert json.loads(outputs[0])["sources_failed"] == [{"url": shown, "error": "http_503"}]
     assert json.loads(outputs[1])["sources_alerted"] == [shown]
     assert [s["url"] for s in json.loads(outputs[2])] == [shown]

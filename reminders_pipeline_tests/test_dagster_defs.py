@@ -23,7 +23,12 @@ def test_all_definitions_load():
     repo = loaded.get_repository_def()
     assert {"build_notification_queue", "drain_job", "dispatcher", "dispatch_on_time_check"} <= set(repo.job_names)
     assert {s.name for s in repo.schedule_defs} == {"build_schedule", "drain_schedule", "queue_checks_schedule"}
-    assert {s.name for s in repo.sensor_defs} == {"sweep_period_sensor", "run_failure_alert", "dispatcher_sensor", "dispatch_on_time_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {
+        "sweep_period_sensor",
+        "run_failure_alert",
+        "dispatcher_sensor",
+        "dispatch_on_time_sensor",
+    }
     assert set(loaded.resources or {}) == {"ledger", "sender", "sources", "alerting"}
     queue = repo.assets_defs_by_key[dg.AssetKey("notification_queue")]
     assert queue.partitions_def.get_partition_keys() == [f"{c:03d}" for c in range(Settings().chunk_count)]
@@ -85,7 +90,9 @@ def test_dagster_definitions_validate_on_the_workspace(tmp_path):
 def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):
     prod, _ = dagster_instance_config(str(ROOT))  # validated against the instance schema; env kept unresolved
     assert prod["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_POSTGRES_URL"}
-    limits = {(l["key"], l.get("value")): l["limit"] for l in prod["concurrency"]["runs"]["tag_concurrency_limits"]}
+    limits = {
+        (lim["key"], lim.get("value")): lim["limit"] for lim in prod["concurrency"]["runs"]["tag_concurrency_limits"]
+    }
     assert limits[("reminders/kind", "build")] > limits[("reminders/kind", "drain")]
     # The dispatcher's own slots (one run in flight, two during a handover); test_dagster_queue checks the sum.
     assert limits[("reminders/kind", "dispatch")] == 2 and prod["concurrency"]["runs"]["max_concurrent_runs"] == 10

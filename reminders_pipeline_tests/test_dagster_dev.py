@@ -18,9 +18,9 @@ import pytest
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
-from reminders_pipeline.times import unix_from_iso
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.times import unix_from_iso
 
 from .test_dagster_stack import answers, free_port, wait_for
 
@@ -39,14 +39,18 @@ def test_dev_environment_sqlite_by_default_and_postgres_by_switch(tmp_path):
     assert settings.source_allow_networks == ("10.0.0.0/8", *LOOPBACK_NETWORKS)
 
     pg = "postgresql://postgres@127.0.0.1:5432/dagster"
-    env, settings, home = dev_environment(tmp_path, {"DAGSTER_POSTGRES_URL": pg, "REMINDERS_DATABASE_URL": "postgresql://x@h/db"})
+    env, settings, home = dev_environment(
+        tmp_path, {"DAGSTER_POSTGRES_URL": pg, "REMINDERS_DATABASE_URL": "postgresql://x@h/db"}
+    )
     assert (home / "dagster.yaml").read_text() == (ROOT / "dagster.yaml").read_text()
     assert env["DAGSTER_POSTGRES_URL"] == "postgresql+psycopg2://postgres@127.0.0.1:5432/dagster"
     assert settings.database_url == "postgresql+psycopg://x@h/db"
 
 
 def test_demo_source_serves_fixed_times_and_a_build_queues_reminders(tmp_path):
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'ledger.sqlite3'}", source_allow_networks=LOOPBACK_NETWORKS)
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'ledger.sqlite3'}", source_allow_networks=LOOPBACK_NETWORKS
+    )
     with DemoSource(0) as source:
         first = httpx.get(source.url).json()
         time.sleep(0.01)
@@ -92,7 +96,11 @@ def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dis
 
             def standup() -> dict:
                 with ledger_db.read() as conn:
-                    (row,) = [r for r in ledger.list_queue(conn, device_id=DEMO_DEVICE_ID) if r["item_id"].endswith(":standup") and r["rule"] == "lead:3600"]
+                    (row,) = [
+                        r
+                        for r in ledger.list_queue(conn, device_id=DEMO_DEVICE_ID)
+                        if r["item_id"].endswith(":standup") and r["rule"] == "lead:3600"
+                    ]
                 return row
 
             try:
@@ -108,7 +116,10 @@ def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dis
             assert row["outcome"] == "disabled" and not row["claimed_by"].startswith("drain-")
             # Claimed at its send_after (the 2 s poll at most, on SQLite), not at a drain tick (15
             # minutes apart): 30 s leaves room for a loaded 2-core runner (it was 5 s).
-            assert row["send_after"] <= row["claimed_at"] and unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"]) < 30
+            assert (
+                row["send_after"] <= row["claimed_at"]
+                and unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"]) < 30
+            )
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -123,4 +134,3 @@ def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dis
     assert "warning" not in output.lower(), [line for line in output.splitlines() if "arn" in line]
     assert "Dagster services shut down" in output
     assert (tmp_path / "var" / "dagster" / "dagster.yaml").read_text() == DEV_INSTANCE_YAML
-

@@ -17,14 +17,28 @@ import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
 from reminders_pipeline.build import build
-from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.defs import dispatch as dispatch_defs
-from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time_sensor, dispatcher_job, dispatcher_sensor, successor_request
+from reminders_pipeline.defs.dispatch import (
+    dispatch_check_job,
+    dispatch_on_time_sensor,
+    dispatcher_job,
+    dispatcher_sensor,
+    successor_request,
+)
+from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import unix_from_iso
 
 from .support import rows
-from .test_dagster_support import RECORDER, AlertReceiver, add_device, definitions_for, device_in_chunk, live_item, resources_for
+from .test_dagster_support import (
+    RECORDER,
+    AlertReceiver,
+    add_device,
+    definitions_for,
+    device_in_chunk,
+    live_item,
+    resources_for,
+)
 
 HOUR = Settings().dispatch_run_seconds
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +79,9 @@ def test_successor_request_none_when_the_dispatcher_is_disabled():
 def add_dispatcher_run(instance, *, started: bool) -> str:
     run = instance.create_run_for_job(job_def=dispatcher_job, run_id=str(uuid.uuid4()))
     if started:
-        instance.handle_run_event(run.run_id, DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=dispatcher_job.name))
+        instance.handle_run_event(
+            run.run_id, DagsterEvent(event_type_value=DagsterEventType.RUN_START.value, job_name=dispatcher_job.name)
+        )
     return run.run_id
 
 
@@ -137,7 +153,9 @@ def test_the_dispatch_on_time_check_fails_with_severity_error_and_alerts(db, set
     assert receiver.titles() == ["[reminders] check dispatch_on_time failed"]
 
 
-def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness(db, settings, db_url, feeds, instance, monkeypatch):
+def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness(
+    db, settings, db_url, feeds, instance, monkeypatch
+):
     # A 30 s poll: a dispatcher that only polled would send about 30 s late, so the 5 s bound below
     # tells "woken for it" apart with room for a loaded 2-core runner (it was 1.5 s beside a 2 s poll).
     monkeypatch.setenv("REMINDERS_DISPATCH_POLL_SECONDS", "30")
@@ -153,7 +171,9 @@ def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness
     assert result.success
     (row,) = rows(db)
     assert row["outcome"] == "sent" and row["claimed_by"] == result.run_id
-    assert row["claimed_at"] >= row["send_after"] and unix_from_iso(row["sent_at"]) - starts < 5  # woken for it, not polled
+    assert (
+        row["claimed_at"] >= row["send_after"] and unix_from_iso(row["sent_at"]) - starts < 5
+    )  # woken for it, not polled
     meta = result.output_for_node("dispatch")
     assert meta["outcomes"] == {"sent": 1}
     (materialization,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_OUTPUT]
@@ -192,7 +212,14 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
     load_due(db, n_devices=20, items_per_device=5)
     mock.script_default(delay=2.0)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
-    env.update({**mock.env(), "REMINDERS_ENABLED": "true", "REMINDERS_CLAIM_BATCH_SIZE": "10", "REMINDERS_APNS_CONCURRENCY": "10"})
+    env.update(
+        {
+            **mock.env(),
+            "REMINDERS_ENABLED": "true",
+            "REMINDERS_CLAIM_BATCH_SIZE": "10",
+            "REMINDERS_APNS_CONCURRENCY": "10",
+        }
+    )
     process = subprocess.Popen([sys.executable, "-c", STOPPABLE_RUN, db_url], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=(tmp_path / "run.stderr").open("w"), text=True, start_new_session=True)  # fmt: skip
     try:
@@ -208,7 +235,9 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
         (beat,) = conn.execute(dispatchers.select()).mappings().all()
     db.dispose()
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["success"] is False and "stopped by a signal" in result["error"], (tmp_path / "run.stderr").read_text()[-3000:]
+    assert result["success"] is False and "stopped by a signal" in result["error"], (
+        tmp_path / "run.stderr"
+    ).read_text()[-3000:]
     assert not ids_where(final, status="claimed"), "the stop left claims behind"
     assert ids_where(final, outcome="sent") and ids_where(final, status="pending")
     assert beat["stopped_at"] is not None

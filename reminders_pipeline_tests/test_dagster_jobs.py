@@ -10,7 +10,6 @@ import pytest
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.defs.build import RANGE_END_TAG, RANGE_START_TAG
-
 from reminders_pipeline.sender import SendResult
 
 from .support import TOKEN, rows
@@ -87,12 +86,18 @@ def test_drain_job_dry_run_settles_disabled_with_summary_metadata(db, settings, 
     assert entries["lateness_max_seconds"].value >= 0  # what a live run would have had, from send_after to the claim
 
 
-def test_drain_job_live_sends_in_bounded_batches_and_reports_lateness(db, settings, db_url, feeds, instance, monkeypatch):
+def test_drain_job_live_sends_in_bounded_batches_and_reports_lateness(
+    db, settings, db_url, feeds, instance, monkeypatch
+):
     due_rows(db, settings, feeds, 30)
     monkeypatch.setenv("REMINDERS_DRAIN_BATCH_SIZE", "10")
     monkeypatch.setenv("REMINDERS_DRAIN_MAX_BATCHES", "2")
     RECORDER.sent.clear()
-    result = definitions_for(resources_for(db_url, live=True)).resolve_job_def("drain_job").execute_in_process(instance=instance)
+    result = (
+        definitions_for(resources_for(db_url, live=True))
+        .resolve_job_def("drain_job")
+        .execute_in_process(instance=instance)
+    )
     assert result.success
     send_steps = {e.step_key for e in result.all_events if e.step_key and e.step_key.startswith("send_batch[")}
     assert send_steps == {"send_batch[batch_000]", "send_batch[batch_001]"}  # 30 rows, at most 2 batches
@@ -107,11 +112,15 @@ def test_drain_job_live_sends_in_bounded_batches_and_reports_lateness(db, settin
 def test_drain_job_with_row_id_drains_only_that_row(db, settings, db_url, feeds, instance):
     due_rows(db, settings, feeds, 3)
     target = rows(db)[1]["id"]
-    result = definitions_for(resources_for(db_url)).resolve_job_def("drain_job").execute_in_process(
-        run_config={"ops": {"find_due": {"config": {"row_id": target}}}}, instance=instance
+    result = (
+        definitions_for(resources_for(db_url))
+        .resolve_job_def("drain_job")
+        .execute_in_process(run_config={"ops": {"find_due": {"config": {"row_id": target}}}}, instance=instance)
     )
     assert result.success
-    assert {r["id"]: r["status"] for r in rows(db)} == {r["id"]: "settled" if r["id"] == target else "pending" for r in rows(db)}
+    assert {r["id"]: r["status"] for r in rows(db)} == {
+        r["id"]: "settled" if r["id"] == target else "pending" for r in rows(db)
+    }
 
 
 def test_drain_job_with_nothing_due_still_summarizes(db_url, instance):
@@ -129,9 +138,11 @@ def test_an_apns_configuration_fault_halts_the_run_after_one_batch_with_one_aler
     RECORDER.script[TOKEN] = SendResult(0, False, reason="InvalidProviderToken", status=403, config_fault=True)
     try:
         with AlertReceiver() as receiver:
-            result = definitions_for(resources_for(db_url, live=True, webhook=receiver.url)).resolve_job_def(
-                "drain_job"
-            ).execute_in_process(instance=instance, raise_on_error=False)
+            result = (
+                definitions_for(resources_for(db_url, live=True, webhook=receiver.url))
+                .resolve_job_def("drain_job")
+                .execute_in_process(instance=instance, raise_on_error=False)
+            )
     finally:
         RECORDER.script.clear()
     assert not result.success  # summarize fails the run: red in the UI, and the run-failure alert

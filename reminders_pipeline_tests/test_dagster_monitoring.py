@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 import pytest
@@ -37,7 +37,7 @@ def receiver():
 
 
 def at_minute(minute: int) -> datetime:
-    return datetime(2026, 9, 10, 8, minute, tzinfo=timezone.utc)
+    return datetime(2026, 9, 10, 8, minute, tzinfo=UTC)
 
 
 def fires_at(schedule: dg.ScheduleDefinition, when: datetime) -> bool:
@@ -83,7 +83,9 @@ def test_build_schedule_with_chunks_per_tick_requests_the_stalest_as_ranges(
 
 def test_build_schedule_skips_while_a_build_is_in_flight(db_url, instance):
     tags = dict(build_job.tags)  # a job's tags are its runs' (a UI build gets them as it is queued: test_dagster_queue)
-    instance.add_run(dg.DagsterRun(job_name=build_job.name, run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED, tags=tags))
+    instance.add_run(
+        dg.DagsterRun(job_name=build_job.name, run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED, tags=tags)
+    )
     result = evaluate(build_schedule, at_minute(0), instance, db_url)
     assert not result.run_requests and "still queued or running" in result.skip_message
 
@@ -130,7 +132,9 @@ def test_sensor_breach_unchanged_recovered_alerts_once_per_transition(db, settin
     assert not quiet.run_requests and len(receiver.received) == 2
 
 
-def test_sensor_requests_a_build_for_never_built_devices_without_alerting(db, settings, db_url, feeds, instance, receiver):
+def test_sensor_requests_a_build_for_never_built_devices_without_alerting(
+    db, settings, db_url, feeds, instance, receiver
+):
     add_device(db, settings, device_in_chunk(7), [feeds.items("/a.json", [])])
     result = sense(instance, db_url, None, receiver.url)
     (request,) = result.run_requests
@@ -158,7 +162,10 @@ def test_checks_pass_fail_and_alert_on_transitions(db, settings, db_url, feeds, 
     assert 1990 <= first["drain_backlog"].metadata["oldest_due_age_seconds"].value <= 2100
     # No dispatcher ran either: a row 2000 s past its send_after is far beyond its few seconds.
     assert not first["dispatch_on_time"].passed and first["dispatch_on_time"].severity == dg.AssetCheckSeverity.ERROR
-    assert sorted(receiver.titles()) == ["[reminders] check dispatch_on_time failed", "[reminders] check drain_backlog failed"]
+    assert sorted(receiver.titles()) == [
+        "[reminders] check dispatch_on_time failed",
+        "[reminders] check drain_backlog failed",
+    ]
 
     with db.write() as conn:  # now the build is stale (a back-dated build no longer rewinds the stamp)
         ledger.stamp_built(conn, [device_id], shift(now_utc(), -4000))
@@ -269,8 +276,17 @@ def test_forty_thousand_distinct_leads_are_each_judged_against_their_own_budget(
         lead, chunk, late = 60 + 3 * i, i % 16, i % 2 == 0
         budget = device_budget(settings, lead, period)
         built = iso_from_unix(int(unix_from_iso(now)) - budget + (-60 if late else 60))
-        rows.append({"id": f"d{i}", "apns_token": "ab" * 32, "reminder_lead_seconds": lead, "chunk": chunk,
-                     "reminders_built_at": built, "created_at": now, "updated_at": now})
+        rows.append(
+            {
+                "id": f"d{i}",
+                "apns_token": "ab" * 32,
+                "reminder_lead_seconds": lead,
+                "chunk": chunk,
+                "reminders_built_at": built,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
         if late:
             expected[chunk] = expected.get(chunk, 0) + 1
     with db.write() as conn:

@@ -20,11 +20,20 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import Queued
 from reminders_pipeline.definitions import defs
 from reminders_pipeline.defs.build import builds_in_flight, notification_queue
 from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatcher_job
-from reminders_pipeline.defs.run_queue import BUILD_ASSET, KINDS, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG, TaggingRunCoordinator
+from reminders_pipeline.defs.run_queue import (
+    BUILD_ASSET,
+    KINDS,
+    MAX_RUNTIME_TAG,
+    PRIORITY_TAG,
+    RUN_KIND_TAG,
+    TaggingRunCoordinator,
+)
 from reminders_pipeline.demo import DEV_INSTANCE_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
-REPO = RemoteRepositoryOrigin(code_location_origin=RegisteredCodeLocationOrigin(location_name="reminders"), repository_name="__repository__")
+REPO = RemoteRepositoryOrigin(
+    code_location_origin=RegisteredCodeLocationOrigin(location_name="reminders"), repository_name="__repository__"
+)
 
 
 def instance_files(tmp_path: Path) -> dict[str, dict]:
@@ -48,7 +57,10 @@ def test_every_instance_file_limits_every_kind_within_its_run_slots(tmp_path):
         assert set(limits) == kinds, name
         assert sum(limits.values()) <= config["concurrency"]["runs"]["max_concurrent_runs"], name
         assert limits["dispatch"] == 2, name  # one in flight, two during a handover
-        assert config["run_coordinator"] == {"module": "reminders_pipeline.defs.run_queue", "class": "TaggingRunCoordinator"}, name
+        assert config["run_coordinator"] == {
+            "module": "reminders_pipeline.defs.run_queue",
+            "class": "TaggingRunCoordinator",
+        }, name
         assert config["run_monitoring"]["enabled"] and config["run_monitoring"]["max_runtime_seconds"] > 0, name
 
 
@@ -79,7 +91,9 @@ def queue():
 
 
 def add_run(instance, job_name: str, status: dg.DagsterRunStatus, tags: dict[str, str], **kwargs) -> str:
-    run = create_run_for_test(instance, job_name=job_name, status=status, tags=tags, remote_job_origin=REPO.get_job_origin(job_name), **kwargs)
+    run = create_run_for_test(
+        instance, job_name=job_name, status=status, tags=tags, remote_job_origin=REPO.get_job_origin(job_name), **kwargs
+    )
     return run.run_id
 
 
@@ -99,7 +113,11 @@ def dequeue_once(instance, context, daemon) -> list[str]:
 def fill(instance) -> list[str]:
     """10 runs in progress, every kind at its limit (the dispatcher's two during a handover)."""
     limits = kind_limits(yaml.safe_load((ROOT / "dagster.yaml").read_text()))
-    return [add_run(instance, f"{kind}_job", dg.DagsterRunStatus.STARTED, {RUN_KIND_TAG: kind}) for kind, n in limits.items() for _ in range(n)]
+    return [
+        add_run(instance, f"{kind}_job", dg.DagsterRunStatus.STARTED, {RUN_KIND_TAG: kind})
+        for kind, n in limits.items()
+        for _ in range(n)
+    ]
 
 
 def test_the_dispatchers_successor_is_dequeued_first_with_ten_runs_in_flight(queue):
@@ -139,11 +157,16 @@ def test_a_build_from_the_ui_is_tagged_limited_and_seen_by_the_in_flight_guard(q
     instance, context, daemon = queue
     assert notification_queue.key == BUILD_ASSET
     assert builds_in_flight(instance) == 0
-    ui = [queued(instance, "__ASSET_JOB", {"dagster/from_ui": "true"}, asset_selection=frozenset({BUILD_ASSET})) for _ in range(5)]
+    ui = [
+        queued(instance, "__ASSET_JOB", {"dagster/from_ui": "true"}, asset_selection=frozenset({BUILD_ASSET}))
+        for _ in range(5)
+    ]
     tags = instance.get_run_by_id(ui[0]).tags
     assert tags[RUN_KIND_TAG] == "build" and int(tags[MAX_RUNTIME_TAG]) == 3600 and tags["dagster/from_ui"] == "true"
     assert builds_in_flight(instance) == 1
-    check_only = queued(instance, "__ASSET_JOB", {}, asset_check_selection=frozenset({dg.AssetCheckKey(BUILD_ASSET, "drain_backlog")}))
+    check_only = queued(
+        instance, "__ASSET_JOB", {}, asset_check_selection=frozenset({dg.AssetCheckKey(BUILD_ASSET, "drain_backlog")})
+    )
     assert instance.get_run_by_id(check_only).tags[RUN_KIND_TAG] == "check"
     started = dequeue_once(instance, context, daemon)
     assert sorted(started) == sorted(ui[:4] + [check_only])  # builds at their limit of 4; the check beside them
@@ -155,6 +178,8 @@ def test_a_run_with_its_kind_keeps_its_tags():
     run = dg.DagsterRun(job_name="drain_job", tags={RUN_KIND_TAG: "drain", MAX_RUNTIME_TAG: "1800"})
     assert tags_for(run) == {}
     assert tags_for(dg.DagsterRun(job_name="__ASSET_JOB", tags={MAX_RUNTIME_TAG: "60"})) == {RUN_KIND_TAG: "other"}
-    assert tags_for(dg.DagsterRun(job_name="__ASSET_JOB", tags={RUN_KIND_TAG: "x"}))[RUN_KIND_TAG] == "other"  # no limit names "x"
+    assert (
+        tags_for(dg.DagsterRun(job_name="__ASSET_JOB", tags={RUN_KIND_TAG: "x"}))[RUN_KIND_TAG] == "other"
+    )  # no limit names "x"
     assert issubclass(TaggingRunCoordinator, dg.QueuedRunCoordinator)
     assert int(dispatcher_job.tags[PRIORITY_TAG]) > 0

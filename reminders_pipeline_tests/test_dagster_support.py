@@ -16,7 +16,13 @@ from typing import Any
 import dagster as dg
 
 from reminders_pipeline.defs.build import LOAD_SETTINGS, build_job, build_schedule, notification_queue
-from reminders_pipeline.defs.dispatch import dispatch_check_job, dispatch_on_time, dispatch_on_time_sensor, dispatcher_job, dispatcher_sensor
+from reminders_pipeline.defs.dispatch import (
+    dispatch_check_job,
+    dispatch_on_time,
+    dispatch_on_time_sensor,
+    dispatcher_job,
+    dispatcher_sensor,
+)
 from reminders_pipeline.defs.drain import drain_job, drain_schedule
 from reminders_pipeline.defs.monitoring import (
     drain_backlog,
@@ -108,7 +114,7 @@ class AlertReceiver:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}/services/T000/B000/secret"
 
-    def __enter__(self) -> "AlertReceiver":
+    def __enter__(self) -> AlertReceiver:
         self.thread.start()
         return self
 

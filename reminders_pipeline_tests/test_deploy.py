@@ -60,7 +60,14 @@ def _validate_drain_run_config(executor: str, run_config: dict) -> dict:
         "REMINDERS_CELERY_BROKER_URL": "pyamqp://guest@127.0.0.1//",
         "REMINDERS_CELERY_BACKEND_URL": "rpc://",
     }
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(run_config)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(run_config)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -78,7 +85,10 @@ def test_drain_job_runs_on_the_k8s_job_executor():
 def test_the_dispatcher_has_its_own_run_slots_and_a_standalone_deployment():
     for name in ("k8s", "celery"):
         config, _ = dagster_instance_config(str(DEPLOY / name))
-        limits = {(l["key"], l.get("value")): l["limit"] for l in config["concurrency"]["runs"]["tag_concurrency_limits"]}
+        limits = {
+            (lim["key"], lim.get("value")): lim["limit"]
+            for lim in config["concurrency"]["runs"]["tag_concurrency_limits"]
+        }
         assert limits[("reminders/kind", "dispatch")] == 2, name  # one in flight, two during a handover
     (deployment,) = yaml.safe_load_all((DEPLOY / "k8s" / "dispatcher-deployment.yaml").read_text())
     pod = deployment["spec"]["template"]["spec"]
@@ -116,7 +126,9 @@ def test_the_lock_pins_every_declared_dependency_within_its_range():
         if requirement.marker is not None and not requirement.marker.evaluate():
             continue
         name = canonicalize_name(requirement.name)
-        assert name in locked, f"{requirement.name} is declared in pyproject.toml but not in requirements.lock: run bin/lock"
+        assert name in locked, (
+            f"{requirement.name} is declared in pyproject.toml but not in requirements.lock: run bin/lock"
+        )
         assert requirement.specifier.contains(Version(locked[name]), prereleases=True), (
             f"requirements.lock has {requirement.name}=={locked[name]}, outside pyproject.toml's {requirement}: run bin/lock"
         )

@@ -17,7 +17,7 @@ from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
-from .dispatching import DispatcherThread, DrivenTimer
+from .dispatching import DrivenTimer
 from .support import NOW_S, TOKEN, at, by_key, device, item
 from .support import rows as rows_of
 
@@ -40,7 +40,6 @@ def one_row_due(db, live, in_seconds: int) -> float:
              "event_at": iso_from_unix(start + in_seconds + 3600), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
         ], at(0))  # fmt: skip
     return start
-
 
 
 def queue_the_morning(db, settings, feeds):
@@ -101,7 +100,9 @@ def test_a_row_is_never_sent_before_its_send_after(db, live, feeds):
         handed[note.payload["reminder"]["item_id"]] = timer.now()
         return SendResult(note.row_id, True, status=200, apns_id="x")
 
-    asyncio.run(Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(until=first + 10))
+    asyncio.run(
+        Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(until=first + 10)
+    )
     sent = {r["item_id"]: r for r in rows_of(db)}
     assert len(handed) == 3
     for item_id, row in sent.items():
@@ -123,7 +124,9 @@ def test_a_dry_run_dispatcher_settles_disabled_on_time_and_never_builds_a_sender
 
 def test_the_dispatcher_beats_and_records_its_stop(db, live):
     timer = DrivenTimer(float(NOW_S))
-    dispatcher = Dispatcher(db, live.with_(dispatch_heartbeat_seconds=15), RecordingSender().factory(), name="beating", timer=timer)
+    dispatcher = Dispatcher(
+        db, live.with_(dispatch_heartbeat_seconds=15), RecordingSender().factory(), name="beating", timer=timer
+    )
     asyncio.run(dispatcher.run(until=NOW_S + 100))
     with db.read() as conn:
         (row,) = ledger.live_dispatchers(conn, at(-1)) or [None]
@@ -141,7 +144,10 @@ def test_the_dispatcher_beats_and_records_its_stop(db, live):
         ({"REMINDERS_DISPATCH_POLL_SECONDS": "nan"}, "REMINDERS_DISPATCH_POLL_SECONDS must be at least 0.05"),
         ({"REMINDERS_DISPATCH_POLL_SECONDS": "soon"}, "REMINDERS_DISPATCH_POLL_SECONDS must be a number of seconds"),
         ({"REMINDERS_DISPATCH_ENABLED": "yes"}, "REMINDERS_DISPATCH_ENABLED must be 'true' or 'false'"),
-        ({"REMINDERS_DISPATCH_RUN_SECONDS": "120", "REMINDERS_DISPATCH_HANDOVER_SECONDS": "120"}, "must be shorter than"),
+        (
+            {"REMINDERS_DISPATCH_RUN_SECONDS": "120", "REMINDERS_DISPATCH_HANDOVER_SECONDS": "120"},
+            "must be shorter than",
+        ),
     ],
 )
 def test_dispatcher_settings_refuse_what_cannot_work(env, message):
@@ -149,7 +155,12 @@ def test_dispatcher_settings_refuse_what_cannot_work(env, message):
 
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
-    assert Settings.from_env({"REMINDERS_DISPATCH_ENABLED": "FALSE", "REMINDERS_DISPATCH_POLL_SECONDS": "0.5"}).dispatch_poll_seconds == 0.5
+    assert (
+        Settings.from_env(
+            {"REMINDERS_DISPATCH_ENABLED": "FALSE", "REMINDERS_DISPATCH_POLL_SECONDS": "0.5"}
+        ).dispatch_poll_seconds
+        == 0.5
+    )
 
 
 def test_the_dispatchers_reads_wait_off_the_loop_that_reads_apns_answers(db, live):
@@ -213,7 +224,9 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
             return SendResult(note.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True)
         return SendResult(note.row_id, True, status=200, apns_id="x")
 
-    asyncio.run(Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(until=outage_end + 60))
+    asyncio.run(
+        Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(until=outage_end + 60)
+    )
     # once halted, each probe (every 5 s) sends one row, not every row due by then
     assert len(refused) <= live.apns_halt_after + 2 * 120 / 5, len(refused)  # before: 593
     rows = rows_of(db)
@@ -282,7 +295,9 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
     def write_returned(conn, returned, claimer):
         if returned and len(failures) < 3:  # the claim's transaction and the batch's last write, then the first retry
             failures.append(len(returned))
-            raise OperationalError("UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection"))
+            raise OperationalError(
+                "UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection")
+            )
         return real(conn, returned, claimer)
 
     monkeypatch.setattr(drain_mod, "_write_returned", write_returned)
@@ -312,7 +327,11 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
 
     def answer(n):
         r = next(answers, None)
-        return SendResult(n.row_id, True, status=200, apns_id="ok") if r is None else SendResult(n.row_id, **{k: v for k, v in vars(r).items() if k != "row_id"})
+        return (
+            SendResult(n.row_id, True, status=200, apns_id="ok")
+            if r is None
+            else SendResult(n.row_id, **{k: v for k, v in vars(r).items() if k != "row_id"})
+        )
 
     sender = RecordingSender(script={TOKEN: answer})
     state = {"ambiguous": 0}
@@ -321,13 +340,14 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     def flapping() -> bool:  # settlement writes fail for 15 s; reads and claims work
         return start + 5 <= timer.now() < start + 20
 
-
     async def wol(db_, transaction, *args):
         name = getattr(transaction, "__name__", "")
         if name == "settle_last" and state["ambiguous"] == 0:
             state["ambiguous"] = 1
             await real_wol(db_, transaction, *args)  # committed...
-            raise OperationalError("COMMIT", {}, ConnectionResetError("server closed the connection"))  # ...but reported lost
+            raise OperationalError(
+                "COMMIT", {}, ConnectionResetError("server closed the connection")
+            )  # ...but reported lost
         if name in ("settle_last", "write_settlement") and flapping():
             raise OperationalError("UPDATE ...", {}, ConnectionResetError("server closed the connection"))
         return await real_wol(db_, transaction, *args)
@@ -345,8 +365,9 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
 def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once_a_poll(db, live, monkeypatch):
     """Issue 20: the sweep for abandoned claims failing for 2 minutes, polling every second: it is
     tried again at the heartbeat's pace (a033bef tried it on every poll, 120 times)."""
-    import reminders_pipeline.dispatch as dispatch_module
     from sqlalchemy.exc import OperationalError
+
+    import reminders_pipeline.dispatch as dispatch_module
 
     live = live.with_(dispatch_poll_seconds=1.0, dispatch_heartbeat_seconds=15)
     start = float(NOW_S)

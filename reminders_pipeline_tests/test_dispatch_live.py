@@ -55,7 +55,9 @@ def test_a_row_built_seconds_before_its_send_after_is_sent_on_time(db, settings,
     try:
         time.sleep(1.0)  # asleep with nothing pending (PostgreSQL: until the poll, a minute away)
         starts = int(time.time()) + 6  # room for the feed, the device and the build on a loaded machine
-        url = feeds.items("/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}])
+        url = feeds.items(
+            "/soon.json", [{"id": "soon", "title": "Soon", "startsAt": starts, "expiresAt": starts + 600}]
+        )
         device(db, live, sources=[url], lead=0)
         build(db, live, device_ids=["dev-1"])
         (queued,) = rows(db)
@@ -161,7 +163,14 @@ def test_two_dispatchers_and_a_cron_drain_race_over_5000_rows_each_sent_exactly_
         r.start()
     cron_thread.start()
     try:
-        wait_until("every row settled", lambda: not ids_where(ledger_rows(db), status="pending") and not ids_where(ledger_rows(db), status="claimed"), timeout=180, every=0.5)
+        wait_until(
+            "every row settled",
+            lambda: (
+                not ids_where(ledger_rows(db), status="pending") and not ids_where(ledger_rows(db), status="claimed")
+            ),
+            timeout=180,
+            every=0.5,
+        )
     finally:
         cron_thread.join(180)
         summaries = [r.stop() for r in runners]
@@ -185,7 +194,9 @@ def _apns(settings):
     return apns_sender_factory(settings)
 
 
-def start_dispatch_process(url: str, mock, tmp_path: Path, name: str, **settings: object) -> tuple[subprocess.Popen, Path]:
+def start_dispatch_process(
+    url: str, mock, tmp_path: Path, name: str, **settings: object
+) -> tuple[subprocess.Popen, Path]:
     """``reminders dispatch`` as an operator runs it: configured by the environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
     env.update(mock.env())
@@ -205,7 +216,9 @@ def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resen
     slow = [token_of(d) for d in range(0, 100, 10)]  # one device in ten: answers held for a minute
     for token in slow:
         mock.script(token, delay=60)
-    doomed, stderr = start_dispatch_process(db_url, mock, tmp_path, "doomed", claim_batch_size=50, apns_concurrency=100, send_timeout_seconds=120)
+    doomed, stderr = start_dispatch_process(
+        db_url, mock, tmp_path, "doomed", claim_batch_size=50, apns_concurrency=100, send_timeout_seconds=120
+    )
     try:
         wait_until("a send to a slow device on the wire", lambda: any(r.token in slow for r in mock.requests), 60)
         time.sleep(0.5)  # the fast sends of the same slices answer; the slow ones stay on the wire
@@ -225,7 +238,9 @@ def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resen
     settings = live_settings(db_url, mock)
     successor = DispatcherThread(db_url, settings, _apns(settings), name="successor").start()
     try:
-        wait_until("the successor sent the rest", lambda: not ids_where(ledger_rows(db), status="pending"), 120, every=0.2)
+        wait_until(
+            "the successor sent the rest", lambda: not ids_where(ledger_rows(db), status="pending"), 120, every=0.2
+        )
     finally:
         successor.stop()
     assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # not before the abandon limit
@@ -236,7 +251,9 @@ def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resen
     db.dispose()
     assert ids_where(final, outcome="failed", outcome_detail="abandoned") == left_claimed
     assert ids_where(final, outcome="sent") | left_claimed == set(final)
-    assert ids_where(final, outcome="sent", claimed_by="successor") == set(final) - left_claimed - ids_where(after_kill, status="settled")
+    assert ids_where(final, outcome="sent", claimed_by="successor") == set(final) - left_claimed - ids_where(
+        after_kill, status="settled"
+    )
     resent = {keys[request_key(r)] for r in mock.requests[seen_by_dead:]} & left_claimed
     assert not resent, "an abandoned claim was sent again"
     assert_at_most_once(requests_by_row(mock.requests, keys))
@@ -247,7 +264,9 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     load_due(db, n_devices=20, items_per_device=5)
     mock.script_default(delay=2.0)  # every answer takes two seconds: SIGTERM lands mid-send
     # Slices of 10, 20 in flight: SIGTERM comes while most of the 100 rows are not yet claimed.
-    process, stderr = start_dispatch_process(db_url, mock, tmp_path, "stopping", claim_batch_size=10, apns_concurrency=10)
+    process, stderr = start_dispatch_process(
+        db_url, mock, tmp_path, "stopping", claim_batch_size=10, apns_concurrency=10
+    )
     try:
         wait_until("sends on the wire", lambda: len(mock.requests) > 0, 60)
         on_the_wire = {request_key(r) for r in mock.requests}
@@ -264,9 +283,13 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     summary = json.loads(out)
     assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
     assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
-    assert not [r for r in final.values() if r["claimed_at"] and r["claimed_at"] > signalled_at], "claimed after the signal"
+    assert not [r for r in final.values() if r["claimed_at"] and r["claimed_at"] > signalled_at], (
+        "claimed after the signal"
+    )
     keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
-    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, (
+        "a send on the wire at the signal was not settled"
+    )
     sent = ids_where(final, outcome="sent")
     assert sent and summary["outcomes"] == {"sent": len(sent)} and summary["claimed"] == len(sent)
 
@@ -281,8 +304,7 @@ def test_a_sqlite_write_lock_held_elsewhere_never_stalls_the_event_loop_sends_wa
     taken once the first slice is on the wire, not after a 0.3 s head start."""
     import sqlite3
 
-    from reminders_pipeline.drain import send_batch_async
-    from reminders_pipeline.drain import find_due
+    from reminders_pipeline.drain import find_due, send_batch_async
 
     live = settings.with_(enabled=True, claim_batch_size=10, apns_concurrency=10)
     queue_rows(db, {"d": [time.time() - 5] * 200})
@@ -340,7 +362,9 @@ def test_twenty_bad_tokens_due_together_stop_only_their_own_devices(db, mock):
     bad = {f"bad-{n:02d}": [t + (n % 5 == 4)] for n in range(20)}  # 16 BadDeviceToken at t, 4 Unregistered at t + 1 s
     queue_rows(db, {**bad, "good": [t + 2]})
     for n in range(20):
-        reason = {"status": 410, "reason": "Unregistered"} if n % 5 == 4 else {"status": 400, "reason": "BadDeviceToken"}
+        reason = (
+            {"status": 410, "reason": "Unregistered"} if n % 5 == 4 else {"status": 400, "reason": "BadDeviceToken"}
+        )
         mock.script(f"{n + 1:064x}", **reason)
     running = DispatcherThread(db.url, live, _apns(live), name="bad-tokens").start()
     try:

@@ -12,7 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "operations.md"
 # Where a path to a document or deploy file may be cited: the package, the benchmarks, the docs,
 # the deploy examples and the project's own files (the tests' fixtures may name made-up paths).
-CITING = ["README.md", "pyproject.toml", "dagster.yaml", "workspace.yaml", "docs/*.md", "deploy/**/*", "reminders_pipeline/**/*.py", "bench/*.py"]
+CITING = [
+    "README.md",
+    "pyproject.toml",
+    "dagster.yaml",
+    "workspace.yaml",
+    "docs/*.md",
+    "deploy/**/*",
+    "reminders_pipeline/**/*.py",
+    "bench/*.py",
+]
 CITED = re.compile(r"\b(?:docs|deploy)/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.(?:md|yaml|yml|json)\b")
 
 

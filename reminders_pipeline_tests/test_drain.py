@@ -130,7 +130,13 @@ def test_single_claim_delivery_across_threads(db_url, live, feeds):
         db = Database(db_url)
         try:
             barrier.wait()
-            send_batch(db, live.with_(claim_batch_size=25), list(reversed(ids)) if sender is senders[1] else ids, sender.factory(), now=at(4000))
+            send_batch(
+                db,
+                live.with_(claim_batch_size=25),
+                list(reversed(ids)) if sender is senders[1] else ids,
+                sender.factory(),
+                now=at(4000),
+            )
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -202,12 +208,17 @@ def test_dead_token_marks_device_and_voids_its_other_rows(db, live, feeds):
     device(db, live, sources=[url])
     build(db, live, now=NOW)
     sender = RecordingSender(
-        script={TOKEN: SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(5))}
+        script={
+            TOKEN: SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(5))
+        }
     )
     summary = drain(db, live, sender.factory(), now=at(0))
     got = by_key(db)
     assert got[("now", "lead:3600")]["outcome"] == "failed"
-    assert (got[("later", "lead:3600")]["outcome"], got[("later", "lead:3600")]["outcome_detail"]) == ("voided", "unregistered")
+    assert (got[("later", "lead:3600")]["outcome"], got[("later", "lead:3600")]["outcome_detail"]) == (
+        "voided",
+        "unregistered",
+    )
     assert summary.tokens_invalidated == 1 and summary.voided_by_token == 1
     with db.read() as conn:
         dev = ledger.get_device(conn, "dev-1")
@@ -226,7 +237,13 @@ def test_a_dead_token_answer_older_than_the_devices_registration_marks_nothing(d
     put_device(db, live, spec, now=at(-30))
     build(db, live, now=at(-30))
     stale_410 = SendResult(0, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=at(-60))
-    drain(db, live, RecordingSender(script={TOKEN: stale_410}).factory(), now=at(0), row_id=by_key(db)[("now", "lead:3600")]["id"])
+    drain(
+        db,
+        live,
+        RecordingSender(script={TOKEN: stale_410}).factory(),
+        now=at(0),
+        row_id=by_key(db)[("now", "lead:3600")]["id"],
+    )
 
     def registered_again_meanwhile(n):
         put_device(db, live, spec, now=at(61))  # while the send claimed at 60 is on the wire
@@ -244,7 +261,9 @@ def test_config_fault_stops_claiming_and_leaves_the_rest_pending(db, live, feeds
     url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(10)])
     device(db, live, sources=[url])
     build(db, live, now=NOW)
-    sender = RecordingSender(script={TOKEN: SendResult(0, False, reason="InvalidProviderToken", status=403, config_fault=True)})
+    sender = RecordingSender(
+        script={TOKEN: SendResult(0, False, reason="InvalidProviderToken", status=403, config_fault=True)}
+    )
     summary = drain(db, live.with_(claim_batch_size=3), sender.factory(), now=at(0))
     assert summary.halted == "InvalidProviderToken"
     assert summary.claimed == 3 and summary.outcomes == {"failed": 3}
@@ -361,7 +380,12 @@ def test_an_outage_of_500s_still_halts(db, live, feeds):
     device(db, live, sources=[url])
     build(db, live, now=NOW)
     down = SendResult(0, False, reason="InternalServerError", status=500, retry=True)
-    summary = drain(db, live.with_(apns_halt_after=3, claim_batch_size=3), RecordingSender(script={TOKEN: down}).factory(), now=at(0))
+    summary = drain(
+        db,
+        live.with_(apns_halt_after=3, claim_batch_size=3),
+        RecordingSender(script={TOKEN: down}).factory(),
+        now=at(0),
+    )
     assert summary.halted.startswith("apns_unreachable: 3 sends in a row")
 
 
@@ -370,7 +394,9 @@ def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
     device(db, live, "dead", sources=[url], token="cd" * 32)
     device(db, live, "alive", sources=[url])
     build(db, live, now=NOW)
-    sender = RecordingSender(script={"cd" * 32: SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)})
+    sender = RecordingSender(
+        script={"cd" * 32: SendResult(0, False, reason="BadDeviceToken", status=400, token_invalid=True)}
+    )
     summary = drain(db, live, sender.factory(), now=at(0))
     assert summary.halted is None and summary.tokens_invalidated == 1 and summary.outcomes == {"sent": 1, "failed": 1}
 
@@ -381,9 +407,20 @@ def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
     from reminders_pipeline.drain import _decide_all
 
     def row(i, title):
-        return {"id": i, "device_id": f"d{i}", "item_id": "e", "rule": "lead:3600", "title": title, "body": None,
-                "send_after": at(3600), "event_at": at(7200), "expires_at": at(9000), "apns_token": TOKEN,
-                "token_invalid_at": None, "last_tz_offset_seconds": 0}
+        return {
+            "id": i,
+            "device_id": f"d{i}",
+            "item_id": "e",
+            "rule": "lead:3600",
+            "title": title,
+            "body": None,
+            "send_after": at(3600),
+            "event_at": at(7200),
+            "expires_at": at(9000),
+            "apns_token": TOKEN,
+            "token_invalid_at": None,
+            "last_tz_offset_seconds": 0,
+        }
 
     plan = _decide_all([row(1, "bad \ud800"), row(2, "Standup")], at(3600), live)
     assert plan.settlements == [{"id": 1, "outcome": "failed", "outcome_detail": "invalid:UnicodeEncodeError"}]
@@ -403,7 +440,15 @@ FORBIDDEN = SendResult(0, False, reason="InvalidProviderToken", status=403, conf
 def test_a_halt_stops_every_other_batch_of_its_scope_in_any_process_without_a_second_alert(db, live, feeds, db_url):
     live = live.with_(alert_webhook_url=feeds.url("/hook"), claim_batch_size=3)
     ids = _due_items(db, live, feeds, 9)
-    first = send_batch(db, live, ids[:3], RecordingSender(script={TOKEN: FORBIDDEN}).factory(), now=at(0), claimer="run-1:b0", halt_scope="run-1")
+    first = send_batch(
+        db,
+        live,
+        ids[:3],
+        RecordingSender(script={TOKEN: FORBIDDEN}).factory(),
+        now=at(0),
+        claimer="run-1:b0",
+        halt_scope="run-1",
+    )
     assert first.halted == "InvalidProviderToken" and len(feeds.posts["/hook"]) == 1
     # another process of the same run: nothing of the first batch's is in its memory
     code = (
@@ -418,12 +463,20 @@ def test_a_halt_stops_every_other_batch_of_its_scope_in_any_process_without_a_se
         "print(json.dumps({'halted': s.halted, 'claimed': s.claimed, 'sent': len(sender.sent)}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"halted": "InvalidProviderToken", "claimed": 0, "sent": 0}
-    same_process = send_batch(db, live, ids[6:], RecordingSender().factory(), now=at(0), claimer="run-1:b2", halt_scope="run-1")
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "halted": "InvalidProviderToken",
+        "claimed": 0,
+        "sent": 0,
+    }
+    same_process = send_batch(
+        db, live, ids[6:], RecordingSender().factory(), now=at(0), claimer="run-1:b2", halt_scope="run-1"
+    )
     assert (same_process.halted, same_process.claimed) == ("InvalidProviderToken", 0)
     assert len(feeds.posts["/hook"]) == 1  # alerted once, by the batch that met the fault
     assert Counter(r["status"] for r in rows(db)) == {"settled": 3, "pending": 6}
-    other_run = send_batch(db, live, ids[3:], RecordingSender().factory(), now=at(0), claimer="run-2:b0", halt_scope="run-2")
+    other_run = send_batch(
+        db, live, ids[3:], RecordingSender().factory(), now=at(0), claimer="run-2:b0", halt_scope="run-2"
+    )
     assert other_run.outcomes == {"sent": 6} and other_run.halted is None
 
 
@@ -431,7 +484,9 @@ def test_a_row_returned_to_pending_is_still_bounded_by_max_lateness(db, live, fe
     ids = _due_items(db, live, feeds, 1)
     unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
     summary = drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0))
-    assert summary.returned_to_pending == 1 and find_due(db, at(0)) == [] and find_due(db, at(10)) == ids  # after its backoff
+    assert (
+        summary.returned_to_pending == 1 and find_due(db, at(0)) == [] and find_due(db, at(10)) == ids
+    )  # after its backoff
     late = at(live.max_lateness_seconds + 1)  # the event starts at at(3600): only lateness stops it
     assert drain(db, live, RecordingSender().factory(), now=late).outcomes == {"too_late": 1}
 
@@ -446,7 +501,9 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {ledger.DUE_CHANNEL}")
         unavailable = SendResult(0, False, reason="ServiceUnavailable", status=503, retry=True)
-        assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0)).returned_to_pending == 1
+        assert (
+            drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(0)).returned_to_pending == 1
+        )
         notes = list(listener.notifies(timeout=5, stop_after=1))
     (row,) = rows(db)
     assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, row["not_before"])]  # when it is due again
@@ -486,7 +543,10 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
             if len(calls) == 2:
                 await asyncio.sleep(0.1)
                 fault_answered.set()  # the drain sees these results before the loop turns again
-                return [SendResult(n.row_id, False, reason="InvalidProviderToken", status=403, config_fault=True) for n in notifications]
+                return [
+                    SendResult(n.row_id, False, reason="InvalidProviderToken", status=403, config_fault=True)
+                    for n in notifications
+                ]
             return await super().send_many(notifications)
 
     summary = send_batch(db, live, ids, FaultOnSecond().factory(), now=at(0), claimer="c", halt_scope="scope-1")
@@ -514,7 +574,9 @@ def test_a_voided_row_that_comes_back_keeps_its_attempts(db, live, feeds):
     build(db, live, now=at(2))  # the item is still in the feed: the voided row comes back
     (back,) = rows(db)
     assert (back["status"], back["attempts"], back["outcome_detail"]) == ("pending", 2, None)
-    assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120)).outcomes == {"failed": 1}
+    assert drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120)).outcomes == {
+        "failed": 1
+    }
 
 
 class PausedMidSend(RecordingSender):
@@ -551,10 +613,19 @@ def test_a_sender_paused_past_its_claims_fence_never_sends_a_row_another_claimer
     clock = [1000.0]
     paused = PausedMidSend(clock, live.abandon_after_seconds + 30, meanwhile)
     ids = find_due(db, at(claimed_at))
-    summary = asyncio.run(send_batch_async(db, live, ids, paused.factory(), now=at(claimed_at), claimer="paused", monotonic=lambda: clock[0]))
+    summary = asyncio.run(
+        send_batch_async(
+            db, live, ids, paused.factory(), now=at(claimed_at), claimer="paused", monotonic=lambda: clock[0]
+        )
+    )
     assert (len(other.sent), paused.sent, summary.outcomes) == (1, [], {})
     (row,) = rows(db)  # the claim was no longer ours: the row stays as the other claimer settled it
-    assert (row["status"], row["outcome"], row["attempts"], row["claimed_by"] != "paused") == ("settled", "sent", 0, True)
+    assert (row["status"], row["outcome"], row["attempts"], row["claimed_by"] != "paused") == (
+        "settled",
+        "sent",
+        0,
+        True,
+    )
 
 
 def test_a_row_whose_fence_passed_goes_back_to_pending_while_the_claim_is_still_ours(db, live, feeds):
@@ -565,8 +636,14 @@ def test_a_row_whose_fence_passed_goes_back_to_pending_while_the_claim_is_still_
     clock = [1000.0]
     paused = PausedMidSend(clock, fence, lambda: None)
     ids = find_due(db, at(3605))
-    summary = asyncio.run(send_batch_async(db, live, ids, paused.factory(), now=at(3605), claimer="paused", monotonic=lambda: clock[0]))
-    assert (paused.sent, summary.returned_to_pending, dict(summary.details)) == ([], 1, {"pending:not-sent:fence_expired": 1})
+    summary = asyncio.run(
+        send_batch_async(db, live, ids, paused.factory(), now=at(3605), claimer="paused", monotonic=lambda: clock[0])
+    )
+    assert (paused.sent, summary.returned_to_pending, dict(summary.details)) == (
+        [],
+        1,
+        {"pending:not-sent:fence_expired": 1},
+    )
     (row,) = rows(db)
     assert (row["status"], row["claimed_by"]) == ("pending", None)
     sender = RecordingSender()
@@ -574,7 +651,11 @@ def test_a_row_whose_fence_passed_goes_back_to_pending_while_the_claim_is_still_
 
 
 def test_the_abandon_threshold_must_exceed_the_send_timeout_and_the_fence_margin():
-    env = {"REMINDERS_ABANDON_AFTER_SECONDS": "70", "REMINDERS_SEND_TIMEOUT_SECONDS": "10", "REMINDERS_FENCE_MARGIN_SECONDS": "60"}
+    env = {
+        "REMINDERS_ABANDON_AFTER_SECONDS": "70",
+        "REMINDERS_SEND_TIMEOUT_SECONDS": "10",
+        "REMINDERS_FENCE_MARGIN_SECONDS": "60",
+    }
     with pytest.raises(SettingsError, match="REMINDERS_ABANDON_AFTER_SECONDS must exceed"):
         Settings.from_env(env)
     assert Settings.from_env({**env, "REMINDERS_ABANDON_AFTER_SECONDS": "71"}).abandon_after_seconds == 71
@@ -611,7 +692,10 @@ def test_a_rebuild_of_a_pending_row_keeps_its_attempts_and_backoff(db, live, fee
     assert row["not_before"] > at(61)
     drain(db, live, RecordingSender(script={TOKEN: unavailable}).factory(), now=at(120))
     (row,) = rows(db)
-    assert (row["outcome"], row["outcome_detail"]) == ("failed", "ServiceUnavailable")  # the third of REMINDERS_SEND_MAX_ATTEMPTS
+    assert (row["outcome"], row["outcome_detail"]) == (
+        "failed",
+        "ServiceUnavailable",
+    )  # the third of REMINDERS_SEND_MAX_ATTEMPTS
 
 
 def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings):
@@ -642,9 +726,16 @@ def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db
     summary = drain(db, live, sender.factory(), now=at(7200 + 360))
     (row,) = rows(db)
     assert summary.outcomes == {} and sender.sent == []
-    assert (row["status"], row["not_before"], row["outcome_detail"], row["attempts"]) == ("pending", at(3 * 3600), "quiet_hours", 0)
+    assert (row["status"], row["not_before"], row["outcome_detail"], row["attempts"]) == (
+        "pending",
+        at(3 * 3600),
+        "quiet_hours",
+        0,
+    )
     assert drain(db, live, sender.factory(), now=at(3 * 3600 - 1)).claimed == 0
-    assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {"sent": 1}  # 60 min after send_after: not too_late
+    assert drain(db, live, sender.factory(), now=at(3 * 3600)).outcomes == {
+        "sent": 1
+    }  # 60 min after send_after: not too_late
 
 
 def _held_to_eleven(db, live, feeds):
@@ -666,10 +757,16 @@ def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, f
     from reminders_pipeline.devices import put_device
 
     spec = _held_to_eleven(db, live, feeds)
-    failing = RecordingSender(script={TOKEN: lambda n: SendResult(n.row_id, False, status=500, reason="InternalServerError", retry=True)})
+    failing = RecordingSender(
+        script={TOKEN: lambda n: SendResult(n.row_id, False, status=500, reason="InternalServerError", retry=True)}
+    )
     assert drain(db, live, failing.factory(), now=at(3 * 3600)).returned_to_pending == 1
     (row,) = rows(db)
-    assert (row["outcome_detail"], row["held_until"], row["not_before"] > at(3 * 3600)) == ("InternalServerError", at(3 * 3600), True)
+    assert (row["outcome_detail"], row["held_until"], row["not_before"] > at(3 * 3600)) == (
+        "InternalServerError",
+        at(3 * 3600),
+        True,
+    )
     backoff = row["not_before"]
     put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(3 * 3600 + 1))  # a backoff is no hold: it stays
     assert rows(db)[0]["not_before"] == backoff

@@ -19,10 +19,20 @@ from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fi
 
 
 def test_the_settings_are_read_from_the_environment():
-    s = Settings.from_env({"REMINDERS_DB_POOL_SIZE": "3", "REMINDERS_DB_STATEMENT_TIMEOUT_MS": "250", "REMINDERS_METRICS_WINDOW_SECONDS": "600"})
+    s = Settings.from_env(
+        {
+            "REMINDERS_DB_POOL_SIZE": "3",
+            "REMINDERS_DB_STATEMENT_TIMEOUT_MS": "250",
+            "REMINDERS_METRICS_WINDOW_SECONDS": "600",
+        }
+    )
     assert (s.db_pool_size, s.db_statement_timeout_ms, s.metrics_window_seconds) == (3, 250, 600)
     defaults = Settings.from_env({})
-    assert (defaults.db_pool_size, defaults.db_statement_timeout_ms, defaults.metrics_window_seconds) == (10, 60_000, 900)
+    assert (defaults.db_pool_size, defaults.db_statement_timeout_ms, defaults.metrics_window_seconds) == (
+        10,
+        60_000,
+        900,
+    )
 
 
 def test_ledger_resource_keeps_one_engine_across_ops_and_ticks(db_url):
@@ -124,7 +134,9 @@ def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypa
 
     async def run() -> None:
         nonlocal wakes
-        async with Database(f"postgresql+psycopg://postgres@127.0.0.1:{port}/none").notifications("reminders_due") as heard:
+        async with Database(f"postgresql+psycopg://postgres@127.0.0.1:{port}/none").notifications(
+            "reminders_due"
+        ) as heard:
             assert heard is not None
             for _ in range(10):
                 await asyncio.wait_for(heard.wait(), 5)

@@ -31,10 +31,11 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, insert, select, text
@@ -94,7 +95,7 @@ def feeds(feeds: FeedServer) -> FeedServer:
 
 
 @pytest.fixture
-def drainers(tmp_path: Path) -> Iterator["DrainerPool"]:
+def drainers(tmp_path: Path) -> Iterator[DrainerPool]:
     """Drainer processes started by a test; any still alive at the end (a failed test) are killed."""
     pool = DrainerPool(tmp_path)
     yield pool
@@ -122,13 +123,20 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
             send_after = base - k % 30
             rows.append(
                 {
-                    "device_id": f"dev-{d}", "source_id": 1, "item_id": f"1:item-{d}-{k}", "rule": RULE,
-                    "send_after": iso_from_unix(send_after), "event_at": iso_from_unix(send_after + 3600),
-                    "expires_at": iso_from_unix(send_after + 5400), "title": f"Event {d}/{k}", "body": None,
+                    "device_id": f"dev-{d}",
+                    "source_id": 1,
+                    "item_id": f"1:item-{d}-{k}",
+                    "rule": RULE,
+                    "send_after": iso_from_unix(send_after),
+                    "event_at": iso_from_unix(send_after + 3600),
+                    "expires_at": iso_from_unix(send_after + 5400),
+                    "title": f"Event {d}/{k}",
+                    "body": None,
                 }
             )
     device_rows = [
-        {"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": now, "updated_at": now} for d in range(n_devices)
+        {"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": now, "updated_at": now}
+        for d in range(n_devices)
     ]
     with db.write() as conn:
         conn.execute(insert(devices), device_rows)
@@ -139,7 +147,10 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
 def row_ids_by_key(db: Database) -> dict[Key, int]:
     q = notification_queue
     with db.read() as conn:
-        return {(r.device_id, r.item_id, r.rule): r.id for r in conn.execute(select(q.c.id, q.c.device_id, q.c.item_id, q.c.rule))}
+        return {
+            (r.device_id, r.item_id, r.rule): r.id
+            for r in conn.execute(select(q.c.id, q.c.device_id, q.c.item_id, q.c.rule))
+        }
 
 
 def ledger_rows(db: Database) -> dict[int, dict[str, Any]]:
@@ -183,7 +194,9 @@ def wait_until(what: str, probe: Callable[[], Any], timeout: float, every: float
 
 
 def live_settings(url: str, mock: MockApns, **changes: Any) -> Settings:
-    return Settings(database_url=url, source_allow_networks=LOOPBACK_NETWORKS, enabled=True, **mock.apns_settings()).with_(**changes)
+    return Settings(
+        database_url=url, source_allow_networks=LOOPBACK_NETWORKS, enabled=True, **mock.apns_settings()
+    ).with_(**changes)
 
 
 # ---------------------------------------------------------------- helpers: drainer processes
@@ -203,7 +216,7 @@ class Drainer:
     claimer: str
     process: subprocess.Popen
     stderr_path: Path
-    lines: "queue.Queue[str]" = field(default_factory=queue.Queue)
+    lines: queue.Queue[str] = field(default_factory=queue.Queue)
 
     def __post_init__(self) -> None:
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -233,7 +246,9 @@ class Drainer:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            raise AssertionError(f"drainer {self.claimer} hung for {timeout}s:\n{self.stderr_path.read_text()[-3000:]}")
+            raise AssertionError(
+                f"drainer {self.claimer} hung for {timeout}s:\n{self.stderr_path.read_text()[-3000:]}"
+            ) from None
         self._reader.join(10)
         summary = None
         while not self.lines.empty():
@@ -258,8 +273,13 @@ class DrainerPool:
         args = [sys.executable, "-m", "reminders_pipeline_tests.fault_drainer", "--claimer", claimer]
         process = subprocess.Popen(
             args + (["--wait-go"] if wait_go else []),
-            cwd=ROOT, env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=stderr_path.open("w"), start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr_path.open("w"),
+            start_new_session=True,
         )
         drainer = Drainer(claimer, process, stderr_path)
         self.started.append(drainer)
@@ -369,7 +389,9 @@ def test_drainer_killed_mid_send_its_claims_fail_as_abandoned_and_are_never_rese
     resent = {keys[request_key(r)] for r in mock.requests[seen_by_dead_run:]} & left_claimed
     assert not resent, "an abandoned claim was sent again"
     assert all(len(by_row[i]) == 1 and by_row[i][0].status == 200 for i in ids_where(final, outcome="sent"))
-    print(f"\nkilled mid-send: {len(left_claimed)} claims abandoned ({len(on_the_wire)} held on the wire), {len(pending)} delivered next")
+    print(
+        f"\nkilled mid-send: {len(left_claimed)} claims abandoned ({len(on_the_wire)} held on the wire), {len(pending)} delivered next"
+    )
 
 
 # ---------------------------------------------------------------- 3. PostgreSQL restarted mid-drain
@@ -523,7 +545,9 @@ def test_postgres_restarted_during_a_drain_no_row_sent_twice_and_nothing_lost(pr
         mock.script_default()  # answers at once from now on
         settings = live_settings(private_pg.url, mock)
         nxt = drainers.run(private_pg.url, mock, "next")
-        assert nxt.summary["claimed"] == len(pending) and nxt.summary["outcomes"] == ({"sent": len(pending)} if pending else {})
+        assert nxt.summary["claimed"] == len(pending) and nxt.summary["outcomes"] == (
+            {"sent": len(pending)} if pending else {}
+        )
         assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # before the limit: untouched
         assert fail_abandoned(db, settings, shift(now_utc(), settings.abandon_after_seconds + 1)) == len(left_claimed)
         assert drainers.run(private_pg.url, mock, "later").summary["claimed"] == 0
@@ -534,7 +558,9 @@ def test_postgres_restarted_during_a_drain_no_row_sent_twice_and_nothing_lost(pr
         assert ids_where(final, claimed_by="next") == pending
         final_by_row = requests_by_row(mock.requests, keys)
         assert_at_most_once(final_by_row)
-        assert not ({keys[request_key(r)] for r in mock.requests[seen_by_first:]} - pending), "only pending rows were sent next"
+        assert not ({keys[request_key(r)] for r in mock.requests[seen_by_first:]} - pending), (
+            "only pending rows were sent next"
+        )
         for row_id in ids_where(final, outcome="sent"):
             assert final_by_row[row_id][0].status == 200
         print(
@@ -596,7 +622,11 @@ def test_hostile_apns_the_ledger_matches_what_the_mock_recorded_row_for_row(pg, 
     assert_at_most_once(by_row)
     dropped = {r.connection_id for r in requests if r.status is None}
     assert 1 <= len(dropped) <= len(DROPPERS)
-    expected = {"unregistered": (410, "Unregistered"), "throttled": (429, "TooManyRequests"), "error": (500, "InternalServerError")}
+    expected = {
+        "unregistered": (410, "Unregistered"),
+        "throttled": (429, "TooManyRequests"),
+        "error": (500, "InternalServerError"),
+    }
     seen = Counter()
     for row_id, row in rows.items():
         cls = answer_class(int(row["device_id"].split("-")[1]))
@@ -636,19 +666,28 @@ def test_hostile_apns_the_ledger_matches_what_the_mock_recorded_row_for_row(pg, 
             assert rows[row_id]["outcome"] == "sent" or rows[row_id]["outcome_detail"] == "timeout", rows[row_id]
     # The mix really happened.
     for cls, outcome, detail in [
-        ("ok", "sent", ""), ("unregistered", "failed", "Unregistered"), ("throttled", None, "TooManyRequests"),
-        ("error", None, "InternalServerError"), ("slow", "failed", "timeout"),
+        ("ok", "sent", ""),
+        ("unregistered", "failed", "Unregistered"),
+        ("throttled", None, "TooManyRequests"),
+        ("error", None, "InternalServerError"),
+        ("slow", "failed", "timeout"),
     ]:
         assert seen[(cls, outcome, detail)] > 0, (cls, outcome, detail, seen)
     assert summary.halted is None  # 429/500 from a tenth of the devices is no outage
-    assert summary.claimed == sum(summary.outcomes.values()) + summary.returned_to_pending == len(rows) - summary.voided_by_token
+    assert (
+        summary.claimed
+        == sum(summary.outcomes.values()) + summary.returned_to_pending
+        == len(rows) - summary.voided_by_token
+    )
     print(f"\nhostile APNs, 3,000 rows in {elapsed:.1f}s: {dict(summary.details)}")
 
 
 # ---------------------------------------------------------------- helpers: devices and feeds
 
 
-def add_devices(db: Database, n: int, urls_of: Callable[[int], list[str]], chunk_of: Callable[[int], int] = lambda i: 0) -> dict[str, int]:
+def add_devices(
+    db: Database, n: int, urls_of: Callable[[int], list[str]], chunk_of: Callable[[int], int] = lambda i: 0
+) -> dict[str, int]:
     """``n`` devices subscribed to ``urls_of(i)``, written in bulk (the API's one-by-one is too slow
     for thousands). Returns source ids by URL."""
     urls = sorted({u for i in range(n) for u in urls_of(i)})
@@ -657,19 +696,40 @@ def add_devices(db: Database, n: int, urls_of: Callable[[int], list[str]], chunk
         source_id = {r.url: r.id for r in conn.execute(select(sources.c.id, sources.c.url))}
         conn.execute(
             insert(devices),
-            [{"id": f"dev-{i}", "apns_token": token_of(i), "chunk": chunk_of(i), "created_at": NOW, "updated_at": NOW} for i in range(n)],
+            [
+                {
+                    "id": f"dev-{i}",
+                    "apns_token": token_of(i),
+                    "chunk": chunk_of(i),
+                    "created_at": NOW,
+                    "updated_at": NOW,
+                }
+                for i in range(n)
+            ],
         )
-        conn.execute(insert(device_sources), [{"device_id": f"dev-{i}", "source_id": source_id[u]} for i in range(n) for u in urls_of(i)])
+        conn.execute(
+            insert(device_sources),
+            [{"device_id": f"dev-{i}", "source_id": source_id[u]} for i in range(n) for u in urls_of(i)],
+        )
     return source_id
 
 
 def wire_item(item_id: str, starts_in: int, title: str | None = None) -> dict[str, Any]:
-    return {"id": item_id, "title": title or f"Event {item_id}", "startsAt": NOW_S + starts_in, "expiresAt": NOW_S + starts_in + 1800}
+    return {
+        "id": item_id,
+        "title": title or f"Event {item_id}",
+        "startsAt": NOW_S + starts_in,
+        "expiresAt": NOW_S + starts_in + 1800,
+    }
 
 
 def wanted_rows(
-    device_indexes: Iterable[int], urls_of: Callable[[int], list[str]], feed: dict[str, list[dict[str, Any]]],
-    source_id: dict[str, int], now_s: int = NOW_S, horizon: int = 86400,
+    device_indexes: Iterable[int],
+    urls_of: Callable[[int], list[str]],
+    feed: dict[str, list[dict[str, Any]]],
+    source_id: dict[str, int],
+    now_s: int = NOW_S,
+    horizon: int = 86400,
 ) -> dict[Key, dict[str, Any]]:
     """What a single correct build of ``feed`` must leave pending: one row per (device, item, rule)."""
     out = {}
@@ -679,7 +739,9 @@ def wanted_rows(
                 send_after = it["startsAt"] - 3600
                 if it["startsAt"] > now_s and send_after <= now_s + horizon:
                     out[(f"dev-{i}", f"{source_id[url]}:{it['id']}", RULE)] = {
-                        "send_after": iso_from_unix(send_after), "title": it["title"], "event_at": iso_from_unix(it["startsAt"]),
+                        "send_after": iso_from_unix(send_after),
+                        "title": it["title"],
+                        "event_at": iso_from_unix(it["startsAt"]),
                     }
     return out
 
@@ -696,7 +758,9 @@ def rows_by_key(db: Database) -> dict[Key, dict[str, Any]]:
 def assert_no_duplicates(db: Database) -> None:
     with db.read() as conn:
         dupes = conn.execute(
-            text("SELECT device_id, item_id, rule, count(*) FROM notification_queue GROUP BY 1, 2, 3 HAVING count(*) > 1 LIMIT 5")
+            text(
+                "SELECT device_id, item_id, rule, count(*) FROM notification_queue GROUP BY 1, 2, 3 HAVING count(*) > 1 LIMIT 5"
+            )
         ).all()
     assert dupes == []
 
@@ -709,7 +773,11 @@ def assert_pending_match(db: Database, wanted: dict[Key, dict[str, Any]]) -> dic
     for key, want in wanted.items():
         row = got[key]
         if row["status"] == "pending":
-            assert (row["send_after"], row["title"], row["event_at"]) == (want["send_after"], want["title"], want["event_at"]), (key, row)
+            assert (row["send_after"], row["title"], row["event_at"]) == (
+                want["send_after"],
+                want["title"],
+                want["event_at"],
+            ), (key, row)
     stray = [k for k, r in got.items() if r["status"] == "pending" and k not in wanted]
     assert not stray, f"pending rows for items no longer wanted: {stray[:3]}"
     return got
@@ -863,7 +931,9 @@ def run_threads(*targets: Callable[[], Any], timeout: float = 120) -> list[Any]:
     return results
 
 
-def build_setup(pg: Database, feeds: FeedServer, n: int, n_sources: int = 4) -> tuple[list[str], Callable[[int], list[str]], dict[str, int]]:
+def build_setup(
+    pg: Database, feeds: FeedServer, n: int, n_sources: int = 4
+) -> tuple[list[str], Callable[[int], list[str]], dict[str, int]]:
     urls = [feeds.url(f"/b{s}.json") for s in range(n_sources)]
 
     def urls_of(i: int) -> list[str]:
@@ -874,7 +944,9 @@ def build_setup(pg: Database, feeds: FeedServer, n: int, n_sources: int = 4) -> 
     return urls, urls_of, source_id
 
 
-def serve(feeds: FeedServer, urls: list[str], version: Callable[[int], list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+def serve(
+    feeds: FeedServer, urls: list[str], version: Callable[[int], list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
     for s, _ in enumerate(urls):
         feeds.items(f"/b{s}.json", version(s))
     return {u: version(s) for s, u in enumerate(urls)}
@@ -924,7 +996,10 @@ def test_two_builds_of_the_same_chunk_at_once_leave_one_correct_row_per_item(pg,
     dbs = [Database(pg.url), Database(pg.url)]
     try:
         summaries = run_threads(
-            *[lambda db=db: build(db, settings, chunks=[0], now=iso_from_unix(later), reader=GatedReader(gate.wait)) for db in dbs]
+            *[
+                lambda db=db: build(db, settings, chunks=[0], now=iso_from_unix(later), reader=GatedReader(gate.wait))
+                for db in dbs
+            ]
         )
     finally:
         for db in dbs:
@@ -934,9 +1009,15 @@ def test_two_builds_of_the_same_chunk_at_once_leave_one_correct_row_per_item(pg,
     assert_no_duplicates(pg)
     got = assert_pending_match(pg, {**new, **wanted_rows(chunk1, urls_of, old_feed, source_id)})
     cancelled = set(old) - set(new)
-    assert cancelled and all((got[k]["outcome"], got[k]["outcome_detail"]) == ("voided", "left_feed") for k in cancelled)
+    assert cancelled and all(
+        (got[k]["outcome"], got[k]["outcome_detail"]) == ("voided", "left_feed") for k in cancelled
+    )
     assert {k: r for k, r in got.items() if k in chunk1_before} == chunk1_before
-    changed = {k for k in set(old) & set(new) if (old[k]["send_after"], old[k]["title"]) != (new[k]["send_after"], new[k]["title"])}
+    changed = {
+        k
+        for k in set(old) & set(new)
+        if (old[k]["send_after"], old[k]["title"]) != (new[k]["send_after"], new[k]["title"])
+    }
     assert changed
     assert sum(s.rows_inserted for s in summaries) == len(set(new) - set(old))
     assert sum(s.rows_updated for s in summaries) == len(changed)
@@ -1027,6 +1108,7 @@ def test_a_build_beside_a_drain_loses_nothing_and_sends_nothing_twice(pg, feeds)
                 return fn()
             finally:
                 spans[name] = (t0, time.monotonic())
+
         return run
 
     def run_drain() -> Any:
@@ -1046,7 +1128,9 @@ def test_a_build_beside_a_drain_loses_nothing_and_sends_nothing_twice(pg, feeds)
             db.dispose()
 
     drained, (built, feed) = run_threads(timed("drain", run_drain), timed("build", run_build))
-    assert spans["build"][0] < spans["drain"][1] and spans["drain"][0] < spans["build"][1], "build and drain did not overlap"
+    assert spans["build"][0] < spans["drain"][1] and spans["drain"][0] < spans["build"][1], (
+        "build and drain did not overlap"
+    )
     assert built.rows_updated > 0 and sum(built.rows_voided.values()) > 0
 
     final_drain = drain(pg, live, sender.factory(), now=NOW)
@@ -1070,7 +1154,11 @@ def test_a_build_beside_a_drain_loses_nothing_and_sends_nothing_twice(pg, feeds)
 
 def lock_waiters(db: Database) -> int:
     with db.read() as conn:
-        return conn.scalar(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"))
+        return conn.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
 
 
 def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkeypatch):
@@ -1093,7 +1181,10 @@ def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkey
             import asyncio
 
             assert await asyncio.to_thread(build_has_written.wait, 30)
-            return [SendResult(n.row_id, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=NOW) for n in notifications]
+            return [
+                SendResult(n.row_id, False, reason="Unregistered", status=410, token_invalid=True, token_invalid_at=NOW)
+                for n in notifications
+            ]
 
     stamp = ledger.stamp_built
 
@@ -1122,10 +1213,15 @@ def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkey
 
     drained, built = run_threads(run_drain, run_build)  # a deadlock surfaces here as OperationalError
     assert drained.tokens_invalidated == 2 and built.devices_built == 2
-    outcomes = {(r["device_id"], r["item_id"].split(":")[1]): (r["outcome"], r["outcome_detail"]) for r in ledger_rows(pg).values()}
+    outcomes = {
+        (r["device_id"], r["item_id"].split(":")[1]): (r["outcome"], r["outcome_detail"])
+        for r in ledger_rows(pg).values()
+    }
     assert outcomes == {
-        ("dev-0", "due"): ("failed", "Unregistered"), ("dev-1", "due"): ("failed", "Unregistered"),
-        ("dev-0", "later"): ("voided", "unregistered"), ("dev-1", "later"): ("voided", "unregistered"),
+        ("dev-0", "due"): ("failed", "Unregistered"),
+        ("dev-1", "due"): ("failed", "Unregistered"),
+        ("dev-0", "later"): ("voided", "unregistered"),
+        ("dev-1", "later"): ("voided", "unregistered"),
     }
 
 
@@ -1182,7 +1278,17 @@ def test_connection_lost_at_a_claim_commit_keeps_the_settlements_that_came_back(
 # ---------------------------------------------------------------- 7. retention beside a drainer
 
 
-def insert_rows(conn: Any, n: int, prefix: str, *, status: str, send_after: str, outcome: str | None = None, settled_at: str | None = None, claimed_at: str | None = None) -> None:
+def insert_rows(
+    conn: Any,
+    n: int,
+    prefix: str,
+    *,
+    status: str,
+    send_after: str,
+    outcome: str | None = None,
+    settled_at: str | None = None,
+    claimed_at: str | None = None,
+) -> None:
     """``n`` rows in one statement (generate_series): tens of thousands in well under a second."""
     conn.execute(
         text(
@@ -1193,8 +1299,15 @@ def insert_rows(conn: Any, n: int, prefix: str, *, status: str, send_after: str,
             "FROM generate_series(1, :n) AS g"
         ),
         {
-            "prefix": prefix, "send_after": send_after, "event_at": shift(send_after, 3600), "status": status, "outcome": outcome,
-            "settled_at": settled_at, "claimed_at": claimed_at, "created": shift(send_after, -86400), "n": n,
+            "prefix": prefix,
+            "send_after": send_after,
+            "event_at": shift(send_after, 3600),
+            "status": status,
+            "outcome": outcome,
+            "settled_at": settled_at,
+            "claimed_at": claimed_at,
+            "created": shift(send_after, -86400),
+            "n": n,
         },
     )
 
@@ -1253,7 +1366,14 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
         try:
             while not done.is_set():
                 with db.read() as conn:
-                    old_counts.append(conn.scalar(text("SELECT count(*) FROM notification_queue WHERE status = 'settled' AND settled_at < :c"), {"c": shift(now, -7 * 86400)}))
+                    old_counts.append(
+                        conn.scalar(
+                            text(
+                                "SELECT count(*) FROM notification_queue WHERE status = 'settled' AND settled_at < :c"
+                            ),
+                            {"c": shift(now, -7 * 86400)},
+                        )
+                    )
         finally:
             db.dispose()
 
@@ -1285,14 +1405,23 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     # scheduling noise on a loaded 2-core runner (it was a fixed 1 s).
     bound = max(1.0, (p1 - p0) / 2)
     assert longest < bound, f"a claim waited {longest:.2f}s during the {p1 - p0:.2f}s prune"
-    assert any(0 < c < 30_000 for c in old_counts), f"no intermediate state seen: batches not committed separately? {sorted(set(old_counts))[:5]}"
+    assert any(0 < c < 30_000 for c in old_counts), (
+        f"no intermediate state seen: batches not committed separately? {sorted(set(old_counts))[:5]}"
+    )
     print(f"\nprune of 30,000 rows: {p1 - p0:.2f}s; {len(during)} claims during it, longest {longest * 1000:.0f} ms")
 
 
 def _queue_row(item_id: str, title: str = "Meeting") -> dict[str, Any]:
     return {
-        "device_id": "dev-lock", "source_id": None, "item_id": item_id, "rule": "lead:600", "send_after": shift(NOW, -60),
-        "event_at": shift(NOW, 540), "expires_at": shift(NOW, 2340), "title": title, "body": None,
+        "device_id": "dev-lock",
+        "source_id": None,
+        "item_id": item_id,
+        "rule": "lead:600",
+        "send_after": shift(NOW, -60),
+        "event_at": shift(NOW, 540),
+        "expires_at": shift(NOW, 2340),
+        "title": title,
+        "body": None,
     }
 
 
@@ -1320,7 +1449,9 @@ def test_build_and_drain_lock_claimed_rows_in_id_order_whatever_order_they_arriv
     assert_holds_the_lower_row_while_waiting_for_the_higher(pg, low, high, write)
 
 
-def assert_holds_the_lower_row_while_waiting_for_the_higher(pg: Database, low: int, high: int, write: Callable[[], Any]) -> None:
+def assert_holds_the_lower_row_while_waiting_for_the_higher(
+    pg: Database, low: int, high: int, write: Callable[[], Any]
+) -> None:
     """Hold row ``high`` elsewhere, run ``write`` in a thread until it waits on a lock, and check it
     already holds row ``low``: a writer that locks in id order does, whatever order it got the rows in."""
     holder = pg.engine.connect()
@@ -1354,7 +1485,9 @@ def test_a_build_locks_every_row_it_writes_in_id_order_before_its_first_write(pg
     assert rows[low]["item_id"].endswith(":gone") and rows[high]["item_id"].endswith(":stays")
     feeds.items("/b0.json", [wire_item("stays", 2400, title="Moved room")])
 
-    assert_holds_the_lower_row_while_waiting_for_the_higher(pg, low, high, lambda: build(pg, live, now=iso_from_unix(NOW_S + 60)))
+    assert_holds_the_lower_row_while_waiting_for_the_higher(
+        pg, low, high, lambda: build(pg, live, now=iso_from_unix(NOW_S + 60))
+    )
     after = ledger_rows(pg)
     assert (after[low]["outcome"], after[low]["outcome_detail"]) == ("voided", "left_feed")
     assert after[high]["title"] == "Moved room" and after[high]["status"] == "pending"

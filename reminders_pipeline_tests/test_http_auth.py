@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-import pytest
 from starlette.routing import Route
 
 from reminders_pipeline.db import Database
@@ -33,7 +32,12 @@ def call(client: httpx.Client, method: str, path: str, body: object, **headers: 
 def test_token_unset_closes_every_protected_route(serve, settings):
     s = serve(http_settings(settings, token=None))
     for method, path, body in PROTECTED:
-        for headers in ({}, {"Authorization": "Bearer"}, {"Authorization": f"Bearer {SECRET}"}, {"Authorization": "Bearer None"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer"},
+            {"Authorization": f"Bearer {SECRET}"},
+            {"Authorization": "Bearer None"},
+        ):
             r = call(s.anon, method, path, body, **headers)
             assert r.status_code == 401, (method, path, headers, r.text)
             assert error_of(r)["error"] == "unauthorized" and "REMINDERS_TOKEN" in r.json()["detail"]
@@ -112,14 +116,14 @@ def test_openapi_and_metrics_are_open(served):
 def test_openapi_document_lists_exactly_the_routes(served):
     doc = served.anon.get("/openapi.json").json()
     documented = {(path, m.upper()) for path, ops in doc["paths"].items() for m in ops if m != "parameters"}
-    routed = {
-        (r.path, m)
-        for r in served.app.app.routes
-        if isinstance(r, Route)
-        for m in (r.methods or ()) - {"HEAD"}
-    }
+    routed = {(r.path, m) for r in served.app.app.routes if isinstance(r, Route) for m in (r.methods or ()) - {"HEAD"}}
     assert documented == routed
-    protected = {(p, m.upper()) for p, ops in doc["paths"].items() for m, op in ops.items() if m != "parameters" and op.get("security")}
+    protected = {
+        (p, m.upper())
+        for p, ops in doc["paths"].items()
+        for m, op in ops.items()
+        if m != "parameters" and op.get("security")
+    }
     assert protected == {(p.split("?")[0].replace("dev-1", "{device_id}"), m) for m, p, _ in PROTECTED}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import httpx
 from click.testing import CliRunner
 
 from reminders_pipeline import ledger
@@ -35,8 +36,12 @@ def test_now_is_refused_over_http_unless_a_test_setting_allows_it(serve, setting
     s = serve(http_settings(settings, http_accept_now=False))
     url = feeds.items("/a.json", [item("e", 600)])
     assert s.put_device("phone-1", source_urls=[url]).status_code == 200
-    for path, body in (("/internal/reminders/build", {"now": FAR_FUTURE}), ("/internal/reminders/drain", {"now": FAR_FUTURE}),
-                       ("/internal/reminders/build", {"now": None}), ("/internal/reminders/drain", {"id": 1, "now": NOW})):
+    for path, body in (
+        ("/internal/reminders/build", {"now": FAR_FUTURE}),
+        ("/internal/reminders/drain", {"now": FAR_FUTURE}),
+        ("/internal/reminders/build", {"now": None}),
+        ("/internal/reminders/drain", {"id": 1, "now": NOW}),
+    ):
         r = s.api.post(path, json=body)
         assert r.status_code == 422, (path, body, r.text)
         assert error_of(r)["field"] == "now" and "REMINDERS_HTTP_ACCEPT_NOW" in r.json()["detail"]
@@ -85,9 +90,13 @@ def test_the_widget_needs_only_its_own_credential_even_with_the_internal_token_u
     with s.db.read() as conn:
         assert ledger.get_device(conn, "phone-1").last_tz_offset_seconds == 7200  # the tz capture too
 
-    for client, path in ((closed.as_device(other), "/v1/devices/phone-1/feed"), (widget, "/v1/devices/phone-2/feed"),
-                         (widget, "/v1/devices/phone-2/credential"), (widget, "/v1/devices/ghost/feed"),
-                         (closed.anon, "/v1/devices/phone-1/feed")):
+    for client, path in (
+        (closed.as_device(other), "/v1/devices/phone-1/feed"),
+        (widget, "/v1/devices/phone-2/feed"),
+        (widget, "/v1/devices/phone-2/credential"),
+        (widget, "/v1/devices/ghost/feed"),
+        (closed.anon, "/v1/devices/phone-1/feed"),
+    ):
         method = "POST" if path.endswith("credential") else "GET"
         r = client.request(method, path)
         assert r.status_code == 401 and error_of(r)["error"] == "unauthorized", (path, r.text)
@@ -153,7 +162,10 @@ def test_the_internal_token_rotates_without_downtime(serve, settings):
     for token, status in ((SECRET, 404), ("new-token", 404), ("older-token", 401)):
         r = s.anon.get("/v1/devices/ghost", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == status, (token, r.text)
-    assert s.anon.post("/internal/reminders/build", headers={"Authorization": "Bearer new-token"}, json={}).status_code == 200
+    assert (
+        s.anon.post("/internal/reminders/build", headers={"Authorization": "Bearer new-token"}, json={}).status_code
+        == 200
+    )
 
     closed = serve(http_settings(settings, token=None, token_previous=SECRET))  # a previous token alone opens nothing
     assert closed.api.get("/v1/devices/ghost").status_code == 401
@@ -235,13 +247,16 @@ def test_registrations_adding_the_same_new_sources_in_opposite_orders_never_dead
         gate = threading.Barrier(2)
 
         def put(device_id: str, order: list[str]) -> None:
-            gate.wait()
+            gate.wait()  # noqa: B023 - joined in this iteration
             try:
                 put_device(db, settings, DeviceSpec(device_id, TOKEN, 3600, (), tuple(order)))
             except BaseException as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
 
-        threads = [threading.Thread(target=put, args=(f"p{pair}a", urls)), threading.Thread(target=put, args=(f"p{pair}b", urls[::-1]))]
+        threads = [
+            threading.Thread(target=put, args=(f"p{pair}a", urls)),
+            threading.Thread(target=put, args=(f"p{pair}b", urls[::-1])),
+        ]
         for t in threads:
             t.start()
         for t in threads:

@@ -3,10 +3,9 @@ delete, the feed in Unix seconds, and the tz capture (conditional, best-effort).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
-import pytest
 from sqlalchemy import event, text
 
 from reminders_pipeline import ledger
@@ -24,7 +23,10 @@ def test_device_crud_round_trip(served, feeds):
     created = r.json()
     assert created.pop("credential")  # issued with the registration, shown this once
     assert (created["id"], created["reminder_lead_seconds"], created["extra_rules"], created["source_urls"]) == (
-        "phone-1", 600, ["lead:0@expiry"], [url],
+        "phone-1",
+        600,
+        ["lead:0@expiry"],
+        [url],
     )
     assert served.api.get("/v1/devices/phone-1").json() == created
 
@@ -34,7 +36,9 @@ def test_device_crud_round_trip(served, feeds):
     replaced = served.api.get("/v1/devices/phone-1").json()
     assert replaced["apns_token"] == "cd" * 32
     assert (replaced["reminder_lead_seconds"], replaced["extra_rules"], replaced["source_urls"]) == (
-        served.settings.default_lead_seconds, [], [],
+        served.settings.default_lead_seconds,
+        [],
+        [],
     )
 
     r = served.api.delete("/v1/devices/phone-1")
@@ -199,19 +203,25 @@ def broken_tz_writes(db: Database) -> Iterator[None]:
     """A trigger that makes every write of ``last_tz_offset_seconds`` fail, on either backend."""
     with db.write() as conn:
         if db.dialect == "sqlite":
-            conn.execute(text(
-                "CREATE TRIGGER tz_broken BEFORE UPDATE OF last_tz_offset_seconds ON devices "
-                "BEGIN SELECT RAISE(ABORT, 'tz writes are broken'); END"
-            ))
+            conn.execute(
+                text(
+                    "CREATE TRIGGER tz_broken BEFORE UPDATE OF last_tz_offset_seconds ON devices "
+                    "BEGIN SELECT RAISE(ABORT, 'tz writes are broken'); END"
+                )
+            )
         else:
-            conn.execute(text(
-                "CREATE FUNCTION tz_broken() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN RAISE EXCEPTION 'tz writes are broken'; END $$"
-            ))
-            conn.execute(text(
-                "CREATE TRIGGER tz_broken BEFORE UPDATE OF last_tz_offset_seconds ON devices "
-                "FOR EACH ROW EXECUTE FUNCTION tz_broken()"
-            ))
+            conn.execute(
+                text(
+                    "CREATE FUNCTION tz_broken() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'tz writes are broken'; END $$"
+                )
+            )
+            conn.execute(
+                text(
+                    "CREATE TRIGGER tz_broken BEFORE UPDATE OF last_tz_offset_seconds ON devices "
+                    "FOR EACH ROW EXECUTE FUNCTION tz_broken()"
+                )
+            )
     try:
         yield
     finally:
@@ -251,6 +261,8 @@ def test_feed_requests_cannot_multiply_reads_of_a_source(served, feeds):
     served.put_device("phone-1", source_urls=[ok, bad, calendar])
     answers = [served.api.get("/v1/devices/phone-1/feed").json() for _ in range(5)]
     assert (feeds.hits["/cached.json"], feeds.hits["/down.json"], feeds.hits["/cal.ics"]) == (1, 1, 1)
-    assert all(a["items"] == answers[0]["items"] and a["sources_failed"] == answers[0]["sources_failed"] for a in answers)
+    assert all(
+        a["items"] == answers[0]["items"] and a["sources_failed"] == answers[0]["sources_failed"] for a in answers
+    )
     assert [i["title"] for i in answers[0]["items"]] == ["Event e"]
     assert answers[0]["sources_failed"] == [{"url": shown_url(bad), "error": "http_503"}]

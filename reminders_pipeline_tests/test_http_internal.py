@@ -37,7 +37,9 @@ def build(s, **body) -> dict:
 
 
 def drain(s, row_id: int | None = None, now: str = at(3605), **kw) -> httpx.Response:
-    return s.api.post("/internal/reminders/drain", params={} if row_id is None else {"id": row_id}, json={"now": now}, **kw)
+    return s.api.post(
+        "/internal/reminders/drain", params={} if row_id is None else {"id": row_id}, json={"now": now}, **kw
+    )
 
 
 def test_build_by_device_builds_only_that_device(served, feeds):
@@ -98,7 +100,11 @@ def test_drain_by_id_twice_sends_once(serve, settings, feeds):
     assert r.status_code == 200, r.text
     assert (r.json()["due"], r.json()["claimed"], r.json()["outcomes"]) == (1, 1, {"sent": 1})
     again = drain(s, first, now=at(3610))
-    assert again.status_code == 200 and (again.json()["due"], again.json()["claimed"], again.json()["outcomes"]) == (0, 0, {})
+    assert again.status_code == 200 and (again.json()["due"], again.json()["claimed"], again.json()["outcomes"]) == (
+        0,
+        0,
+        {},
+    )
     assert [n.row_id for n in sender.sent] == [first]
     # Only that row: the other due row waits for its own call (or a sweep).
     assert {r["id"]: r["status"] for r in s.rows()} == {first: "settled", second: "pending"}

@@ -16,7 +16,7 @@ from reminders_pipeline.http.metrics import Metrics
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import shift
 
-from .support import NOW, TOKEN, device
+from .support import NOW, device
 from .test_dagster_support import definitions_for, resources_for
 from .test_http_support import APNS_TOKEN, http_settings, serve, served  # noqa: F401 - fixtures
 
@@ -83,9 +83,10 @@ def test_metrics_after_a_build_and_a_drain(serve, settings, feeds):
     assert value(drained, "reminders_window_send_lateness_seconds_bucket", le="300.0") == 0
     assert value(drained, "reminders_window_send_lateness_seconds_bucket", le="900.0") == 1
     assert 595 <= value(drained, "reminders_window_send_lateness_seconds_gsum") < 630
-    assert all(value(drained, "reminders_clock_faults", kind=k) == 0 for k in (
-        "reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future"
-    ))
+    assert all(
+        value(drained, "reminders_clock_faults", kind=k) == 0
+        for k in ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
+    )
 
 
 def test_failed_sends_are_counted_by_apns_reason(serve, settings, feeds):
@@ -125,17 +126,43 @@ def test_sends_of_a_dagster_run_and_of_another_process_appear(serve, settings, d
     assert value(samples, "reminders_http_drains_total") == 0
 
 
-def _sent(db: Database, device_id: str, send_after: str, sent_at: str, settled_at: str, outcome: str = "sent", detail: str | None = None) -> None:
+def _sent(
+    db: Database,
+    device_id: str,
+    send_after: str,
+    sent_at: str,
+    settled_at: str,
+    outcome: str = "sent",
+    detail: str | None = None,
+) -> None:
     """One row through the real claim and settle, with every time chosen."""
     row = {
-        "device_id": device_id, "source_id": None, "item_id": f"i-{device_id}-{send_after}", "rule": "lead:3600",
-        "send_after": send_after, "event_at": shift(send_after, 3600), "expires_at": shift(send_after, 5400),
-        "title": "t", "body": None,
+        "device_id": device_id,
+        "source_id": None,
+        "item_id": f"i-{device_id}-{send_after}",
+        "rule": "lead:3600",
+        "send_after": send_after,
+        "event_at": shift(send_after, 3600),
+        "expires_at": shift(send_after, 5400),
+        "title": "t",
+        "body": None,
     }
     with db.write() as conn:
         (row_id,) = ledger.upsert_rows(conn, [row], shift(send_after, -60))
         ledger.claim(conn, [row_id], send_after, "c")
-        ledger.settle(conn, [{"id": row_id, "outcome": outcome, "outcome_detail": detail, "sent_at": sent_at if outcome == "sent" else None}], "c", settled_at)
+        ledger.settle(
+            conn,
+            [
+                {
+                    "id": row_id,
+                    "outcome": outcome,
+                    "outcome_detail": detail,
+                    "sent_at": sent_at if outcome == "sent" else None,
+                }
+            ],
+            "c",
+            settled_at,
+        )
 
 
 def test_the_window_bounds_what_is_counted_and_the_histogram(db, settings):
@@ -148,7 +175,10 @@ def test_the_window_bounds_what_is_counted_and_the_histogram(db, settings):
     assert value(samples, "reminders_window_settled_rows", outcome="failed", detail="BadDeviceToken") == 1
     assert value(samples, "reminders_window_send_lateness_seconds_gcount") == 2
     assert value(samples, "reminders_window_send_lateness_seconds_gsum") == 42
-    buckets = {le: value(samples, "reminders_window_send_lateness_seconds_bucket", le=le) for le in ("1.0", "5.0", "30.0", "60.0", "+Inf")}
+    buckets = {
+        le: value(samples, "reminders_window_send_lateness_seconds_bucket", le=le)
+        for le in ("1.0", "5.0", "30.0", "60.0", "+Inf")
+    }
     assert buckets == {"1.0": 0, "5.0": 1, "30.0": 1, "60.0": 2, "+Inf": 2}
     wider = scrape_at(db, settings.with_(metrics_window_seconds=1800), NOW)
     assert value(wider, "reminders_window_settled_rows", outcome="sent", detail="") == 3

@@ -49,7 +49,9 @@ def no_source_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(
     ("accept_now", "operations"), [(False, ".*"), (True, "^/internal/")], ids=["production", "now-accepted"]
 )
-def test_no_server_error_for_any_generated_input(serve, settings, no_source_reads, tmp_path: Path, accept_now: bool, operations: str):
+def test_no_server_error_for_any_generated_input(
+    serve, settings, no_source_reads, tmp_path: Path, accept_now: bool, operations: str
+):
     # Dry run (no APNs), no source reads (no_source_reads).
     s = serve(http_settings(settings, source_timeout_seconds=1.0, http_accept_now=accept_now))
     # The guard is in place: a public source is refused before DNS, an ordinary failed read.
@@ -59,14 +61,25 @@ def test_no_server_error_for_any_generated_input(serve, settings, no_source_read
     assert built.json()["sources_failed"] == [{"url": shown_url(public), "error": "address_refused"}], built.text
     assert no_source_reads == ["example.com:443"]
     command = [
-        sys.executable, "-m", "schemathesis.cli", "run", f"{s.url}/openapi.json",
-        "--header", f"Authorization: Bearer {SECRET}",
-        "--checks", "all",
-        "--exclude-checks", "positive_data_acceptance",
-        "--include-path-regex", operations,
-        "--max-examples", EXAMPLES,
-        "--seed", SEED,
-        "--request-timeout", "30",
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{s.url}/openapi.json",
+        "--header",
+        f"Authorization: Bearer {SECRET}",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "--include-path-regex",
+        operations,
+        "--max-examples",
+        EXAMPLES,
+        "--seed",
+        SEED,
+        "--request-timeout",
+        "30",
         "--no-color",
     ]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)

@@ -47,7 +47,9 @@ def test_serve_runs_the_app_from_the_environment(db_url, tmp_path):
     port = free_port()
     env = {**os.environ, "REMINDERS_DATABASE_URL": db_url, "REMINDERS_TOKEN": SECRET}
     env.pop("REMINDERS_ENABLED", None)
-    proc = subprocess.Popen(serve_command(port), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        serve_command(port), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         health = wait_healthy(base, proc)
@@ -75,6 +77,10 @@ def test_serve_refuses_a_bad_configuration(tmp_path):
     env = {**os.environ, "REMINDERS_CHUNK_COUNT": "zero"}
     done = subprocess.run(
         [sys.executable, "-m", "reminders_pipeline.http.serve", "--port", str(free_port())],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2 and "REMINDERS_CHUNK_COUNT" in done.stderr

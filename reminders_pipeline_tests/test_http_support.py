@@ -10,8 +10,9 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -44,7 +45,7 @@ class ServedApp:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "ServedApp":
+    def start(self) -> ServedApp:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
@@ -100,7 +101,9 @@ def serve(db: Database) -> Iterator[Callable[..., Served]]:
     """``serve(settings, sender_factory=None, database=None)``: start an app; all are stopped after the test."""
     started: list[Served] = []
 
-    def start(settings: Settings, sender_factory: SenderFactory | None = None, database: Database | None = None) -> Served:
+    def start(
+        settings: Settings, sender_factory: SenderFactory | None = None, database: Database | None = None
+    ) -> Served:
         database = database or db
         app = ServedApp(create_app(settings, db=database, sender_factory=sender_factory)).start()
         api = httpx.Client(base_url=app.base_url, timeout=60, headers={"Authorization": f"Bearer {SECRET}"})

@@ -44,7 +44,10 @@ def test_sql_is_written_only_under_ledger():
 
 def test_the_rule_catches_a_statement_built_or_written_outside_ledger():
     source = 'from sqlalchemy import select, Connection\nQ = """SELECT id\n FROM notification_queue"""\n'
-    assert _sql_written_in(source, "x.py") == ["x.py:1 imports ['select']", "x.py:2: 'SELECT id\\n FROM notification_queue'"]
+    assert _sql_written_in(source, "x.py") == [
+        "x.py:1 imports ['select']",
+        "x.py:2: 'SELECT id\\n FROM notification_queue'",
+    ]
 
 
 def _readme_layout() -> str:

@@ -32,25 +32,52 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 
-from reminders_pipeline import build as build_mod, drain as drain_mod, ledger, retention, sources as sources_mod
+from reminders_pipeline import build as build_mod
+from reminders_pipeline import drain as drain_mod
+from reminders_pipeline import ledger, retention
+from reminders_pipeline import sources as sources_mod
 from reminders_pipeline.db import Database
 from reminders_pipeline.devices import DeviceSpec, put_device, remove_device
 from reminders_pipeline.dispatch import Dispatcher
 from reminders_pipeline.rules import parse_rule
-from reminders_pipeline.schema import devices as devices_t, notification_queue as queue_t, sources as sources_t
+from reminders_pipeline.schema import devices as devices_t
+from reminders_pipeline.schema import notification_queue as queue_t
+from reminders_pipeline.schema import sources as sources_t
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
 from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
 from .model_support import (
-    ANSWERS, FAULTS, ICS_URL, JSON_URL, MAY_HAVE_DELIVERED, OUTAGE, RETRIED, ApnsDouble, Event, Feed, FeedTransport, Occurrence,
-    Series, Sent, unix_to_wall,
+    ANSWERS,
+    FAULTS,
+    ICS_URL,
+    JSON_URL,
+    MAY_HAVE_DELIVERED,
+    OUTAGE,
+    RETRIED,
+    ApnsDouble,
+    Event,
+    Feed,
+    FeedTransport,
+    Occurrence,
+    Sent,
+    Series,
+    unix_to_wall,
 )
 
 EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
@@ -261,13 +288,17 @@ class ReminderMachine(RuleBasedStateMachine):
     # -- feed edits -----------------------------------------------------------------------------
 
     @rule(**EVENT_CHOICES)
-    def add_event(self, ics: bool, kind: str, offset: int, wall: int, day: int, duration: int, alarm: int | None) -> None:
+    def add_event(
+        self, ics: bool, kind: str, offset: int, wall: int, day: int, duration: int, alarm: int | None
+    ) -> None:
         feed = self.feeds[ICS_URL if ics else JSON_URL]
         if len(feed.events) >= MAX_EVENTS:
             return
         if not ics or kind == "utc":
             start, kind = int(self.now) + offset, "utc"
-            event = Event(self._uid("e"), f"Meeting {self.next_uid}", start, start + duration, alarm_lead=alarm if ics else None)
+            event = Event(
+                self._uid("e"), f"Meeting {self.next_uid}", start, start + duration, alarm_lead=alarm if ics else None
+            )
         else:
             midnight = (int(self.now) // 86400 + day) * 86400
             start = midnight if kind == "all_day" else midnight + wall * 60
@@ -275,7 +306,11 @@ class ReminderMachine(RuleBasedStateMachine):
             event = Event(self._uid("e"), f"Plan {self.next_uid}", start, end, kind, alarm_lead=alarm)
         feed.events[event.uid] = event
 
-    @rule(ics=st.booleans(), which=st.integers(0, MAX_EVENTS - 1), title=st.sampled_from(("Retitled", "Moved room", "Café ☕")))
+    @rule(
+        ics=st.booleans(),
+        which=st.integers(0, MAX_EVENTS - 1),
+        title=st.sampled_from(("Retitled", "Moved room", "Café ☕")),
+    )
     def retitle(self, ics: bool, which: int, title: str) -> None:
         self._edit(ics, which, lambda e: replace(e, title=f"{title} {e.uid}"))
 
@@ -288,7 +323,9 @@ class ReminderMachine(RuleBasedStateMachine):
         """Later, earlier, or into the past (started half an hour ago)."""
 
         def moved(e: Event) -> Event:
-            shift = int(self.now) - 1800 - e.start if delta == "past" else delta  # floating: half an hour ago in UTC wall time
+            shift = (
+                int(self.now) - 1800 - e.start if delta == "past" else delta
+            )  # floating: half an hour ago in UTC wall time
             assert isinstance(shift, int)
             if e.kind == "all_day":  # a date moves by whole days
                 shift = 86400 * (shift // 86400 if delta == "past" else (1 if shift > 0 else -1))
@@ -364,7 +401,12 @@ class ReminderMachine(RuleBasedStateMachine):
         if tz is None and old is not None:
             tz = old.tz  # an omitted zone keeps the stored one
         device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls)
-        put_device(self.db, self.settings, DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms), now=self.iso)
+        put_device(
+            self.db,
+            self.settings,
+            DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms),
+            now=self.iso,
+        )
         self.devices[which] = device
         self._refresh_sources()
         if old is not None and (old.tz, old.quiet) != (tz, quiet):
@@ -384,8 +426,15 @@ class ReminderMachine(RuleBasedStateMachine):
     def _check_holds_ended(self, device_id: str) -> None:
         """A hold decided under the device's old zone or quiet hours does not outlive them."""
         for r in self._rows():
-            if r["device_id"] == device_id and r["status"] == "pending" and r["held_until"] and unix_from_iso(r["held_until"]) > self.now:
-                raise PromiseBroken(f"HOLD_KEPT: row {r['id']} ({r['item_id']} {r['rule']}) still held until {r['held_until']} after its device's zone or quiet hours changed")
+            if (
+                r["device_id"] == device_id
+                and r["status"] == "pending"
+                and r["held_until"]
+                and unix_from_iso(r["held_until"]) > self.now
+            ):
+                raise PromiseBroken(
+                    f"HOLD_KEPT: row {r['id']} ({r['item_id']} {r['rule']}) still held until {r['held_until']} after its device's zone or quiet hours changed"
+                )
 
     @precondition(lambda self: bool(self.devices))
     @rule(which=st.integers(0, 2))
@@ -428,7 +477,11 @@ class ReminderMachine(RuleBasedStateMachine):
         reads = self.transport.reads[reads_before:]
         # A read answered but unusable (a calendar whose only series floods: every item rejected) failed too.
         unusable = {f["url"] for f in summary.sources_failed}
-        ok = {self.source_ids[u] for u, how in reads if how in ("ok", "not_modified") and sources_mod.shown_url(u) not in unusable}
+        ok = {
+            self.source_ids[u]
+            for u, how in reads
+            if how in ("ok", "not_modified") and sources_mod.shown_url(u) not in unusable
+        }
         failed = {self.source_ids[u] for u, _ in reads} - ok
         rows = {r["id"]: r for r in self._rows()}
         self._check_failed_reads(before, rows, failed)
@@ -463,7 +516,10 @@ class ReminderMachine(RuleBasedStateMachine):
                 continue
             flooding = self._flooding(sid)
             live = [o for o in occs.values() if not o.cancelled and not (o.series and flooding)]
-            spans = {o.id: (o.start - (0 if o.kind == "utc" else slack), o.start + (0 if o.kind == "utc" else slack)) for o in live}
+            spans = {
+                o.id: (o.start - (0 if o.kind == "utc" else slack), o.start + (0 if o.kind == "utc" else slack))
+                for o in live
+            }
             counted = [o for o in live if o.end + (0 if o.kind == "utc" else slack) > self.now]
             for o in counted:
                 if sum(1 for p in counted if p.id != o.id and spans[p.id][0] <= spans[o.id][1]) >= ITEM_CAP:
@@ -472,7 +528,10 @@ class ReminderMachine(RuleBasedStateMachine):
                     continue
                 for name in config.rules_for(o):
                     due = rule_instant(name, o, config.tz)
-                    if self.now + 60 < due <= self.now + self.settings.horizon_seconds - 60 and (device_id, f"{sid}:{o.id}", name) not in have:
+                    if (
+                        self.now + 60 < due <= self.now + self.settings.horizon_seconds - 60
+                        and (device_id, f"{sid}:{o.id}", name) not in have
+                    ):
                         raise PromiseBroken(
                             f"MISSING: {device_id} {sid}:{o.id} {name} due {iso_from_unix(due)} has no row after a successful read at {self.iso}"
                         )
@@ -482,15 +541,23 @@ class ReminderMachine(RuleBasedStateMachine):
         series = self.feeds[url].series
         return series is not None and series.runaway
 
-    def _check_failed_reads(self, before: dict[int, dict[str, Any]], rows: dict[int, dict[str, Any]], failed: set[int]) -> None:
+    def _check_failed_reads(
+        self, before: dict[int, dict[str, Any]], rows: dict[int, dict[str, Any]], failed: set[int]
+    ) -> None:
         """A failed or partial read voids nothing and re-times nothing."""
         for row_id, old in before.items():
             if old["status"] != "pending" or old["source_id"] not in failed:
                 continue
             new = rows.get(row_id)
-            changed = {c: (old[c], new[c]) for c in ("status", "send_after", "event_at", "title", "outcome_detail") if new and old[c] != new[c]}
+            changed = {
+                c: (old[c], new[c])
+                for c in ("status", "send_after", "event_at", "title", "outcome_detail")
+                if new and old[c] != new[c]
+            }
             if changed and not self._unwanted(old):
-                raise PromiseBroken(f"FAILED_READ_CHANGED_ROW: row {row_id} ({old['item_id']} {old['rule']}) of a source whose read failed: {changed}")
+                raise PromiseBroken(
+                    f"FAILED_READ_CHANGED_ROW: row {row_id} ({old['item_id']} {old['rule']}) of a source whose read failed: {changed}"
+                )
 
     def _unwanted(self, row: dict[str, Any]) -> bool:
         """The device itself no longer wants this row (removed, unsubscribed, or the rule gone from
@@ -515,7 +582,9 @@ class ReminderMachine(RuleBasedStateMachine):
             config, occ = found
             occs = self.basis[(r["device_id"], int(r["item_id"].split(":")[0]))][1]
             live = sorted(
-                (o.instant(o.start, config.tz), o.id) for o in occs.values() if not o.cancelled and o.instant(o.end, config.tz) > self.now
+                (o.instant(o.start, config.tz), o.id)
+                for o in occs.values()
+                if not o.cancelled and o.instant(o.end, config.tz) > self.now
             )
             kept = {i for _, i in live[:ITEM_CAP]}
             if occ.id in kept:
@@ -537,7 +606,11 @@ class ReminderMachine(RuleBasedStateMachine):
         if not due:
             return
         row_id = due[which % len(due)]
-        self._pass(lambda: drain_mod.drain(self.db, self.settings, self.apns.factory(), now=self.iso, row_id=row_id), due_by=self.now, only=row_id)
+        self._pass(
+            lambda: drain_mod.drain(self.db, self.settings, self.apns.factory(), now=self.iso, row_id=row_id),
+            due_by=self.now,
+            only=row_id,
+        )
 
     @rule(span=st.sampled_from((5, 60, 600, 1800)))
     def dispatcher_pass(self, span: int) -> None:
@@ -566,7 +639,9 @@ class ReminderMachine(RuleBasedStateMachine):
                 if committed and len(failed) == 1:
                     real(conn, returned, claimer)
                     conn.commit()
-                raise OperationalError("UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection"))
+                raise OperationalError(
+                    "UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection")
+                )
             return real(conn, returned, claimer)
 
         timer = DrivenTimer(self.now)
@@ -580,7 +655,9 @@ class ReminderMachine(RuleBasedStateMachine):
         self.now = max(self.now, until)
         stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
         if stuck:
-            raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after a dispatcher pass whose writes the database lost {failed}")
+            raise PromiseBroken(
+                f"CLAIM_LEFT: rows {stuck} still claimed after a dispatcher pass whose writes the database lost {failed}"
+            )
 
     def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None, stopped: bool = False) -> None:
         self.clock_now = self.now
@@ -600,16 +677,22 @@ class ReminderMachine(RuleBasedStateMachine):
         """No send to a device marked dead until it registers again; no retry before its backoff ends."""
         where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)}"
         if s.device_id in invalid:
-            raise PromiseBroken(f"SENT_TO_DEAD_TOKEN: {where}: the device was marked invalid and has not registered again")
+            raise PromiseBroken(
+                f"SENT_TO_DEAD_TOKEN: {where}: the device was marked invalid and has not registered again"
+            )
         if row is not None and row["not_before"] and s.at < unix_from_iso(row["not_before"]):
             raise PromiseBroken(f"RETRY_EARLY: {where}: its backoff ran to {row['not_before']}")
 
     def _check_stale_410(self, sends: list[Sent], invalid: set[str]) -> None:
         """A 410 stamped before the device's last registration marks nothing."""
-        stale = {s.device_id for s in sends if s.answer == "410_stale"} - {s.device_id for s in sends if s.answer in ("400", "410")}
+        stale = {s.device_id for s in sends if s.answer == "410_stale"} - {
+            s.device_id for s in sends if s.answer in ("400", "410")
+        }
         marked = (self._invalid_devices() - invalid) & stale
         if marked:
-            raise PromiseBroken(f"STALE_410_MARKED: {sorted(marked)} marked invalid by a 410 older than their registration")
+            raise PromiseBroken(
+                f"STALE_410_MARKED: {sorted(marked)} marked invalid by a 410 older than their registration"
+            )
 
     def _check_send(self, s: Sent) -> None:
         """Never stale, never early, never inside quiet hours, never twice."""
@@ -620,7 +703,9 @@ class ReminderMachine(RuleBasedStateMachine):
             raise PromiseBroken(f"STALE_NO_READ: {where}: no successful read of its source for this device")
         config, occ = found
         if occ is None or occ.cancelled:
-            raise PromiseBroken(f"STALE_ITEM_GONE: {where}: the last successful read shows the item {'cancelled' if occ else 'gone'}")
+            raise PromiseBroken(
+                f"STALE_ITEM_GONE: {where}: the last successful read shows the item {'cancelled' if occ else 'gone'}"
+            )
         if s.starts_at != occ.instant(occ.start, config.tz):
             raise PromiseBroken(
                 f"STALE_TIME: {where}: sent a start of {iso_from_unix(s.starts_at)}, the item as last read starts "
@@ -629,12 +714,18 @@ class ReminderMachine(RuleBasedStateMachine):
         if s.title != occ.title:
             raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
         if parse_rule(s.rule).name not in config.rules_for(occ):
-            raise PromiseBroken(f"STALE_RULE: {where}: the device's rules as last built are {sorted(config.rules_for(occ))}")
+            raise PromiseBroken(
+                f"STALE_RULE: {where}: the device's rules as last built are {sorted(config.rules_for(occ))}"
+            )
         due = rule_instant(s.rule, occ, config.tz)
         if s.at < due:
             raise PromiseBroken(f"EARLY: {where}: the rule's time is {iso_from_unix(due)}")
         current = self.devices.get(s.device_id)
-        if current is not None and not parse_rule(s.rule).breakthrough and in_quiet_hours(current.quiet, s.at, current.tz):
+        if (
+            current is not None
+            and not parse_rule(s.rule).breakthrough
+            and in_quiet_hours(current.quiet, s.at, current.tz)
+        ):
             raise PromiseBroken(f"QUIET_HOURS: {where}: inside the device's quiet hours {current.quiet} ({current.tz})")
         if s.answer in MAY_HAVE_DELIVERED:
             self._delivered((s.device_id, s.item_id, parse_rule(s.rule).name), feed_anchor(s.rule, occ), where)
@@ -643,7 +734,9 @@ class ReminderMachine(RuleBasedStateMachine):
         if key in self.delivered:
             previous = self.delivered[key]
             if anchor is None or previous is None or abs(anchor - previous) < self.settings.rearm_threshold_seconds:
-                raise PromiseBroken(f"DUPLICATE: {where}: already possibly delivered for the same occurrence (anchor {previous} vs {anchor})")
+                raise PromiseBroken(
+                    f"DUPLICATE: {where}: already possibly delivered for the same occurrence (anchor {previous} vs {anchor})"
+                )
         self.delivered[key] = anchor
 
     def _check_settled_when_healthy(self, sends: list[Sent], due_by: float, only: int | None) -> None:
@@ -654,13 +747,19 @@ class ReminderMachine(RuleBasedStateMachine):
         with self.db.read() as conn:
             tokens = {i: t for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
         for r in self._rows():
-            if r["status"] != "pending" or unix_from_iso(r["send_after"]) > due_by or (only is not None and r["id"] != only):
+            if (
+                r["status"] != "pending"
+                or unix_from_iso(r["send_after"]) > due_by
+                or (only is not None and r["id"] != only)
+            ):
                 continue
             if r["device_id"] not in tokens or tokens[r["device_id"]] in unhealthy:
                 continue
             if r["not_before"] is not None and unix_from_iso(r["not_before"]) > due_by:
                 continue  # a retryable answer's backoff (no send before it is checked apart): not due yet
-            raise PromiseBroken(f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {iso_from_unix(due_by)}")
+            raise PromiseBroken(
+                f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {iso_from_unix(due_by)}"
+            )
 
     # -- abandoned claims and prune -------------------------------------------------------------
 
@@ -677,7 +776,11 @@ class ReminderMachine(RuleBasedStateMachine):
             found = self._occurrence(row["device_id"], row["item_id"])
             occ = found[1] if found else None
             anchor = feed_anchor(row["rule"], occ) if occ is not None and not occ.cancelled else None
-            self._delivered((row["device_id"], row["item_id"], parse_rule(row["rule"]).name), anchor, f"abandoned claim of row {row['id']}")
+            self._delivered(
+                (row["device_id"], row["item_id"], parse_rule(row["rule"]).name),
+                anchor,
+                f"abandoned claim of row {row['id']}",
+            )
 
     @rule()
     def prune(self) -> None:
@@ -695,7 +798,11 @@ class ReminderMachine(RuleBasedStateMachine):
         if not ids:
             return
         s = self.settings
-        paused_for = s.abandon_after_seconds + 30 if abandoned else s.abandon_after_seconds - s.send_timeout_seconds - s.fence_margin_seconds
+        paused_for = (
+            s.abandon_after_seconds + 30
+            if abandoned
+            else s.abandon_after_seconds - s.send_timeout_seconds - s.fence_margin_seconds
+        )
         claim_at, mono, woke = self.now, [1000.0], []
         machine = self
 
@@ -723,13 +830,25 @@ class ReminderMachine(RuleBasedStateMachine):
 
         self.clock_now, self.apns.clock = claim_at, lambda: self.clock_now
         try:
-            asyncio.run(drain_mod.send_batch_async(self.db, s, ids, lambda: Paused(), now=iso_from_unix(claim_at), claimer="paused", monotonic=lambda: mono[0]))
+            asyncio.run(
+                drain_mod.send_batch_async(
+                    self.db,
+                    s,
+                    ids,
+                    lambda: Paused(),
+                    now=iso_from_unix(claim_at),
+                    claimer="paused",
+                    monotonic=lambda: mono[0],
+                )
+            )
         finally:
             self.apns.monotonic = time.monotonic
         self.now = max(self.now, claim_at + (paused_for if woke else 0))
-        late = self.apns.sent[woke[0]:] if woke else []
+        late = self.apns.sent[woke[0] :] if woke else []
         if late:
-            raise PromiseBroken(f"SENT_PAST_FENCE: {[(x.device_id, x.item_id, x.rule) for x in late]} sent by a process woken past its claim's fence")
+            raise PromiseBroken(
+                f"SENT_PAST_FENCE: {[(x.device_id, x.item_id, x.rule) for x in late]} sent by a process woken past its claim's fence"
+            )
         stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "paused" and r["status"] == "claimed"]
         if stuck:
             raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after the paused drain ended")
@@ -741,7 +860,11 @@ class ReminderMachine(RuleBasedStateMachine):
                 found = self._occurrence(row["device_id"], row["item_id"])
                 occ = found[1] if found else None
                 anchor = feed_anchor(row["rule"], occ) if occ is not None and not occ.cancelled else None
-                self._delivered((row["device_id"], row["item_id"], parse_rule(row["rule"]).name), anchor, f"abandoned claim of row {row['id']}")
+                self._delivered(
+                    (row["device_id"], row["item_id"], parse_rule(row["rule"]).name),
+                    anchor,
+                    f"abandoned claim of row {row['id']}",
+                )
         drain_mod.fail_abandoned(self.db, self.settings, self.iso)
 
     @rule()
@@ -785,7 +908,9 @@ class ReminderMachine(RuleBasedStateMachine):
         if self._rows() != before:
             raise PromiseBroken(f"WIDGET_CHANGED_QUEUE: feed requests for {device_id} changed the queue")
         if self.transport.reads[n:]:
-            raise PromiseBroken(f"WIDGET_READ_AGAIN: {self.transport.reads[n:]} read again by a second feed request at the same instant")
+            raise PromiseBroken(
+                f"WIDGET_READ_AGAIN: {self.transport.reads[n:]} read again by a second feed request at the same instant"
+            )
 
     def teardown(self) -> None:
         rows = self._rows()
@@ -811,7 +936,9 @@ class ReminderMachine(RuleBasedStateMachine):
                 if r["outcome"] not in SETTLED_OUTCOMES or (r["outcome"] in NEEDS_DETAIL and not r["outcome_detail"]):
                     raise PromiseBroken(f"NO_REASON: {where} settled {r['outcome']!r} / {r['outcome_detail']!r}")
                 if r["outcome"] == "sent":
-                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(max(r["send_after"], r["held_until"] or r["send_after"]))
+                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(
+                        max(r["send_after"], r["held_until"] or r["send_after"])
+                    )
                     if late > self.settings.max_lateness_seconds:
                         raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after (or its hold's end)")
             elif r["status"] == "pending":
@@ -821,7 +948,9 @@ class ReminderMachine(RuleBasedStateMachine):
                 config, occ = found
                 due = rule_instant(r["rule"], occ, config.tz)
                 if unix_from_iso(r["send_after"]) < due:
-                    raise PromiseBroken(f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}")
+                    raise PromiseBroken(
+                        f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}"
+                    )
         self._check_holds_and_attempts(rows)
 
     def _check_holds_and_attempts(self, rows: list[dict[str, Any]]) -> None:
@@ -833,8 +962,12 @@ class ReminderMachine(RuleBasedStateMachine):
             device = self.devices.get(r["device_id"])
             held = unix_from_iso(r["held_until"]) if r["status"] == "pending" and r["held_until"] else None
             if held is not None and held > self.now and device is not None:
-                if in_quiet_hours(device.quiet, held, device.tz) or not in_quiet_hours(device.quiet, held - 1, device.tz):
-                    raise PromiseBroken(f"HOLD_NOT_AT_QUIET_END: {where} held until {r['held_until']}; quiet hours {device.quiet} ({device.tz})")
+                if in_quiet_hours(device.quiet, held, device.tz) or not in_quiet_hours(
+                    device.quiet, held - 1, device.tz
+                ):
+                    raise PromiseBroken(
+                        f"HOLD_NOT_AT_QUIET_END: {where} held until {r['held_until']}; quiet hours {device.quiet} ({device.tz})"
+                    )
             if r["status"] == "pending" and r["attempts"] >= self.settings.send_max_attempts:
                 raise PromiseBroken(f"ATTEMPTS_EXCEEDED: {where} pending after {r['attempts']} attempts")
             anchor = r["item_at"] or r["event_at"]
@@ -842,7 +975,9 @@ class ReminderMachine(RuleBasedStateMachine):
             if previous is not None and r["attempts"] < previous[0]:
                 moved = abs(unix_from_iso(anchor) - unix_from_iso(previous[1])) >= self.settings.rearm_threshold_seconds
                 if not moved:
-                    raise PromiseBroken(f"ATTEMPTS_RESET: {where} attempts {previous[0]} -> {r['attempts']} for the same occurrence")
+                    raise PromiseBroken(
+                        f"ATTEMPTS_RESET: {where} attempts {previous[0]} -> {r['attempts']} for the same occurrence"
+                    )
             attempts[r["id"]] = (r["attempts"], anchor)
         self.attempts = attempts
 

@@ -10,8 +10,15 @@ T = 1_789_029_000  # 2026-09-10T08:30:00Z
 
 def row(**over):
     base = {
-        "id": 7, "device_id": "d", "item_id": "3:standup", "rule": "lead:600", "title": "Standup", "body": None,
-        "event_at": iso_from_unix(T), "expires_at": iso_from_unix(T + 1800), "apns_token": "ab" * 32,
+        "id": 7,
+        "device_id": "d",
+        "item_id": "3:standup",
+        "rule": "lead:600",
+        "title": "Standup",
+        "body": None,
+        "event_at": iso_from_unix(T),
+        "expires_at": iso_from_unix(T + 1800),
+        "apns_token": "ab" * 32,
         "last_tz_offset_seconds": 7200,
     }
     return base | over

@@ -13,7 +13,10 @@ DRY = Settings(enabled=False, max_lateness_seconds=1800)
 
 def row(rule: str, send_after: int, start: int = T, end: int = T + 1800, **device: object) -> dict:
     return {
-        "rule": rule, "send_after": iso_from_unix(send_after), "event_at": iso_from_unix(start), "expires_at": iso_from_unix(end),
+        "rule": rule,
+        "send_after": iso_from_unix(send_after),
+        "event_at": iso_from_unix(start),
+        "expires_at": iso_from_unix(end),
         **device,
     }
 
@@ -45,32 +48,101 @@ QUIET = {"tz_name": "UTC", "quiet_hours": "22:00-07:00"}
         ("disabled: would have sent", row("lead:3600", T - 3600), T - 3500, DRY, "disabled"),
         ("disabled: too late still reported", row("lead:7200", T - 7200), T - 7200 + 1801, DRY, "too_late"),
         # All-day rules: bounded by the end of the last day and lateness, never event_started.
-        ("day:0@09:00 after the day began", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600 + 60, LIVE, "send"),
+        (
+            "day:0@09:00 after the day began",
+            row("day:0@09:00", D + 9 * 3600, D, D + DAY),
+            D + 9 * 3600 + 60,
+            LIVE,
+            "send",
+        ),
         ("day:1@18:00 the evening before", row("day:1@18:00", D - 6 * 3600, D, D + DAY), D - 6 * 3600, LIVE, "send"),
         ("day rule too late", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600 + 1801, LIVE, "too_late"),
         ("day rule after the last day", row("day:0@23:50", D + DAY - 600, D, D + DAY), D + DAY, LIVE, "event_expired"),
         ("day rule, dry run", row("day:0@09:00", D + 9 * 3600, D, D + DAY), D + 9 * 3600, DRY, "disabled"),
         # Quiet hours (22:00-07:00 UTC): what the build could not hold is settled, ``!`` breaks through.
-        ("inside quiet hours", row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, LIVE, "quiet_hours"),
-        ("quiet hours, dry run too", row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, DRY, "quiet_hours"),
-        ("break-through rule", row("lead:0!", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET), D + 23 * 3600, LIVE, "send"),
-        ("held to the window's end", row("lead:3600", D + 7 * 3600, D + 9 * 3600, D + DAY, **QUIET), D + 7 * 3600, LIVE, "send"),
-        ("quiet hours in the zone", row("lead:0", D + 20 * 3600, D + 20 * 3600, D + DAY, tz_name="Europe/Berlin",
-                                        quiet_hours="22:00-07:00"), D + 20 * 3600, LIVE, "quiet_hours"),
+        (
+            "inside quiet hours",
+            row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET),
+            D + 23 * 3600,
+            LIVE,
+            "quiet_hours",
+        ),
+        (
+            "quiet hours, dry run too",
+            row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET),
+            D + 23 * 3600,
+            DRY,
+            "quiet_hours",
+        ),
+        (
+            "break-through rule",
+            row("lead:0!", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET),
+            D + 23 * 3600,
+            LIVE,
+            "send",
+        ),
+        (
+            "held to the window's end",
+            row("lead:3600", D + 7 * 3600, D + 9 * 3600, D + DAY, **QUIET),
+            D + 7 * 3600,
+            LIVE,
+            "send",
+        ),
+        (
+            "quiet hours in the zone",
+            row("lead:0", D + 20 * 3600, D + 20 * 3600, D + DAY, tz_name="Europe/Berlin", quiet_hours="22:00-07:00"),
+            D + 20 * 3600,
+            LIVE,
+            "quiet_hours",
+        ),
         ("too late beats quiet hours", row("lead:0", D, D, D + DAY, **QUIET), D + 1801, LIVE, "too_late"),
         # Claimed late inside quiet hours: held to their end while the event is still ahead then.
-        ("claimed late inside quiet hours", row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600, **QUIET),
-         D + 22 * 3600 + 180, LIVE, "held"),
-        ("held, then sent at the window's end", row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600,
-                                                    not_before=iso_from_unix(D + DAY + 7 * 3600), held_until=iso_from_unix(D + DAY + 7 * 3600),
-                                                    outcome_detail="quiet_hours", **QUIET),
-         D + DAY + 7 * 3600 + 60, LIVE, "send"),
-        ("held, then a retry: still counted from the hold's end",
-         row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600, not_before=iso_from_unix(D + DAY + 7 * 3600 + 3),
-             held_until=iso_from_unix(D + DAY + 7 * 3600), outcome_detail="InternalServerError", **QUIET),
-         D + DAY + 7 * 3600 + 60, LIVE, "send"),
-        ("a retry's backoff does not move lateness", row("lead:3600", T - 3600, not_before=iso_from_unix(T - 3000),
-                                                         outcome_detail="ServiceUnavailable"), T - 3600 + 1801, LIVE, "too_late"),
+        (
+            "claimed late inside quiet hours",
+            row("lead:3600", D + 22 * 3600 - 120, D + DAY + 9 * 3600, D + DAY + 10 * 3600, **QUIET),
+            D + 22 * 3600 + 180,
+            LIVE,
+            "held",
+        ),
+        (
+            "held, then sent at the window's end",
+            row(
+                "lead:3600",
+                D + 22 * 3600 - 120,
+                D + DAY + 9 * 3600,
+                D + DAY + 10 * 3600,
+                not_before=iso_from_unix(D + DAY + 7 * 3600),
+                held_until=iso_from_unix(D + DAY + 7 * 3600),
+                outcome_detail="quiet_hours",
+                **QUIET,
+            ),
+            D + DAY + 7 * 3600 + 60,
+            LIVE,
+            "send",
+        ),
+        (
+            "held, then a retry: still counted from the hold's end",
+            row(
+                "lead:3600",
+                D + 22 * 3600 - 120,
+                D + DAY + 9 * 3600,
+                D + DAY + 10 * 3600,
+                not_before=iso_from_unix(D + DAY + 7 * 3600 + 3),
+                held_until=iso_from_unix(D + DAY + 7 * 3600),
+                outcome_detail="InternalServerError",
+                **QUIET,
+            ),
+            D + DAY + 7 * 3600 + 60,
+            LIVE,
+            "send",
+        ),
+        (
+            "a retry's backoff does not move lateness",
+            row("lead:3600", T - 3600, not_before=iso_from_unix(T - 3000), outcome_detail="ServiceUnavailable"),
+            T - 3600 + 1801,
+            LIVE,
+            "too_late",
+        ),
     ],
 )
 def test_policy_table(case, r, now, settings, expected):
@@ -92,7 +164,9 @@ def test_a_hold_in_the_second_pass_of_the_fold_never_moves_a_send_earlier():
 
     due, start = 1792891800 - 900, 1792897200  # 2026-10-25T01:15Z, 2026-10-25T03:00Z
     event = Item("x", "Flight", None, start, start + 3600)
-    held = held_send_after(due, parse_rule("lead:6300"), event, parse_quiet_hours("22:00-02:30"), LocalTime("Europe/Berlin"))
+    held = held_send_after(
+        due, parse_rule("lead:6300"), event, parse_quiet_hours("22:00-02:30"), LocalTime("Europe/Berlin")
+    )
     assert held == 1792891800 == due + 900  # 2026-10-25T01:30Z
 
 

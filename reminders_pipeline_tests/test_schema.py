@@ -27,14 +27,24 @@ def test_migrations_match_the_table_definitions(db):
 
 def _queue_row(**over):
     row = dict(
-        device_id="d", item_id="1:x", rule="lead:60", send_after=NOW, event_at=NOW, expires_at=NOW,
-        title="t", status="pending", created_at=NOW, updated_at=NOW,
+        device_id="d",
+        item_id="1:x",
+        rule="lead:60",
+        send_after=NOW,
+        event_at=NOW,
+        expires_at=NOW,
+        title="t",
+        status="pending",
+        created_at=NOW,
+        updated_at=NOW,
     )
     row.update(over)
     return row
 
 
-@pytest.mark.parametrize("bad", ["2026-09-10 08:00:00.000Z", "2026-09-10T08:00:00Z", "2026-09-10T08:00:00.000+00:00", "1789000000"])
+@pytest.mark.parametrize(
+    "bad", ["2026-09-10 08:00:00.000Z", "2026-09-10T08:00:00Z", "2026-09-10T08:00:00.000+00:00", "1789000000"]
+)
 def test_a_time_in_any_other_shape_is_refused_by_the_database(db, bad):
     with pytest.raises(IntegrityError):
         with db.write() as conn:
@@ -60,15 +70,24 @@ def test_the_due_query_uses_the_partial_index(db):
         conn.execute(insert(notification_queue), [_queue_row(item_id=f"1:{i}") for i in range(200)])
     with db.read() as conn:
         if db.dialect == "sqlite":
-            plan = " ".join(str(r) for r in conn.exec_driver_sql(
-                "EXPLAIN QUERY PLAN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= ? ORDER BY send_after, id",
-                (NOW,),
-            ))
+            plan = " ".join(
+                str(r)
+                for r in conn.exec_driver_sql(
+                    "EXPLAIN QUERY PLAN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= ? ORDER BY send_after, id",
+                    (NOW,),
+                )
+            )
         else:
             conn.execute(text("SET LOCAL enable_seqscan = off"))
-            plan = " ".join(r[0] for r in conn.execute(text(
-                "EXPLAIN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= :now ORDER BY send_after, id"
-            ), {"now": NOW}))
+            plan = " ".join(
+                r[0]
+                for r in conn.execute(
+                    text(
+                        "EXPLAIN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= :now ORDER BY send_after, id"
+                    ),
+                    {"now": NOW},
+                )
+            )
     assert "ix_queue_due" in plan
 
 
@@ -76,10 +95,14 @@ def test_time_columns_are_collate_c_on_postgresql(postgres_url):
     """SQLite compares text bytewise already; PostgreSQL must not use a locale's order."""
     db = Database(postgres_url)
     with db.read() as conn:
-        collations = dict(conn.execute(text(
-            "SELECT column_name, collation_name FROM information_schema.columns "
-            "WHERE table_name = 'notification_queue' AND column_name IN ('send_after', 'claimed_at', 'event_at')"
-        )).all())
+        collations = dict(
+            conn.execute(
+                text(
+                    "SELECT column_name, collation_name FROM information_schema.columns "
+                    "WHERE table_name = 'notification_queue' AND column_name IN ('send_after', 'claimed_at', 'event_at')"
+                )
+            ).all()
+        )
     db.dispose()
     assert collations == {"send_after": "C", "claimed_at": "C", "event_at": "C"}
 
@@ -96,9 +119,19 @@ def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outco
     try:
         migrate.downgrade(db, "0004")
         with db.write() as conn:
-            conn.execute(text("INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
-                              "VALUES (:id, :apns_token, :chunk, :created_at, :updated_at)"), device)
-            conn.execute(text("INSERT INTO notification_queue (device_id, item_id, rule, send_after, event_at, expires_at, title, status, created_at, updated_at) VALUES (:device_id, :item_id, :rule, :send_after, :event_at, :expires_at, :title, :status, :created_at, :updated_at)"), _queue_row())
+            conn.execute(
+                text(
+                    "INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
+                    "VALUES (:id, :apns_token, :chunk, :created_at, :updated_at)"
+                ),
+                device,
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO notification_queue (device_id, item_id, rule, send_after, event_at, expires_at, title, status, created_at, updated_at) VALUES (:device_id, :item_id, :rule, :send_after, :event_at, :expires_at, :title, :status, :created_at, :updated_at)"
+                ),
+                _queue_row(),
+            )
         with pytest.raises(IntegrityError):
             with db.write() as conn:
                 conn.execute(text("UPDATE notification_queue SET status = 'settled', outcome = 'quiet_hours'"))
@@ -106,8 +139,14 @@ def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outco
         migrate.upgrade(db)
     with db.write() as conn:
         conn.execute(update(notification_queue).values(status="settled", outcome="quiet_hours"))
-        assert conn.execute(select(devices.c.all_day_rules, devices.c.tz_name, devices.c.quiet_hours)).one() == ("day:0@09:00", None, None)
-        assert conn.execute(select(notification_queue.c.item_id, notification_queue.c.outcome)).all() == [("1:x", "quiet_hours")]
+        assert conn.execute(select(devices.c.all_day_rules, devices.c.tz_name, devices.c.quiet_hours)).one() == (
+            "day:0@09:00",
+            None,
+            None,
+        )
+        assert conn.execute(select(notification_queue.c.item_id, notification_queue.c.outcome)).all() == [
+            ("1:x", "quiet_hours")
+        ]
     test_the_due_query_uses_the_partial_index(db)
 
 
@@ -124,8 +163,15 @@ def test_upgrading_a_first_release_database_keeps_every_subscription(db_url):
         migrate.downgrade(db, "0001")
         now = "2026-11-30T10:00:00.000Z"
         with db.write() as conn:
-            conn.execute(text("INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) VALUES ('d', 'ab', 0, :n, :n)"), {"n": now})
-            conn.execute(text("INSERT INTO sources (url, created_at) VALUES ('https://example.com/a.ics', :n)"), {"n": now})
+            conn.execute(
+                text(
+                    "INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) VALUES ('d', 'ab', 0, :n, :n)"
+                ),
+                {"n": now},
+            )
+            conn.execute(
+                text("INSERT INTO sources (url, created_at) VALUES ('https://example.com/a.ics', :n)"), {"n": now}
+            )
             conn.execute(text("INSERT INTO device_sources (device_id, source_id) SELECT 'd', id FROM sources"))
         migrate.upgrade(db)
         with db.read() as conn:
@@ -149,7 +195,9 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     from reminders_pipeline import ledger, migrate
     from reminders_pipeline.notification import compose, stored_payload
 
-    base = dict(_queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z")
+    base = dict(
+        _queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z"
+    )
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
     device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
     rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}))  # "Starts at 12:00"
@@ -159,8 +207,13 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     try:
         migrate.downgrade(db, "0007")
         with db.write() as conn:
-            conn.execute(text(f"INSERT INTO notification_queue (id, {columns}) VALUES "
-                              f"(:id, {', '.join(':' + c for c in rows[0])})"), [dict(r, id=i + 1) for i, r in enumerate(rows)])
+            conn.execute(
+                text(
+                    f"INSERT INTO notification_queue (id, {columns}) VALUES "
+                    f"(:id, {', '.join(':' + c for c in rows[0])})"
+                ),
+                [dict(r, id=i + 1) for i, r in enumerate(rows)],
+            )
     finally:
         migrate.upgrade(db)
     q = notification_queue
@@ -241,11 +294,17 @@ def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
 def _pg_state(db: Database) -> tuple[list[str], dict[str, bool]]:
     """The CHECKs not yet validated, and every index's validity."""
     with db.engine.connect() as conn:
-        unchecked = conn.execute(text("SELECT conname FROM pg_constraint WHERE NOT convalidated ORDER BY 1")).scalars().all()
-        valid = dict(conn.execute(text(
-            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relnamespace = current_schema()::regnamespace"
-        )).all())
+        unchecked = (
+            conn.execute(text("SELECT conname FROM pg_constraint WHERE NOT convalidated ORDER BY 1")).scalars().all()
+        )
+        valid = dict(
+            conn.execute(
+                text(
+                    "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                    "WHERE c.relnamespace = current_schema()::regnamespace"
+                )
+            ).all()
+        )
     return list(unchecked), valid
 
 
@@ -261,19 +320,27 @@ def test_a_new_check_is_validated_after_its_migration_commits_not_under_its_lock
     try:
         migrate.downgrade(db, "0005")
         with db.engine.begin() as conn:
-            conn.execute(text(  # a row the new CHECK refuses, let in by a looser one of the same name
-                "ALTER TABLE notification_queue DROP CONSTRAINT ck_queue_outcome, ADD CONSTRAINT ck_queue_outcome CHECK (true)"
-            ))
-            conn.execute(insert(notification_queue).values(**_queue_row(item_id="1:odd", status="settled", outcome="bogus")))
+            conn.execute(
+                text(  # a row the new CHECK refuses, let in by a looser one of the same name
+                    "ALTER TABLE notification_queue DROP CONSTRAINT ck_queue_outcome, ADD CONSTRAINT ck_queue_outcome CHECK (true)"
+                )
+            )
+            conn.execute(
+                insert(notification_queue).values(**_queue_row(item_id="1:odd", status="settled", outcome="bogus"))
+            )
         with pytest.raises(migrate.MigrationBlocked) as blocked:
             migrate.upgrade(db)
-        assert "VALIDATE CONSTRAINT ck_queue_outcome" in str(blocked.value) and "correct those rows" in str(blocked.value)
+        assert "VALIDATE CONSTRAINT ck_queue_outcome" in str(blocked.value) and "correct those rows" in str(
+            blocked.value
+        )
         assert "\n" not in str(blocked.value)
         assert migrate.current_revision(db) == "0007"
         assert _pg_state(db)[0] == ["ck_queue_outcome"]
         with db.engine.begin() as conn:
             with pytest.raises(IntegrityError):  # NOT VALID still checks every new write
-                conn.execute(insert(notification_queue).values(**_queue_row(item_id="1:new", status="settled", outcome="bogus")))
+                conn.execute(
+                    insert(notification_queue).values(**_queue_row(item_id="1:new", status="settled", outcome="bogus"))
+                )
         with db.engine.begin() as conn:
             conn.execute(text("UPDATE notification_queue SET outcome = 'failed' WHERE outcome = 'bogus'"))
         migrate.upgrade(db)
@@ -287,7 +354,9 @@ def test_a_new_check_is_validated_after_its_migration_commits_not_under_its_lock
         db.dispose()
 
 
-def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if_left_invalid(postgres_url, monkeypatch):
+def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if_left_invalid(
+    postgres_url, monkeypatch
+):
     """Issue 20: 0010's partial index is built CONCURRENTLY after 0010 commits. A transaction that
     holds a snapshot (no lock on the queue) makes the build wait; claims go on meanwhile. With the
     wait bounded at 1 s the upgrade stops with one line and leaves the index invalid, as an
@@ -337,7 +406,10 @@ def test_an_upgrade_builds_every_index_the_schema_declares(db):
     declared = {(t.name, i.name) for t in metadata.sorted_tables for i in t.indexes}
     inspector = inspect(db.engine)
     built = {
-        (t.name, i["name"]) for t in metadata.sorted_tables for i in inspector.get_indexes(t.name) if not i.get("duplicates_constraint")
+        (t.name, i["name"])
+        for t in metadata.sorted_tables
+        for i in inspector.get_indexes(t.name)
+        if not i.get("duplicates_constraint")
     }
     assert declared == built
 
@@ -358,7 +430,13 @@ def test_two_upgrades_at_once_wait_for_each_other_and_both_succeed(postgres_url)
         env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDERS_")}
         env["REMINDERS_DATABASE_URL"] = postgres_url
         runs = [
-            subprocess.Popen([sys.executable, "-m", "reminders_pipeline.cli", "db", "upgrade"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                [sys.executable, "-m", "reminders_pipeline.cli", "db", "upgrade"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for _ in range(3)
         ]
         results = [(r.wait(120), r.stderr.read()) for r in runs]  # type: ignore[union-attr]

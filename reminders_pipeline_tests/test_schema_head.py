@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import dagster as dg
 import pytest
@@ -126,7 +126,11 @@ def test_routes_answer_503_with_the_line_and_recover_after_the_upgrade(serve, ol
         with caplog.at_level(logging.WARNING, logger="reminders_pipeline.http.app"):
             s = serve(http_settings(Settings(database_url=old_url)), database=db)
         assert f"{needs(OLD)}; every route but /metrics and /openapi.json answers 503 until then" in caplog.messages
-        for response in (s.api.get("/v1/devices/p"), s.api.post("/internal/reminders/drain"), s.api.post("/internal/reminders/build")):
+        for response in (
+            s.api.get("/v1/devices/p"),
+            s.api.post("/internal/reminders/drain"),
+            s.api.post("/internal/reminders/build"),
+        ):
             assert response.status_code == 503
             assert error_of(response) == {"error": "schema_not_current", "detail": needs(OLD)}
         health = s.anon.get("/healthz")
@@ -161,8 +165,10 @@ def test_the_head_is_checked_once_per_engine_not_per_request(serve, settings, db
 
 def test_dagster_ops_fail_with_the_line(old_url):
     with dg.instance_for_test() as instance:
-        result = definitions_for(resources_for(old_url)).resolve_job_def("drain_job").execute_in_process(
-            instance=instance, raise_on_error=False
+        result = (
+            definitions_for(resources_for(old_url))
+            .resolve_job_def("drain_job")
+            .execute_in_process(instance=instance, raise_on_error=False)
         )
     assert not result.success
     (failure,) = result.get_step_failure_events()

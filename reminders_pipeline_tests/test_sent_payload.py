@@ -60,8 +60,17 @@ def test_a_title_cut_to_fit_is_stored_whole():
     """Feeds cap titles, so only a direct row reaches this: the re-render would show it uncut."""
     from reminders_pipeline.notification import compose, record_of_send, sent_payload
 
-    row = {"id": 1, "device_id": "d", "item_id": "1:x", "rule": "lead:60", "event_at": NOW, "expires_at": NOW,
-           "title": "x" * 5000, "body": None, "apns_token": "ab"}
+    row = {
+        "id": 1,
+        "device_id": "d",
+        "item_id": "1:x",
+        "rule": "lead:60",
+        "event_at": NOW,
+        "expires_at": NOW,
+        "title": "x" * 5000,
+        "body": None,
+        "apns_token": "ab",
+    }
     note = compose(row)
     assert note.payload["aps"]["alert"]["title"].endswith("…")
     record = record_of_send(row, note)
@@ -79,7 +88,10 @@ def test_a_dry_run_records_what_would_have_been_sent_the_same_way(db, settings, 
     row, _ = send_one(db, settings, feeds)  # enabled=False: settled disabled
     assert row["outcome"] == "disabled"
     assert tuple(stored(db, row["id"])) == (None, "Starts at 12:00")
-    assert json.loads(row["payload"])["payload"]["aps"]["alert"] == {"title": "Weekly planning", "body": "Starts at 12:00"}
+    assert json.loads(row["payload"])["payload"]["aps"]["alert"] == {
+        "title": "Weekly planning",
+        "body": "Starts at 12:00",
+    }
 
 
 def test_a_rearmed_row_keeps_the_whole_payload_it_sent_in_history(db, settings, feeds):
@@ -108,30 +120,59 @@ def test_a_send_without_a_body_to_keep_is_stored_whole(body):
     """``record_of_send`` never keeps an empty body: the re-render would fall back to the rule's."""
     from reminders_pipeline.notification import compose, record_of_send
 
-    row = {"id": 1, "device_id": "d", "item_id": "1:x", "rule": "lead:60", "event_at": NOW, "expires_at": NOW,
-           "title": "t", "body": None, "apns_token": "ab"}
+    row = {
+        "id": 1,
+        "device_id": "d",
+        "item_id": "1:x",
+        "rule": "lead:60",
+        "event_at": NOW,
+        "expires_at": NOW,
+        "title": "t",
+        "body": None,
+        "apns_token": "ab",
+    }
     note = compose(row)
     note.payload["aps"]["alert"]["body"] = body
     assert record_of_send(row, note) == {"payload": stored_payload(note), "sent_body": None}
 
 
-MATRIX_ROW = {"id": 7, "device_id": "d", "item_id": "3:standup", "event_at": "2026-09-10T08:30:00.000Z",
-              "expires_at": "2026-09-10T09:00:00.000Z", "apns_token": "ab" * 32}
+MATRIX_ROW = {
+    "id": 7,
+    "device_id": "d",
+    "item_id": "3:standup",
+    "event_at": "2026-09-10T08:30:00.000Z",
+    "expires_at": "2026-09-10T09:00:00.000Z",
+    "apns_token": "ab" * 32,
+}
 
 
 @pytest.mark.parametrize("rule", ["lead:600", "lead:0@expiry", "day:1@09:00", "lead:0!"])
 @pytest.mark.parametrize("zone", [(None, None), ("Europe/Berlin", None), (None, -18000), ("Gone/Zone", 3600)])
 @pytest.mark.parametrize("level", ["time-sensitive", "active"])
-@pytest.mark.parametrize("title, body", [
-    ("Standup", None), ("Standup", "Bring the numbers"), ("T" * 300, "é" * 5000), ("x" * 5000, None), ("🎉" * 3000, "\x01" * 2000),
-])
+@pytest.mark.parametrize(
+    "title, body",
+    [
+        ("Standup", None),
+        ("Standup", "Bring the numbers"),
+        ("T" * 300, "é" * 5000),
+        ("x" * 5000, None),
+        ("🎉" * 3000, "\x01" * 2000),
+    ],
+)
 def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level, title, body):
     """``record_of_send`` decides without composing again; whatever it keeps, ``sent_payload`` of the
     row gives back the bytes sent, for every rule kind, zone, level and cut (the device's zone is
     gone from the row when it is read back: the clock text must come from what was kept)."""
     from reminders_pipeline.notification import compose, record_of_send, sent_payload
 
-    row = {**MATRIX_ROW, "rule": rule, "title": title, "body": body, "tz_name": zone[0], "last_tz_offset_seconds": zone[1]}
+    row = {
+        **MATRIX_ROW,
+        "rule": rule,
+        "title": title,
+        "body": body,
+        "tz_name": zone[0],
+        "last_tz_offset_seconds": zone[1],
+    }
     note = compose(row, level)
     record = record_of_send(row, note)
     stored_row = {k: v for k, v in row.items() if k not in ("tz_name", "last_tz_offset_seconds", "apns_token")}
@@ -145,9 +186,19 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
 # defaults) changes what every such row says was sent. If this fails, the change needs a way to
 # keep old rows' records (store their payload whole first, or version sent_body), not a new literal.
 PINNED_ROW = dict(
-    id=42, device_id="dev-1", item_id="1:e", rule="lead:3600", event_at="2026-09-10T10:00:00.000Z",
-    expires_at="2026-09-10T11:00:00.000Z", title="Weekly planning", body=None, payload=None,
-    sent_body="Starts at 12:00", apns_token="ab", tz_name="Europe/Berlin", last_tz_offset_seconds=None,
+    id=42,
+    device_id="dev-1",
+    item_id="1:e",
+    rule="lead:3600",
+    event_at="2026-09-10T10:00:00.000Z",
+    expires_at="2026-09-10T11:00:00.000Z",
+    title="Weekly planning",
+    body=None,
+    payload=None,
+    sent_body="Starts at 12:00",
+    apns_token="ab",
+    tz_name="Europe/Berlin",
+    last_tz_offset_seconds=None,
 )
 PINNED_PAYLOAD = (
     '{"payload":{"aps":{"alert":{"title":"Weekly planning","body":"Starts at 12:00"},"sound":"default",'

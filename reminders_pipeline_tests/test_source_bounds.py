@@ -22,7 +22,9 @@ FEED = json.dumps({"items": [{"id": "a", "title": "A", "startsAt": NOW_S + 600, 
 
 
 def _read(feeds, path: str, max_bytes: int = 5_000_000):
-    return SourceReader(timeout=10, max_bytes=max_bytes, allow_networks=LOOPBACK).read_all({1: feeds.url(path)}, (NOW_S, NOW_S + 86400))[1]
+    return SourceReader(timeout=10, max_bytes=max_bytes, allow_networks=LOOPBACK).read_all(
+        {1: feeds.url(path)}, (NOW_S, NOW_S + 86400)
+    )[1]
 
 
 def test_stacked_gzip_is_decoded_and_its_decoded_size_is_capped(feeds):
@@ -104,7 +106,11 @@ def _calendar(*events: str) -> bytes:
 
 
 def _event(uid: str, start: str, *lines: str) -> str:
-    return f"BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTART:{start}\r\nSUMMARY:{uid}\r\n" + "".join(f"{line}\r\n" for line in lines) + "END:VEVENT\r\n"
+    return (
+        f"BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTART:{start}\r\nSUMMARY:{uid}\r\n"
+        + "".join(f"{line}\r\n" for line in lines)
+        + "END:VEVENT\r\n"
+    )
 
 
 NEAR = "20261018T110000Z"  # an hour before NOW
@@ -140,7 +146,8 @@ def test_eight_secondly_series_cost_little_and_the_rest_of_the_build_is_built(db
     assert [f["error"] for f in summary.sources_failed] == ["every_item_rejected"]
     assert summary.items_rejected["runaway_series"] == 8  # the mixed calendar's (a failed read counts none)
     assert sorted((r["device_id"], r["item_id"].split(":", 1)[1]) for r in rows(db)) == [
-        ("mixed", "meeting/20261018T150000Z"), ("plain", "p")
+        ("mixed", "meeting/20261018T150000Z"),
+        ("plain", "p"),
     ]
 
 
@@ -163,7 +170,9 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     from reminders_pipeline.ics import parse_ics_feed
 
     # COUNT is counted from DTSTART, so each of these walks from 1900: slow, one occurrence at a time.
-    slow = _calendar(*(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY;COUNT=60000") for i in range(400)))
+    slow = _calendar(
+        *(_event(f"d{i}", "19000101T090000Z", "DURATION:PT1H", "RRULE:FREQ=DAILY;COUNT=60000") for i in range(400))
+    )
     cancel, outcome = threading.Event(), []
 
     def parse() -> None:
@@ -214,7 +223,9 @@ def test_rules_that_never_match_cost_little_and_the_rest_of_the_build_is_built(d
     print(f"build with 8 never-matching and 8 secondly series: {spent:.2f} s")
     assert spent < 3.0
     assert [f["error"] for f in summary.sources_failed] == ["every_item_rejected"]  # the secondly-only calendar
-    assert [(r["device_id"], r["item_id"].split(":", 1)[1]) for r in rows(db)] == [("never", "meeting/20261018T150000Z")]
+    assert [(r["device_id"], r["item_id"].split(":", 1)[1]) for r in rows(db)] == [
+        ("never", "meeting/20261018T150000Z")
+    ]
 
 
 def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
@@ -223,13 +234,19 @@ def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
     item, each keyed by its original instant, and an EXDATE still removes its occurrence."""
     from reminders_pipeline.ics import parse_ics_feed
 
-    dense = _event("dense", "20200101T000700Z", "DURATION:PT10M", "RRULE:FREQ=MINUTELY;INTERVAL=15", "EXDATE:20261018T130700Z")
+    dense = _event(
+        "dense", "20200101T000700Z", "DURATION:PT10M", "RRULE:FREQ=MINUTELY;INTERVAL=15", "EXDATE:20261018T130700Z"
+    )
     feed = parse_ics_feed(_calendar(dense), NOW_S, NOW_S + 8 * 86400, max_items=2000)
     starts = sorted(i.starts_at for i in feed.items)
     assert feed.rejected == {}
-    assert len(starts) == 1 + 4 * (8 * 24 + 14) - 1  # one under way at NOW, 8 days and the 14 h widening after it, less the EXDATE
+    assert (
+        len(starts) == 1 + 4 * (8 * 24 + 14) - 1
+    )  # one under way at NOW, 8 days and the 14 h widening after it, less the EXDATE
     assert starts[0] == NOW_S - 8 * 60 and all(b - a in (900, 1800) for a, b in zip(starts, starts[1:]))
-    assert "dense/20261018T130700Z" not in {i.id for i in feed.items} and "dense/20261018T132200Z" in {i.id for i in feed.items}
+    assert "dense/20261018T130700Z" not in {i.id for i in feed.items} and "dense/20261018T132200Z" in {
+        i.id for i in feed.items
+    }
 
 
 def _statuses(db) -> dict[str, tuple[str, str | None]]:
@@ -246,7 +263,9 @@ def test_rows_of_a_dropped_series_stay_while_a_deleted_event_is_voided(db, setti
     from .support import device
 
     gone = _event("gone", "20261018T160000Z", "DTEND:20261018T163000Z")
-    url = feeds.calendar("/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT5M", "RRULE:FREQ=HOURLY;INTERVAL=2"), gone, MEETING))
+    url = feeds.calendar(
+        "/series.ics", _calendar(_event("tick", NEAR, "DURATION:PT5M", "RRULE:FREQ=HOURLY;INTERVAL=2"), gone, MEETING)
+    )
     device(db, settings, sources=[url])
     build(db, settings, now=NOW)
     ticks = {k for k in _statuses(db) if k.startswith("tick/")}
@@ -278,7 +297,9 @@ def _capped_build(db, settings, feeds, publish) -> None:
 def test_the_item_cap_keeps_only_what_it_cut_json(db, settings, feeds):
     def publish(hours: dict[str, float]) -> str:
         start = {name: NOW_S + int(h * 3600) for name, h in hours.items()}
-        return feeds.items("/cap.json", [{"id": n, "title": n, "startsAt": s, "expiresAt": s + 1800} for n, s in start.items()])
+        return feeds.items(
+            "/cap.json", [{"id": n, "title": n, "startsAt": s, "expiresAt": s + 1800} for n, s in start.items()]
+        )
 
     _capped_build(db, settings, feeds, publish)
     assert _statuses(db) == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
@@ -294,7 +315,9 @@ def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
         return feeds.calendar("/cap.ics", _calendar(*(_event(n, stamp(h), "DURATION:PT30M") for n, h in hours.items())))
 
     _capped_build(db, settings, feeds, publish)
-    assert {k.split("/")[0]: v for k, v in _statuses(db).items()} == {k: ("pending", None) for k in "ABCE"} | {"D": ("settled", "left_feed")}
+    assert {k.split("/")[0]: v for k, v in _statuses(db).items()} == {k: ("pending", None) for k in "ABCE"} | {
+        "D": ("settled", "left_feed")
+    }
 
 
 def _raw_deflate(data: bytes) -> bytes:
@@ -309,7 +332,9 @@ def test_raw_deflate_and_gzip_with_trailing_nuls_read_as_httpx_reads_them(feeds)
     zlib header, and a gzip body padded with NUL bytes after its member."""
     feeds.set("/raw.json", Route(body=_raw_deflate(FEED), headers={"Content-Encoding": "deflate"}))
     feeds.set("/padded.json", Route(body=gzip.compress(FEED) + b"\x00" * 4, headers={"Content-Encoding": "gzip"}))
-    feeds.set("/two.json", Route(body=gzip.compress(FEED[:9]) + gzip.compress(FEED[9:]), headers={"Content-Encoding": "gzip"}))
+    feeds.set(
+        "/two.json", Route(body=gzip.compress(FEED[:9]) + gzip.compress(FEED[9:]), headers={"Content-Encoding": "gzip"})
+    )
     for path in ("/raw.json", "/padded.json", "/two.json"):
         read = _read(feeds, path)
         assert read.ok and [i.id for i in read.feed.items] == ["a"], (path, read.error)
@@ -325,7 +350,11 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
     from reminders_pipeline.sources import ReadFailed, StackedDecoder
 
     body = FEED * 50
-    for coding, encoded in (("deflate", _raw_deflate(body)), ("deflate", zlib.compress(body)), ("gzip", gzip.compress(body) + b"\x00\x1f")):
+    for coding, encoded in (
+        ("deflate", _raw_deflate(body)),
+        ("deflate", zlib.compress(body)),
+        ("gzip", gzip.compress(body) + b"\x00\x1f"),
+    ):
         for chunk in (1, 7, len(encoded)):
             decoder = StackedDecoder([coding], len(body))
             out = b"".join(b"".join(decoder.decode(encoded[i : i + chunk])) for i in range(0, len(encoded), chunk))
@@ -349,7 +378,10 @@ def test_an_unchanged_feed_over_the_cap_lets_a_cut_item_in_once_a_kept_one_is_ov
     from .support import device
 
     capped = settings.with_(source_max_items=2)
-    items = [{"id": n, "title": n, "startsAt": NOW_S + h * 3600, "expiresAt": NOW_S + h * 3600 + 600} for n, h in (("A", 1), ("B", 2), ("C", 3))]
+    items = [
+        {"id": n, "title": n, "startsAt": NOW_S + h * 3600, "expiresAt": NOW_S + h * 3600 + 600}
+        for n, h in (("A", 1), ("B", 2), ("C", 3))
+    ]
     device(db, capped, sources=[feeds.items("/cap304.json", items, etag='"v1"')])
     build(db, capped, now=NOW)
     assert set(_statuses(db)) == {"A", "B"}
@@ -365,7 +397,12 @@ def test_an_unchanged_calendar_over_the_cap_lets_a_cut_occurrence_in_once_a_kept
     from .support import device
 
     capped = settings.with_(source_max_items=2)
-    body = _calendar(*(_event(n, _later(h * 3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT10M") for n, h in (("A", 1), ("B", 2), ("C", 3))))
+    body = _calendar(
+        *(
+            _event(n, _later(h * 3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT10M")
+            for n, h in (("A", 1), ("B", 2), ("C", 3))
+        )
+    )
     url = feeds.calendar("/cap304.ics", body, etag='"v1"')
     device(db, capped, sources=[url])
     build(db, capped, now=NOW)
@@ -500,7 +537,9 @@ def test_a_row_of_an_all_day_event_the_cap_cut_follows_the_devices_zone(db, sett
     from .support import TOKEN
 
     capped = settings.with_(source_max_items=1)
-    day = _event("holiday", "20261019", "DTEND;VALUE=DATE:20261020").replace("DTSTART:20261019", "DTSTART;VALUE=DATE:20261019")
+    day = _event("holiday", "20261019", "DTEND;VALUE=DATE:20261020").replace(
+        "DTSTART:20261019", "DTSTART;VALUE=DATE:20261019"
+    )
     soon = _event("soon", _later(3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT30M")
     url = feeds.calendar("/cut-zone.ics", _calendar(day))
     spec = DeviceSpec("d", TOKEN, 3600, (), (url,), tz="UTC", all_day_rules=("day:0@09:00",))
@@ -508,7 +547,12 @@ def test_a_row_of_an_all_day_event_the_cap_cut_follows_the_devices_zone(db, sett
     build(db, capped, now=NOW)
     assert [r["send_after"] for r in _rows(db)] == ["2026-10-19T09:00:00.000Z"]
     feeds.calendar("/cut-zone.ics", _calendar(day, soon))
-    put_device(db, capped, DeviceSpec("d", TOKEN, 3600, (), (url,), tz="America/New_York", all_day_rules=("day:0@09:00",)), now=NOW)
+    put_device(
+        db,
+        capped,
+        DeviceSpec("d", TOKEN, 3600, (), (url,), tz="America/New_York", all_day_rules=("day:0@09:00",)),
+        now=NOW,
+    )
     build(db, capped, now=NOW)
     row = next(r for r in _rows(db) if "holiday" in r["item_id"])
     assert (row["status"], row["send_after"]) == ("pending", "2026-10-19T13:00:00.000Z")
@@ -525,7 +569,10 @@ def test_a_json_feed_sets_aside_at_most_ten_caps_of_what_it_cut():
     aside whole (what a calendar's cut builds at most), so a feed far over the cap costs bounded memory."""
     from reminders_pipeline.feed import parse_items
 
-    raw = [{"id": f"i{n:02}", "title": "x", "startsAt": NOW_S + 60 * (n + 1), "expiresAt": NOW_S + 60 * (n + 2)} for n in range(50)]
+    raw = [
+        {"id": f"i{n:02}", "title": "x", "startsAt": NOW_S + 60 * (n + 1), "expiresAt": NOW_S + 60 * (n + 2)}
+        for n in range(50)
+    ]
     feed = parse_items(raw[::-1], max_items=2, now=NOW_S)
     assert sorted(i.id for i in feed.items) == ["i00", "i01"]
     assert feed.rejected == {"over_item_cap": 48} and len(feed.cut_ids) == 48

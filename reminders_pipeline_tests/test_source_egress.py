@@ -12,7 +12,7 @@ import asyncio
 import ipaddress
 import json
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpcore
 import httpx
@@ -63,8 +63,14 @@ def test_internal_addresses_are_refused_without_a_connection(feeds):
         f"http://[::ffff:127.0.0.1]:{port}/secret.json",  # IPv4-mapped IPv6
         f"http://[::ffff:7f00:1]:{port}/secret.json",
         "http://169.254.169.254/latest/meta-data/",
-        "http://0.0.0.0/", "http://10.0.0.1/", "http://192.168.1.1/", "http://100.64.0.1/",
-        "http://[fc00::1]/", "http://[fe80::1]/", "http://224.0.0.1/", "http://[2002:7f00:1::1]/",
+        "http://0.0.0.0/",
+        "http://10.0.0.1/",
+        "http://192.168.1.1/",
+        "http://100.64.0.1/",
+        "http://[fc00::1]/",
+        "http://[fe80::1]/",
+        "http://224.0.0.1/",
+        "http://[2002:7f00:1::1]/",
         "webcal://127.0.0.1/x.ics",
     ]
     assert {url: read(url) for url in urls} == {url: "address_refused" for url in urls}
@@ -82,9 +88,13 @@ def test_internal_addresses_are_refused_without_a_connection(feeds):
     ],
 )
 def test_every_redirect_hop_is_checked(feeds, outside, target):
-    feeds.items("/secret.json", [{"id": SECRET, "title": SECRET, "startsAt": 2_000_000_000, "expiresAt": 2_000_000_060}])
+    feeds.items(
+        "/secret.json", [{"id": SECRET, "title": SECRET, "startsAt": 2_000_000_000, "expiresAt": 2_000_000_060}]
+    )
     outside.redirect("/feed.json", target.format(port=feeds.httpd.server_address[1]))
-    reads = SourceReader(timeout=3, allow_networks=parse_networks(["127.0.0.2/32"])).read_all({1: outside.url("/feed.json")})
+    reads = SourceReader(timeout=3, allow_networks=parse_networks(["127.0.0.2/32"])).read_all(
+        {1: outside.url("/feed.json")}
+    )
     assert reads[1].error == "address_refused" and outside.hits["/feed.json"] == 1
     assert feeds.hits["/secret.json"] == 0
 
@@ -103,7 +113,9 @@ def test_an_ipv4_mapped_address_counts_as_its_ipv4_network():
     loopback = parse_networks(["127.0.0.0/8"])
     mapped = ipaddress.ip_address("::ffff:127.0.0.1")
     assert not is_allowed(mapped, ()) and is_allowed(mapped, loopback)
-    assert is_allowed(ipaddress.ip_address("93.184.216.34"), ()) and is_allowed(ipaddress.ip_address("2606:4700::1"), ())
+    assert is_allowed(ipaddress.ip_address("93.184.216.34"), ()) and is_allowed(
+        ipaddress.ip_address("2606:4700::1"), ()
+    )
 
 
 class Recorder(httpcore.AsyncNetworkBackend):
@@ -121,7 +133,11 @@ class Rebinding(GuardedBackend):
     """A name that answers a public address and an internal one (a rebinding resolver)."""
 
     async def resolve(self, host: str, port: int, timeout: float | None) -> list:  # type: ignore[override]
-        return [ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address("10.1.2.3")]
+        return [
+            ipaddress.ip_address("127.0.0.1"),
+            ipaddress.ip_address("93.184.216.34"),
+            ipaddress.ip_address("10.1.2.3"),
+        ]
 
 
 def test_the_connection_goes_to_the_checked_address_never_the_name_again():
@@ -168,10 +184,14 @@ def test_https_verifies_the_name_while_dialling_the_checked_address(feeds, tmp_p
     secure = FeedServer(ca=ca)
     secure.start()
     try:
-        ok = secure.items("/feed.json", [{"id": "e", "title": "E", "startsAt": 2_000_000_000, "expiresAt": 2_000_000_060}])
+        ok = secure.items(
+            "/feed.json", [{"id": "e", "title": "E", "startsAt": 2_000_000_000, "expiresAt": 2_000_000_060}]
+        )
         down = secure.redirect("/down.json", feeds.items("/plain.json", []))
         by_address = ok.replace("localhost", "127.0.0.1")  # the certificate names localhost only
-        reads = SourceReader(timeout=3, allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all({1: ok, 2: down, 3: by_address})
+        reads = SourceReader(timeout=3, allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all(
+            {1: ok, 2: down, 3: by_address}
+        )
     finally:
         secure.stop()
     assert len(reads[1].feed.items) == 1, reads[1]
@@ -188,11 +208,17 @@ def test_source_allow_networks_setting():
 
 
 BODIES = {  # path -> (answer, the code stored for it)
-    "/cal.ics": (Route(body=f"BEGIN:VCALENDAR\r\nami-id: {SECRET}\r\n".encode(), content_type="text/calendar"), "not_icalendar"),
+    "/cal.ics": (
+        Route(body=f"BEGIN:VCALENDAR\r\nami-id: {SECRET}\r\n".encode(), content_type="text/calendar"),
+        "not_icalendar",
+    ),
     "/page.json": (Route(body=f"<html>{SECRET}</html>".encode(), content_type="text/html"), "not_json"),
     "/shape.json": (Route(body=json.dumps({"items": SECRET}).encode()), "items_not_a_list"),
     "/gone.json": (Route(404, SECRET.encode(), content_type="text/plain"), "http_404"),
-    "/ms.json": (Route(body=json.dumps({"items": [{"id": SECRET, "title": SECRET, "startsAt": 1}]}).encode()), "every_item_rejected"),
+    "/ms.json": (
+        Route(body=json.dumps({"items": [{"id": SECRET, "title": SECRET, "startsAt": 1}]}).encode()),
+        "every_item_rejected",
+    ),
 }
 
 
@@ -216,7 +242,10 @@ def test_the_default_settings_refuse_a_loopback_source(db, settings, feeds):
     url = feeds.items("/local.json", [])
     device(db, settings, sources=[url])
     summary = build(db, settings.with_(source_allow_networks=()), now=NOW)
-    assert summary.sources_failed == [{"url": shown_url(url), "error": "address_refused"}] and feeds.hits["/local.json"] == 0
+    assert (
+        summary.sources_failed == [{"url": shown_url(url), "error": "address_refused"}]
+        and feeds.hits["/local.json"] == 0
+    )
 
 
 @pytest.mark.parametrize(

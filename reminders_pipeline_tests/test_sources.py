@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import icalendar
 import recurring_ical_events
@@ -33,14 +33,14 @@ def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> li
     """What recurring_ical_events itself says, independently of the project's mapping. All-day
     items get the default all-day rule (``day:0@09:00``), timed items the lead."""
     cal = icalendar.Calendar.from_ical(ics)
-    lo, hi = datetime.fromtimestamp(NOW_S, timezone.utc), datetime.fromtimestamp(until, timezone.utc)
+    lo, hi = datetime.fromtimestamp(NOW_S, UTC), datetime.fromtimestamp(until, UTC)
     out = []
     for ev in recurring_ical_events.of(cal).between(lo, hi):
         if str(ev.get("STATUS", "")).upper() == "CANCELLED":
             continue
         start = ev["DTSTART"].dt
         if not isinstance(start, datetime):
-            day = int(datetime(start.year, start.month, start.day, tzinfo=timezone.utc).timestamp()) - offset
+            day = int(datetime(start.year, start.month, start.day, tzinfo=UTC).timestamp()) - offset
             if day + DAYS > NOW_S:
                 out.append((str(ev["SUMMARY"]), iso_from_unix(day + 9 * 3600)))
             continue
@@ -48,7 +48,7 @@ def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> li
             s = int(start.timestamp())
         else:
             naive = start if isinstance(start, datetime) else datetime(start.year, start.month, start.day)
-            s = int(naive.replace(tzinfo=timezone.utc).timestamp()) - offset
+            s = int(naive.replace(tzinfo=UTC).timestamp()) - offset
         if s > NOW_S and s - lead <= NOW_S + 40 * DAYS:
             out.append((str(ev["SUMMARY"]), iso_from_unix(s - lead)))
     return sorted(out)
@@ -91,7 +91,9 @@ END:VEVENT"""
     build(db, settings, now=NOW)
     before = queued(db)
     assert len(before) == 3
-    moved = single + """
+    moved = (
+        single
+        + """
 BEGIN:VEVENT
 UID:w@x
 RECURRENCE-ID:20261027T090000Z
@@ -99,6 +101,7 @@ DTSTART:20261027T100000Z
 DURATION:PT30M
 SUMMARY:Standup (late)
 END:VEVENT"""
+    )
     feeds.calendar("/cal.ics", calendar(moved.replace("COUNT=3", "COUNT=3\nEXDATE:20261103T090000Z")))
     summary = build(db, settings, now=iso_from_unix(NOW_S + 60))
     after = queued(db)
@@ -202,7 +205,10 @@ def test_a_slow_host_waits_for_its_own_slots_not_the_shared_ones(feeds):
 
 
 def test_body_cap_fails_the_source(feeds):
-    feeds.items("/big.json", [{"id": str(i), "title": "x" * 100, "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120} for i in range(100)])
+    feeds.items(
+        "/big.json",
+        [{"id": str(i), "title": "x" * 100, "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120} for i in range(100)],
+    )
     read = SourceReader(timeout=5, max_bytes=2000, allow_networks=LOOPBACK).read_all({1: feeds.url("/big.json")})[1]
     assert not read.ok and read.error == "too_large"
 
@@ -228,7 +234,9 @@ def test_a_source_failing_longer_than_the_limit_alerts_once_per_streak(db, setti
 
 
 def test_source_state_is_visible(db, settings, feeds):
-    ok = feeds.items("/ok.json", [{"id": "a", "title": "A", "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120}, {"id": "bad"}])
+    ok = feeds.items(
+        "/ok.json", [{"id": "a", "title": "A", "startsAt": NOW_S + 60, "expiresAt": NOW_S + 120}, {"id": "bad"}]
+    )
     device(db, settings, sources=[ok])
     build(db, settings, now=NOW)
     with db.read() as conn:

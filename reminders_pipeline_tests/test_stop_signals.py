@@ -25,7 +25,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from sqlalchemy import insert
 
 from reminders_pipeline import ledger, migrate
@@ -37,7 +36,9 @@ from .test_dagster_stack import answers, free_port, wait_for
 from .test_faults import RULE, ids_where, ledger_rows, request_key, token_of
 
 STOP_BOUND = 10.0  # seconds: docker stop's default grace before SIGKILL
-DEV_STOP_BOUND = 15.0  # seconds from SIGTERM to `reminders dev` until nothing it started runs (a send may be on the wire)
+DEV_STOP_BOUND = (
+    15.0  # seconds from SIGTERM to `reminders dev` until nothing it started runs (a send may be on the wire)
+)
 
 
 def descendants(pid: int) -> list[psutil.Process]:
@@ -56,7 +57,9 @@ def alive(procs: list[psutil.Process]) -> list[str]:
     return left
 
 
-def stop_and_check(process: subprocess.Popen[bytes], log: Path, sig: int = signal.SIGTERM, bound: float = STOP_BOUND) -> None:
+def stop_and_check(
+    process: subprocess.Popen[bytes], log: Path, sig: int = signal.SIGTERM, bound: float = STOP_BOUND
+) -> None:
     """Send ``sig``; exit status 0 and no process of the tree left, both within ``bound`` seconds."""
     tree = descendants(process.pid)
     process.send_signal(sig)
@@ -81,7 +84,9 @@ def stop_and_check(process: subprocess.Popen[bytes], log: Path, sig: int = signa
     assert not left, f"still running {bound}s after the signal: {left}\n{output}"
 
 
-def supervised(command: list[str], cwd: Path, env: dict[str, str], log: Path, ignore_sigint: bool) -> subprocess.Popen[bytes]:
+def supervised(
+    command: list[str], cwd: Path, env: dict[str, str], log: Path, ignore_sigint: bool
+) -> subprocess.Popen[bytes]:
     """Start ``command`` in its own session, optionally with SIGINT ignored (through a shell that execs it)."""
     if ignore_sigint:
         command = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh", *command]
@@ -96,7 +101,16 @@ def clean_env() -> dict[str, str]:
 @pytest.mark.timeout(240)
 def test_reminders_dev_stops_on_sigterm_with_sigint_ignored(tmp_path):
     ui = free_port()
-    command = [sys.executable, "-m", "reminders_pipeline.cli", "dev", "--port", str(ui), "--demo-port", str(free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "reminders_pipeline.cli",
+        "dev",
+        "--port",
+        str(ui),
+        "--demo-port",
+        str(free_port()),
+    ]
     log = tmp_path / "dev.log"
     process = supervised(command, tmp_path, clean_env(), log, ignore_sigint=True)
     try:
@@ -105,7 +119,9 @@ def test_reminders_dev_stops_on_sigterm_with_sigint_ignored(tmp_path):
         except AssertionError:
             raise AssertionError(log.read_text(errors="replace")[-6000:]) from None
         names = " ".join(" ".join(p.cmdline()) for p in descendants(process.pid))
-        assert all(part in names for part in ("dagster dev", "dagster_webserver", "dagster._daemon", "code-server")), names
+        assert all(part in names for part in ("dagster dev", "dagster_webserver", "dagster._daemon", "code-server")), (
+            names
+        )
         stop_and_check(process, log, bound=DEV_STOP_BOUND)
     finally:
         if process.poll() is None:
@@ -139,7 +155,6 @@ def test_reminders_serve_stops_on_sigterm_and_ctrl_c_with_status_0(tmp_path, sig
     assert "Application shutdown complete" in log.read_text(errors="replace")
 
 
-
 def group_members(pgid: int) -> list[str]:
     """Running processes of process group ``pgid`` (the test starts each command as a group leader)."""
     left = []
@@ -167,7 +182,13 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
                 }
             )  # fmt: skip
     with db.write() as conn:
-        conn.execute(insert(devices), [{"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp} for d in range(n_devices)])
+        conn.execute(
+            insert(devices),
+            [
+                {"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp}
+                for d in range(n_devices)
+            ],
+        )
         ledger.upsert_rows(conn, rows, stamp)
 
 
@@ -182,8 +203,23 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
     mock.script_default(delay=3.0)
     url = f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     ui = free_port()
-    env = {**clean_env(), **mock.env(), "REMINDERS_DATABASE_URL": url, "REMINDERS_ENABLED": "true", "REMINDERS_CLAIM_BATCH_SIZE": "5"}
-    command = [sys.executable, "-m", "reminders_pipeline.cli", "dev", "--port", str(ui), "--demo-port", str(free_port())]
+    env = {
+        **clean_env(),
+        **mock.env(),
+        "REMINDERS_DATABASE_URL": url,
+        "REMINDERS_ENABLED": "true",
+        "REMINDERS_CLAIM_BATCH_SIZE": "5",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "reminders_pipeline.cli",
+        "dev",
+        "--port",
+        str(ui),
+        "--demo-port",
+        str(free_port()),
+    ]
     log = tmp_path / "dev.log"
     process = supervised(command, tmp_path, env, log, ignore_sigint=False)
     db = Database(url)
@@ -197,7 +233,9 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
         load_due_and_coming(db, time.time(), n_devices=4, due_now=2, coming=100, every=0.25)
         wait_for("a send on the wire", lambda: any(r.token.startswith("0") for r in mock.requests), 60, every=0.05)
         tree = descendants(process.pid)
-        assert any("multiprocessing" in " ".join(p.cmdline()) or "execute_run" in " ".join(p.cmdline()) for p in tree), [p.cmdline() for p in tree]
+        assert any(
+            "multiprocessing" in " ".join(p.cmdline()) or "execute_run" in " ".join(p.cmdline()) for p in tree
+        ), [p.cmdline() for p in tree]
         ours = {token_of(d) for d in range(4)}
         on_the_wire = {request_key(r) for r in mock.requests if r.token in ours}
         signalled_at = now_utc()
@@ -228,7 +266,9 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
     assert not claimed_after, f"claimed after the signal at {signalled_at}: {claimed_after}"
     assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
     keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
-    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, (
+        "a send on the wire at the signal was not settled"
+    )
     coming_after = {i for i, r in final.items() if r["device_id"].startswith("dev-") and r["send_after"] > signalled_at}
     assert coming_after and coming_after <= ids_where(final, status="pending")
 
@@ -269,7 +309,9 @@ def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_wh
     answer: dict[str, object] = {}
 
     def post_drain() -> None:
-        reply = httpx.post(f"http://127.0.0.1:{port}/internal/reminders/drain", headers={"Authorization": "Bearer secret"}, timeout=60)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/internal/reminders/drain", headers={"Authorization": "Bearer secret"}, timeout=60
+        )
         answer.update(status=reply.status_code, body=reply.json())
 
     try:
@@ -298,7 +340,9 @@ def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_wh
     assert not ids_where(final, status="claimed"), "SIGTERM left claims behind"
     assert ids_where(final, status="pending"), "after SIGTERM no further slice may be claimed"
     keys = {(r["device_id"], r["item_id"], r["rule"]): i for i, r in final.items()}
-    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, "a send on the wire at the signal was not settled"
+    assert {final[keys[k]]["outcome"] for k in on_the_wire} == {"sent"}, (
+        "a send on the wire at the signal was not settled"
+    )
     sent = ids_where(final, outcome="sent")
     assert answer.get("status") == 200 and answer["body"]["outcomes"] == {"sent": len(sent)}, (answer, output)
 
@@ -323,7 +367,9 @@ print(json.dumps({"orphan": orphan, "stubborn": stubborn.pid, "found": sorted(fo
 def test_end_tree_finds_an_orphan_that_changed_session_and_kills_what_ignores_sigterm(tmp_path):
     """What ``reminders dev`` relies on: a descendant whose parent died and which left the session
     is still found below the command, SIGTERM ends it, and one that ignores SIGTERM is killed."""
-    done = subprocess.run([sys.executable, "-c", ORPHANS_SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", ORPHANS_SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["orphan"] in seen["found"] and seen["stubborn"] in seen["found"], seen

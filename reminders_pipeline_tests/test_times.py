@@ -1,10 +1,11 @@
 import ast
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from reminders_pipeline.times import ISO_PATTERN, iso_from_unix, now_utc, parse_when, shift, unix_from_iso
 
@@ -89,7 +90,9 @@ def _code_strings_and_names(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_no_sql_in_the_package_computes_a_stored_time():
-    forbidden = re.compile(r"datetime\(|unixepoch\(|CURRENT_TIMESTAMP|\bnow\(\)|func\.now|func\.datetime|strftime\(\'|julianday\(", re.I)
+    forbidden = re.compile(
+        r"datetime\(|unixepoch\(|CURRENT_TIMESTAMP|\bnow\(\)|func\.now|func\.datetime|strftime\(\'|julianday\(", re.I
+    )
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         for lineno, text in _code_strings_and_names(ast.parse(path.read_text())):
@@ -100,7 +103,7 @@ def test_no_sql_in_the_package_computes_a_stored_time():
 
 def test_dst_does_not_touch_absolute_instants():
     # 2026-10-25 01:00 UTC is the EU DST end; a 1h lead across it stays exactly 3600 s.
-    start = datetime(2026, 10, 25, 1, 30, tzinfo=timezone.utc).timestamp()
+    start = datetime(2026, 10, 25, 1, 30, tzinfo=UTC).timestamp()
     assert unix_from_iso(iso_from_unix(start)) - unix_from_iso(iso_from_unix(start - 3600)) == 3600
 
 
@@ -110,5 +113,8 @@ def test_seconds_between_is_exact_to_the_millisecond_across_days_and_years():
     assert seconds_between("2026-09-10T08:30:00.000Z", "2026-09-10T08:30:01.001Z") == 1.001
     assert seconds_between("2026-12-31T23:59:59.999Z", "2027-01-01T00:00:00.000Z") == 0.001
     assert seconds_between("2026-09-10T08:30:00.000Z", "2026-09-10T08:29:00.000Z") == -60
-    for a, b in [("2026-03-29T00:59:59.500Z", "2026-03-29T01:00:00.250Z"), ("1970-01-01T00:00:00.000Z", "2999-01-01T00:00:00.123Z")]:
+    for a, b in [
+        ("2026-03-29T00:59:59.500Z", "2026-03-29T01:00:00.250Z"),
+        ("1970-01-01T00:00:00.000Z", "2999-01-01T00:00:00.123Z"),
+    ]:
         assert seconds_between(a, b) == pytest.approx(unix_from_iso(b) - unix_from_iso(a), abs=1e-6)

@@ -3,7 +3,7 @@ and all-day rules; every expected instant is written out by hand or computed wit
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -13,7 +13,7 @@ from reminders_pipeline.rules import RuleError, device_rules, parse_rule
 from reminders_pipeline.times import iso_from_unix
 from reminders_pipeline.zones import LocalTime, ZoneError, parse_quiet_hours, zone
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def wall(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
@@ -63,18 +63,36 @@ def test_clock_text_follows_the_zone_across_dst():
     assert local_clock(utc(2026, 12, 1, 12, 30), 7200) == "14:30"
     assert local_clock(utc(2026, 12, 1, 12, 30), None) == "12:30 UTC"
     row = {
-        "id": 1, "device_id": "d", "apns_token": "ab" * 32, "item_id": "1:x", "title": "Dentist", "body": None,
-        "rule": "lead:600", "event_at": iso_from_unix(utc(2026, 10, 26, 13, 30)), "expires_at": iso_from_unix(utc(2026, 10, 26, 14)),
-        "last_tz_offset_seconds": 7200, "tz_name": "Europe/Berlin",
+        "id": 1,
+        "device_id": "d",
+        "apns_token": "ab" * 32,
+        "item_id": "1:x",
+        "title": "Dentist",
+        "body": None,
+        "rule": "lead:600",
+        "event_at": iso_from_unix(utc(2026, 10, 26, 13, 30)),
+        "expires_at": iso_from_unix(utc(2026, 10, 26, 14)),
+        "last_tz_offset_seconds": 7200,
+        "tz_name": "Europe/Berlin",
     }
     assert compose(row).payload["aps"]["alert"]["body"] == "Starts at 14:30"  # CET after 25 October
 
 
-@pytest.mark.parametrize("rule, body", [("day:0@09:00", "Today"), ("day:1@18:00", "Tomorrow"), ("day:7@09:00", "In 7 days")])
+@pytest.mark.parametrize(
+    "rule, body", [("day:0@09:00", "Today"), ("day:1@18:00", "Tomorrow"), ("day:7@09:00", "In 7 days")]
+)
 def test_all_day_alert_names_the_day(rule, body):
     row = {
-        "id": 1, "device_id": "d", "apns_token": "ab" * 32, "item_id": "1:x", "title": "Birthday", "body": None, "rule": rule,
-        "event_at": "2026-10-26T23:00:00.000Z", "expires_at": "2026-10-27T23:00:00.000Z", "tz_name": "Europe/Berlin",
+        "id": 1,
+        "device_id": "d",
+        "apns_token": "ab" * 32,
+        "item_id": "1:x",
+        "title": "Birthday",
+        "body": None,
+        "rule": rule,
+        "event_at": "2026-10-26T23:00:00.000Z",
+        "expires_at": "2026-10-27T23:00:00.000Z",
+        "tz_name": "Europe/Berlin",
     }
     note = compose(row)
     assert note.payload["aps"]["alert"]["body"] == body
@@ -97,7 +115,10 @@ def test_day_and_breakthrough_rules_parse(text, name, days, at, breakthrough):
     assert parse_rule(rule.name) == rule
 
 
-@pytest.mark.parametrize("text", ["day:0", "day:0@9:00", "day:0@24:00", "day:0@12:60", "day:-1@09:00", "day:400@09:00", "day:x@09:00", "lead:0!!"])
+@pytest.mark.parametrize(
+    "text",
+    ["day:0", "day:0@9:00", "day:0@24:00", "day:0@12:60", "day:-1@09:00", "day:400@09:00", "day:x@09:00", "lead:0!!"],
+)
 def test_bad_day_rules_say_why(text):
     with pytest.raises(RuleError):
         parse_rule(text)
@@ -172,7 +193,9 @@ def test_json_feeds_are_capped_too_and_the_cut_counted():
 
     from reminders_pipeline.feed import parse_json_feed
 
-    items = [{"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)]
+    items = [
+        {"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)
+    ]
     feed = parse_json_feed(json.dumps({"items": items}).encode(), max_items=3)
     assert [i.id for i in feed.items] == ["e0", "e1", "e2"] and feed.rejected == {"over_item_cap": 2}
 
@@ -192,7 +215,9 @@ DST_NIGHTS = [
 ]
 
 
-@pytest.mark.parametrize("tz, window, inside, over", DST_NIGHTS, ids=["berlin-fold", "new-york-fold", "berlin-gap", "new-york-gap"])
+@pytest.mark.parametrize(
+    "tz, window, inside, over", DST_NIGHTS, ids=["berlin-fold", "new-york-fold", "berlin-gap", "new-york-gap"]
+)
 def test_quiet_hours_end_on_both_dst_nights_is_when_the_clock_leaves_them(tz, window, inside, over):
     local, quiet = LocalTime(tz), parse_quiet_hours(window)
     assert quiet.contains(inside, local)
@@ -219,7 +244,9 @@ def test_quiet_hours_contain_what_the_clock_reads_in_the_fold(tz, instant, insid
 
 @pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York"])
 @pytest.mark.parametrize("window", ["22:00-02:30", "22:00-01:30", "01:00-03:00", "02:15-02:45", "23:00-07:00"])
-@pytest.mark.parametrize("night", [(2026, 3, 7), (2026, 3, 28), (2026, 10, 24), (2026, 10, 31)], ids=lambda d: f"{d[1]:02d}-{d[2]:02d}")
+@pytest.mark.parametrize(
+    "night", [(2026, 3, 7), (2026, 3, 28), (2026, 10, 24), (2026, 10, 31)], ids=lambda d: f"{d[1]:02d}-{d[2]:02d}"
+)
 def test_a_hold_ends_exactly_when_quiet_hours_do_never_earlier(tz, window, night):
     """Every 5 minutes across both DST nights: a time inside quiet hours ends them later, at the
     first instant outside them, and every sampled instant in between is inside."""

@@ -6,7 +6,8 @@ materializes a range of chunks (``BackfillPolicy.single_run()``): docs/dagster.m
 that chose it over one run per chunk.
 """
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import dagster as dg
 

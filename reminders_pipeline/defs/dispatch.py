@@ -11,7 +11,7 @@ they start to wait (or stop waiting), runs the ``dispatch_on_time`` check, which
 
 import json
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import dagster as dg
 
@@ -32,7 +32,7 @@ MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this l
 class DispatchConfig(dg.Config):
     """``run_seconds``: how long this run dispatches (default REMINDERS_DISPATCH_RUN_SECONDS)."""
 
-    run_seconds: Optional[int] = None
+    run_seconds: int | None = None
 
 
 @dg.op(description="Send each due row at its own send_after until the run's planned end.")
@@ -50,7 +50,9 @@ async def dispatch(
     factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
     seconds = config.run_seconds or settings.dispatch_run_seconds
     with ledger.open() as db, stop_on_signals() as stop:
-        dispatcher = Dispatcher(db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s)))
+        dispatcher = Dispatcher(
+            db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s))
+        )
         summary = await dispatcher.run(until=time.time() + seconds, stop=stop)
     meta = summary_metadata(summary, batches=0)
     meta.pop("batches")
@@ -83,7 +85,9 @@ def dispatch_on_time(
     settings = ledger.settings()
     with ledger.open() as db:
         health = dispatch_health(db, settings, now_utc())
-    return check_result(context, alerting, settings, "dispatch_on_time", health.on_time, health.detail(), health.metadata())
+    return check_result(
+        context, alerting, settings, "dispatch_on_time", health.on_time, health.detail(), health.metadata()
+    )
 
 
 dispatch_check_job = dg.define_asset_job(
@@ -99,11 +103,11 @@ FAILURE_BACKOFF_SECONDS = (30, 60, 120, 300, 900)
 
 
 def successor_request(
-    in_flight: Sequence[tuple[str, Optional[float]]],
-    newest: Optional[tuple[str, int, Optional[float]]],
+    in_flight: Sequence[tuple[str, float | None]],
+    newest: tuple[str, int, float | None] | None,
     now: float,
     settings: Settings,
-) -> Optional[dg.RunRequest]:
+) -> dg.RunRequest | None:
     """The run to request so exactly one dispatcher is in flight (two only during a handover).
 
     ``in_flight``: (run id, start time or None while queued/starting) of dispatcher runs not yet
@@ -131,9 +135,11 @@ def successor_request(
     return None
 
 
-def newest_dispatcher(instance: dg.DagsterInstance) -> Optional[tuple[str, int, Optional[float]]]:
+def newest_dispatcher(instance: dg.DagsterInstance) -> tuple[str, int, float | None] | None:
     """(run id, failed runs in a row up to it, its end time) of the newest dispatcher run."""
-    records = instance.get_run_records(dg.RunsFilter(job_name=dispatcher_job.name), limit=len(FAILURE_BACKOFF_SECONDS) + 1)
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=dispatcher_job.name), limit=len(FAILURE_BACKOFF_SECONDS) + 1
+    )
     if not records:
         return None
     failures = 0

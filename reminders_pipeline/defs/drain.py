@@ -6,7 +6,7 @@ each mapped step costs about 9 Dagster events, so a run's events grow with batch
 immediately before dispatching it, so overlapping drains and repeated triggers stay harmless.
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 
@@ -25,7 +25,7 @@ from .signals import stop_on_signals
 class FindDueConfig(dg.Config):
     """``row_id`` drains just that row if it is due: the seed's exact-time trigger by row id."""
 
-    row_id: Optional[int] = None
+    row_id: int | None = None
 
 
 @dg.op(description="Fail claims left by a run that died mid-send: at most once, never retried.")
@@ -62,7 +62,9 @@ async def send_batch(
     factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
     claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
     with ledger.open() as db, stop_on_signals() as stop:
-        summary = await core.send_batch_async(db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id, stop=stop)
+        summary = await core.send_batch_async(
+            db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id, stop=stop
+        )
     if stop.is_set():  # terminated: the rows not yet claimed stay pending for the next drain
         raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first")
     if summary.halted and not summary.claimed:
@@ -92,9 +94,7 @@ def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
 
 
 @dg.op(description="Counts per outcome and lateness percentiles of the whole run.")
-def summarize(
-    context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list
-) -> dict[str, Any]:
+def summarize(context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list) -> dict[str, Any]:
     summary = DrainSummary(now=now_utc(), abandoned=abandoned, due=due)
     for part in summaries:
         summary.merge(part)

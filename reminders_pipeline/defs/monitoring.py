@@ -21,7 +21,15 @@ from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc, unix_from_iso
 
-from .build import LOAD_SETTINGS, RANGE_END_TAG, RANGE_START_TAG, build_job, build_requests, builds_in_flight, notification_queue
+from .build import (
+    LOAD_SETTINGS,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    build_job,
+    build_requests,
+    builds_in_flight,
+    notification_queue,
+)
 from .resources import AlertingResource, LedgerResource
 from .run_queue import CHECK_TAGS
 
@@ -32,7 +40,7 @@ CHECKS_AFTER_DRAIN_MINUTES = 5
 
 
 def transition(was_ok: bool, ok: bool) -> str | None:
-    """"breached" or "recovered" when the state changed, else None: alerts fire on changes only."""
+    """ "breached" or "recovered" when the state changed, else None: alerts fire on changes only."""
     if was_ok and not ok:
         return "breached"
     if ok and not was_ok:
@@ -91,8 +99,12 @@ def check_result(
 ) -> dg.AssetCheckResult:
     change = transition(previous_passed(context, name), passed)
     if change:
-        alerting.alert(settings, f"check {name} {'failed' if change == 'breached' else 'passes again'}", detail, **metadata)
-    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata, description=detail)
+        alerting.alert(
+            settings, f"check {name} {'failed' if change == 'breached' else 'passes again'}", detail, **metadata
+        )
+    return dg.AssetCheckResult(
+        passed=passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata, description=detail
+    )
 
 
 @dg.asset_check(asset=notification_queue, name="sweep_period_invariant", blocking=False)
@@ -105,7 +117,9 @@ def sweep_period_invariant(
     with ledger.open() as db:
         status = sweep_status(db, settings, now_utc())
     metadata = {k: v for k, v in status.fields().items() if v is not None}
-    return check_result(context, alerting, settings, "sweep_period_invariant", not status.breached, status.describe(), metadata)
+    return check_result(
+        context, alerting, settings, "sweep_period_invariant", not status.breached, status.describe(), metadata
+    )
 
 
 @dg.asset_check(asset=notification_queue, name="drain_backlog", blocking=False)
@@ -125,7 +139,9 @@ def drain_backlog(
     if oldest:
         metadata["oldest_due_send_after"] = oldest
     detail = f"oldest due pending row waits {age:.0f}s; MAX_LATENESS_SECONDS is {settings.max_lateness_seconds}s"
-    return check_result(context, alerting, settings, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata)
+    return check_result(
+        context, alerting, settings, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata
+    )
 
 
 _check_crons = crons_after(LOAD_SETTINGS.drain_cron, CHECKS_AFTER_DRAIN_MINUTES)

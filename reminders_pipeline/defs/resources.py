@@ -8,8 +8,9 @@ the field is None and the embedded default stands: the quick start needs no vari
 """
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import dagster as dg
 
@@ -21,7 +22,7 @@ from reminders_pipeline.sender import SenderFactory
 from reminders_pipeline.settings import Settings, normalize_database_url
 
 
-def env_var(name: str) -> Optional[dg.EnvVar]:
+def env_var(name: str) -> dg.EnvVar | None:
     """``EnvVar(name)`` if the variable is set now, else None (leave the embedded default)."""
     return dg.EnvVar(name) if os.environ.get(name) else None
 
@@ -33,7 +34,7 @@ def int_env_var(name: str) -> Any:
 class LedgerResource(dg.ConfigurableResource):
     """The ledger database, and the ``Settings`` every op, sensor and check works from."""
 
-    database_url: Optional[str] = None
+    database_url: str | None = None
 
     def settings(self) -> Settings:
         base = Settings.from_env()
@@ -61,7 +62,7 @@ class SenderResource(dg.ConfigurableResource):
     launchpad dry-runs one drain without touching the deployment's environment.
     """
 
-    enabled: Optional[str] = None
+    enabled: str | None = None
 
     def apply(self, settings: Settings) -> Settings:
         return settings if self.enabled is None else settings.with_(enabled=self.enabled == "true")
@@ -73,10 +74,10 @@ class SenderResource(dg.ConfigurableResource):
 class SourcesResource(dg.ConfigurableResource):
     """How the build reads source feeds: timeout, body size cap, concurrency overall and per host."""
 
-    timeout_seconds: Optional[int] = None
-    max_bytes: Optional[int] = None
-    concurrency: Optional[int] = None
-    per_host: Optional[int] = None
+    timeout_seconds: int | None = None
+    max_bytes: int | None = None
+    concurrency: int | None = None
+    per_host: int | None = None
 
     def apply(self, settings: Settings) -> Settings:
         overrides = {
@@ -91,7 +92,7 @@ class SourcesResource(dg.ConfigurableResource):
 class AlertingResource(dg.ConfigurableResource):
     """The one alert path (``reminders_pipeline.alerts``) with the webhook this deployment uses."""
 
-    webhook_url: Optional[str] = None
+    webhook_url: str | None = None
 
     def apply(self, settings: Settings) -> Settings:
         """Settings whose alerts (the core raises some itself: APNs faults, failing sources) go here."""

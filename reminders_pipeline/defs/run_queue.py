@@ -16,7 +16,7 @@ Reads ``SubmitRunContext`` from ``dagster._core.run_coordinator`` (no public pat
 Dagster is pinned exactly, and a canary test checks the override still runs.
 """
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import dagster as dg
 from dagster._core.run_coordinator import SubmitRunContext

@@ -2,8 +2,8 @@
 
 import asyncio
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

@@ -17,11 +17,13 @@ import json
 import logging
 import re
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from sqlalchemy.exc import OperationalError, TimeoutError as PoolTimeout
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -30,20 +32,30 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .. import ledger, migrate
-from ..build import build as run_build
 from ..build import ComposedFeed, compose_feed
+from ..build import build as run_build
 from ..db import Database
-from ..devices import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, CredentialChanged, DeviceError, DeviceSpec, credential_hash, put_device, remove_device, rotate_credential
-from ..devices import stored_credential_hash
+from ..devices import (
+    DEVICE_ID_PATTERN,
+    DEVICE_ID_SHAPE,
+    CredentialChanged,
+    DeviceError,
+    DeviceSpec,
+    credential_hash,
+    put_device,
+    remove_device,
+    rotate_credential,
+    stored_credential_hash,
+)
 from ..drain import default_sender_factory
 from ..drain import drain as run_drain
+from ..quiet import first_line
 from ..rules import DEFAULT_ALL_DAY_RULES
 from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory
 from ..settings import Settings
 from ..zones import MAX_TZ_OFFSET_SECONDS, ZoneError, valid_zone_name
 from .contract import MAX_BODY_BYTES, Contract, DeviceRegistration
-from ..quiet import first_line
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -61,7 +73,9 @@ Body = TypeVar("Body", bound=BaseModel)
 class ApiError(Exception):
     """Any answer but success: a status, a stable ``error`` code, a message, and the field at fault."""
 
-    def __init__(self, status: int, error: str, detail: str, field: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, error: str, detail: str, field: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status, self.error, self.detail, self.field, self.headers = status, error, detail, field, headers
 
@@ -121,7 +135,10 @@ def validated(model: type[Body], doc: dict[str, Any]) -> Body:
         return model.model_validate(doc)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-    first = min(errors, key=lambda e: (e["type"] != "extra_forbidden", str(e["loc"][0]) if e["type"] == "extra_forbidden" else ""))
+    first = min(
+        errors,
+        key=lambda e: (e["type"] != "extra_forbidden", str(e["loc"][0]) if e["type"] == "extra_forbidden" else ""),
+    )
     field = str(first["loc"][0]) if first["loc"] else "body"
     if first["type"] == "extra_forbidden":
         raise invalid(field, f"unknown field; expected one of {', '.join(sorted(model.model_fields))}")
@@ -132,7 +149,9 @@ def refuse_now(doc: dict[str, Any], settings: Settings) -> None:
     """``now`` only where a test deployment asked for it: over the wire it would let anyone holding
     the token stamp devices built in 2999 or settle every pending row ``event_expired``."""
     if "now" in doc and not settings.http_accept_now:
-        raise invalid("now", "not accepted: the routes run on the server's clock (REMINDERS_HTTP_ACCEPT_NOW=true is for tests)")
+        raise invalid(
+            "now", "not accepted: the routes run on the server's clock (REMINDERS_HTTP_ACCEPT_NOW=true is for tests)"
+        )
 
 
 def valid_device_id(device_id: Any) -> bool:
@@ -144,8 +163,15 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
     lead = settings.default_lead_seconds if body.reminder_lead_seconds is None else body.reminder_lead_seconds
     all_day = DEFAULT_ALL_DAY_RULES if body.all_day_rules is None else tuple(body.all_day_rules)
     return DeviceSpec(
-        device_id, body.apns_token, lead, tuple(body.extra_rules or ()), tuple(body.source_urls or ()),
-        body.tz, all_day, body.quiet_hours, bool(body.alarms),
+        device_id,
+        body.apns_token,
+        lead,
+        tuple(body.extra_rules or ()),
+        tuple(body.source_urls or ()),
+        body.tz,
+        all_day,
+        body.quiet_hours,
+        bool(body.alarms),
     )
 
 
@@ -186,7 +212,9 @@ def parse_tz(request: Request) -> int | str | None:
 class Api:
     """The endpoints, bound to one settings value, one database and one metrics registry."""
 
-    def __init__(self, settings: Settings, db: Database, sender_factory: SenderFactory | None, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, db: Database, sender_factory: SenderFactory | None, metrics: Metrics
+    ) -> None:
         self.settings = settings
         self.db = db
         self.sender_factory = sender_factory
@@ -212,9 +240,13 @@ class Api:
     def check_auth(self, request: Request) -> None:
         """Unset token: every internal and management route is closed."""
         if not self.tokens:
-            raise ApiError(401, "unauthorized", "REMINDERS_TOKEN is not set: protected routes are closed", headers=BEARER_CHALLENGE)
+            raise ApiError(
+                401, "unauthorized", "REMINDERS_TOKEN is not set: protected routes are closed", headers=BEARER_CHALLENGE
+            )
         if not self.is_internal(self.bearer(request)):
-            raise ApiError(401, "unauthorized", "missing or wrong 'Authorization: Bearer' token", headers=BEARER_CHALLENGE)
+            raise ApiError(
+                401, "unauthorized", "missing or wrong 'Authorization: Bearer' token", headers=BEARER_CHALLENGE
+            )
 
     async def check_device_auth(self, request: Request) -> None:
         """The device's own credential, for its own routes only (or the internal token, an operator's)."""
@@ -222,7 +254,11 @@ class Api:
         if self.is_internal(given):
             return
         device_id = request.path_params["device_id"]
-        stored = await run_in_threadpool(stored_credential_hash, self.db, device_id) if given and valid_device_id(device_id) else None
+        stored = (
+            await run_in_threadpool(stored_credential_hash, self.db, device_id)
+            if given and valid_device_id(device_id)
+            else None
+        )
         matched = hmac.compare_digest(credential_hash(given or b""), stored or NO_CREDENTIAL)
         if stored is None or not matched:
             detail = "missing or wrong 'Authorization: Bearer': this device's own credential (or REMINDERS_TOKEN)"
@@ -273,7 +309,9 @@ class Api:
             return JSONResponse({"status": "unavailable", "database": self.db.dialect, "detail": str(exc)}, 503)
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
             log.warning("health check failed: %s: %s", type(exc).__name__, first_line(exc))
-            return JSONResponse({"status": "unavailable", "database": self.db.dialect, "detail": type(exc).__name__}, 503)
+            return JSONResponse(
+                {"status": "unavailable", "database": self.db.dialect, "detail": type(exc).__name__}, 503
+            )
         return JSONResponse({"status": "ok", "database": self.db.dialect})
 
     def _probe(self) -> None:
@@ -319,7 +357,9 @@ class Api:
                 factory = await run_in_threadpool(default_sender_factory, self.settings)
             except ValueError as exc:
                 raise ApiError(503, "sender_unavailable", str(exc)) from None
-        summary = await run_in_threadpool(lambda: run_drain(self.db, self.settings, factory, now=now, row_id=row_id, stop=self.stopping))
+        summary = await run_in_threadpool(
+            lambda: run_drain(self.db, self.settings, factory, now=now, row_id=row_id, stop=self.stopping)
+        )
         self.metrics.observe_drain(summary)
         return JSONResponse(summary.as_dict())
 
@@ -368,7 +408,11 @@ class Api:
         given = self.bearer(request)
         presented = None if self.is_internal(given) else credential_hash(given or b"")
         try:
-            credential = await run_in_threadpool(rotate_credential, self.db, device_id, presented) if valid_device_id(device_id) else None
+            credential = (
+                await run_in_threadpool(rotate_credential, self.db, device_id, presented)
+                if valid_device_id(device_id)
+                else None
+            )
         except CredentialChanged as exc:
             raise ApiError(409, "credential_changed", str(exc)) from None
         if credential is None:
@@ -384,7 +428,9 @@ class Api:
         composed = await run_in_threadpool(self._feed, device_id, tz) if valid_device_id(device_id) else None
         if composed is None:
             raise no_device(device_id)
-        return JSONResponse({"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed})
+        return JSONResponse(
+            {"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed}
+        )
 
     def _feed(self, device_id: str, tz: int | str | None) -> ComposedFeed | None:
         record = self._device(device_id)
@@ -405,7 +451,9 @@ class Api:
                     ledger.store_tz_offset(conn, device_id, tz)
         except Exception as exc:  # noqa: BLE001 - the seed: it can never fail a feed request
             self.metrics.tz_write_failed()
-            log.warning("could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc))
+            log.warning(
+                "could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc)
+            )
 
     # -- wiring
 
@@ -418,7 +466,9 @@ class Api:
             Route("/internal/reminders/build", p(self.build), methods=["POST"]),
             Route("/internal/reminders/drain", p(self.drain), methods=["POST"]),
             Route("/v1/devices/{device_id}", p(self.device), methods=["GET", "PUT", "DELETE"]),
-            Route("/v1/devices/{device_id}/credential", self.device_only(self.rotate_device_credential), methods=["POST"]),
+            Route(
+                "/v1/devices/{device_id}/credential", self.device_only(self.rotate_device_credential), methods=["POST"]
+            ),
             Route("/v1/devices/{device_id}/feed", self.device_only(self.feed), methods=["GET"]),
         ]
 
@@ -439,9 +489,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _database_error(request: Request, exc: Exception) -> Response:
     """The database is unreachable, timed out a statement (statement_timeout), or no pooled
     connection freed up in time: the service is unavailable, not broken."""
-    log.warning("%s %s: database unavailable: %s: %s", request.method, request.url.path, type(exc).__name__, first_line(exc))
+    log.warning(
+        "%s %s: database unavailable: %s: %s", request.method, request.url.path, type(exc).__name__, first_line(exc)
+    )
     detail = "the database is unreachable or did not answer in time; retry later"
-    return JSONResponse({"error": "database_unavailable", "detail": detail}, status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse(
+        {"error": "database_unavailable", "detail": detail}, status_code=503, headers={"Retry-After": "5"}
+    )
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -460,7 +514,9 @@ def _announce_schema(db: Database) -> None:
         log.warning("database unavailable at startup: %s: %s", type(exc).__name__, first_line(exc))
 
 
-def create_app(settings: Settings, db: Database | None = None, sender_factory: SenderFactory | None = None) -> Starlette:
+def create_app(
+    settings: Settings, db: Database | None = None, sender_factory: SenderFactory | None = None
+) -> Starlette:
     """The app. ``db``: share an engine (tests); otherwise one is made and disposed at shutdown.
 
     ``sender_factory``: replaces APNs (tests pass ``RecordingSender().factory()``); by default the

@@ -26,15 +26,17 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
-from ..sources import shown_url
 from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN, MAX_DEVICE_ID, MAX_EXTRA_RULES, MAX_SOURCES, MAX_URL_LENGTH
 from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
+from ..sources import shown_url
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, iso_from_unix, parse_when, unix_from_iso
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
-MAX_BODY_BYTES = 256 * 1024  # the one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare
+MAX_BODY_BYTES = (
+    256 * 1024
+)  # the one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare
 
 
 def anchored(pattern: Any) -> str:
@@ -82,7 +84,11 @@ DeviceId = Annotated[str, Field(pattern=anchored(DEVICE_ID_PATTERN), max_length=
 RowId = whole(1, MAX_ROW_ID)
 TzOffset = whole(-MAX_TZ_OFFSET_SECONDS, MAX_TZ_OFFSET_SECONDS)
 ZoneName = Annotated[str, Field(pattern=anchored(ZONE_NAME_PATTERN), max_length=MAX_ZONE_NAME)]
-SourceUrl = Annotated[str, Field(max_length=MAX_URL_LENGTH, description="http(s) URL of a JSON or iCalendar feed"), AfterValidator(_usable_url)]
+SourceUrl = Annotated[
+    str,
+    Field(max_length=MAX_URL_LENGTH, description="http(s) URL of a JSON or iCalendar feed"),
+    AfterValidator(_usable_url),
+]
 PretendTime = Annotated[str | Annotated[float, Field(ge=MIN_NOW_UNIX, le=MAX_NOW_UNIX)], AfterValidator(_pretend_time)]
 StoredTime = Annotated[str | None, Field(description="Stored time, ISO-8601 UTC: 2026-09-10T08:30:00.000Z")]
 Counts = dict[str, int]
@@ -127,18 +133,30 @@ class DeviceRegistration(Request):
 
     apns_token: str = Field(pattern=anchored(APNS_TOKEN_PATTERN), description="Hex APNs device token.")
     reminder_lead_seconds: whole(0, MAX_LEAD_SECONDS) | None = Field(None, description="The lead of rule `lead:N`.")
-    extra_rules: list[Annotated[str, Field(description="`lead:N` or `lead:N@expiry`")]] | None = Field(None, max_length=MAX_EXTRA_RULES)
-    source_urls: list[SourceUrl] | None = Field(None, max_length=MAX_SOURCES)
-    all_day_rules: list[Annotated[str, Field(description="`day:N@HH:MM`: N days before the day, at that local time")]] | None = Field(
-        None, max_length=MAX_EXTRA_RULES, description=f"Rules for all-day items; default `{json.dumps(DEFAULT_ALL_DAY_RULES)}`, `[]` for none."
+    extra_rules: list[Annotated[str, Field(description="`lead:N` or `lead:N@expiry`")]] | None = Field(
+        None, max_length=MAX_EXTRA_RULES
     )
-    tz: ZoneName | None = Field(None, description="IANA time zone (`Europe/Berlin`); omitted or null keeps the stored one (the widget reports it too).")
+    source_urls: list[SourceUrl] | None = Field(None, max_length=MAX_SOURCES)
+    all_day_rules: (
+        list[Annotated[str, Field(description="`day:N@HH:MM`: N days before the day, at that local time")]] | None
+    ) = Field(
+        None,
+        max_length=MAX_EXTRA_RULES,
+        description=f"Rules for all-day items; default `{json.dumps(DEFAULT_ALL_DAY_RULES)}`, `[]` for none.",
+    )
+    tz: ZoneName | None = Field(
+        None,
+        description="IANA time zone (`Europe/Berlin`); omitted or null keeps the stored one (the widget reports it too).",
+    )
     # The core parses quiet hours (it also takes blank for none); the document states the shape.
     quiet_hours: str | None = Field(
-        None, json_schema_extra={"pattern": anchored(QUIET_HOURS_PATTERN)},
+        None,
+        json_schema_extra={"pattern": anchored(QUIET_HOURS_PATTERN)},
         description="`22:00-07:00` in the device's zone; reminders due inside are held to its end.",
     )
-    alarms: bool | None = Field(None, description="Use each calendar event's own alarms (VALARM) as its rules; default false.")
+    alarms: bool | None = Field(
+        None, description="Use each calendar event's own alarms (VALARM) as its rules; default false."
+    )
 
 
 # ---------------------------------------------------------------- response bodies
@@ -194,8 +212,12 @@ class DrainSummary(BaseModel):
     lateness_seconds: Lateness
     tokens_invalidated: int = 0
     voided_by_token: int = 0
-    halted: str | None = Field(description="An APNs configuration fault or outage (`apns_unreachable: ...`) that stopped claiming.")
-    returned_to_pending: int = Field(0, description="Rows whose send certainly never reached APNs, pending again (details: `pending:reason`).")
+    halted: str | None = Field(
+        description="An APNs configuration fault or outage (`apns_unreachable: ...`) that stopped claiming."
+    )
+    returned_to_pending: int = Field(
+        0, description="Rows whose send certainly never reached APNs, pending again (details: `pending:reason`)."
+    )
     duration_seconds: float = 0.0
 
 
@@ -259,7 +281,9 @@ class Contract:
     def __init__(self, settings: Settings) -> None:
         now = {"now": (PretendTime | None, NOW_FIELD)} if settings.http_accept_now else {}
         chunk = whole(0, settings.chunk_count - 1) | None
-        self.build = create_model("BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, chunk=(chunk, None), **now)
+        self.build = create_model(
+            "BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, chunk=(chunk, None), **now
+        )
         self.drain = create_model("DrainRequest", __base__=DrainRequest, **now)
         self.device = DeviceRegistration
         self.default_lead_seconds = settings.default_lead_seconds
@@ -279,7 +303,9 @@ def schemas(contract: Contract) -> dict[str, JsonSchemaValue]:
         [(m, "validation") for m in models], ref_template="#/components/schemas/{model}", schema_generator=_Generator
     )
     defs = top["$defs"]
-    defs["DeviceRegistration"]["properties"]["reminder_lead_seconds"]["description"] += f" Default {contract.default_lead_seconds}."
+    defs["DeviceRegistration"]["properties"]["reminder_lead_seconds"]["description"] += (
+        f" Default {contract.default_lead_seconds}."
+    )
     return defs
 
 
@@ -299,7 +325,9 @@ def _body(name: str, required: bool = False) -> dict[str, Any]:
 
 
 UNAUTHORIZED = _answer("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
-DEVICE_UNAUTHORIZED = _answer("A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token.")
+DEVICE_UNAUTHORIZED = _answer(
+    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
+)
 MALFORMED = _answer("The body is not JSON.")
 TOO_LARGE = _answer(f"The body is larger than {MAX_BODY_BYTES} bytes.")
 INVALID = _answer("Validation error; `field` names the offending field.")
@@ -316,66 +344,134 @@ BODY_ERRORS = {"400": MALFORMED, "401": UNAUTHORIZED, "413": TOO_LARGE, "422": I
 
 def _param(name: str, schema: Any, description: str) -> dict[str, Any]:
     """A query parameter whose schema is a contract type."""
-    return {"name": name, "in": "query", "required": False, "schema": TypeAdapter(schema).json_schema(), "description": description}
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "schema": TypeAdapter(schema).json_schema(),
+        "description": description,
+    }
 
 
 def _paths() -> dict[str, Any]:
     return {
-        "/healthz": {"get": {
-            "operationId": "healthz", "summary": "Open. Checks the database (a connection and the migrated schema).",
-            "responses": {"200": _answer("Healthy.", "Health"), "503": _answer("The database is unavailable.", "Health")},
-        }},
-        "/metrics": {"get": {
-            "operationId": "metrics", "summary": "Open. Prometheus text format.",
-            "responses": {"200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}},
-        }},
-        "/openapi.json": {"get": {
-            "operationId": "openapi", "summary": "Open. This document.",
-            "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {"schema": {"type": "object"}}}}},
-        }},
-        "/internal/reminders/build": {"post": {
-            "operationId": "build", "security": BEARER, "requestBody": _body("BuildRequest"),
-            "summary": "Compose feeds and make queue rows match them (the build cron, or an immediate rebuild).",
-            "responses": {"200": _answer("The build summary.", "BuildSummary"), **BODY_ERRORS, "404": NO_DEVICE},
-        }},
-        "/internal/reminders/drain": {"post": {
-            "operationId": "drain", "security": BEARER, "requestBody": _body("DrainRequest"),
-            "summary": "Claim and send every due row, or only row `id` if it is due. At most once per row.",
-            "parameters": [_param("id", RowId, "Drain only this queue row (an exact-time scheduler's call).")],
-            "responses": {
-                "200": _answer("The drain summary; `due: 0` when the row is not due or already settled.", "DrainSummary"),
-                **BODY_ERRORS,
-                "503": _answer("REMINDERS_ENABLED=true but APNs credentials are missing or unreadable; nothing was claimed."),
-            },
-        }},
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Open. Checks the database (a connection and the migrated schema).",
+                "responses": {
+                    "200": _answer("Healthy.", "Health"),
+                    "503": _answer("The database is unavailable.", "Health"),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Open. Prometheus text format.",
+                "responses": {
+                    "200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "operationId": "openapi",
+                "summary": "Open. This document.",
+                "responses": {
+                    "200": {
+                        "description": "The OpenAPI document.",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        "/internal/reminders/build": {
+            "post": {
+                "operationId": "build",
+                "security": BEARER,
+                "requestBody": _body("BuildRequest"),
+                "summary": "Compose feeds and make queue rows match them (the build cron, or an immediate rebuild).",
+                "responses": {"200": _answer("The build summary.", "BuildSummary"), **BODY_ERRORS, "404": NO_DEVICE},
+            }
+        },
+        "/internal/reminders/drain": {
+            "post": {
+                "operationId": "drain",
+                "security": BEARER,
+                "requestBody": _body("DrainRequest"),
+                "summary": "Claim and send every due row, or only row `id` if it is due. At most once per row.",
+                "parameters": [_param("id", RowId, "Drain only this queue row (an exact-time scheduler's call).")],
+                "responses": {
+                    "200": _answer(
+                        "The drain summary; `due: 0` when the row is not due or already settled.", "DrainSummary"
+                    ),
+                    **BODY_ERRORS,
+                    "503": _answer(
+                        "REMINDERS_ENABLED=true but APNs credentials are missing or unreadable; nothing was claimed."
+                    ),
+                },
+            }
+        },
         "/v1/devices/{device_id}": {
             "parameters": [DEVICE_ID_PARAM],
-            "get": {"operationId": "getDevice", "security": BEARER,
-                    "responses": {"200": _answer("The device.", "Device"), "401": UNAUTHORIZED, "404": NO_DEVICE}},
-            "put": {"operationId": "putDevice", "summary": "Create or replace a device.", "security": BEARER,
-                    "requestBody": _body("DeviceRegistration", required=True),
-                    "responses": {"200": _answer("The stored device; `credential` when this call issued one.", "Registration"), **BODY_ERRORS}},
-            "delete": {"operationId": "deleteDevice", "summary": "Delete a device; its pending rows are voided (`device_removed`).",
-                       "security": BEARER, "responses": {"200": _answer("Removed.", "Removed"), "401": UNAUTHORIZED, "404": NO_DEVICE}},
+            "get": {
+                "operationId": "getDevice",
+                "security": BEARER,
+                "responses": {"200": _answer("The device.", "Device"), "401": UNAUTHORIZED, "404": NO_DEVICE},
+            },
+            "put": {
+                "operationId": "putDevice",
+                "summary": "Create or replace a device.",
+                "security": BEARER,
+                "requestBody": _body("DeviceRegistration", required=True),
+                "responses": {
+                    "200": _answer("The stored device; `credential` when this call issued one.", "Registration"),
+                    **BODY_ERRORS,
+                },
+            },
+            "delete": {
+                "operationId": "deleteDevice",
+                "summary": "Delete a device; its pending rows are voided (`device_removed`).",
+                "security": BEARER,
+                "responses": {"200": _answer("Removed.", "Removed"), "401": UNAUTHORIZED, "404": NO_DEVICE},
+            },
         },
         "/v1/devices/{device_id}/credential": {
             "parameters": [DEVICE_ID_PARAM],
             "post": {
-                "operationId": "rotateDeviceCredential", "security": DEVICE_OR_BEARER,
+                "operationId": "rotateDeviceCredential",
+                "security": DEVICE_OR_BEARER,
                 "summary": "Issue the device a new credential (shown once); the one it replaces stops working at once.",
                 "responses": {
-                    "200": _answer("The new credential.", "Credential"), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE,
-                    "409": _answer("`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."),
+                    "200": _answer("The new credential.", "Credential"),
+                    "401": DEVICE_UNAUTHORIZED,
+                    "404": NO_DEVICE,
+                    "409": _answer(
+                        "`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."
+                    ),
                 },
             },
         },
         "/v1/devices/{device_id}/feed": {
             "parameters": [DEVICE_ID_PARAM],
             "get": {
-                "operationId": "getFeed", "security": DEVICE_OR_BEARER,
+                "operationId": "getFeed",
+                "security": DEVICE_OR_BEARER,
                 "summary": "The widget's feed, item bounds in Unix seconds; stores `tz` only when it changed (best-effort).",
-                "parameters": [_param("tz", ZoneName | TzOffset, "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.")],
-                "responses": {"200": _answer("The composed feed.", "Feed"), "401": DEVICE_UNAUTHORIZED, "404": NO_DEVICE, "422": INVALID},
+                "parameters": [
+                    _param(
+                        "tz",
+                        ZoneName | TzOffset,
+                        "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
+                    )
+                ],
+                "responses": {
+                    "200": _answer("The composed feed.", "Feed"),
+                    "401": DEVICE_UNAUTHORIZED,
+                    "404": NO_DEVICE,
+                    "422": INVALID,
+                },
             },
         },
     }

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
@@ -199,8 +199,14 @@ def families(s: LedgerSnapshot) -> Iterator[Metric]:
         buckets=[(str(float(b)), n) for b, n in s.lateness.buckets] + [("+Inf", s.lateness.count)],
         gsum_value=s.lateness.sum_seconds,
     )
-    yield _gauge("reminders_due_pending_rows", f"Pending rows whose send_after has passed (counted up to {ledger.COUNT_CAP}).", s.due_pending)
-    yield _gauge("reminders_claimed_rows", f"Rows claimed and not yet settled (counted up to {ledger.COUNT_CAP}).", s.claimed)
+    yield _gauge(
+        "reminders_due_pending_rows",
+        f"Pending rows whose send_after has passed (counted up to {ledger.COUNT_CAP}).",
+        s.due_pending,
+    )
+    yield _gauge(
+        "reminders_claimed_rows", f"Rows claimed and not yet settled (counted up to {ledger.COUNT_CAP}).", s.claimed
+    )
     yield _gauge(
         "reminders_oldest_due_pending_age_seconds",
         "How long the oldest due pending row has waited past send_after (0 when none is due).",
@@ -247,7 +253,9 @@ class LedgerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("reminders_ledger_up", "1 if the ledger answered this scrape, else 0.")
-        at_head = GaugeMetricFamily("reminders_schema_at_head", "1 if the database is at this release's migration head.")
+        at_head = GaugeMetricFamily(
+            "reminders_schema_at_head", "1 if the database is at this release's migration head."
+        )
         try:
             migrate.require_head(self.db)
             live = DISPATCHER_LIVE_BEATS * self.settings.dispatch_heartbeat_seconds
@@ -279,7 +287,8 @@ class Metrics:
         self.registry.register(LedgerCollector(db, settings, clock))
         self.drains = Counter("reminders_http_drains", "Drain route calls that ran a drain.", registry=self.registry)
         self.tz_failures = Counter(
-            "reminders_tz_write_failures", "Best-effort tz offset writes that failed (the feed was still served).",
+            "reminders_tz_write_failures",
+            "Best-effort tz offset writes that failed (the feed was still served).",
             registry=self.registry,
         )
 

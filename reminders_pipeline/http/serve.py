@@ -14,9 +14,9 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
 
 import uvicorn
 from uvicorn.main import STARTUP_FAILURE

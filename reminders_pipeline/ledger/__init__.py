@@ -19,8 +19,8 @@ Callers use the package (``ledger.claim(conn, ...)``); the modules are how it is
 
 from __future__ import annotations
 
-from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED  # noqa: F401
-from .claims import (  # noqa: F401
+from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED
+from .claims import (
     SETTLE_FIELDS,
     claim,
     due_ids,
@@ -32,18 +32,18 @@ from .claims import (  # noqa: F401
     return_to_pending,
     settle,
 )
-from .devices import (  # noqa: F401
+from .devices import (
     DeviceRecord,
+    count_devices_with_lead_below,
     delete_device,
     device_credential_hash,
-    count_devices_with_lead_below,
     devices_per_chunk,
     get_device,
     list_devices,
     lock_devices,
     mark_token_invalid,
-    never_built_chunks,
     min_lead_seconds,
+    never_built_chunks,
     oldest_built,
     rules_in_use,
     select_build_devices,
@@ -52,19 +52,19 @@ from .devices import (  # noqa: F401
     stale_per_chunk,
     stalest_chunks,
     stamp_built,
-    swap_device_credential,
     store_tz_name,
     store_tz_offset,
+    swap_device_credential,
     upsert_device,
 )
-from .heartbeats import (  # noqa: F401
+from .heartbeats import (
     beat,
     dispatcher_stopped,
     latest_beat,
     live_dispatchers,
     prune_dispatchers,
 )
-from .queue import (  # noqa: F401
+from .queue import (
     DUE_CHANNEL,
     REARM_BOUNDS,
     UPSERT_COLUMNS,
@@ -79,7 +79,7 @@ from .queue import (  # noqa: F401
     void_pending_of_device,
     void_rows,
 )
-from .reports import (  # noqa: F401
+from .reports import (
     COUNT_CAP,
     QUEUE_COLUMNS,
     QueueGauges,
@@ -92,11 +92,11 @@ from .reports import (  # noqa: F401
     ping,
     queue_gauges,
 )
-from .retention import (  # noqa: F401
+from .retention import (
     prune_history,
     prune_settled,
 )
-from .sources import (  # noqa: F401
+from .sources import (
     claim_source_alerts,
     list_sources,
     record_source_failure,
@@ -105,3 +105,81 @@ from .sources import (  # noqa: F401
     sources_by_id,
     subscriptions,
 )
+
+__all__ = [
+    "CLAIMED",
+    "COUNT_CAP",
+    "DUE_CHANNEL",
+    "DeviceRecord",
+    "IN_LIST_MAX",
+    "PENDING",
+    "QUEUE_COLUMNS",
+    "QueueGauges",
+    "REARM_BOUNDS",
+    "SETTLED",
+    "SETTLE_FIELDS",
+    "UPSERT_COLUMNS",
+    "announce_pending",
+    "beat",
+    "built_after",
+    "claim",
+    "claim_source_alerts",
+    "count_devices_with_lead_below",
+    "delete_device",
+    "device_credential_hash",
+    "devices_per_chunk",
+    "dispatcher_stopped",
+    "due_ids",
+    "end_holds",
+    "existing_rows",
+    "fail_abandoned",
+    "get_device",
+    "get_row",
+    "halt_of",
+    "history_of",
+    "latest_beat",
+    "latest_settled",
+    "list_devices",
+    "list_queue",
+    "list_sources",
+    "live_dispatchers",
+    "lock_devices",
+    "lock_rows",
+    "mark_token_invalid",
+    "min_lead_seconds",
+    "never_built_chunks",
+    "next_send_after",
+    "oldest_built",
+    "oldest_due_pending",
+    "ping",
+    "prune_dispatchers",
+    "prune_halts",
+    "prune_history",
+    "prune_settled",
+    "queue_gauges",
+    "realign_pending",
+    "rearm_anchor",
+    "rearm_bounds",
+    "record_halt",
+    "record_source_failure",
+    "record_source_success",
+    "return_to_pending",
+    "rules_in_use",
+    "select_build_devices",
+    "set_chunks",
+    "set_device_credential",
+    "set_subscriptions",
+    "settle",
+    "sources_by_id",
+    "stale_per_chunk",
+    "stalest_chunks",
+    "stamp_built",
+    "store_tz_name",
+    "store_tz_offset",
+    "subscriptions",
+    "swap_device_credential",
+    "upsert_device",
+    "upsert_rows",
+    "void_pending_of_device",
+    "void_rows",
+]

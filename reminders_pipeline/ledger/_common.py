@@ -4,7 +4,8 @@ functions."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import TIMESTAMP, BigInteger, ColumnElement, Connection, cast, extract, func, literal_column
 from sqlalchemy.dialects import postgresql, sqlite

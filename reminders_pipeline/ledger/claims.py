@@ -4,13 +4,15 @@ pending, abandoned claims, and the halts that stop every drain of a scope."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, or_, select, text, update
 from sqlalchemy.dialects import postgresql
 
-from ..schema import devices, drain_halts, notification_queue as q
+from ..schema import devices, drain_halts
+from ..schema import notification_queue as q
 from ._common import CLAIMED, PENDING, batches, insert_on_conflict
 from .queue import announce_pending
 
@@ -45,12 +47,20 @@ def not_held(now: Any) -> Any:
 
 def _due(rows: Any, now: Any) -> tuple[Any, ...]:
     """The due predicate on ``rows`` (the queue, or what a lock returned of it)."""
-    return rows.c.status == PENDING, rows.c.send_after <= now, or_(rows.c.not_before.is_(None), rows.c.not_before <= now)
+    return (
+        rows.c.status == PENDING,
+        rows.c.send_after <= now,
+        or_(rows.c.not_before.is_(None), rows.c.not_before <= now),
+    )
 
 
 def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
     """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text comparison."""
-    stmt = select(q.c.id).where(q.c.status == PENDING, q.c.send_after <= now, not_held(now)).order_by(q.c.send_after, q.c.id)
+    stmt = (
+        select(q.c.id)
+        .where(q.c.status == PENDING, q.c.send_after <= now, not_held(now))
+        .order_by(q.c.send_after, q.c.id)
+    )
     if row_id is not None:
         stmt = stmt.where(q.c.id == row_id)
     if limit is not None:
@@ -79,13 +89,20 @@ def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) ->
     """SQLite cannot use UPDATE ... RETURNING as a CTE, so the device columns PostgreSQL joins in
     the claim's own statement come from a second read here, in the same transaction."""
     dev_ids = sorted({r["device_id"] for r in claimed})
-    dev = {r["id"]: r for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()}
+    dev = {
+        r["id"]: r
+        for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()
+    }
     empty = {c.name: None for c in _CLAIM_DEVICE_COLUMNS}
     return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
 
 
 _CLAIM_DEVICE_COLUMNS = (
-    devices.c.apns_token, devices.c.last_tz_offset_seconds, devices.c.token_invalid_at, devices.c.tz_name, devices.c.quiet_hours,
+    devices.c.apns_token,
+    devices.c.last_tz_offset_seconds,
+    devices.c.token_invalid_at,
+    devices.c.tz_name,
+    devices.c.quiet_hours,
 )
 
 
@@ -95,7 +112,12 @@ def _claim_statement(dialect: str) -> Any:
     now = bindparam("now")
     values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
     if dialect != "postgresql":
-        return update(q).where(q.c.id.in_(bindparam("claim_ids", expanding=True)), *_due(q, now)).values(**values).returning(*q.c)
+        return (
+            update(q)
+            .where(q.c.id.in_(bindparam("claim_ids", expanding=True)), *_due(q, now))
+            .values(**values)
+            .returning(*q.c)
+        )
     # Lock by primary key only, and test the due predicate on what the lock returned (the row's
     # latest version, held until commit, so the claim stays a compare-and-swap). On the UPDATE's
     # own columns the predicate steered the planner onto the partial due index: every pending row
@@ -122,7 +144,9 @@ _SETTLE_ROWS_SOURCE = {
         "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome text, "
         "outcome_detail text, payload text, sent_body text, apns_id text, sent_at text)"
     ),
-    "sqlite": "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS) + " FROM json_each(:rows)",
+    "sqlite": "SELECT "
+    + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS)
+    + " FROM json_each(:rows)",
 }
 
 
@@ -152,7 +176,8 @@ _RETURN_ROWS_SOURCE = {
         "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome_detail text, hold text, held text, spent int)"
     ),
     "sqlite": (
-        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in ("id", "outcome_detail", "hold", "held", "spent"))
+        "SELECT "
+        + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in ("id", "outcome_detail", "hold", "held", "spent"))
         + " FROM json_each(:rows)"
     ),
 }
@@ -181,7 +206,16 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
         return 0
     stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
     payload = json.dumps(
-        [{"id": r["id"], "outcome_detail": r.get("outcome_detail"), "hold": r.get("not_before"), "held": r.get("held_until"), "spent": int(bool(r.get("spent")))} for r in rows],
+        [
+            {
+                "id": r["id"],
+                "outcome_detail": r.get("outcome_detail"),
+                "hold": r.get("not_before"),
+                "held": r.get("held_until"),
+                "spent": int(bool(r.get("spent"))),
+            }
+            for r in rows
+        ],
         separators=(",", ":"),
     )
     back = conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).all()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, delete, func, null, or_, select, update
 
@@ -40,11 +41,20 @@ class DeviceRecord:
         return d
 
 
-def set_device_credential(conn: Connection, device_id: str, credential_hash: str, *, only_if_missing: bool = False) -> bool:
+def set_device_credential(
+    conn: Connection, device_id: str, credential_hash: str, *, only_if_missing: bool = False
+) -> bool:
     """Store a device's credential hash; ``only_if_missing`` keeps an existing one (two racing
     first registrations: one issues, the other is told nothing was issued)."""
-    return swap_device_credential(conn, device_id, None, credential_hash) if only_if_missing else (
-        conn.execute(update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)).rowcount == 1
+    return (
+        swap_device_credential(conn, device_id, None, credential_hash)
+        if only_if_missing
+        else (
+            conn.execute(
+                update(devices).where(devices.c.id == device_id).values(credential_hash=credential_hash)
+            ).rowcount
+            == 1
+        )
     )
 
 
@@ -52,7 +62,10 @@ def swap_device_credential(conn: Connection, device_id: str, old_hash: str | Non
     """Compare-and-swap: the new hash only over ``old_hash`` (None: over no credential). Of two
     rotations that read the same credential, one swaps and the other finds it changed."""
     same = devices.c.credential_hash.is_(None) if old_hash is None else devices.c.credential_hash == old_hash
-    return conn.execute(update(devices).where(devices.c.id == device_id, same).values(credential_hash=new_hash)).rowcount == 1
+    return (
+        conn.execute(update(devices).where(devices.c.id == device_id, same).values(credential_hash=new_hash)).rowcount
+        == 1
+    )
 
 
 def device_credential_hash(conn: Connection, device_id: str) -> str | None:
@@ -204,7 +217,9 @@ def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: s
     for ids in batches(sorted(set(device_ids))):
         stmt = select(devices.c.id).where(devices.c.id.in_(ids)).order_by(devices.c.id).with_for_update()
         if not_built_after is not None:
-            stmt = stmt.where(or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= not_built_after))
+            stmt = stmt.where(
+                or_(devices.c.reminders_built_at.is_(None), devices.c.reminders_built_at <= not_built_after)
+            )
         locked.update(conn.scalars(stmt))
     return locked
 
@@ -227,7 +242,11 @@ def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: 
 
 def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: str | None = None) -> bool:
     """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
-    stmt = update(devices).where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name)).values(tz_name=tz_name)
+    stmt = (
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.tz_name.is_distinct_from(tz_name))
+        .values(tz_name=tz_name)
+    )
     return _zone_changed(conn, stmt, device_id, now)
 
 
@@ -238,7 +257,9 @@ def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: str | None) 
     return changed
 
 
-def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, reason: str, now: str, since: str | None = None) -> int:
+def mark_token_invalid(
+    conn: Connection, device_id: str, token: str, at: str, reason: str, now: str, since: str | None = None
+) -> int:
     """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows.
 
     ``since``: the time the answer speaks for (APNs' timestamp of a 410, else the send's claim;
@@ -258,7 +279,11 @@ def mark_token_invalid(conn: Connection, device_id: str, token: str, at: str, re
 
 def rules_in_use(conn: Connection) -> list[tuple[int, str]]:
     """Each distinct (reminder_lead_seconds, extra_rules) of live devices."""
-    stmt = select(devices.c.reminder_lead_seconds, devices.c.extra_rules).where(devices.c.token_invalid_at.is_(None)).distinct()
+    stmt = (
+        select(devices.c.reminder_lead_seconds, devices.c.extra_rules)
+        .where(devices.c.token_invalid_at.is_(None))
+        .distinct()
+    )
     return [(lead, extra) for lead, extra in conn.execute(stmt)]
 
 
@@ -301,7 +326,11 @@ def count_devices_with_lead_below(conn: Connection, seconds: int) -> int:
 
 def never_built_chunks(conn: Connection) -> set[int]:
     """Chunks holding a live device that no build has visited yet."""
-    stmt = select(devices.c.chunk).where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at.is_(None)).distinct()
+    stmt = (
+        select(devices.c.chunk)
+        .where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at.is_(None))
+        .distinct()
+    )
     return set(conn.scalars(stmt))
 
 

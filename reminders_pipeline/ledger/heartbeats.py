@@ -10,9 +10,18 @@ from ..schema import dispatchers
 from ._common import insert_on_conflict
 
 
-def beat(conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int) -> None:
+def beat(
+    conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int
+) -> None:
     """Record a dispatcher's heartbeat (inserted on its first beat)."""
-    values = {"name": name, "started_at": started_at, "beat_at": now, "ends_at": ends_at, "sent": sent, "settled": settled}
+    values = {
+        "name": name,
+        "started_at": started_at,
+        "beat_at": now,
+        "ends_at": ends_at,
+        "sent": sent,
+        "settled": settled,
+    }
     ins = insert_on_conflict(conn)(dispatchers).values(**values)
     conn.execute(
         ins.on_conflict_do_update(

@@ -4,14 +4,16 @@ NOTIFY that wakes dispatchers when pending rows arrive or move."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, func, select, text, update
 
 from ..notification import sent_payload
 from ..rules import parse_rule
-from ..schema import notification_history, notification_queue as q
+from ..schema import notification_history
+from ..schema import notification_queue as q
 from ..times import shift
 from ._common import PENDING, batches
 
@@ -20,15 +22,37 @@ def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str,
     """Every queue row of these devices (any status): the basis for insert/update counts and voiding."""
     out: list[dict[str, Any]] = []
     cols = (
-        q.c.id, q.c.device_id, q.c.source_id, q.c.item_id, q.c.rule, q.c.status, q.c.outcome,
-        q.c.send_after, q.c.event_at, q.c.expires_at, q.c.title, q.c.body, q.c.item_at,
+        q.c.id,
+        q.c.device_id,
+        q.c.source_id,
+        q.c.item_id,
+        q.c.rule,
+        q.c.status,
+        q.c.outcome,
+        q.c.send_after,
+        q.c.event_at,
+        q.c.expires_at,
+        q.c.title,
+        q.c.body,
+        q.c.item_at,
     )
     for ids in batches(list(device_ids)):
         out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
     return out
 
 
-UPSERT_COLUMNS = ("device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body", "item_at")
+UPSERT_COLUMNS = (
+    "device_id",
+    "source_id",
+    "item_id",
+    "rule",
+    "send_after",
+    "event_at",
+    "expires_at",
+    "title",
+    "body",
+    "item_at",
+)
 
 
 # Per row, the values a settled row's anchor (event_at, or expires_at for an @expiry rule) and its
@@ -52,7 +76,8 @@ _UPSERT_ROWS_SOURCE = {
         + ")"
     ),
     "sqlite": (
-        "SELECT " + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
+        "SELECT "
+        + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in UPSERT_COLUMNS + REARM_BOUNDS)
         + " FROM json_each(:rows) WHERE true"
     ),
 }
@@ -95,42 +120,55 @@ RETURNING id
 # item moved only if no zone could have made that anchor of the new wall time (``rearm_bounds``).
 # send_after is not compared: a quiet-hours hold or a zone moves it without the item moving.
 _ANCHOR = "(CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END)"
-_MOVED = """q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
+_MOVED = f"""q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
     AND q.status = 'settled' AND q.outcome <> 'voided'
-    AND ({anchor} <= r.anchor_before OR {anchor} >= r.anchor_after)
+    AND ({_ANCHOR} <= r.anchor_before OR {_ANCHOR} >= r.anchor_after)
     AND (r.item_before IS NULL
         OR (q.item_at IS NOT NULL AND (q.item_at <= r.item_before OR q.item_at >= r.item_after))
-        OR (q.item_at IS NULL AND ({anchor} <= r.wall_before OR {anchor} >= r.wall_after)))""".format(anchor=_ANCHOR)
+        OR (q.item_at IS NULL AND ({_ANCHOR} <= r.wall_before OR {_ANCHOR} >= r.wall_after)))"""
 
 
-_KEEP_HISTORY = """
+_KEEP_HISTORY = (
+    """
 INSERT INTO notification_history
     (queue_id, device_id, item_id, rule, send_after, outcome, outcome_detail, payload, apns_id, sent_at, settled_at, rearmed_at)
 SELECT q.id, q.device_id, q.item_id, q.rule, q.send_after, q.outcome, q.outcome_detail, q.payload, q.apns_id,
     q.sent_at, q.settled_at, :now
-FROM notification_queue AS q, ({rows}) AS r WHERE """ + _MOVED + """
+FROM notification_queue AS q, ({rows}) AS r WHERE """
+    + _MOVED
+    + """
 ON CONFLICT (queue_id, settled_at) DO NOTHING
 RETURNING queue_id
 """
+)
 
 
 # Only a settlement already in the history is re-armed (same settled_at): a row settled between
 # the two statements waits for the next build instead of losing what it recorded.
-_REARM = """
+_REARM = (
+    """
 UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
     sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
     not_before = NULL, held_until = NULL, updated_at = :now
 FROM ({rows}) AS r
-WHERE """ + _MOVED + """
+WHERE """
+    + _MOVED
+    + """
     AND EXISTS (SELECT 1 FROM notification_history AS h WHERE h.queue_id = q.id AND h.settled_at = q.settled_at)
 RETURNING id
 """
+)
 
 
 def upsert_rows(
-    conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, batch: int = 2000, *, rearm_threshold_seconds: int = 300
+    conn: Connection,
+    rows: Sequence[Mapping[str, Any]],
+    now: str,
+    batch: int = 2000,
+    *,
+    rearm_threshold_seconds: int = 300,
 ) -> set[int]:
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
@@ -168,7 +206,10 @@ def _render_history_payloads(conn: Connection, queue_ids: Sequence[int]) -> None
     sent (its title and times change). Called before the re-arm, while the rows still do."""
     h = notification_history
     stmt = select(q).where(q.c.id.in_(sorted(queue_ids)), q.c.payload.is_(None), q.c.sent_body.is_not(None))
-    rendered = [{"b_id": r["id"], "b_settled": r["settled_at"], "b_payload": sent_payload(r)} for r in conn.execute(stmt).mappings()]
+    rendered = [
+        {"b_id": r["id"], "b_settled": r["settled_at"], "b_payload": sent_payload(r)}
+        for r in conn.execute(stmt).mappings()
+    ]
     if rendered:
         conn.execute(
             update(h)
@@ -249,7 +290,11 @@ def end_holds(conn: Connection, device_id: str, now: str) -> int:
     ended = conn.execute(
         update(q)
         .where(q.c.device_id == device_id, q.c.status == PENDING, q.c.held_until > now)
-        .values(not_before=case((q.c.not_before == q.c.held_until, None), else_=q.c.not_before), held_until=now, updated_at=now)
+        .values(
+            not_before=case((q.c.not_before == q.c.held_until, None), else_=q.c.not_before),
+            held_until=now,
+            updated_at=now,
+        )
     ).rowcount
     if ended:
         announce_pending(conn, now)

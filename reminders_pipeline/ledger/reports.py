@@ -5,13 +5,15 @@ milliseconds (bench/bench_metrics.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy import Connection, func, literal, select
 
 from ..notification import sent_payload
-from ..schema import devices, dispatchers, notification_history, notification_queue as q
+from ..schema import devices, dispatchers, notification_history
+from ..schema import notification_queue as q
 from ._common import CLAIMED, PENDING, SETTLED
 
 QUEUE_COLUMNS = [c.name for c in q.c]
@@ -70,7 +72,9 @@ def history_of(conn: Connection, queue_id: int) -> list[dict[str, Any]]:
 COUNT_CAP = 100_000
 
 
-def latest_settled(conn: Connection, since: str, now: str, limit: int) -> list[tuple[str, str, str | None, str, str | None]]:
+def latest_settled(
+    conn: Connection, since: str, now: str, limit: int
+) -> list[tuple[str, str, str | None, str, str | None]]:
     """(settled_at, outcome, outcome_detail, send_after, sent_at) of the latest ``limit`` rows settled
     in ``(since, now]``, newest first: a backward range on the partial settled_at index, bounded by
     ``limit`` whatever the window holds. Lateness is computed by the caller, never in SQL."""

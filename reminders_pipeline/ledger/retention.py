@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, delete, select
 
-from ..schema import notification_history, notification_queue as q
+from ..schema import notification_history
+from ..schema import notification_queue as q
 from ._common import SETTLED
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, literal, select, update
 
@@ -50,11 +51,7 @@ def sources_by_id(conn: Connection, source_ids: Iterable[int]) -> dict[int, dict
 
 
 def list_sources(conn: Connection) -> list[dict[str, Any]]:
-    subs = (
-        select(device_sources.c.source_id, func.count().label("n"))
-        .group_by(device_sources.c.source_id)
-        .subquery()
-    )
+    subs = select(device_sources.c.source_id, func.count().label("n")).group_by(device_sources.c.source_id).subquery()
     stmt = (
         select(sources, func.coalesce(subs.c.n, 0).label("subscribers"))
         .outerjoin(subs, subs.c.source_id == sources.c.id)
@@ -113,6 +110,8 @@ def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list
         update(sources)
         .where(sources.c.id.in_(due.scalar_subquery()))
         .values(alerted_at=now)
-        .returning(sources.c.id, sources.c.url, sources.c.failing_since, sources.c.last_error, sources.c.consecutive_failures)
+        .returning(
+            sources.c.id, sources.c.url, sources.c.failing_since, sources.c.last_error, sources.c.consecutive_failures
+        )
     ).mappings()
     return [dict(r) for r in rows]

@@ -3,6 +3,7 @@
 Revision ID: 0001
 Revises:
 """
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
@@ -108,9 +109,15 @@ def upgrade() -> None:
         iso("updated_at", False),
     )
     pending, claimed, settled = (sa.text(f"status = '{s}'") for s in ("pending", "claimed", "settled"))
-    op.create_index("ix_queue_due", "notification_queue", ["send_after", "id"], sqlite_where=pending, postgresql_where=pending)
-    op.create_index("ix_queue_claimed", "notification_queue", ["claimed_at"], sqlite_where=claimed, postgresql_where=claimed)
-    op.create_index("ix_queue_settled", "notification_queue", ["settled_at"], sqlite_where=settled, postgresql_where=settled)
+    op.create_index(
+        "ix_queue_due", "notification_queue", ["send_after", "id"], sqlite_where=pending, postgresql_where=pending
+    )
+    op.create_index(
+        "ix_queue_claimed", "notification_queue", ["claimed_at"], sqlite_where=claimed, postgresql_where=claimed
+    )
+    op.create_index(
+        "ix_queue_settled", "notification_queue", ["settled_at"], sqlite_where=settled, postgresql_where=settled
+    )
     if op.get_bind().dialect.name == "postgresql":
         # Every claim and settlement changes an indexed column (no HOT update), so each leaves a
         # dead tuple: vacuum the queue early rather than at the default 20% of the table.

@@ -4,6 +4,7 @@ alarms; outcome quiet_hours.
 Revision ID: 0007
 Revises: 0005
 """
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
@@ -81,9 +82,13 @@ def upgrade() -> None:
     # Plain ADD COLUMNs: a batch rebuild of ``devices`` on SQLite would drop the table under
     # device_sources' ON DELETE CASCADE.
     op.add_column("devices", sa.Column("tz_name", sa.Text))  # IANA zone, e.g. Europe/Berlin
-    op.add_column("devices", sa.Column("all_day_rules", sa.Text, nullable=False, server_default=sa.text("'day:0@09:00'")))
+    op.add_column(
+        "devices", sa.Column("all_day_rules", sa.Text, nullable=False, server_default=sa.text("'day:0@09:00'"))
+    )
     op.add_column("devices", sa.Column("quiet_hours", sa.Text))  # "22:00-07:00" in the device's zone
-    op.add_column("devices", sa.Column("use_alarms", sa.Integer, nullable=False, server_default=sa.text("0")))  # 1: VALARMs
+    op.add_column(
+        "devices", sa.Column("use_alarms", sa.Integer, nullable=False, server_default=sa.text("0"))
+    )  # 1: VALARMs
     _outcomes(NEW_OUTCOMES)
 
 

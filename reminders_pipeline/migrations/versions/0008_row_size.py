@@ -16,6 +16,7 @@ the payload back into every row that holds only its body.
 Revision ID: 0008
 Revises: 0007
 """
+
 import json
 
 import sqlalchemy as sa
@@ -36,10 +37,16 @@ def _batches(conn: sa.Connection, where: str):  # type: ignore[no-untyped-def]
     """The queue rows matching ``where``, ``BATCH`` at a time in id order (a keyset walk)."""
     last = 0
     while True:
-        rows = conn.execute(
-            sa.text(f"SELECT {ROW_COLUMNS} FROM notification_queue WHERE {where} AND id > :last ORDER BY id LIMIT :n"),
-            {"last": last, "n": BATCH},
-        ).mappings().all()
+        rows = (
+            conn.execute(
+                sa.text(
+                    f"SELECT {ROW_COLUMNS} FROM notification_queue WHERE {where} AND id > :last ORDER BY id LIMIT :n"
+                ),
+                {"last": last, "n": BATCH},
+            )
+            .mappings()
+            .all()
+        )
         if not rows:
             return
         last = rows[-1]["id"]
@@ -56,7 +63,9 @@ def _update(conn: sa.Connection, assignments: str, guard: str) -> sa.TextClause:
         rows = "SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, value text)"
     else:
         rows = "SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.value') AS value FROM json_each(:rows)"
-    return sa.text(f"UPDATE notification_queue AS q SET {assignments} FROM ({rows}) AS r WHERE q.id = r.id AND q.{guard}")
+    return sa.text(
+        f"UPDATE notification_queue AS q SET {assignments} FROM ({rows}) AS r WHERE q.id = r.id AND q.{guard}"
+    )
 
 
 def downgrade() -> None:

@@ -11,6 +11,7 @@ queue holds.
 Revision ID: 0009
 Revises: 0008
 """
+
 from alembic import op
 
 from reminders_pipeline.migrations.checks import add_iso_column
@@ -19,7 +20,6 @@ revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
-
 
 
 def upgrade() -> None:

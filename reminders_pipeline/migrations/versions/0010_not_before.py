@@ -14,6 +14,7 @@ catalog-only, no table rewrite, no scan.
 Revision ID: 0010
 Revises: 0009
 """
+
 import sqlalchemy as sa
 from alembic import op
 

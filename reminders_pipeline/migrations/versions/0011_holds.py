@@ -15,6 +15,7 @@ Both columns are added in place, their CHECKs ``NOT VALID`` on PostgreSQL: catal
 Revision ID: 0011
 Revises: 0010
 """
+
 from alembic import op
 
 from reminders_pipeline.migrations.checks import add_iso_column
