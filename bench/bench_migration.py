@@ -7,7 +7,7 @@ run, same database) and during it, the upgrade's duration, and what the scans th
 outside its exclusive locks took (validating every CHECK, building the partial index), which is
 how long claims waited behind them when they ran under the lock.
 
-The bar (issue 20): no claim during the upgrade waits longer than the upgrade's lock timeout
+The bar: no claim during the upgrade waits longer than the upgrade's lock timeout
 (0.2 s, how long one of its ALTERs may queue claims behind it) plus the slowest claim before it.
 
     .venv/bin/python bench/bench_migration.py [--rows N] [--json]

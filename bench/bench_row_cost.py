@@ -2,7 +2,7 @@
 which index each of the ledger's queue statements uses; how many queue updates are HOT.
 
 Fills a fresh database (the current schema, all migrations) with ``--rows`` queue rows shaped like
-the steady state the seed implies: one in ``--pending-every`` rows pending (the next day's
+the steady state the design implies: one in ``--pending-every`` rows pending (the next day's
 reminders), the rest settled ``sent`` recording their alert as the drain does (``sent_body``; the
 whole payload only where the row cannot re-render it, none at default settings), ids and texts as
 the build and APNs write them. Then ``VACUUM ANALYZE`` and measures ``pg_relation_size`` per

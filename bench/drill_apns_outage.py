@@ -6,7 +6,7 @@ over a SQLite ledger holding one device and ``--reminders`` rows coming due 2.4 
 outage's start. Alerts go to a webhook this script serves.
 
 Printed: each row's outcome and attempts, the halts and alerts, and how late after APNs' return
-each row went. The bar (issue 20): none failed, no attempt spent, one halt and one alert, all
+each row went. The bar: none failed, no attempt spent, one halt and one alert, all
 sent within 5 s of APNs' return (or settled by the lateness policy, with their reason).
 
     .venv/bin/python bench/drill_apns_outage.py [--outage 120] [--reminders 50] [--json]

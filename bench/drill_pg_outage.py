@@ -7,8 +7,8 @@ needed) runs against it; the server is stopped for ``--outage`` seconds and star
 
 Printed: the dispatcher's stderr lines during and after the outage, and whether every row that
 came due was claimed once the server was back, without restarting the dispatcher (a claim whose
-settlement the cut lost stays claimed until the abandoned sweep fails it: it is counted apart). The bar
-(issue 20): under 100 lines, and every row settled within ``--recover`` seconds of the return.
+settlement the cut lost stays claimed until the abandoned sweep fails it: it is counted apart). The bar:
+under 100 lines, and every row settled within ``--recover`` seconds of the return.
 
     .venv/bin/python bench/drill_pg_outage.py [--outage 120] [--recover 30] [--json]
 """

@@ -26,7 +26,7 @@ HAND_RECORDED = "<!-- recorded by hand: bench/run_all.py keeps everything from t
 
 
 def _zoned_rows(bld: dict) -> list[str]:
-    """The zoned own-calendar case (issue 13): devices/s beside the naive reader, and zone resolution's cost."""
+    """The zoned own-calendar case: devices/s beside the naive reader, and zone resolution's cost."""
     if "zoned_own_calendars" not in bld.get("sqlite", {}):
         return []
     sq, pg = bld["sqlite"]["zoned_own_calendars"], bld.get("postgresql", {}).get("zoned_own_calendars", {})

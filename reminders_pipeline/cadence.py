@@ -1,6 +1,6 @@
 """Daily cron schedules as the minutes of the day they fire: the longest gap, and a delayed copy.
 
-The two invariants the seed names are relationships between cadences and limits, so the check
+The two invariants the design names are relationships between cadences and limits, so the check
 derives each cadence from the very cron string the schedule runs on: retuning one cron without the
 other side fails ``reminders check`` instead of quietly reopening the gap. The check schedule is
 derived the same way (``crons_after``), so it keeps following ``REMINDERS_DRAIN_CRON``.

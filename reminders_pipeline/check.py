@@ -159,7 +159,7 @@ def device_budget(settings: Settings, lead: int, period: int) -> int:
 
 @dataclass(frozen=True)
 class SweepStatus:
-    """The seed's ``full sweep period < lead time - margin``, measured per device instead of predicted."""
+    """The design's ``full sweep period < lead time - margin``, measured per device instead of predicted."""
 
     now: str
     oldest_built_at: str | None  # among devices built at least once (live tokens only)

@@ -1,8 +1,9 @@
 """``reminders``: the command-line shell over the core.
 
 Exit codes: 0 done; 1 the environment is not ready (a database not at this release's migration
-head, a failed check); 2 a bad argument or setting, and nothing was written. Every command prints
-its result as JSON on stdout; long ones also show progress on stderr when it is a terminal.
+head, a failed check); 2 a bad argument or setting, and nothing was written. A command that reports
+a result prints it as JSON on stdout, except ``check``, whose one line per relationship is read by a
+person; long ones also show progress on stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -311,11 +312,8 @@ def queue() -> None:
 @click.option("--status", type=click.Choice(STATUSES), default=None)
 @click.option("--outcome", type=click.Choice(OUTCOMES), default=None)
 @click.option("--limit", type=click.IntRange(min=1), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array (the default; kept for scripts).")
 @pass_ctx
-def queue_list(
-    ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None, as_json: bool
-) -> None:
+def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None) -> None:
     with ctx.db.read() as conn:
         _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
 

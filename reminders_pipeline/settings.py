@@ -139,11 +139,11 @@ class Settings:
     send_retry_base_seconds: float = 5.0
     send_retry_max_seconds: float = 300.0
     rearm_threshold_seconds: int = 300  # a settled row is re-armed only if its item moves this far
-    # Operations (issue 12): the per-process engine and what /metrics reads.
+    # Operations: the per-process engine and what /metrics reads.
     db_pool_size: int = 10  # connections kept per process; as many again may open under load
     db_statement_timeout_ms: int = 60_000  # PostgreSQL statement_timeout; 0 = none
     metrics_window_seconds: int = 900  # /metrics counts rows settled this long ago or since
-    # Calendars as people keep them (issue 13): per source per build, items kept and parse time.
+    # Calendars as people keep them: per source per build, items kept and parse time.
     source_max_items: int = 2000
     source_parse_seconds: float = 10.0
     feed_cache_seconds: int = 900  # the widget feed serves a source's last read this long (the build cadence)
@@ -173,7 +173,7 @@ class Settings:
         env = os.environ if env is None else env
         s = cls(
             database_url=normalize_database_url(env.get("REMINDERS_DATABASE_URL") or default_database_url()),
-            # Exactly "true" sends; anything else is a dry run (the seed's contract).
+            # Exactly "true" sends; anything else is a dry run.
             enabled=env.get("REMINDERS_ENABLED") == "true",
             token=env.get("REMINDERS_TOKEN") or None,
             max_lateness_seconds=_int(env, "REMINDERS_MAX_LATENESS_SECONDS", 1800, 1),

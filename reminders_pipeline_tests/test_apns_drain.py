@@ -180,7 +180,7 @@ def test_certain_non_delivery_returns_the_row_to_pending_and_it_is_then_delivere
     db, live, feeds, mock, answer, detail
 ):
     """A row goes back to pending; an APNs answer (429, 500, 503) spends one of its attempts, a send
-    that never reached APNs none: only APNs' own answers count against a row (issue 20)."""
+    that never reached APNs none: only APNs' own answers count against a row."""
     spent = 0 if detail.startswith("not-sent") else 1
     queue(db, live, feeds, items=1)
     fault(mock, TOKENS[0], answer)

@@ -52,7 +52,7 @@ def test_newcomer_flow_dry_run(cli, feeds):
     assert put["extra_rules"] == ["lead:0@expiry"] and put["source_urls"] == [url]
     built = json.loads(cli("build", "--all", "--now", NOW).output)
     assert built["rows_inserted"] == 4 and built["devices_built"] == 1
-    queued = json.loads(cli("queue", "list", "--json").output)
+    queued = json.loads(cli("queue", "list").output)
     assert {r["status"] for r in queued} == {"pending"} and len(queued) == 4
     drained = json.loads(cli("drain", "--now", str(NOW_S + 3600 + 400)).output)
     assert drained["outcomes"] == {"event_started": 1, "disabled": 1}

@@ -1,4 +1,4 @@
-"""Credentials and the clock over HTTP (issue 12 §2).
+"""Credentials and the clock over HTTP.
 
 The widget's routes take the device's own credential (issued on registration, shown once, kept
 as a hash, rotatable), never needing the internal token; that token keeps the internal and

@@ -1,4 +1,4 @@
-"""Breaks the model test (test_model.py) found that issue 19 did not list, each as a plain example."""
+"""Breaks the model test (test_model.py) found, each kept as a plain example."""
 
 from __future__ import annotations
 

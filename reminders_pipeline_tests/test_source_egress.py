@@ -1,4 +1,4 @@
-"""Source URLs cannot reach inside (issue 12, SSRF): addresses checked where the socket opens.
+"""Source URLs cannot reach inside (SSRF): addresses checked where the socket opens.
 
 A device can subscribe any URL, so every test here is an attacker's URL: straight at an internal
 address, through a name that resolves to one, or through a redirect from an allowed source. The
@@ -251,7 +251,7 @@ def test_the_default_settings_refuse_a_loopback_source(db, settings, feeds):
 @pytest.mark.parametrize(
     ("text", "refused"),
     [
-        ("fec0::1", True),  # IPv6 site-local: ``is_global`` says global; passed before issue 19
+        ("fec0::1", True),  # IPv6 site-local: ``is_global`` says global, and must not pass
         ("feff::1", True),  # the top of fec0::/10
         ("64:ff9b::a00:1", True),  # NAT64 of 10.0.0.1
         ("64:ff9b::808:808", False),  # NAT64 of 8.8.8.8

@@ -23,7 +23,7 @@ from .signals import stop_on_signals
 
 
 class FindDueConfig(dg.Config):
-    """``row_id`` drains just that row if it is due: the seed's exact-time trigger by row id."""
+    """``row_id`` drains just that row if it is due: the exact-time trigger by row id."""
 
     row_id: int | None = None
 

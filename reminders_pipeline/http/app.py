@@ -449,7 +449,7 @@ class Api:
                     ledger.store_tz_name(conn, device_id, tz)
                 else:
                     ledger.store_tz_offset(conn, device_id, tz)
-        except Exception as exc:  # noqa: BLE001 - the seed: it can never fail a feed request
+        except Exception as exc:  # noqa: BLE001 - a zone can never fail a feed request
             self.metrics.tz_write_failed()
             log.warning(
                 "could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc)
