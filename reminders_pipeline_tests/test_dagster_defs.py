@@ -87,6 +87,28 @@ def test_dagster_definitions_validate_on_the_workspace(tmp_path):
     assert "Validation successful for code location reminders_pipeline" in done.stderr + done.stdout
 
 
+EXECUTORS = """
+import json
+from reminders_pipeline.definitions import defs
+print(json.dumps({job.name: job.executor_def.name for job in defs().get_repository_def().get_all_jobs()}))
+"""
+
+
+def test_one_executor_setting_reaches_every_job_but_the_dispatchers():
+    """REMINDERS_DAGSTER_EXECUTOR is read once, in definitions.py; the dispatcher's two jobs pin in-process."""
+    env = {**os.environ, "REMINDERS_DAGSTER_EXECUTOR": "multiprocess"}
+    done = subprocess.run(
+        [sys.executable, "-c", EXECUTORS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    executors = json.loads(done.stdout.splitlines()[-1])
+    pinned = {"dispatcher", "dispatch_on_time_check"}
+    assert {executors[name] for name in pinned} == {"in_process"}
+    others = {name: executor for name, executor in executors.items() if name not in pinned}
+    assert {"__ASSET_JOB", "build_notification_queue", "drain_job"} <= set(others)  # UI materializations too
+    assert set(others.values()) == {"multiprocess"}
+
+
 def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):
     prod, _ = dagster_instance_config(str(ROOT))  # validated against the instance schema; env kept unresolved
     assert prod["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_POSTGRES_URL"}
