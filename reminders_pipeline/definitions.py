@@ -1,8 +1,8 @@
 """The code location: every definition under ``reminders_pipeline/defs/``, found by Dagster's autoloader.
 
-Loaded by ``workspace.yaml``, ``dagster dev -m reminders_pipeline.definitions`` and the tests. The
-project root is given explicitly (no ``[tool.dg]`` lookup), so an installed package loads the same
-way as a checkout.
+Loaded by ``workspace.yaml``, ``dagster dev -m reminders_pipeline.definitions``, ``dg list defs`` /
+``dg check defs`` (``[tool.dg]`` in pyproject.toml names this module) and the tests. The project root
+is given explicitly (no ``[tool.dg]`` lookup), so an installed package loads the same way as a checkout.
 """
 
 import warnings
