@@ -1,8 +1,8 @@
 """The code location: every definition under ``reminders_pipeline/defs/``, found by Dagster's autoloader.
 
-Loaded by ``workspace.yaml``, ``dagster dev -m reminders_pipeline.definitions`` and the tests. The
-project root is given explicitly (no ``[tool.dg]`` lookup), so an installed package loads the same
-way as a checkout.
+Loaded by ``workspace.yaml``, ``dagster dev -m reminders_pipeline.definitions``, ``dg list defs`` /
+``dg check defs`` (``[tool.dg]`` in pyproject.toml names this module) and the tests. The project root
+is given explicitly (no ``[tool.dg]`` lookup), so an installed package loads the same way as a checkout.
 """
 
 import warnings
@@ -30,8 +30,9 @@ def defs() -> dg.Definitions:
         warnings.simplefilter("ignore", dg.PreviewWarning)
         warnings.simplefilter("ignore", dg.BetaWarning)
         tree = dg.ComponentTree.from_module(defs_module=defs_package, project_root=Path(__file__).parent.parent)
-        # In process for every job, including the implicit one behind UI materializations and
-        # backfills: the default multiprocess executor spawns a process per step (~2.6 CPU-s each).
-        # REMINDERS_DAGSTER_EXECUTOR moves steps onto Celery or Kubernetes (deploy/).
+        # The one choice of executor, for every job that does not pin its own (the dispatcher's two
+        # run in process), including the implicit one behind UI materializations and backfills.
+        # In process by default: the multiprocess executor spawns a process per step (~2.6 CPU-s
+        # each). REMINDERS_DAGSTER_EXECUTOR moves steps onto Celery or Kubernetes (deploy/).
         executor = job_executor(Settings.from_env().dagster_executor)
         return dg.Definitions.merge(tree.build_defs(), dg.Definitions(executor=executor))

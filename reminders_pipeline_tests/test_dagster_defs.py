@@ -1,4 +1,5 @@
-"""All definitions load, ``dagster definitions validate`` passes, and both instance files are valid."""
+"""All definitions load, ``dagster definitions validate``, ``dg list defs`` and ``dg check defs`` pass, and both
+instance files are valid."""
 
 from __future__ import annotations
 
@@ -85,6 +86,70 @@ def test_dagster_definitions_validate_on_the_workspace(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Validation successful for code location reminders_pipeline" in done.stderr + done.stdout
+
+
+EXECUTORS = """
+import json
+from reminders_pipeline.definitions import defs
+print(json.dumps({job.name: job.executor_def.name for job in defs().get_repository_def().get_all_jobs()}))
+"""
+
+
+def test_one_executor_setting_reaches_every_job_but_the_dispatchers():
+    """REMINDERS_DAGSTER_EXECUTOR is read once, in definitions.py; the dispatcher's two jobs pin in-process."""
+    env = {**os.environ, "REMINDERS_DAGSTER_EXECUTOR": "multiprocess"}
+    done = subprocess.run(
+        [sys.executable, "-c", EXECUTORS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    executors = json.loads(done.stdout.splitlines()[-1])
+    pinned = {"dispatcher", "dispatch_on_time_check"}
+    assert {executors[name] for name in pinned} == {"in_process"}
+    others = {name: executor for name, executor in executors.items() if name not in pinned}
+    assert {"__ASSET_JOB", "build_notification_queue", "drain_job"} <= set(others)  # UI materializations too
+    assert set(others.values()) == {"multiprocess"}
+
+
+def run_dg(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``dg ARGS`` as a developer runs it: in the repository root, the venv's bin first on PATH.
+
+    DAGSTER_HOME is a throwaway instance: without one, Dagster would read the root dagster.yaml
+    (PostgreSQL from DAGSTER_POSTGRES_URL). VIRTUAL_ENV names the running venv, which dg compares
+    with a ``.venv`` in the root.
+    """
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]),
+        "VIRTUAL_ENV": sys.prefix,
+        "DAGSTER_HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+    }
+    return subprocess.run(["dg", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_dg_list_defs_lists_every_definition(tmp_path):
+    done = run_dg(tmp_path, "list", "defs", "--json")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    listed = json.loads(done.stdout)
+    repo = defs().get_repository_def()
+    expected = {
+        "assets": {key.to_user_string() for key in repo.asset_graph.get_all_asset_keys()},
+        "asset_checks": {key.to_user_string() for key in repo.asset_graph.asset_check_keys},
+        "jobs": {name for name in repo.job_names if not name.startswith("__")},  # not Dagster's implicit ones
+        "schedules": {s.name for s in repo.schedule_defs},
+        "sensors": {s.name for s in repo.sensor_defs},
+    }
+    assert all(expected.values()), expected
+    field = {"assets": "asset_key", "asset_checks": "key"}
+    assert {kind: {d[field.get(kind, "name")] for d in listed[kind]} for kind in expected} == expected
+
+
+def test_dg_check_defs_passes(tmp_path):
+    done = run_dg(tmp_path, "check", "defs")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "All definitions loaded successfully." in done.stdout
 
 
 def test_production_and_dev_instance_files_are_valid_instance_config(tmp_path):

@@ -15,7 +15,6 @@ from reminders_pipeline.build import BuildSummary, build, chunks_for_tick
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 
-from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SourcesResource
 from .run_queue import BUILD_TAGS, RUN_KIND_TAG
 
@@ -87,7 +86,6 @@ def notification_queue(
 build_job = dg.define_asset_job(
     "build_notification_queue",
     selection=dg.AssetSelection.assets(notification_queue).without_checks(),
-    executor_def=job_executor(LOAD_SETTINGS.dagster_executor),
     tags=BUILD_TAGS,
     description="Build notification_queue for a range of device chunks (one run, chunks in turn).",
 )

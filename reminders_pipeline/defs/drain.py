@@ -16,7 +16,6 @@ from reminders_pipeline.schema import OUTCOMES
 from reminders_pipeline.times import now_utc
 
 from .build import LOAD_SETTINGS
-from .executors import job_executor
 from .resources import AlertingResource, LedgerResource, SenderResource
 from .run_queue import MAX_RUNTIME_TAG, RUN_KIND_TAG
 from .signals import stop_on_signals
@@ -107,7 +106,6 @@ def summarize(context: dg.OpExecutionContext, abandoned: int, due: int, summarie
 
 
 @dg.job(
-    executor_def=job_executor(LOAD_SETTINGS.dagster_executor),
     tags={RUN_KIND_TAG: "drain", MAX_RUNTIME_TAG: str(LOAD_SETTINGS.max_lateness_seconds)},
     description="Claim every due row (or the one row_id) and send it; at most once.",
 )
