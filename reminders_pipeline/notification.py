@@ -137,6 +137,15 @@ def sent_payload(row: Mapping[str, Any]) -> str | None:
     return _rerender(row, row["sent_body"])
 
 
+def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue row as people see it (``reminders queue list``): ``payload`` is what was sent, stored
+    or re-rendered (``sent_payload``); ``sent_body`` is how it is stored, not shown."""
+    out = dict(row)
+    out["payload"] = sent_payload(out)
+    out.pop("sent_body", None)
+    return out
+
+
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
     return stored_payload(compose({**row, "body": body, "apns_token": ""}))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 Anchor = Literal["start", "expiry", "day"]
@@ -96,6 +97,13 @@ def parse_rule(text: str) -> Rule:
     if anchor not in (None, "start", "expiry"):
         raise RuleError(f"rule {text!r}: unknown anchor {anchor!r} (use 'expiry' or leave it out)")
     return Rule(lead, "expiry" if anchor == "expiry" else "start", breakthrough=bool(match.group("bang")))
+
+
+@lru_cache(maxsize=4096)
+def expiry_anchored(text: str) -> bool:
+    """Whether a stored rule is anchored at its item's end (``lead:N@expiry``), so that a settled
+    row's re-arm compares ``expires_at`` rather than ``event_at``. Cached: a build asks per row."""
+    return parse_rule(text).anchor == "expiry"
 
 
 def _parse_day_rule(text: str) -> Rule:
