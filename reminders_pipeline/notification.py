@@ -23,7 +23,7 @@ from typing import Any
 from .rules import parse_rule
 from .sender import Notification
 from .times import unix_from_iso
-from .zones import LocalTime, ZoneError
+from .zones import local_time_of
 
 MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
@@ -34,10 +34,7 @@ INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
 def local_clock(unix: float, tz_offset_seconds: int | None, tz_name: str | None = None) -> str:
     """``HH:MM`` in the device's zone or offset, or UTC marked as such when neither is known."""
-    try:
-        return LocalTime(tz_name, tz_offset_seconds).clock(unix)
-    except ZoneError:  # a zone gone from the database: the offset still reads right most of the year
-        return LocalTime(None, tz_offset_seconds).clock(unix)
+    return local_time_of(tz_name, tz_offset_seconds).clock(unix)
 
 
 def _day_text(days: int) -> str:

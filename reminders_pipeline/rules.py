@@ -15,9 +15,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypeVar
 
 Anchor = Literal["start", "expiry", "day"]
+_Unix = TypeVar("_Unix", int, float)  # whole seconds in the build, an ISO time's fraction in the policy
 
 _RULE = re.compile(r"^lead:(?P<lead>[^@!]*)(?:@(?P<anchor>[^!]*))?(?P<bang>!?)$")
 _DAY_RULE = re.compile(r"^day:(?P<days>[^@!]*)@(?P<hh>\d{2}):(?P<mm>\d{2})(?P<bang>!?)$")
@@ -61,7 +62,7 @@ class Rule:
         """How far before an item's start its reminder can fall: what a source read must cover."""
         return self.lead_seconds + 86400 if self.anchor == "day" else self.lead_seconds
 
-    def anchor_unix(self, starts_at: int, expires_at: int) -> int:
+    def anchor_unix(self, starts_at: _Unix, expires_at: _Unix) -> _Unix:
         """What the reminder is about. A day rule is bounded by the end of the event's last day."""
         return starts_at if self.anchor == "start" else expires_at
 
