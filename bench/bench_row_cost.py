@@ -35,6 +35,8 @@ from sqlalchemy import Connection, event, text  # noqa: E402
 from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.drain import send_batch  # noqa: E402
+from reminders_pipeline.notification import sent_payload  # noqa: E402
+from reminders_pipeline.rules import expiry_anchored  # noqa: E402
 from reminders_pipeline.schema import notification_queue  # noqa: E402
 from reminders_pipeline.sender import RecordingSender  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
@@ -134,7 +136,11 @@ def plans(db: Database) -> dict[str, list[str]]:
         "build: existing rows": lambda c: ledger.existing_rows(c, sorted({r["device_id"] for r in sample})),
         "build: upsert of pending rows": lambda c: ledger.upsert_rows(c, moved, now),
         "build: upsert re-arming settled rows (history copy, render, re-arm, upsert)": lambda c: ledger.upsert_rows(
-            c, [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled], now
+            c,
+            [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled],
+            now,
+            by_expiry=expiry_anchored,
+            payload_of=sent_payload,
         ),
         "build: void rows": lambda c: ledger.void_rows(c, ids, "gone", now),
         "device removed: void its pending rows": lambda c: ledger.void_pending_of_device(

@@ -20,8 +20,9 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .feed import Item, ParsedFeed
+from .notification import sent_payload
 from .policy import held_send_after
-from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, parse_rule
+from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, distinct_sources, shown_url
 from .times import iso_from_unix, now_utc, shift, unix_from_iso
@@ -289,12 +290,13 @@ def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) 
     instant moved, and so did a floating item's own wall time. A row settled before its wall time
     was stored is compared by the widest gap any zone can put between wall time and instant.
     ``send_after`` is not compared: a quiet-hours hold or a zone moves it while the item stays put."""
-    bounds = ledger.rearm_bounds(wanted, threshold)
+    by_expiry = expiry_anchored(wanted["rule"])
+    bounds = ledger.rearm_bounds(wanted, threshold, by_expiry)
 
     def outside(t: str, name: str) -> bool:
         return t <= bounds[f"{name}_before"] or t >= bounds[f"{name}_after"]
 
-    anchor = ledger.rearm_anchor(settled)
+    anchor = ledger.rearm_anchor(settled, by_expiry)
     if not outside(anchor, "anchor"):
         return False
     if wanted["item_at"] is None:
@@ -488,7 +490,14 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
         conn, [by_key[k]["id"] for k in keys if k in by_key] + [i for row_ids in voids.values() for i in row_ids]
     )
 
-    written = ledger.upsert_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
+    written = ledger.upsert_rows(
+        conn,
+        candidates,
+        now,
+        rearm_threshold_seconds=rearm_threshold,
+        by_expiry=expiry_anchored,
+        payload_of=sent_payload,
+    )
     written |= ledger.realign_pending(conn, stale, now)
     summary.rows_inserted += len(written - existing_ids)
     summary.rows_updated += len(written & existing_ids)

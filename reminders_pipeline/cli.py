@@ -24,6 +24,7 @@ from .db import Database
 from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
 from .drain import default_sender_factory
 from .drain import drain as run_drain
+from .notification import as_shown
 from .rules import DEFAULT_ALL_DAY_RULES
 from .schema import OUTCOMES, STATUSES
 from .settings import Settings, SettingsError
@@ -315,7 +316,8 @@ def queue() -> None:
 @pass_ctx
 def queue_list(ctx: Ctx, device_id: str | None, status: str | None, outcome: str | None, limit: int | None) -> None:
     with ctx.db.read() as conn:
-        _emit(ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit))
+        rows = ledger.list_queue(conn, device_id=device_id, status=status, outcome=outcome, limit=limit)
+    _emit([as_shown(r) for r in rows])
 
 
 @main.command("dev", context_settings={"ignore_unknown_options": True})

@@ -23,7 +23,7 @@ from typing import Any
 from .rules import parse_rule
 from .sender import Notification
 from .times import unix_from_iso
-from .zones import LocalTime, ZoneError
+from .zones import local_time_of
 
 MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
@@ -34,10 +34,7 @@ INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
 def local_clock(unix: float, tz_offset_seconds: int | None, tz_name: str | None = None) -> str:
     """``HH:MM`` in the device's zone or offset, or UTC marked as such when neither is known."""
-    try:
-        return LocalTime(tz_name, tz_offset_seconds).clock(unix)
-    except ZoneError:  # a zone gone from the database: the offset still reads right most of the year
-        return LocalTime(None, tz_offset_seconds).clock(unix)
+    return local_time_of(tz_name, tz_offset_seconds).clock(unix)
 
 
 def _day_text(days: int) -> str:
@@ -135,6 +132,15 @@ def sent_payload(row: Mapping[str, Any]) -> str | None:
     if row.get("payload") is not None or row.get("sent_body") is None:
         return row.get("payload")
     return _rerender(row, row["sent_body"])
+
+
+def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue row as people see it (``reminders queue list``): ``payload`` is what was sent, stored
+    or re-rendered (``sent_payload``); ``sent_body`` is how it is stored, not shown."""
+    out = dict(row)
+    out["payload"] = sent_payload(out)
+    out.pop("sent_body", None)
+    return out
 
 
 def _rerender(row: Mapping[str, Any], body: str) -> str:

@@ -32,7 +32,7 @@ from .feed import Item
 from .rules import Rule, parse_rule
 from .settings import Settings
 from .times import iso_from_unix, unix_from_iso
-from .zones import LocalTime, QuietHours, ZoneError, local_time, parse_quiet_hours
+from .zones import LocalTime, QuietHours, ZoneError, local_time_of, parse_quiet_hours
 
 Decision = Literal["send", "disabled", "event_started", "event_expired", "too_late", "quiet_hours", "held"]
 
@@ -60,8 +60,9 @@ def lateness_base(row: Mapping[str, Any]) -> str:
     drain held to the end of quiet hours counts from that end (``held_until``), as if the build had
     held it, through any retries after it. A retry's backoff (``not_before``) does not move it: a
     retried row is still bounded by its rule's time or its hold's end."""
+    send_after: str = row["send_after"]
     held = row.get("held_until")
-    return max(row["send_after"], held) if held else row["send_after"]
+    return max(send_after, held) if held else send_after
 
 
 def quiet_end(row: Mapping[str, Any], now: str) -> str | None:
@@ -69,22 +70,29 @@ def quiet_end(row: Mapping[str, Any], now: str) -> str | None:
     still before what the reminder is about (the condition ``held_send_after`` applies). None: the
     row cannot wait (not in quiet hours, a ``!`` rule, or the event would have begun)."""
     rule, now_s = parse_rule(row["rule"]), unix_from_iso(now)
-    if rule.breakthrough or not _in_quiet_hours(row, now_s):
+    quiet, local = _quiet_hours(row), _local(row)
+    if rule.breakthrough or quiet is None or not quiet.contains(now_s, local):
         return None
-    try:
-        end = parse_quiet_hours(row.get("quiet_hours")).end_after(now_s, local_time(dict(row)))  # type: ignore[union-attr]
-    except ZoneError:
-        return None
+    end = quiet.end_after(now_s, local)
     anchor = rule.anchor_unix(int(unix_from_iso(row["event_at"])), int(unix_from_iso(row["expires_at"])))
     return iso_from_unix(end) if end < anchor else None
 
 
 def _in_quiet_hours(row: Mapping[str, Any], now_s: float) -> bool:
+    quiet = _quiet_hours(row)
+    return quiet is not None and quiet.contains(now_s, _local(row))
+
+
+def _quiet_hours(row: Mapping[str, Any]) -> QuietHours | None:
     try:
-        quiet = parse_quiet_hours(row.get("quiet_hours"))
-        return quiet is not None and quiet.contains(now_s, local_time(dict(row)))
-    except ZoneError:  # validated when stored; a zone gone from the database must not stop a send
-        return False
+        return parse_quiet_hours(row.get("quiet_hours"))
+    except ZoneError:  # validated when stored; a window that no longer parses must not stop a send
+        return None
+
+
+def _local(row: Mapping[str, Any]) -> LocalTime:
+    """The device's local time; a zone gone from the database falls back (``zones.local_time_of``)."""
+    return local_time_of(row.get("tz_name"), row.get("last_tz_offset_seconds"))
 
 
 def held_send_after(send_after: int, rule: Rule, item: Item, quiet: QuietHours | None, local: LocalTime) -> int:

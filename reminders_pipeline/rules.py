@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Literal, TypeVar
 
 Anchor = Literal["start", "expiry", "day"]
+_Unix = TypeVar("_Unix", int, float)  # whole seconds in the build, an ISO time's fraction in the policy
 
 _RULE = re.compile(r"^lead:(?P<lead>[^@!]*)(?:@(?P<anchor>[^!]*))?(?P<bang>!?)$")
 _DAY_RULE = re.compile(r"^day:(?P<days>[^@!]*)@(?P<hh>\d{2}):(?P<mm>\d{2})(?P<bang>!?)$")
@@ -60,7 +62,7 @@ class Rule:
         """How far before an item's start its reminder can fall: what a source read must cover."""
         return self.lead_seconds + 86400 if self.anchor == "day" else self.lead_seconds
 
-    def anchor_unix(self, starts_at: int, expires_at: int) -> int:
+    def anchor_unix(self, starts_at: _Unix, expires_at: _Unix) -> _Unix:
         """What the reminder is about. A day rule is bounded by the end of the event's last day."""
         return starts_at if self.anchor == "start" else expires_at
 
@@ -96,6 +98,13 @@ def parse_rule(text: str) -> Rule:
     if anchor not in (None, "start", "expiry"):
         raise RuleError(f"rule {text!r}: unknown anchor {anchor!r} (use 'expiry' or leave it out)")
     return Rule(lead, "expiry" if anchor == "expiry" else "start", breakthrough=bool(match.group("bang")))
+
+
+@lru_cache(maxsize=4096)
+def expiry_anchored(text: str) -> bool:
+    """Whether a stored rule is anchored at its item's end (``lead:N@expiry``), so that a settled
+    row's re-arm compares ``expires_at`` rather than ``event_at``. Cached: a build asks per row."""
+    return parse_rule(text).anchor == "expiry"
 
 
 def _parse_day_rule(text: str) -> Rule:

@@ -11,6 +11,7 @@ first instant after a send at which the clock reads it (in a fold, the pass the 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -107,18 +108,21 @@ def _wall_to_unix(wall: int, tz_name: str) -> int:
     return int(naive.replace(tzinfo=zone(tz_name)).timestamp())
 
 
-def local_time(device: object) -> LocalTime:
-    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``).
-
-    A stored zone the zone database no longer knows (an upgrade renamed it) falls back to the
-    offset rather than failing the device's build.
-    """
-    get = device.get if isinstance(device, dict) else lambda k: getattr(device, k, None)  # type: ignore[attr-defined]
-    name = get("tz_name")
+def local_time_of(tz_name: str | None, offset_seconds: int | None) -> LocalTime:
+    """The ``LocalTime`` of a stored zone and offset. A zone the zone database no longer knows (an
+    upgrade renamed it) falls back to the offset, which still reads right most of the year, rather
+    than failing a build, a send or the clock text of an alert."""
     try:
-        return LocalTime(name and valid_zone_name(name), get("last_tz_offset_seconds"))
+        return LocalTime(tz_name and valid_zone_name(tz_name), offset_seconds)
     except ZoneError:
-        return LocalTime(None, get("last_tz_offset_seconds"))
+        return LocalTime(None, offset_seconds)
+
+
+def local_time(device: object) -> LocalTime:
+    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``)."""
+    if isinstance(device, Mapping):
+        return local_time_of(device.get("tz_name"), device.get("last_tz_offset_seconds"))
+    return local_time_of(getattr(device, "tz_name", None), getattr(device, "last_tz_offset_seconds", None))
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Any
 from reminders_pipeline import ledger
 from reminders_pipeline.db import Database
 from reminders_pipeline.devices import DeviceSpec, put_device
+from reminders_pipeline.notification import as_shown
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
@@ -40,8 +41,9 @@ def device(
 
 
 def rows(db: Database, **filters: Any) -> list[dict[str, Any]]:
+    """Queue rows as the CLI shows them (``notification.as_shown``)."""
     with db.read() as conn:
-        return ledger.list_queue(conn, **filters)
+        return [as_shown(r) for r in ledger.list_queue(conn, **filters)]
 
 
 def by_key(db: Database) -> dict[tuple[str, str], dict[str, Any]]:

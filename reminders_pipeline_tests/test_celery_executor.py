@@ -35,7 +35,7 @@ from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
 from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
-from reminders_pipeline.notification import collapse_id
+from reminders_pipeline.notification import as_shown, collapse_id
 from reminders_pipeline.settings import Settings
 
 from .http_sources import FeedServer
@@ -86,7 +86,7 @@ def add_devices(db: Database, settings: Settings, prefix: str, count: int, url: 
 def snapshot(db: Database, prefix: str = "") -> dict[tuple[str, str, str], tuple[Any, ...]]:
     """The queue as the outcome sees it: every column but ids, claimers and wall-clock stamps."""
     with db.read() as conn:
-        rows = ledger.list_queue(conn)
+        rows = [as_shown(r) for r in ledger.list_queue(conn)]
     return {
         (r["device_id"], r["item_id"], r["rule"]): tuple(r[c] for c in STABLE)
         + (r["sent_at"] is not None, r["apns_id"] is not None)

@@ -22,6 +22,7 @@ from starlette.applications import Starlette
 from reminders_pipeline import ledger
 from reminders_pipeline.db import Database
 from reminders_pipeline.http import create_app
+from reminders_pipeline.notification import as_shown
 from reminders_pipeline.sender import SenderFactory
 from reminders_pipeline.settings import Settings
 
@@ -87,7 +88,7 @@ class Served:
 
     def rows(self, **filters: Any) -> list[dict[str, Any]]:
         with self.db.read() as conn:
-            return ledger.list_queue(conn, **filters)
+            return [as_shown(r) for r in ledger.list_queue(conn, **filters)]
 
 
 def http_settings(settings: Settings, **changes: Any) -> Settings:

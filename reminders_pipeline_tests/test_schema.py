@@ -193,7 +193,7 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     from sqlalchemy import select, update
 
     from reminders_pipeline import ledger, migrate
-    from reminders_pipeline.notification import compose, stored_payload
+    from reminders_pipeline.notification import as_shown, compose, stored_payload
 
     base = dict(
         _queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z"
@@ -219,10 +219,10 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     q = notification_queue
     with db.write() as conn:
         held = conn.execute(select(q.c.payload, q.c.sent_body, q.c.attempts).order_by(q.c.id)).all()
-        shown = [r["payload"] for r in ledger.list_queue(conn)]
+        shown = [as_shown(r)["payload"] for r in ledger.list_queue(conn)]
         # Row 1 as a settlement after 0008 records it: its body only.
         conn.execute(update(q).where(q.c.id == 1).values(payload=None, sent_body="Starts at 12:00"))
-        assert [r["payload"] for r in ledger.list_queue(conn)] == shown
+        assert [as_shown(r)["payload"] for r in ledger.list_queue(conn)] == shown
     assert [tuple(h) for h in held] == [(r["payload"], None, 2) for r in rows]
     assert shown == [r["payload"] for r in rows]
     try:

@@ -1,5 +1,6 @@
 """What a settled row records of its send: the alert body, and the whole payload only where the
-row cannot re-render it; every reader (ledger, CLI, history) shows the payload as it was sent."""
+row cannot re-render it; every reader (``notification.as_shown``, the CLI, history) shows the payload
+as it was sent."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.cli import main
 from reminders_pipeline.drain import drain
-from reminders_pipeline.notification import stored_payload
+from reminders_pipeline.notification import as_shown, stored_payload
 from reminders_pipeline.schema import notification_queue as q
 from reminders_pipeline.sender import RecordingSender
 
@@ -44,7 +45,7 @@ def test_a_rerenderable_send_stores_its_body_only_and_reads_back_byte_for_byte(d
     assert tuple(stored(db, row["id"])) == (None, "Starts at 12:00")
     assert row["payload"] == stored_payload(note) and "sent_body" not in row
     with db.read() as conn:
-        assert ledger.get_row(conn, row["id"])["payload"] == stored_payload(note)
+        assert as_shown(ledger.get_row(conn, row["id"]))["payload"] == stored_payload(note)
 
 
 def test_the_payload_shown_is_the_one_sent_after_the_device_changes_zone(db, settings, feeds):

@@ -7,13 +7,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import TIMESTAMP, BigInteger, ColumnElement, Connection, cast, extract, func, literal_column
+from sqlalchemy import (
+    TIMESTAMP,
+    BigInteger,
+    ColumnClause,
+    ColumnElement,
+    Connection,
+    cast,
+    extract,
+    func,
+    literal_column,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
-PENDING = literal_column("'pending'")
-CLAIMED = literal_column("'claimed'")
-SETTLED = literal_column("'settled'")
+PENDING: ColumnClause[str] = literal_column("'pending'")
+CLAIMED: ColumnClause[str] = literal_column("'claimed'")
+SETTLED: ColumnClause[str] = literal_column("'settled'")
 
 # Sized under SQLite's 32,766 bound-parameter limit with room for the other parameters.
 IN_LIST_MAX = 10_000

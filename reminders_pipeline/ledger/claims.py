@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, or_, select, text, update
+from sqlalchemy import BigInteger, BindParameter, Connection, any_, bindparam, delete, or_, select, text, update
 from sqlalchemy.dialects import postgresql
 
 from ..schema import devices, drain_halts
@@ -109,7 +109,7 @@ _CLAIM_DEVICE_COLUMNS = (
 @cache
 def _claim_statement(dialect: str) -> Any:
     """Built once per dialect: the drain claims every slice with the same statement."""
-    now = bindparam("now")
+    now: BindParameter[str] = bindparam("now")
     values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
     if dialect != "postgresql":
         return (

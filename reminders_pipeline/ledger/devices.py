@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, null, or_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, delete, func, null, or_, select, update
 
 from ..schema import device_sources, devices, sources
 from ..times import iso_from_unix, now_utc, unix_from_iso
@@ -288,12 +288,15 @@ def rules_in_use(conn: Connection) -> list[tuple[int, str]]:
 
 
 def min_lead_seconds(conn: Connection) -> int | None:
-    return conn.scalar(select(func.min(devices.c.reminder_lead_seconds)).where(devices.c.token_invalid_at.is_(None)))
+    least: int | None = conn.scalar(
+        select(func.min(devices.c.reminder_lead_seconds)).where(devices.c.token_invalid_at.is_(None))
+    )
+    return least
 
 
 def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, str | None]:
     """(devices never built, oldest ``reminders_built_at`` among the rest), live tokens only."""
-    live = devices.c.token_invalid_at.is_(None)
+    live: ColumnElement[bool] = devices.c.token_invalid_at.is_(None)
     if chunks is not None:
         live = and_(live, devices.c.chunk.in_(list(chunks)))
     never = conn.scalar(select(func.count()).where(live, devices.c.reminders_built_at.is_(None)))

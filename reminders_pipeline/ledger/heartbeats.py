@@ -47,7 +47,8 @@ def live_dispatchers(conn: Connection, beat_after: str) -> list[dict[str, Any]]:
 
 def latest_beat(conn: Connection) -> str | None:
     """The newest heartbeat of any running dispatcher (None when none has ever beaten)."""
-    return conn.scalar(select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None)))
+    latest: str | None = conn.scalar(select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None)))
+    return latest
 
 
 def prune_dispatchers(conn: Connection, before: str) -> int:

@@ -4,14 +4,11 @@ NOTIFY that wakes dispatchers when pending rows arrive or move."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, func, select, text, update
 
-from ..notification import sent_payload
-from ..rules import parse_rule
 from ..schema import notification_history
 from ..schema import notification_queue as q
 from ..times import shift
@@ -162,6 +159,14 @@ RETURNING id
 )
 
 
+def _start_anchored(rule: str) -> bool:
+    return False
+
+
+def _unrendered(row: Mapping[str, Any]) -> str | None:
+    raise TypeError("upsert_rows re-armed a row that kept only its alert body: pass payload_of")
+
+
 def upsert_rows(
     conn: Connection,
     rows: Sequence[Mapping[str, Any]],
@@ -169,6 +174,8 @@ def upsert_rows(
     batch: int = 2000,
     *,
     rearm_threshold_seconds: int = 300,
+    by_expiry: Callable[[str], bool] = _start_anchored,
+    payload_of: Callable[[Mapping[str, Any]], str | None] = _unrendered,
 ) -> set[int]:
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
@@ -182,6 +189,11 @@ def upsert_rows(
     change does not; what it recorded (apns id, sent_at, outcome) is first copied to
     ``notification_history``. A claimed row is in flight and is not touched. ``item_at`` is
     optional (None: the item is fixed in time).
+
+    What rules and payloads mean is the caller's, not the ledger's: ``by_expiry(rule)`` says
+    whether a rule's re-arm compares the item's end (``rules.expiry_anchored``; by default no rule
+    does), and ``payload_of(row)`` renders what a re-armed row sent, for its history
+    (``notification.sent_payload``; needed only when a row kept just its alert body).
     """
     dialect = conn.dialect.name
     source = _UPSERT_ROWS_SOURCE[dialect]
@@ -189,11 +201,11 @@ def upsert_rows(
     keep, rearm = text(_KEEP_HISTORY.format(rows=source)), text(_REARM.format(rows=source))
     written: set[int] = set()
     for part in batches(list(rows), batch):
-        payload = json.dumps([_upsert_row(r, rearm_threshold_seconds) for r in part], separators=(",", ":"))
-        params = {"rows": payload, "now": now}
+        wanted = [_upsert_row(r, rearm_threshold_seconds, by_expiry(r["rule"])) for r in part]
+        params = {"rows": json.dumps(wanted, separators=(",", ":")), "now": now}
         kept = list(conn.scalars(keep, params))
         if kept:
-            _render_history_payloads(conn, kept)
+            _render_history_payloads(conn, kept, payload_of)
             written.update(row[0] for row in conn.execute(rearm, params))
         written.update(row[0] for row in conn.execute(upsert, params))
     if written:
@@ -201,13 +213,15 @@ def upsert_rows(
     return written
 
 
-def _render_history_payloads(conn: Connection, queue_ids: Sequence[int]) -> None:
+def _render_history_payloads(
+    conn: Connection, queue_ids: Sequence[int], payload_of: Callable[[Mapping[str, Any]], str | None]
+) -> None:
     """History keeps the whole payload: once re-armed, the queue row no longer re-renders what it
     sent (its title and times change). Called before the re-arm, while the rows still do."""
     h = notification_history
     stmt = select(q).where(q.c.id.in_(sorted(queue_ids)), q.c.payload.is_(None), q.c.sent_body.is_not(None))
     rendered = [
-        {"b_id": r["id"], "b_settled": r["settled_at"], "b_payload": sent_payload(r)}
+        {"b_id": r["id"], "b_settled": r["settled_at"], "b_payload": payload_of(dict(r))}
         for r in conn.execute(stmt).mappings()
     ]
     if rendered:
@@ -219,18 +233,13 @@ def _render_history_payloads(conn: Connection, queue_ids: Sequence[int]) -> None
         )
 
 
-def rearm_anchor(row: Mapping[str, Any]) -> str:
-    """The instant a settled row's re-arm compares: the end for an ``@expiry`` rule, else the start
-    (a day rule's day, a lead rule's start)."""
-    return row["expires_at"] if _by_expiry(row["rule"]) else row["event_at"]
+def rearm_anchor(row: Mapping[str, Any], by_expiry: bool) -> str:
+    """The instant a settled row's re-arm compares: the end for a rule anchored there (``by_expiry``),
+    else the start (a day rule's day, a lead rule's start)."""
+    return str(row["expires_at"] if by_expiry else row["event_at"])
 
 
-@lru_cache(maxsize=4096)
-def _by_expiry(rule: str) -> bool:
-    return parse_rule(rule).anchor == "expiry"
-
-
-def rearm_bounds(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
+def rearm_bounds(row: Mapping[str, Any], threshold: int, by_expiry: bool) -> dict[str, Any]:
     """What a settled row must reach or pass, against the wanted ``row``, to count as moved
     (``REARM_BOUNDS``; ``build.item_moved`` compares the same values).
 
@@ -238,8 +247,8 @@ def rearm_bounds(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
     NULL: its anchor is the old wall time read in an unknown zone, so it lies up to 14 hours before
     and 12 hours after the new wall time without the item moving at all.
     """
-    anchor, item_at = rearm_anchor(row), row.get("item_at")
-    out: dict[str, Any] = {"by_expiry": _by_expiry(row["rule"])}
+    anchor, item_at = rearm_anchor(row, by_expiry), row.get("item_at")
+    out: dict[str, Any] = {"by_expiry": by_expiry}
     out["anchor_before"], out["anchor_after"] = shift(anchor, -threshold), shift(anchor, threshold)
     if not item_at:
         return {**out, "item_before": None, "item_after": None, "wall_before": None, "wall_after": None}
@@ -249,8 +258,8 @@ def rearm_bounds(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
     return out
 
 
-def _upsert_row(row: Mapping[str, Any], threshold: int) -> dict[str, Any]:
-    return {**{c: row.get(c) for c in UPSERT_COLUMNS}, **rearm_bounds(row, threshold)}
+def _upsert_row(row: Mapping[str, Any], threshold: int, by_expiry: bool) -> dict[str, Any]:
+    return {**{c: row.get(c) for c in UPSERT_COLUMNS}, **rearm_bounds(row, threshold, by_expiry)}
 
 
 _REALIGN = """

@@ -5,13 +5,11 @@ milliseconds (bench/bench_metrics.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, func, literal, select
 
-from ..notification import sent_payload
 from ..schema import devices, dispatchers, notification_history
 from ..schema import notification_queue as q
 from ._common import CLAIMED, PENDING, SETTLED
@@ -27,6 +25,8 @@ def list_queue(
     outcome: str | None = None,
     limit: int | None = None,
 ) -> list[dict[str, Any]]:
+    """Queue rows as stored, by ``send_after``: a settled row may keep only its alert body
+    (``sent_body``), and people see the payload it sent through ``notification.as_shown``."""
     stmt = select(q).order_by(q.c.send_after, q.c.id)
     if device_id is not None:
         stmt = stmt.where(q.c.device_id == device_id)
@@ -36,16 +36,7 @@ def list_queue(
         stmt = stmt.where(q.c.outcome == outcome)
     if limit is not None:
         stmt = stmt.limit(limit)
-    return [_shown(r) for r in conn.execute(stmt).mappings()]
-
-
-def _shown(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A queue row as readers see it: ``payload`` is what was sent, stored or re-rendered
-    (``notification.sent_payload``); ``sent_body`` is how it is stored, not shown."""
-    out = dict(row)
-    out["payload"] = sent_payload(out)
-    out.pop("sent_body", None)
-    return out
+    return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
 def ping(conn: Connection) -> None:
@@ -54,12 +45,16 @@ def ping(conn: Connection) -> None:
 
 
 def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
+    """One queue row as stored (``list_queue``)."""
     r = conn.execute(select(q).where(q.c.id == row_id)).mappings().first()
-    return _shown(r) if r else None
+    return dict(r) if r else None
 
 
 def oldest_due_pending(conn: Connection, now: str) -> str | None:
-    return conn.scalar(select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now))
+    oldest: str | None = conn.scalar(
+        select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now)
+    )
+    return oldest
 
 
 def history_of(conn: Connection, queue_id: int) -> list[dict[str, Any]]:
@@ -84,7 +79,7 @@ def latest_settled(
         .order_by(q.c.settled_at.desc())
         .limit(limit)
     )
-    return list(conn.execute(stmt).all())  # type: ignore[arg-type]  # one fetchall, not a fetch per row
+    return list(conn.execute(stmt).all())  # one fetchall, not a fetch per row
 
 
 def built_after(conn: Connection, now: str) -> int:
