@@ -1,10 +1,18 @@
-"""The settings model: what the environment may say, and the one line a refusal prints."""
+"""The settings model: what the environment may say, the one line a refusal prints, and the
+resources that read it once."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+from reminders_pipeline.defs.resources import (
+    AlertingResource,
+    LedgerResource,
+    SenderResource,
+    SourcesResource,
+    core_settings,
+)
 from reminders_pipeline.settings import Settings, SettingsError
 
 
@@ -106,3 +114,28 @@ def test_settings_are_frozen_and_with_copies_them_unchecked():
     with pytest.raises(TypeError, match="not a setting: chunks"):
         s.with_(chunks=3)
     assert hash(s) == hash(Settings()) and s != shrunk
+
+
+def test_resource_fields_override_their_variables_and_are_checked_the_same(monkeypatch):
+    monkeypatch.setenv("REMINDERS_ENABLED", "true")
+    monkeypatch.setenv("REMINDERS_ALERT_WEBHOOK_URL", "http://127.0.0.1:9/env")
+    ledger = LedgerResource(database_url="postgres://db.example/reminders")
+    sources = SourcesResource(timeout_seconds=3, per_host=2)
+    sender, alerting = SenderResource(enabled="false"), AlertingResource()
+    settings = core_settings(ledger, sender, sources, alerting)
+    assert settings.database_url == "postgresql+psycopg://db.example/reminders"
+    assert settings.enabled is False  # the launchpad's dry run wins over the environment
+    assert (settings.source_timeout_seconds, settings.source_per_host, settings.source_concurrency) == (3.0, 2, 32)
+    assert settings.alert_webhook_url == "http://127.0.0.1:9/env"  # unset field: the environment stands
+    with pytest.raises(SettingsError, match="REMINDERS_SOURCE_PER_HOST must be at least 1, got 0"):
+        SourcesResource(per_host=0).settings()
+
+
+def test_a_resource_reads_the_environment_once(monkeypatch):
+    monkeypatch.setenv("REMINDERS_CHUNK_COUNT", "3")
+    ledger = LedgerResource()
+    assert ledger.settings().chunk_count == 3
+    monkeypatch.setenv("REMINDERS_CHUNK_COUNT", "4")
+    assert ledger.settings() is ledger.settings() and ledger.settings().chunk_count == 3
+    sender = SenderResource(enabled="false")
+    assert sender.factory() is sender.factory()
