@@ -44,7 +44,7 @@ RECORDER = RecordingSender()
 class RecordingSenderResource(SenderResource):
     """Sends to ``RECORDER`` (a live run without APNs)."""
 
-    def factory(self, settings: Settings) -> SenderFactory:
+    def factory(self) -> SenderFactory:
         return RECORDER.factory()
 
 

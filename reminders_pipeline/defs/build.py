@@ -15,7 +15,7 @@ from reminders_pipeline.build import BuildSummary, build, chunks_for_tick
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 
-from .resources import AlertingResource, LedgerResource, SourcesResource
+from .resources import AlertingResource, LedgerResource, SourcesResource, core_settings
 from .run_queue import BUILD_TAGS, RUN_KIND_TAG
 
 # Read once when the code location loads: the partition keys and the cron strings are part of the
@@ -73,7 +73,7 @@ def notification_queue(
     Materializing a chunk composes each of its devices' feeds (at most ``chunk_size`` devices per
     visit) and makes the chunk's ``notification_queue`` rows match: insert, update, void.
     """
-    settings = alerting.apply(sources.apply(ledger.settings()))  # the build alerts on failing sources
+    settings = core_settings(ledger, sources, alerting)  # the build alerts on failing sources
     reads: dict = {}  # each source read once per run, however many of the run's chunks share it
     with ledger.open() as db:
         for key in context.partition_keys:

@@ -22,7 +22,7 @@ from reminders_pipeline.times import now_utc
 from .build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
 from .drain import summary_metadata
 from .monitoring import check_result
-from .resources import AlertingResource, LedgerResource, SenderResource
+from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
 from .run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
 from .signals import stop_on_signals
 
@@ -43,11 +43,11 @@ async def dispatch(
     sender: SenderResource,
     alerting: AlertingResource,
 ) -> dict:
-    settings = alerting.apply(sender.apply(ledger.settings()))
+    settings = core_settings(ledger, sender, alerting)
     if not settings.dispatch_enabled:
         context.log.warning("REMINDERS_DISPATCH_ENABLED is false: nothing dispatched (the cron drain sends)")
         return {}
-    factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
+    factory = sender.factory()  # APNs credentials are checked here, before any claim
     seconds = config.run_seconds or settings.dispatch_run_seconds
     with ledger.open() as db, stop_on_signals() as stop:
         dispatcher = Dispatcher(
@@ -85,9 +85,7 @@ def dispatch_on_time(
     settings = ledger.settings()
     with ledger.open() as db:
         health = dispatch_health(db, settings, now_utc())
-    return check_result(
-        context, alerting, settings, "dispatch_on_time", health.on_time, health.detail(), health.metadata()
-    )
+    return check_result(context, alerting, "dispatch_on_time", health.on_time, health.detail(), health.metadata())
 
 
 dispatch_check_job = dg.define_asset_job(

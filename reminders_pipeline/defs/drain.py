@@ -16,7 +16,7 @@ from reminders_pipeline.schema import OUTCOMES
 from reminders_pipeline.times import now_utc
 
 from .build import LOAD_SETTINGS
-from .resources import AlertingResource, LedgerResource, SenderResource
+from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
 from .run_queue import MAX_RUNTIME_TAG, RUN_KIND_TAG
 from .signals import stop_on_signals
 
@@ -57,8 +57,8 @@ async def send_batch(
     """A halt (APNs configuration fault or outage) found by any batch of this run, in any process,
     is in the ledger under the run id: the core reads it before each claim, so later batches stop
     without probing APNs again or alerting again, whichever executor runs them."""
-    settings = alerting.apply(sender.apply(ledger.settings()))  # the core alerts on APNs faults itself
-    factory = sender.factory(settings)  # APNs credentials are checked here, before any claim
+    settings = core_settings(ledger, sender, alerting)  # the core alerts on APNs faults itself
+    factory = sender.factory()  # APNs credentials are checked here, before any claim
     claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
     with ledger.open() as db, stop_on_signals() as stop:
         summary = await core.send_batch_async(

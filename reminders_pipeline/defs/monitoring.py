@@ -18,7 +18,6 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
 
 from reminders_pipeline.cadence import crons_after
 from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
-from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc, unix_from_iso
 
 from .build import (
@@ -72,7 +71,7 @@ def sweep_period_sensor(
             if change == "breached"
             else "every device has been rebuilt within its lead - margin again"
         )
-        alerting.alert(settings, title, detail, **status.fields(), stale_chunks=chunks or None)
+        alerting.alert(title, detail, **status.fields(), stale_chunks=chunks or None)
     requests: list[dg.RunRequest] = []
     if chunks and not builds_in_flight(context.instance):
         bucket = int(unix_from_iso(now) // settings.build_cadence_seconds)  # one retry per build cadence
@@ -91,7 +90,6 @@ def previous_passed(context: dg.AssetCheckExecutionContext, name: str) -> bool:
 def check_result(
     context: dg.AssetCheckExecutionContext,
     alerting: AlertingResource,
-    settings: Settings,
     name: str,
     passed: bool,
     detail: str,
@@ -99,9 +97,7 @@ def check_result(
 ) -> dg.AssetCheckResult:
     change = transition(previous_passed(context, name), passed)
     if change:
-        alerting.alert(
-            settings, f"check {name} {'failed' if change == 'breached' else 'passes again'}", detail, **metadata
-        )
+        alerting.alert(f"check {name} {'failed' if change == 'breached' else 'passes again'}", detail, **metadata)
     return dg.AssetCheckResult(
         passed=passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata, description=detail
     )
@@ -117,9 +113,7 @@ def sweep_period_invariant(
     with ledger.open() as db:
         status = sweep_status(db, settings, now_utc())
     metadata = {k: v for k, v in status.fields().items() if v is not None}
-    return check_result(
-        context, alerting, settings, "sweep_period_invariant", not status.breached, status.describe(), metadata
-    )
+    return check_result(context, alerting, "sweep_period_invariant", not status.breached, status.describe(), metadata)
 
 
 @dg.asset_check(asset=notification_queue, name="drain_backlog", blocking=False)
@@ -139,9 +133,7 @@ def drain_backlog(
     if oldest:
         metadata["oldest_due_send_after"] = oldest
     detail = f"oldest due pending row waits {age:.0f}s; MAX_LATENESS_SECONDS is {settings.max_lateness_seconds}s"
-    return check_result(
-        context, alerting, settings, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata
-    )
+    return check_result(context, alerting, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata)
 
 
 _check_crons = crons_after(LOAD_SETTINGS.drain_cron, CHECKS_AFTER_DRAIN_MINUTES)
@@ -163,10 +155,9 @@ queue_checks_schedule = dg.ScheduleDefinition(
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Alert on every failed build, drain or check run.",
 )
-def run_failure_alert(context: dg.RunFailureSensorContext, ledger: LedgerResource, alerting: AlertingResource) -> None:
+def run_failure_alert(context: dg.RunFailureSensorContext, alerting: AlertingResource) -> None:
     run = context.dagster_run
     alerting.alert(
-        ledger.settings(),
         f"run failed: {run.job_name}",
         context.failure_event.message or "",
         run_id=run.run_id,

@@ -1,25 +1,28 @@
-"""Resources: the ledger database, the sender, the source reader and the alert path.
+"""Resources: the ledger database, the sender, the source reader's limits and the alert path.
 
-``Settings.from_env()`` stays the one reader of the environment and supplies every default. A
-resource field overrides one setting; in the definitions it is bound to an ``EnvVar`` when that
-variable is set where the code location loads, so the UI shows which variable a value comes from and
-the value itself (a database password, a webhook secret) never lands in stored run config. Unset,
-the field is None and the embedded default stands: the quick start needs no variable at all.
+Each resource reads ``Settings`` once (per run or sensor tick) and owns what it stands for: the
+ledger its ``Database``, the sender its sender factory, the alerting resource the webhook alerts go
+to. A resource field stands for one ``REMINDERS_*`` variable and overrides it, checked by the same
+model; in the definitions it is bound to an ``EnvVar`` when that variable is set where the code
+location loads, so the UI shows which variable a value comes from and the value itself (a database
+password, a webhook secret) never lands in stored run config. Unset, the field is None and the
+environment or the embedded default stands: the quick start needs no variable at all.
 """
 
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from reminders_pipeline import migrate
 from reminders_pipeline.alerts import raise_alert
 from reminders_pipeline.db import Database, shared
 from reminders_pipeline.drain import default_sender_factory
 from reminders_pipeline.sender import SenderFactory
-from reminders_pipeline.settings import Settings, normalize_database_url
+from reminders_pipeline.settings import ENV_PREFIX, Settings
 
 
 def env_var(name: str) -> dg.EnvVar | None:
@@ -31,19 +34,37 @@ def int_env_var(name: str) -> Any:
     return dg.EnvVar.int(name) if os.environ.get(name) else None
 
 
-class LedgerResource(dg.ConfigurableResource):
-    """The ledger database, and the ``Settings`` every op, sensor and check works from."""
+class SettingsResource(dg.ConfigurableResource):
+    """A resource whose fields override the ``REMINDERS_*`` variables named in ``VARIABLES``."""
 
-    database_url: str | None = None
+    VARIABLES: ClassVar[dict[str, str]] = {}  # resource field -> the variable it overrides
+    _settings: Settings | None = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
-        base = Settings.from_env()
-        return base.with_(database_url=normalize_database_url(self.database_url)) if self.database_url else base
+        """The environment with this resource's fields in place, read on first use and kept."""
+        if self._settings is None:
+            given = {var: getattr(self, field) for field, var in self.VARIABLES.items()}
+            overrides = {var: str(value) for var, value in given.items() if value not in (None, "")}
+            self._settings = Settings.from_env({**os.environ, **overrides})
+        return self._settings
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings this resource decides, as ``Settings`` field names and values."""
+        settings = self.settings()
+        fields = [var.removeprefix(ENV_PREFIX).lower() for var in self.VARIABLES.values()]
+        return {field: getattr(settings, field) for field in fields}
+
+
+class LedgerResource(SettingsResource):
+    """The ledger database, and the ``Settings`` every op, sensor and check works from."""
+
+    VARIABLES: ClassVar[dict[str, str]] = {"database_url": "REMINDERS_DATABASE_URL"}
+    database_url: str | None = None
 
     @contextmanager
     def open(self) -> Iterator[Database]:
         """This process's ``Database`` (one engine and pool per process, kept across ops and sensor
-        ticks), checked once to be at this release's migration head.
+        ticks), checked to be at this release's migration head.
 
         A database behind fails the op, sensor or check with the one-line reason, not a traceback.
         """
@@ -55,51 +76,60 @@ class LedgerResource(dg.ConfigurableResource):
         yield db
 
 
-class SenderResource(dg.ConfigurableResource):
+class SenderResource(SettingsResource):
     """Who the drain hands notifications to: APNs when enabled, nobody in a dry run.
 
     ``enabled`` follows REMINDERS_ENABLED (exactly "true" sends); setting it to "false" in the
     launchpad dry-runs one drain without touching the deployment's environment.
     """
 
+    VARIABLES: ClassVar[dict[str, str]] = {"enabled": "REMINDERS_ENABLED"}
     enabled: str | None = None
+    _factory: SenderFactory | None = PrivateAttr(default=None)
 
-    def apply(self, settings: Settings) -> Settings:
-        return settings if self.enabled is None else settings.with_(enabled=self.enabled == "true")
+    def factory(self) -> SenderFactory:
+        """Made on first use, so APNs credentials are checked before any claim, once per run."""
+        if self._factory is None:
+            self._factory = default_sender_factory(self.settings())
+        return self._factory
 
-    def factory(self, settings: Settings) -> SenderFactory:
-        return default_sender_factory(settings)
 
-
-class SourcesResource(dg.ConfigurableResource):
+class SourcesResource(SettingsResource):
     """How the build reads source feeds: timeout, body size cap, concurrency overall and per host."""
 
+    VARIABLES: ClassVar[dict[str, str]] = {
+        "timeout_seconds": "REMINDERS_SOURCE_TIMEOUT_SECONDS",
+        "max_bytes": "REMINDERS_SOURCE_MAX_BYTES",
+        "concurrency": "REMINDERS_SOURCE_CONCURRENCY",
+        "per_host": "REMINDERS_SOURCE_PER_HOST",
+    }
     timeout_seconds: int | None = None
     max_bytes: int | None = None
     concurrency: int | None = None
     per_host: int | None = None
 
-    def apply(self, settings: Settings) -> Settings:
-        overrides = {
-            "source_timeout_seconds": float(self.timeout_seconds) if self.timeout_seconds else None,
-            "source_max_bytes": self.max_bytes,
-            "source_concurrency": self.concurrency,
-            "source_per_host": self.per_host,
-        }
-        return settings.with_(**{k: v for k, v in overrides.items() if v is not None})
 
-
-class AlertingResource(dg.ConfigurableResource):
+class AlertingResource(SettingsResource):
     """The one alert path (``reminders_pipeline.alerts``) with the webhook this deployment uses."""
 
+    VARIABLES: ClassVar[dict[str, str]] = {"webhook_url": "REMINDERS_ALERT_WEBHOOK_URL"}
     webhook_url: str | None = None
 
-    def apply(self, settings: Settings) -> Settings:
-        """Settings whose alerts (the core raises some itself: APNs faults, failing sources) go here."""
-        return settings.with_(alert_webhook_url=self.webhook_url) if self.webhook_url else settings
+    def alert(self, title: str, detail: str = "", **fields: Any) -> bool:
+        return raise_alert(self.settings(), title, detail, **fields)
 
-    def alert(self, settings: Settings, title: str, detail: str = "", **fields: Any) -> bool:
-        return raise_alert(self.apply(settings), title, detail, **fields)
+
+def core_settings(ledger: LedgerResource, *others: SettingsResource) -> Settings:
+    """The ``Settings`` an op hands the core: the ledger's, with what the other resources decide.
+
+    The core reads them from ``Settings`` itself: ``enabled`` makes a dry run, the source limits
+    bound the build's reads, and the drain and the build raise some alerts (APNs faults, failing
+    sources) to ``alert_webhook_url``.
+    """
+    decided: dict[str, Any] = {}
+    for resource in others:
+        decided.update(resource.overrides())
+    return ledger.settings().with_(**decided)
 
 
 def production_resources() -> dict[str, Any]:
