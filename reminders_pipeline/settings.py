@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError, PydanticUseDefault
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .cadence import CronError, cron_cadence_seconds
 
@@ -118,24 +118,6 @@ Flag = Annotated[bool, BeforeValidator(_flag)]
 Networks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_networks)]
 Cron = Annotated[str, AfterValidator(_cadence)]
 DatabaseUrl = Annotated[str, AfterValidator(normalize_database_url)]
-
-
-class _EnvironmentSource(EnvSettingsSource):
-    """The ``REMINDERS_*`` variables of a given mapping (``os.environ`` or a test's dict).
-
-    Names count only in capitals, as written in the docs; pydantic-settings matches them lower-cased.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
-        self._env = env
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return {
-            name.lower(): value
-            for name, value in self._env.items()
-            if name.startswith(ENV_PREFIX) and name == name.upper() and value != ""
-        }
 
 
 class Settings(BaseSettings):
@@ -406,9 +388,13 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings ``env`` (default ``os.environ``) gives; unset or empty variables keep their default."""
-        values = _EnvironmentSource(cls, os.environ if env is None else env)()
+        env = os.environ if env is None else env
+        # Names count only in capitals, as the docs write them; an empty variable is unset.
+        values = {
+            field: env[name] for field in cls.model_fields if (name := env_name(field)) in env and env[name] != ""
+        }
         try:
-            return cls(**values)
+            return cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError(_one_line(exc.errors()[0])) from None
 
