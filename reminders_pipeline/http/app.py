@@ -1,10 +1,12 @@
 """Routes, authentication and request parsing for the HTTP shell.
 
 Every answer is JSON (``/metrics`` aside). A request the app cannot use is a 4xx whose body names
-what is wrong (``field`` for a validation error), never a 500: each body is checked against its
-model in ``contract.py`` (the models that also generate ``/openapi.json``) before the core sees a
-value, because the core trusts its typed callers (the CLI, Dagster) and a value it was never meant to see (a 20-digit id, a NUL byte, a lead longer than the epoch) would
-surface as a database error.
+what is wrong (``field`` for a validation error), never a 500. Each route serves operations that
+``contract.py`` declares (the route table pairs each with its endpoint), and the handler enforces
+the operation's credential and checks its body against its model before the endpoint sees a
+value: the core trusts its typed callers (the CLI, Dagster), and a value it was never meant to see
+(a 20-digit id, a NUL byte, a lead longer than the epoch) would surface as a database error. The
+same operations, walked from the routes the app serves, generate ``/openapi.json``.
 
 Core calls block (source reads and sends run ``asyncio.run`` inside), so each runs in Starlette's
 threadpool; the event loop only parses and answers.
@@ -55,7 +57,26 @@ from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory
 from ..settings import Settings
 from ..zones import MAX_TZ_OFFSET_SECONDS, ZoneError, valid_zone_name
-from .contract import MAX_BODY_BYTES, Contract, DeviceRegistration
+from .contract import (
+    BUILD,
+    DELETE_DEVICE,
+    DRAIN,
+    FEED,
+    GET_DEVICE,
+    HEALTHZ,
+    MAX_BODY_BYTES,
+    METRICS,
+    OPENAPI,
+    PUT_DEVICE,
+    ROTATE_CREDENTIAL,
+    TAKES_NOW,
+    BuildRequest,
+    Contract,
+    DeviceRegistration,
+    DrainRequest,
+    Operation,
+    document,
+)
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -67,6 +88,7 @@ BEARER_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="reminders"'}
 NO_CREDENTIAL = credential_hash(b"")  # compared against when a device has none, so the work is the same
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+Handler = Callable[..., Awaitable[Response]]  # an endpoint, with its validated body if the operation takes one
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -223,6 +245,7 @@ class Api:
         current = (settings.token, settings.token_previous) if settings.token else ()
         self.tokens = tuple(t.encode("utf-8") for t in current if t)
         self.contract = Contract(settings)
+        self.document: dict[str, Any] = {}  # set by create_app, from the routes the app serves
         # Set by the server on SIGTERM or Ctrl-C: a drain in flight claims nothing more (the server
         # still waits for its request, so what is on the wire is answered and settled).
         self.stopping = threading.Event()
@@ -276,27 +299,41 @@ class Api:
         except migrate.SchemaNotCurrent as exc:
             raise ApiError(503, "schema_not_current", str(exc)) from None
 
-    def protected(self, endpoint: Endpoint) -> Endpoint:
-        """Authentication before anything else: an unauthenticated body is never parsed."""
-
-        async def guarded(request: Request) -> Response:
+    async def authorize(self, op: Operation, request: Request) -> None:
+        """The operation's credential; a device's own routes check the schema first, so a missing
+        ledger is never made by reading a credential from it."""
+        if op.auth == "internal":
             self.check_auth(request)
             await self.require_schema()
-            return await endpoint(request)
-
-        guarded.__name__ = endpoint.__name__
-        return guarded
-
-    def device_only(self, endpoint: Endpoint) -> Endpoint:
-        """Like ``protected``, for a device's own routes: its credential opens them too."""
-
-        async def guarded(request: Request) -> Response:
-            await self.require_schema()  # before the credential is read: a missing ledger is never made
+        elif op.auth == "device":
+            await self.require_schema()
             await self.check_device_auth(request)
-            return await endpoint(request)
 
-        guarded.__name__ = endpoint.__name__
-        return guarded
+    async def parse_body(self, op: Operation, request: Request) -> BaseModel:
+        """The operation's body as this deployment's model of it.
+
+        A body addressed to a path that cannot name a device is refused once the body is read,
+        before it is validated.
+        """
+        assert op.body is not None
+        doc = await read_json(request, required=op.body_required) or {}
+        if "device_id" in request.path_params and not valid_device_id(request.path_params["device_id"]):
+            raise invalid("id", DEVICE_ID_SHAPE)
+        if op.body in TAKES_NOW:
+            refuse_now(doc, self.settings)
+        return validated(self.contract.model(op.body), doc)
+
+    def handler(self, op: Operation, endpoint: Handler) -> Endpoint:
+        """Authentication before anything else: an unauthenticated body is never read."""
+
+        async def handle(request: Request) -> Response:
+            await self.authorize(op, request)
+            if op.body is None:
+                return await endpoint(request)
+            return await endpoint(request, await self.parse_body(op, request))
+
+        handle.__name__ = endpoint.__name__
+        return handle
 
     # -- open routes
 
@@ -324,15 +361,12 @@ class Api:
         return Response(body, headers={"Content-Type": self.metrics.content_type})
 
     async def openapi_json(self, request: Request) -> Response:
-        return JSONResponse(self.contract.document)
+        return JSONResponse(self.document)
 
     # -- internal: what the crons do
 
-    async def build(self, request: Request) -> Response:
+    async def build(self, request: Request, body: BuildRequest) -> Response:
         """``{}`` every device; ``{"device_id"}`` the immediate rebuild; ``{"chunk"}`` one partition."""
-        doc = await read_json(request, required=False) or {}
-        refuse_now(doc, self.settings)
-        body = validated(self.contract.build, doc)
         if {"device_id", "chunk"} <= body.model_fields_set:
             raise invalid("chunk", "give device_id or chunk, not both")
         now, kwargs = getattr(body, "now", None), dict[str, Any]()
@@ -345,11 +379,8 @@ class Api:
         summary = await run_in_threadpool(lambda: run_build(self.db, self.settings, now=now, **kwargs))
         return JSONResponse(summary.as_dict())
 
-    async def drain(self, request: Request) -> Response:
+    async def drain(self, request: Request, body: DrainRequest) -> Response:
         """Every due row, or just ``id`` if it is due; a second call for the same row sends nothing."""
-        doc = await read_json(request, required=False) or {}
-        refuse_now(doc, self.settings)
-        body = validated(self.contract.drain, doc)
         now, row_id = getattr(body, "now", None), parse_row_id(request, body.id)
         factory = self.sender_factory
         if factory is None:
@@ -369,11 +400,6 @@ class Api:
         with self.db.read() as conn:
             return ledger.get_device(conn, device_id)
 
-    async def device(self, request: Request) -> Response:
-        """One route for the three methods, so a 405 lists them all in ``Allow``."""
-        handler = {"PUT": self.put_device, "DELETE": self.delete_device}.get(request.method, self.get_device)
-        return await handler(request)
-
     async def get_device(self, request: Request) -> Response:
         device_id = request.path_params["device_id"]
         record = await run_in_threadpool(self._device, device_id) if valid_device_id(device_id) else None
@@ -381,13 +407,9 @@ class Api:
             raise no_device(device_id)
         return JSONResponse(record.as_dict())
 
-    async def put_device(self, request: Request) -> Response:
+    async def put_device(self, request: Request, body: DeviceRegistration) -> Response:
         """Create or replace: exactly these rules and sources; omitted optional fields take defaults."""
-        device_id = request.path_params["device_id"]
-        doc = await read_json(request, required=True) or {}
-        if not valid_device_id(device_id):
-            raise invalid("id", DEVICE_ID_SHAPE)
-        spec = device_spec(device_id, validated(self.contract.device, doc), self.settings)
+        spec = device_spec(request.path_params["device_id"], body, self.settings)
         try:
             registration = await run_in_threadpool(put_device, self.db, self.settings, spec)
         except DeviceError as exc:
@@ -458,19 +480,37 @@ class Api:
     # -- wiring
 
     def routes(self) -> list[Route]:
-        p = self.protected
-        return [
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/metrics", self.metrics_text, methods=["GET"]),
-            Route("/openapi.json", self.openapi_json, methods=["GET"]),
-            Route("/internal/reminders/build", p(self.build), methods=["POST"]),
-            Route("/internal/reminders/drain", p(self.drain), methods=["POST"]),
-            Route("/v1/devices/{device_id}", p(self.device), methods=["GET", "PUT", "DELETE"]),
-            Route(
-                "/v1/devices/{device_id}/credential", self.device_only(self.rotate_device_credential), methods=["POST"]
-            ),
-            Route("/v1/devices/{device_id}/feed", self.device_only(self.feed), methods=["GET"]),
+        """The route table: each operation of the contract and the endpoint that serves it."""
+        table: list[tuple[Operation, Handler]] = [
+            (HEALTHZ, self.healthz),
+            (METRICS, self.metrics_text),
+            (OPENAPI, self.openapi_json),
+            (BUILD, self.build),
+            (DRAIN, self.drain),
+            (GET_DEVICE, self.get_device),
+            (PUT_DEVICE, self.put_device),
+            (DELETE_DEVICE, self.delete_device),
+            (ROTATE_CREDENTIAL, self.rotate_device_credential),
+            (FEED, self.feed),
         ]
+        by_path: dict[str, list[tuple[Operation, Endpoint]]] = {}
+        for op, endpoint in table:
+            by_path.setdefault(op.path, []).append((op, self.handler(op, endpoint)))
+        return [OperationRoute(path, served) for path, served in by_path.items()]
+
+
+class OperationRoute(Route):
+    """One path and its operations: one route for all its methods, so a 405 lists them all in ``Allow``."""
+
+    def __init__(self, path: str, served: list[tuple[Operation, Endpoint]]) -> None:
+        self.operations = [op for op, _ in served]
+        handlers = {op.method: handler for op, handler in served}
+
+        async def dispatch(request: Request) -> Response:
+            return await (handlers.get(request.method) or handlers["GET"])(request)  # HEAD is answered as GET
+
+        dispatch.__name__ = served[0][1].__name__
+        super().__init__(path, dispatch, methods=list(handlers))
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -544,5 +584,7 @@ def create_app(
         },
         lifespan=lifespan,
     )
+    served = [op for route in app.routes if isinstance(route, OperationRoute) for op in route.operations]
+    api.document = document(api.contract, served)
     app.state.api = api
     return app

@@ -1,7 +1,11 @@
-"""The HTTP contract: every request and response body once, as a pydantic model.
+"""The HTTP contract: every request and response body once, as a pydantic model, and every
+operation (method and path) once, with its credential, its body and its answers.
 
-The request models validate what ``app.py`` accepts, and the same models generate the schemas
-of ``/openapi.json``: what the document states is what the app enforces, by construction.
+``app.py`` serves each operation: its handler enforces the declared credential and validates the
+declared body before the endpoint runs. ``document`` walks the same operations, as the routes
+the app serves carry them, into ``/openapi.json``, with schemas generated from the same models:
+what the document states is what the app enforces, by construction.
+
 Every bound is the core's own constant (``devices``, ``rules``, ``zones``, ``times``, ``schema``),
 imported, never copied; the core's ``validate`` still has the last word on what only code can
 judge (a rule that parses, a zone the zone database knows, an http(s) URL).
@@ -19,6 +23,9 @@ fields without breaking the contract; ``test_http_schemathesis.py`` checks every
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -48,9 +55,8 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def whole(minimum: int, maximum: int) -> Any:
-    """JSON Schema's integer in a range: ``3600.0`` is one too; ``true`` and ``"3600"`` are not."""
-    return Annotated[int, Field(ge=minimum, le=maximum), BeforeValidator(_integral)]
+# JSON Schema's integer: ``3600.0`` is one too; ``true`` and ``"3600"`` are not.
+INTEGRAL = BeforeValidator(_integral)
 
 
 def _usable_url(url: str) -> str:
@@ -81,8 +87,9 @@ def _pretend_time(value: str | float) -> str:
 
 
 DeviceId = Annotated[str, Field(pattern=anchored(DEVICE_ID_PATTERN), max_length=MAX_DEVICE_ID)]
-RowId = whole(1, MAX_ROW_ID)
-TzOffset = whole(-MAX_TZ_OFFSET_SECONDS, MAX_TZ_OFFSET_SECONDS)
+RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID), INTEGRAL]
+TzOffset = Annotated[int, Field(ge=-MAX_TZ_OFFSET_SECONDS, le=MAX_TZ_OFFSET_SECONDS), INTEGRAL]
+LeadSeconds = Annotated[int, Field(ge=0, le=MAX_LEAD_SECONDS), INTEGRAL]
 ZoneName = Annotated[str, Field(pattern=anchored(ZONE_NAME_PATTERN), max_length=MAX_ZONE_NAME)]
 SourceUrl = Annotated[
     str,
@@ -132,7 +139,7 @@ class DeviceRegistration(Request):
     """Replaces the device: exactly these rules and sources. Omitted optional fields take their defaults."""
 
     apns_token: str = Field(pattern=anchored(APNS_TOKEN_PATTERN), description="Hex APNs device token.")
-    reminder_lead_seconds: whole(0, MAX_LEAD_SECONDS) | None = Field(None, description="The lead of rule `lead:N`.")
+    reminder_lead_seconds: LeadSeconds | None = Field(None, description="The lead of rule `lead:N`.")
     extra_rules: list[Annotated[str, Field(description="`lead:N` or `lead:N@expiry`")]] | None = Field(
         None, max_length=MAX_EXTRA_RULES
     )
@@ -269,25 +276,28 @@ class Feed(BaseModel):
     sources_failed: list[SourceFailure]
 
 
-RESPONSES = (Error, Health, BuildSummary, DrainSummary, Device, Registration, Credential, Removed, Feed)
-
-
 # ---------------------------------------------------------------- per deployment
+
+TAKES_NOW = (BuildRequest, DrainRequest)  # the bodies that may carry ``now``, where a deployment accepts it
 
 
 class Contract:
-    """The request models this deployment validates with, and the document they generate."""
+    """The request models this deployment validates with, and the schemas they generate."""
 
     def __init__(self, settings: Settings) -> None:
-        now = {"now": (PretendTime | None, NOW_FIELD)} if settings.http_accept_now else {}
-        chunk = whole(0, settings.chunk_count - 1) | None
-        self.build = create_model(
-            "BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, chunk=(chunk, None), **now
-        )
-        self.drain = create_model("DrainRequest", __base__=DrainRequest, **now)
-        self.device = DeviceRegistration
+        now: dict[str, Any] = {"now": (PretendTime | None, NOW_FIELD)} if settings.http_accept_now else {}
+        chunk = Annotated[int, Field(ge=0, le=settings.chunk_count - 1), INTEGRAL] | None
+        build: dict[str, Any] = {"chunk": (chunk, None), **now}
+        self.models: dict[type[Request], type[Request]] = {
+            BuildRequest: create_model("BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, **build),
+            DrainRequest: create_model("DrainRequest", __base__=DrainRequest, **now),
+            DeviceRegistration: DeviceRegistration,
+        }
         self.default_lead_seconds = settings.default_lead_seconds
-        self.document = document(self)
+
+    def model(self, body: type[Request]) -> type[Request]:
+        """The model this deployment validates ``body`` with: a subclass, or the class itself."""
+        return self.models[body]
 
 
 class _Generator(GenerateJsonSchema):
@@ -297,192 +307,254 @@ class _Generator(GenerateJsonSchema):
         return False
 
 
-def schemas(contract: Contract) -> dict[str, JsonSchemaValue]:
-    models = (contract.build, contract.drain, contract.device, *RESPONSES)
+# ---------------------------------------------------------------- operations
+
+Auth = Literal["open", "internal", "device"]  # none; REMINDERS_TOKEN; the device's own credential or REMINDERS_TOKEN
+SECURITY: dict[Auth, list[dict[str, list[str]]]] = {
+    "internal": [{"bearer": []}],
+    "device": [{"deviceCredential": []}, {"bearer": []}],
+}
+PATH_PARAMETERS: dict[str, Any] = {"device_id": DeviceId}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One status of an operation: a model (a schema of the document) or another type (inline)."""
+
+    description: str
+    body: Any = Error
+    media_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class Query:
+    """A query parameter, typed with a contract type."""
+
+    name: str
+    type: Any
+    description: str
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One method of one route: what it takes, who may call it, and what it answers.
+
+    ``app.py`` serves each operation by enforcing ``auth`` and validating ``body`` before its
+    endpoint runs; ``document`` states the same. Answers every operation of its kind may give
+    (401 for a protected one, 400/413/422 for a body, 503 for one that reads the ledger) are
+    implied; ``answers`` lists the rest and may override them.
+    """
+
+    method: str
+    path: str
+    operation_id: str
+    auth: Auth
+    answers: dict[int, Answer]
+    summary: str | None = None
+    body: type[Request] | None = None
+    body_required: bool = False
+    query: tuple[Query, ...] = ()
+    reads_ledger: bool = True
+
+
+UNAUTHORIZED = Answer("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
+DEVICE_UNAUTHORIZED = Answer(
+    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
+)
+MALFORMED = Answer("The body is not JSON.")
+TOO_LARGE = Answer(f"The body is larger than {MAX_BODY_BYTES} bytes.")
+INVALID = Answer("Validation error; `field` names the offending field.")
+NO_DEVICE = Answer("No such device.")
+UNAVAILABLE = Answer(
+    "The database is not at this release's migration head (`schema_not_current`, `detail` is the one line "
+    "naming both revisions), or it is unreachable or timed out (`database_unavailable`)."
+)
+
+HEALTHZ = Operation(
+    "GET",
+    "/healthz",
+    "healthz",
+    "open",
+    {200: Answer("Healthy.", Health), 503: Answer("The database is unavailable.", Health)},
+    summary="Open. Checks the database (a connection and the migrated schema).",
+)
+METRICS = Operation(
+    "GET",
+    "/metrics",
+    "metrics",
+    "open",
+    {200: Answer("Metrics.", str, "text/plain")},
+    summary="Open. Prometheus text format.",
+    reads_ledger=False,
+)
+OPENAPI = Operation(
+    "GET",
+    "/openapi.json",
+    "openapi",
+    "open",
+    {200: Answer("The OpenAPI document.", dict[str, Any])},
+    summary="Open. This document.",
+    reads_ledger=False,
+)
+BUILD = Operation(
+    "POST",
+    "/internal/reminders/build",
+    "build",
+    "internal",
+    {200: Answer("The build summary.", BuildSummary), 404: NO_DEVICE},
+    summary="Compose feeds and make queue rows match them (the build cron, or an immediate rebuild).",
+    body=BuildRequest,
+)
+DRAIN = Operation(
+    "POST",
+    "/internal/reminders/drain",
+    "drain",
+    "internal",
+    {
+        200: Answer("The drain summary; `due: 0` when the row is not due or already settled.", DrainSummary),
+        503: Answer("REMINDERS_ENABLED=true but APNs credentials are missing or unreadable; nothing was claimed."),
+    },
+    summary="Claim and send every due row, or only row `id` if it is due. At most once per row.",
+    body=DrainRequest,
+    query=(Query("id", RowId, "Drain only this queue row (an exact-time scheduler's call)."),),
+)
+GET_DEVICE = Operation(
+    "GET", "/v1/devices/{device_id}", "getDevice", "internal", {200: Answer("The device.", Device), 404: NO_DEVICE}
+)
+PUT_DEVICE = Operation(
+    "PUT",
+    "/v1/devices/{device_id}",
+    "putDevice",
+    "internal",
+    {200: Answer("The stored device; `credential` when this call issued one.", Registration)},
+    summary="Create or replace a device.",
+    body=DeviceRegistration,
+    body_required=True,
+)
+DELETE_DEVICE = Operation(
+    "DELETE",
+    "/v1/devices/{device_id}",
+    "deleteDevice",
+    "internal",
+    {200: Answer("Removed.", Removed), 404: NO_DEVICE},
+    summary="Delete a device; its pending rows are voided (`device_removed`).",
+)
+ROTATE_CREDENTIAL = Operation(
+    "POST",
+    "/v1/devices/{device_id}/credential",
+    "rotateDeviceCredential",
+    "device",
+    {
+        200: Answer("The new credential.", Credential),
+        404: NO_DEVICE,
+        409: Answer("`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."),
+    },
+    summary="Issue the device a new credential (shown once); the one it replaces stops working at once.",
+)
+FEED = Operation(
+    "GET",
+    "/v1/devices/{device_id}/feed",
+    "getFeed",
+    "device",
+    {200: Answer("The composed feed.", Feed), 404: NO_DEVICE},
+    summary="The widget's feed, item bounds in Unix seconds; stores `tz` only when it changed (best-effort).",
+    query=(
+        Query(
+            "tz",
+            ZoneName | TzOffset,
+            "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------- the document
+
+
+def implied_answers(op: Operation) -> dict[int, Answer]:
+    """Every answer ``op`` may give: those of its kind, then its own."""
+    implied: dict[int, Answer] = {}
+    if op.auth != "open":
+        implied[401] = UNAUTHORIZED if op.auth == "internal" else DEVICE_UNAUTHORIZED
+    if op.body is not None:
+        implied |= {400: MALFORMED, 413: TOO_LARGE, 422: INVALID}
+    if op.query:
+        implied[422] = INVALID
+    if op.reads_ledger:
+        implied[503] = UNAVAILABLE
+    return implied | op.answers
+
+
+def _is_model(body: Any) -> bool:
+    return isinstance(body, type) and issubclass(body, BaseModel)
+
+
+def _schema(body: Any) -> JsonSchemaValue:
+    """A model by reference to the document's schemas; any other type inline."""
+    if _is_model(body):
+        return {"$ref": f"#/components/schemas/{body.__name__}"}
+    return TypeAdapter(body).json_schema()
+
+
+def _content(body: Any, media_type: str = "application/json") -> dict[str, Any]:
+    return {media_type: {"schema": _schema(body)}}
+
+
+def _parameter(name: str, where: str, schema: Any, required: bool) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required, "schema": TypeAdapter(schema).json_schema()}
+
+
+def _operation(contract: Contract, op: Operation) -> dict[str, Any]:
+    spec: dict[str, Any] = {"operationId": op.operation_id}
+    if op.summary is not None:
+        spec["summary"] = op.summary
+    if op.auth != "open":
+        spec["security"] = SECURITY[op.auth]
+    if op.body is not None:
+        spec["requestBody"] = {"required": op.body_required, "content": _content(contract.model(op.body))}
+    if op.query:
+        spec["parameters"] = [
+            {**_parameter(q.name, "query", q.type, False), "description": q.description} for q in op.query
+        ]
+    spec["responses"] = {
+        str(status): {"description": a.description, "content": _content(a.body, a.media_type)}
+        for status, a in sorted(implied_answers(op).items())
+    }
+    return spec
+
+
+def paths(contract: Contract, operations: Iterable[Operation]) -> dict[str, Any]:
+    """The document's paths: each route's path parameters, then one entry per method."""
+    items: dict[str, Any] = {}
+    for op in operations:
+        item = items.setdefault(op.path, {})
+        names = re.findall(r"{(\w+)}", op.path)
+        if names:
+            item["parameters"] = [_parameter(name, "path", PATH_PARAMETERS[name], True) for name in names]
+        item[op.method.lower()] = _operation(contract, op)
+    return items
+
+
+def schemas(contract: Contract, operations: Iterable[Operation]) -> dict[str, JsonSchemaValue]:
+    """The schemas of every body the operations take or answer, and of the models those use."""
+    models: dict[type[BaseModel], None] = {}
+    for op in operations:
+        if op.body is not None:
+            models[contract.model(op.body)] = None
+        models |= {a.body: None for a in implied_answers(op).values() if _is_model(a.body)}
     _, top = models_json_schema(
         [(m, "validation") for m in models], ref_template="#/components/schemas/{model}", schema_generator=_Generator
     )
-    defs = top["$defs"]
+    defs: dict[str, JsonSchemaValue] = top["$defs"]
     defs["DeviceRegistration"]["properties"]["reminder_lead_seconds"]["description"] += (
         f" Default {contract.default_lead_seconds}."
     )
     return defs
 
 
-# ---------------------------------------------------------------- paths
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _answer(description: str, name: str = "Error") -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": _ref(name)}}}
-
-
-def _body(name: str, required: bool = False) -> dict[str, Any]:
-    return {"required": required, "content": {"application/json": {"schema": _ref(name)}}}
-
-
-UNAUTHORIZED = _answer("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
-DEVICE_UNAUTHORIZED = _answer(
-    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
-)
-MALFORMED = _answer("The body is not JSON.")
-TOO_LARGE = _answer(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-INVALID = _answer("Validation error; `field` names the offending field.")
-NO_DEVICE = _answer("No such device.")
-UNAVAILABLE = _answer(
-    "The database is not at this release's migration head (`schema_not_current`, `detail` is the one line "
-    "naming both revisions), or it is unreachable or timed out (`database_unavailable`)."
-)
-DEVICE_ID_PARAM = {"name": "device_id", "in": "path", "required": True, "schema": TypeAdapter(DeviceId).json_schema()}
-BEARER = [{"bearer": []}]
-DEVICE_OR_BEARER = [{"deviceCredential": []}, {"bearer": []}]
-BODY_ERRORS = {"400": MALFORMED, "401": UNAUTHORIZED, "413": TOO_LARGE, "422": INVALID}
-
-
-def _param(name: str, schema: Any, description: str) -> dict[str, Any]:
-    """A query parameter whose schema is a contract type."""
-    return {
-        "name": name,
-        "in": "query",
-        "required": False,
-        "schema": TypeAdapter(schema).json_schema(),
-        "description": description,
-    }
-
-
-def _paths() -> dict[str, Any]:
-    return {
-        "/healthz": {
-            "get": {
-                "operationId": "healthz",
-                "summary": "Open. Checks the database (a connection and the migrated schema).",
-                "responses": {
-                    "200": _answer("Healthy.", "Health"),
-                    "503": _answer("The database is unavailable.", "Health"),
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "summary": "Open. Prometheus text format.",
-                "responses": {
-                    "200": {"description": "Metrics.", "content": {"text/plain": {"schema": {"type": "string"}}}}
-                },
-            }
-        },
-        "/openapi.json": {
-            "get": {
-                "operationId": "openapi",
-                "summary": "Open. This document.",
-                "responses": {
-                    "200": {
-                        "description": "The OpenAPI document.",
-                        "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
-                },
-            }
-        },
-        "/internal/reminders/build": {
-            "post": {
-                "operationId": "build",
-                "security": BEARER,
-                "requestBody": _body("BuildRequest"),
-                "summary": "Compose feeds and make queue rows match them (the build cron, or an immediate rebuild).",
-                "responses": {"200": _answer("The build summary.", "BuildSummary"), **BODY_ERRORS, "404": NO_DEVICE},
-            }
-        },
-        "/internal/reminders/drain": {
-            "post": {
-                "operationId": "drain",
-                "security": BEARER,
-                "requestBody": _body("DrainRequest"),
-                "summary": "Claim and send every due row, or only row `id` if it is due. At most once per row.",
-                "parameters": [_param("id", RowId, "Drain only this queue row (an exact-time scheduler's call).")],
-                "responses": {
-                    "200": _answer(
-                        "The drain summary; `due: 0` when the row is not due or already settled.", "DrainSummary"
-                    ),
-                    **BODY_ERRORS,
-                    "503": _answer(
-                        "REMINDERS_ENABLED=true but APNs credentials are missing or unreadable; nothing was claimed."
-                    ),
-                },
-            }
-        },
-        "/v1/devices/{device_id}": {
-            "parameters": [DEVICE_ID_PARAM],
-            "get": {
-                "operationId": "getDevice",
-                "security": BEARER,
-                "responses": {"200": _answer("The device.", "Device"), "401": UNAUTHORIZED, "404": NO_DEVICE},
-            },
-            "put": {
-                "operationId": "putDevice",
-                "summary": "Create or replace a device.",
-                "security": BEARER,
-                "requestBody": _body("DeviceRegistration", required=True),
-                "responses": {
-                    "200": _answer("The stored device; `credential` when this call issued one.", "Registration"),
-                    **BODY_ERRORS,
-                },
-            },
-            "delete": {
-                "operationId": "deleteDevice",
-                "summary": "Delete a device; its pending rows are voided (`device_removed`).",
-                "security": BEARER,
-                "responses": {"200": _answer("Removed.", "Removed"), "401": UNAUTHORIZED, "404": NO_DEVICE},
-            },
-        },
-        "/v1/devices/{device_id}/credential": {
-            "parameters": [DEVICE_ID_PARAM],
-            "post": {
-                "operationId": "rotateDeviceCredential",
-                "security": DEVICE_OR_BEARER,
-                "summary": "Issue the device a new credential (shown once); the one it replaces stops working at once.",
-                "responses": {
-                    "200": _answer("The new credential.", "Credential"),
-                    "401": DEVICE_UNAUTHORIZED,
-                    "404": NO_DEVICE,
-                    "409": _answer(
-                        "`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."
-                    ),
-                },
-            },
-        },
-        "/v1/devices/{device_id}/feed": {
-            "parameters": [DEVICE_ID_PARAM],
-            "get": {
-                "operationId": "getFeed",
-                "security": DEVICE_OR_BEARER,
-                "summary": "The widget's feed, item bounds in Unix seconds; stores `tz` only when it changed (best-effort).",
-                "parameters": [
-                    _param(
-                        "tz",
-                        ZoneName | TzOffset,
-                        "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
-                    )
-                ],
-                "responses": {
-                    "200": _answer("The composed feed.", "Feed"),
-                    "401": DEVICE_UNAUTHORIZED,
-                    "404": NO_DEVICE,
-                    "422": INVALID,
-                },
-            },
-        },
-    }
-
-
-def document(contract: Contract) -> dict[str, Any]:
-    paths = _paths()
-    for path, item in paths.items():  # every route that reads the ledger may answer 503
-        for method, operation in item.items():
-            if method != "parameters" and path not in ("/metrics", "/openapi.json"):
-                operation["responses"].setdefault("503", UNAVAILABLE)
+def document(contract: Contract, operations: Iterable[Operation]) -> dict[str, Any]:
+    """``/openapi.json`` for the operations the app routes."""
+    operations = list(operations)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -496,9 +568,9 @@ def document(contract: Contract) -> dict[str, Any]:
                 "Errors are JSON `{error, detail, field?}`; a request the app cannot use is a 4xx, never a 500."
             ),
         },
-        "paths": paths,
+        "paths": paths(contract, operations),
         "components": {
-            "schemas": schemas(contract),
+            "schemas": schemas(contract, operations),
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "The internal token, REMINDERS_TOKEN."},
                 "deviceCredential": {"type": "http", "scheme": "bearer", "description": "The device's own credential."},

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 import uvicorn
-from uvicorn.main import STARTUP_FAILURE
+from uvicorn.config import STARTUP_FAILURE
 
 from ..settings import Settings, SettingsError
 from .app import create_app
