@@ -32,6 +32,7 @@ import ssl
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,16 +92,36 @@ class ApnsConfigError(ValueError):
 # -- configuration ---------------------------------------------------------------------------
 
 
-def validate_apns_settings(settings: Settings) -> None:
-    """Fail before any row is claimed, naming the variable, rather than on the first send."""
+@dataclass(frozen=True)
+class Credentials:
+    """The ``REQUIRED`` settings, each known to be set (the settings allow None until sending)."""
+
+    apns_key_file: str
+    apns_key_id: str
+    apns_team_id: str
+    apns_topic: str
+
+
+def required_credentials(settings: Settings) -> Credentials:
+    """The ``REQUIRED`` settings, or ApnsConfigError naming the first variable not set."""
+    values: dict[str, str] = {}
     for field_name, variable in REQUIRED:
-        if not getattr(settings, field_name):
+        value: str | None = getattr(settings, field_name)
+        if not value:
             raise ApnsConfigError(f"{variable} is not set (required when REMINDERS_ENABLED=true)")
-    if not TOPIC.fullmatch(settings.apns_topic):  # type: ignore[arg-type]
-        raise ApnsConfigError(f"REMINDERS_APNS_TOPIC must be an app bundle id, got {settings.apns_topic!r}")
-    load_signing_key(settings.apns_key_file)  # type: ignore[arg-type]
+        values[field_name] = value
+    return Credentials(**values)
+
+
+def validate_apns_settings(settings: Settings) -> Credentials:
+    """Fail before any row is claimed, naming the variable, rather than on the first send."""
+    credentials = required_credentials(settings)
+    if not TOPIC.fullmatch(credentials.apns_topic):
+        raise ApnsConfigError(f"REMINDERS_APNS_TOPIC must be an app bundle id, got {credentials.apns_topic!r}")
+    load_signing_key(credentials.apns_key_file)
     endpoint(settings)
     ssl_context(settings)
+    return credentials
 
 
 def read_key_text(path: str) -> str:
@@ -275,21 +296,21 @@ class AioApnsSender:
     def __init__(
         self, settings: Settings, *, max_connections: int | None = None, clock: Callable[[], float] = time.time
     ) -> None:
-        validate_apns_settings(settings)
+        credentials = validate_apns_settings(settings)
         self.settings = settings
         self.clock = clock
-        key_text = read_key_text(settings.apns_key_file)  # type: ignore[arg-type]
+        key_text = read_key_text(credentials.apns_key_file)
         self.token = ProviderToken(
-            load_signing_key(settings.apns_key_file), settings.apns_key_id, settings.apns_team_id, clock
-        )  # type: ignore[arg-type]
+            load_signing_key(credentials.apns_key_file), credentials.apns_key_id, credentials.apns_team_id, clock
+        )
         self._wire: dict[str, Wire] = {}
         self._slots = asyncio.Semaphore(settings.apns_concurrency)
         self._tasks: dict[asyncio.Task[NotificationResult], str] = {}  # -> notification id
         self.apns = APNs(
             key=key_text,  # aioapns 4.0 wants the PEM text, not the path
-            key_id=settings.apns_key_id,
-            team_id=settings.apns_team_id,
-            topic=settings.apns_topic,
+            key_id=credentials.apns_key_id,
+            team_id=credentials.apns_team_id,
+            topic=credentials.apns_topic,
             max_connections=max_connections or default_max_connections(settings.apns_concurrency),
             max_connection_attempts=1,
             use_sandbox=settings.apns_environment == "sandbox",

@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import logging
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -63,7 +64,7 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, **kwargs)
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves
         cur = dbapi_connection.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
@@ -83,9 +84,11 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
 class Database:
     """Owns the engine. ``write()`` and ``read()`` are the only ways in."""
 
-    def __init__(self, url: str, **engine_kwargs: object) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int | None = None, statement_timeout_ms: int = 0, **engine_kwargs: object
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url, **engine_kwargs)
+        self.engine = make_engine(url, pool_size=pool_size, statement_timeout_ms=statement_timeout_ms, **engine_kwargs)
         self.dialect = self.engine.dialect.name
         self.at_head = False  # set by migrate.require_head once the schema is known current
 

@@ -140,7 +140,7 @@ class DemoSource:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = self.httpd.socket.getsockname()[:2]  # the address bound: host as text, the port chosen
         return f"http://{host}:{port}{DEMO_PATH}"
 
     def __enter__(self) -> DemoSource:

@@ -58,7 +58,8 @@ class Item:
 
     @classmethod
     def from_json(cls, data: list[Any]) -> Item:
-        return cls(*data[:8], tuple(data[8])) if len(data) > 8 else cls(*data)
+        alarms = [tuple(data[8])] if len(data) > 8 else []
+        return cls(*data[:8], *alarms)
 
 
 ASIDE_CAPS = 10  # past the cap, items are set aside whole (calendars: counted at all) up to this many caps
@@ -67,7 +68,7 @@ ASIDE_CAPS = 10  # past the cap, items are set aside whole (calendars: counted a
 @dataclass
 class ParsedFeed:
     items: list[Item] = field(default_factory=list)
-    rejected: Counter = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
     _ids: set[str] = field(default_factory=set, repr=False, compare=False)
     # Items the feed holds but does not carry, whose pending rows are not voided ``left_feed``:
     # those the item cap cut (by id), those of a rejected calendar series (by UID, see

@@ -55,7 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol, cast
 
 import icalendar
 import recurring_ical_events
@@ -115,7 +115,7 @@ def _series_keys(uid: str) -> set[str]:
 def synthesize_uids(calendar: icalendar.Calendar) -> None:
     """Give every VEVENT without UID a stable one: a hash of DTSTART, SUMMARY and its ordinal among
     UID-less events with the same two (so adding an unrelated event never renames it)."""
-    seen: Counter = Counter()
+    seen: Counter[tuple[str, str]] = Counter()
     for event in calendar.walk("VEVENT"):
         if event.get("UID"):
             continue
@@ -162,7 +162,7 @@ class _OccurrenceEvent:
     pinned and checked by a canary."""
 
     def __init__(self, occurrence: Any) -> None:
-        self.source = occurrence._adapter._component
+        self.source: icalendar.Component = occurrence._adapter._component
         start = icalendar.vDDDTypes(occurrence.start)
         rid = self.source.get("RECURRENCE-ID")
         self._own = {
@@ -280,7 +280,8 @@ def metered_series(meter: ExpansionMeter) -> type[Series]:
     per start a rule yields (before the window too: a rule runs from its DTSTART) and per
     occurrence built."""
 
-    class RecurrenceRules(Series.RecurrenceRules):  # type: ignore[misc,name-defined]
+    # recurring-ical-events has no type information: its classes are Any to mypy, subclassed here.
+    class RecurrenceRules(Series.RecurrenceRules):  # type: ignore[misc]
         def rrule_between(self, span_start: Any, span_stop: Any) -> Iterator[Any]:
             first, last = convert_to_datetime(span_start, self.tzinfo), convert_to_datetime(span_stop, self.tzinfo)
             if is_pytz(self.tzinfo):  # as the library does: pytz zones shift by up to an hour at changes
@@ -288,13 +289,19 @@ def metered_series(meter: ExpansionMeter) -> type[Series]:
             for rule in self.rrules:
                 yield from _rule_between(rule, first, last, meter)
 
-    class MeteredSeries(Series):  # type: ignore[misc,valid-type]
+    class MeteredSeries(Series):  # type: ignore[misc]
         def occurrence(self, adapter: Any, start: Any = None, end: Any = None) -> Any:
             meter.tick()
             return super().occurrence(adapter, start, end)
 
     MeteredSeries.RecurrenceRules = RecurrenceRules
     return MeteredSeries
+
+
+class _PytzZone(Protocol):
+    """A pytz zone (``is_pytz_dt``): it places a wall time itself, with ``localize``."""
+
+    def localize(self, dt: datetime) -> datetime: ...
 
 
 def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMeter) -> Iterator[Any]:
@@ -317,7 +324,7 @@ def _rule_between(rule: Any, first: datetime, last: datetime, meter: ExpansionMe
         if start < first:
             continue
         if is_pytz_dt(start):
-            start = start.tzinfo.localize(start.replace(tzinfo=None))
+            start = cast(_PytzZone, start.tzinfo).localize(start.replace(tzinfo=None))
         if rule.until is None or not compare_greater(start, rule.until):
             found += 1
             yield start
@@ -375,7 +382,7 @@ def _walk_start(rule: rrule, first: datetime) -> datetime:
     """DTSTART advanced by whole periods (INTERVAL x FREQ, in the rule's wall time) to a period
     and a day before ``first``, so that a first week cut short by the new start (``BYSETPOS``
     counts within it) ends before ``first``; DTSTART itself for periods of no fixed length."""
-    dtstart = rule._dtstart
+    dtstart: datetime = rule._dtstart
     seconds = _PERIOD_SECONDS.get(rule._freq)
     if seconds is None:
         return dtstart
@@ -521,8 +528,8 @@ def _occurrences(
     where the cap keeps or sets them aside."""
     start, size = int(lo.timestamp()), 86400
     first = True
-    for series, reason in dropped:
-        feed.rejected[reason] += 1
+    for series, dropped_reason in dropped:
+        feed.rejected[dropped_reason] += 1
         feed.partial_series |= _series_keys(str(series.uid))
     live = [s for s in query.series if all(s is not d for d, _ in dropped)]
     yielded: set[int] = set()

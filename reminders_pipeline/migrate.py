@@ -8,6 +8,7 @@ current, so the check costs one query per engine, not per request.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ class SchemaNotCurrent(RuntimeError):
     """The database is not at this release's migration head; the message is the one line to show."""
 
 
-def _config(connection=None) -> Config:  # type: ignore[no-untyped-def]
+def _config(connection: Connection | None = None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     if connection is not None:
@@ -130,10 +131,11 @@ def _finish(db: Database) -> None:
             for statement in [*_validations(conn), *_index_builds(conn)]:
                 conn.exec_driver_sql(statement)
         except OperationalError as exc:
-            if getattr(exc.orig, "sqlstate", None) not in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+            orig = exc.orig
+            if orig is None or getattr(orig, "sqlstate", None) not in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
                 raise
             raise MigrationBlocked(
-                f"gave up on {statement.split(' (')[0]} ({first_line(exc.orig)}): it waits for older transactions "
+                f"gave up on {statement.split(' (')[0]} ({first_line(orig)}): it waits for older transactions "
                 f"(at most {FINISH_WAIT_SECONDS:.0f}s, see pg_stat_activity); claims were not held up; run the upgrade again to finish it"
             ) from None
         except IntegrityError as exc:
@@ -164,7 +166,7 @@ def _index_builds(conn: Connection) -> list[str]:
             f"SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = {LEDGER_SCHEMA}::regnamespace::text"
         ).all()
     )
-    valid = dict(
+    valid: dict[str, bool] = dict(
         conn.exec_driver_sql(
             "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
             f"WHERE c.relnamespace = {LEDGER_SCHEMA}"
@@ -173,10 +175,11 @@ def _index_builds(conn: Connection) -> list[str]:
     statements = []
     for table in metadata.sorted_tables:
         for index in sorted(table.indexes, key=lambda i: str(i.name)):
-            if valid.get(index.name) or any((table.name, c.name) not in columns for c in index.columns):
+            name = str(index.name)  # every index of the schema is named
+            if valid.get(name) or any((table.name, c.name) not in columns for c in index.columns):
                 continue
-            if index.name in valid:
-                statements.append(f"DROP INDEX CONCURRENTLY {index.name}")
+            if name in valid:
+                statements.append(f"DROP INDEX CONCURRENTLY {name}")
             create = str(CreateIndex(index).compile(dialect=conn.dialect))
             statements.append(create.replace("INDEX ", "INDEX CONCURRENTLY ", 1))
     return statements
@@ -189,9 +192,11 @@ def _migrating(db: Database, lock_timeout: float | None = None) -> Iterator[Conn
     rebuild of ``sources`` deleted every ``device_sources`` row). They are checked afterwards."""
     with db.engine.connect() as conn:
         sqlite = db.dialect == "sqlite"
-        raw = conn.connection.dbapi_connection  # the pragma works only outside a transaction:
-        if sqlite:  # on the driver connection, SQLAlchemy does not begin one first
-            raw.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+        # The pragma works only outside a transaction: on pysqlite's own connection, SQLAlchemy does
+        # not begin one first.
+        raw: sqlite3.Connection | None = conn.connection.driver_connection if sqlite else None
+        if raw is not None:
+            raw.execute("PRAGMA foreign_keys=OFF")
         try:
             with conn.begin():
                 if lock_timeout is not None and not sqlite:
@@ -200,8 +205,8 @@ def _migrating(db: Database, lock_timeout: float | None = None) -> Iterator[Conn
                 if sqlite and conn.exec_driver_sql("PRAGMA foreign_key_check").first() is not None:
                     raise RuntimeError("the migration left rows that break a foreign key; rolled back")
         finally:
-            if sqlite:
-                raw.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")
 
 
 def current_revision(db: Database) -> str | None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Notification:
     row_id: int
     device_id: str
     device_token: str
-    payload: dict
+    payload: dict[str, Any]  # the APNs JSON body
     collapse_id: str  # apns-collapse-id: a later alert for the same item replaces the earlier one
     expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
     priority: int = 10
@@ -99,7 +99,7 @@ class RecordingSender:
     script: dict[str, SendResult | Callable[[Notification], SendResult]] = field(default_factory=dict)
     sent: list[Notification] = field(default_factory=list)
     monotonic: Callable[[], float] = time.monotonic
-    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         results = []

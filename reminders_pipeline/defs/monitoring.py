@@ -125,7 +125,7 @@ def drain_backlog(
     now = now_utc()
     with ledger.open() as db, db.read() as conn:
         oldest, age = oldest_due_wait(conn, now)
-    metadata = {
+    metadata: dict[str, Any] = {
         "oldest_due_age_seconds": round(age, 1),
         "max_lateness_seconds": settings.max_lateness_seconds,
         "drain_cadence_seconds": settings.drain_cadence_seconds,

@@ -62,5 +62,8 @@ class TaggingRunCoordinator(dg.QueuedRunCoordinator):
         extra = tags_for(run)
         if extra:
             self._instance.add_run_tags(run.run_id, dict(extra))
-            context = SubmitRunContext(self._instance.get_run_by_id(run.run_id), context.workspace)
+            tagged = self._instance.get_run_by_id(run.run_id)
+            if tagged is None:  # deleted while being queued: there is nothing left to submit
+                raise dg.DagsterRunNotFoundError(f"run {run.run_id} vanished while queued", invalid_run_id=run.run_id)
+            context = SubmitRunContext(tagged, context.workspace)
         return super().submit_run(context)
