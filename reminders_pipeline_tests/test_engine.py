@@ -13,9 +13,10 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.defs.resources import LedgerResource
 from reminders_pipeline.http import create_app
 from reminders_pipeline.settings import Settings
+from reminders_pipeline_testing.stack import free_port
 
 from .test_dagster_support import definitions_for, resources_for
-from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fixtures
+from .test_http_support import error_of, http_settings
 
 
 def test_the_settings_are_read_from_the_environment():
@@ -124,12 +125,9 @@ def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypa
     attempt so the listener keeps polling."""
     import asyncio
     import logging
-    import socket
 
     monkeypatch.setattr(db_module, "LISTEN_RETRY_SECONDS", (0.05,))
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     wakes = 0
 
     async def run() -> None:
