@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from reminders_pipeline import db as db_module
@@ -107,8 +108,8 @@ def test_an_unreachable_database_answers_503_not_500(serve, db_url, tmp_path: Pa
     if db_url.startswith("sqlite"):
         (tmp_path / "dir").mkdir()
         url = f"sqlite:///{tmp_path / 'dir'}"  # a directory: SQLite cannot open it
-    else:
-        url = db_url.rsplit("/", 1)[0] + "/no_such_database_12c"
+    else:  # a port nothing listens on: no server at all, whichever PostgreSQL the session uses
+        url = make_url(db_url).set(host="127.0.0.1", port=free_port(), query={}).render_as_string(hide_password=False)
     database = Database(url)
     try:
         s = serve(http_settings(Settings(database_url=url)), database=database)
