@@ -1,7 +1,8 @@
 """The processes and databases a Dagster deployment test or benchmark starts, and the waits on them.
 
-Shared by ``reminders_pipeline_tests`` (the stack, dev, stop-signal and Celery tests) and ``bench/``
-(the Celery scale-out benchmark), which must not import the tests.
+Shared by ``reminders_pipeline_tests`` (the stack, dev, stop-signal and Celery tests; any test that
+needs a free or closed port) and ``bench/`` (the build and Celery scale-out benchmarks), which must
+not import the tests.
 """
 
 from __future__ import annotations
