@@ -42,7 +42,7 @@ class MockHandle:
         self._mock = None
         self._proc: subprocess.Popen[str] | None = None
         if in_process:
-            from reminders_pipeline_tests.mock_apns import MockApns
+            from reminders_pipeline_testing.mock_apns import MockApns
 
             self._mock = MockApns()
             self._mock.start()
@@ -57,7 +57,7 @@ class MockHandle:
             }
         else:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "reminders_pipeline_tests.mock_apns"],
+                [sys.executable, "-m", "reminders_pipeline_testing.mock_apns"],
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

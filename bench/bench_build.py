@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # reminders_pipeline_testing, not installed
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh  # noqa: E402
 from feed_server import ZONES  # noqa: E402
@@ -42,14 +42,9 @@ from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
 from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
+from reminders_pipeline_testing.stack import free_port  # noqa: E402
 
 TOKEN = "ab" * 32
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(

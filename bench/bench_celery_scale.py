@@ -26,14 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_build import FAST_HOSTS, register, start_server  # noqa: E402
+from bench_ledger import PG_SERVER  # noqa: E402
 
 from reminders_pipeline import migrate  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import now_utc, unix_from_iso  # noqa: E402
-from reminders_pipeline_tests.test_celery_executor import Worker, celery_config, delete_queue  # noqa: E402
-from reminders_pipeline_tests.test_dagster_stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for  # noqa: E402
+from reminders_pipeline_testing.celery_workers import Worker, celery_config, delete_queue  # noqa: E402
+from reminders_pipeline_testing.stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for  # noqa: E402
 
 CHUNKS = 16
 
@@ -87,7 +88,7 @@ def one_case(
             started.append(Worker(name, args, env, tmp))
         for w in started:
             wait_for(f"worker {w.name}", lambda w=w: " ready." in w.output(), 120)
-        launch = [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(config), "build"]
+        launch = [str(BIN / "python"), "-m", "reminders_pipeline_testing.celery_runs", str(config), "build"]
         t = time.perf_counter()
         procs = [
             subprocess.Popen(
@@ -127,7 +128,7 @@ def main() -> None:
     ap.add_argument("--launchers", type=int, default=4)
     args = ap.parse_args()
     t0 = int(unix_from_iso(now_utc()))
-    dbs = ThrowawayDatabases()
+    dbs = ThrowawayDatabases(PG_SERVER)
     proc, base = start_server(
         0, CHUNKS * args.per_chunk * 2, t0, "--delay", "0.15", "--hosts", ",".join(FAST_HOSTS), "--light-ics"
     )

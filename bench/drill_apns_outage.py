@@ -26,15 +26,17 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from sqlalchemy import insert, text
-
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.db import Database
-from reminders_pipeline.schema import devices
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
-from reminders_pipeline_tests.mock_apns import MockApns
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # reminders_pipeline_testing, not installed
+
+from sqlalchemy import insert, text  # noqa: E402
+
+from reminders_pipeline import ledger, migrate  # noqa: E402
+from reminders_pipeline.db import Database  # noqa: E402
+from reminders_pipeline.schema import devices  # noqa: E402
+from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
+from reminders_pipeline_testing.mock_apns import MockApns  # noqa: E402
+
 TOKEN = "ab" * 32
 
 

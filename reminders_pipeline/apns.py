@@ -5,7 +5,7 @@ mapping of every answer and failure to a ``SendResult``. What it changes inside 
 hpack (stream slots, flow control, resets, header indexing, Huffman, TLS writes) lives in
 ``apns_transport.py``, whose docstring lists each patch, the upstream bug it answers and its test.
 Around aioapns' public API this module adds, each for a reason found against the mock APNs
-(reminders_pipeline_tests/mock_apns.py):
+(reminders_pipeline_testing/mock_apns.py):
 
 * one provider JWT for every connection, sender and process (``ProviderToken``): aioapns signs one
   per connection, and APNs answers 429 TooManyProviderTokenUpdates when the token changes too often;

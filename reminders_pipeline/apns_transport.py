@@ -2,7 +2,7 @@
 
 aioapns does the HTTP/2 work; ``reminders_pipeline/apns.py`` (the Sender) builds on it through
 ``protocol_class``, which is assigned to ``APNs.pool.protocol_class``. Each patch below was found by
-running aioapns against the mock APNs (``reminders_pipeline_tests/mock_apns.py``). aioapns, h2 and
+running aioapns against the mock APNs (``reminders_pipeline_testing/mock_apns.py``). aioapns, h2 and
 hpack are pinned to exact versions in pyproject.toml because these patches read or override their
 internals; ``reminders_pipeline_tests/test_canaries.py`` checks each internal they rely on and fails,
 naming the library, its version and the attribute, when an upgrade changes it. None of these is

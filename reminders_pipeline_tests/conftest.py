@@ -14,6 +14,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -22,12 +23,17 @@ from sqlalchemy.engine import make_url
 from reminders_pipeline import migrate
 from reminders_pipeline.db import Database
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline_testing.mock_apns import MockApns
 
 from . import postgres_server
 from .http_sources import FeedServer
-from .mock_apns import MockApns
+from .support import LEDGER_TABLES
 
-LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
+if TYPE_CHECKING:
+    import dagster as dg
+
+# serve and served (the HTTP app over real HTTP) reach every module without an import.
+pytest_plugins = ["reminders_pipeline_tests.test_http_support"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -137,6 +143,21 @@ def db(db_url: str) -> Iterator[Database]:
 def settings(db_url: str) -> Settings:
     """The feed servers are on 127.0.0.1, a network sources are refused by default."""
     return Settings(database_url=db_url, source_allow_networks=LOOPBACK_NETWORKS)
+
+
+@pytest.fixture
+def live(settings: Settings) -> Settings:
+    """The fixture settings with sending on (``REMINDERS_ENABLED=true``): a drain sends, not a dry run."""
+    return settings.with_(enabled=True)
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """An ephemeral Dagster instance for in-process runs and evaluated ticks, gone after the test."""
+    import dagster as dg  # only the Dagster tests pay for its import
+
+    with dg.instance_for_test() as inst:
+        yield inst
 
 
 @pytest.fixture

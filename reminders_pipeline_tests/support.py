@@ -14,6 +14,8 @@ from reminders_pipeline.times import iso_from_unix, unix_from_iso
 NOW = "2026-09-10T08:00:00.000Z"
 NOW_S = int(unix_from_iso(NOW))
 TOKEN = "ab" * 32
+# Every ledger table, emptied between PostgreSQL tests (one database serves the session).
+LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 
 
 def item(item_id: str, starts_in: int, duration: int = 1800, title: str | None = None, **extra: Any) -> dict[str, Any]:

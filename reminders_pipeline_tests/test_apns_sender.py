@@ -49,8 +49,7 @@ from reminders_pipeline.apns_transport import (
 from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import iso_from_unix
-
-from .mock_apns import MockApns, write_p8_key
+from reminders_pipeline_testing.mock_apns import MockApns, write_p8_key
 
 T = TypeVar("T")
 SCENARIO_LIMIT_SECONDS = 20

@@ -24,7 +24,7 @@ from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
 from .support import TOKEN, rows
-from .test_http_support import error_of, serve, served  # noqa: F401 - fixtures
+from .test_http_support import error_of
 
 UTC = UTC
 ZONES = ["America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata", "Pacific/Chatham"]

@@ -28,7 +28,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
 from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import build
@@ -37,15 +36,15 @@ from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, 
 from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
 from reminders_pipeline.notification import as_shown, collapse_id
 from reminders_pipeline.settings import Settings
+from reminders_pipeline_testing.celery_workers import BROKER, Worker, celery_config, delete_queue
+from reminders_pipeline_testing.mock_apns import MockApns
+from reminders_pipeline_testing.stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for
 
 from .http_sources import FeedServer
-from .mock_apns import MockApns
-from .test_dagster_stack import BIN, ROOT, Service, ThrowawayDatabases, dagster_url, wait_for
 from .test_dagster_support import definitions_for, live_item
 
 pytestmark = [pytest.mark.celery, pytest.mark.timeout(900)]
 
-BROKER = os.environ.get("REMINDERS_TEST_CELERY_BROKER_URL", "pyamqp://guest:guest@127.0.0.1:5672//")
 CHUNKS = 16
 ITEMS = 25  # per device
 DEVICES = 200  # x ITEMS = 5,000 due rows
@@ -127,19 +126,6 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
-class Worker(Service):
-    """``dagster-celery worker start`` in its own process group; stopped warm (SIGTERM to the group),
-    then SIGKILL of the group."""
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-        super().stop()
-
-
 class Cluster:
     def __init__(
         self,
@@ -164,7 +150,7 @@ class Cluster:
         """Runs launched by ``celery_runs`` (the deployment's job pointer), one JSON line each."""
         try:
             done = subprocess.run(
-                [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(self.config), *args],
+                [str(BIN / "python"), "-m", "reminders_pipeline_testing.celery_runs", str(self.config), *args],
                 cwd=ROOT,
                 env=self.env,
                 capture_output=True,
@@ -179,7 +165,7 @@ class Cluster:
 
     def start_runs(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [str(BIN / "python"), "-m", "reminders_pipeline_tests.celery_runs", str(self.config), *args],
+            [str(BIN / "python"), "-m", "reminders_pipeline_testing.celery_runs", str(self.config), *args],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -219,22 +205,6 @@ def worker_names(queue: str) -> tuple[str, str]:
     could not start a worker of the same name."""
     suffix = queue.rsplit("_", 1)[-1]
     return f"w1-{suffix}", f"w2-{suffix}"
-
-
-def celery_config(path: Path, queue: str) -> None:
-    """deploy/celery's run config with the broker filled in and this test's own queue."""
-    config = yaml.safe_load((ROOT / "deploy/celery/drain_run_config.yaml").read_text())
-    execution = config["execution"]["config"]
-    execution["broker"], execution["backend"] = BROKER, "rpc://"
-    execution["config_source"]["task_default_queue"] = queue
-    path.write_text(yaml.safe_dump(config))
-
-
-def delete_queue(queue: str) -> None:
-    import kombu
-
-    with kombu.Connection(BROKER, connect_timeout=5) as conn:
-        conn.default_channel.queue_delete(queue)
 
 
 @pytest.fixture(scope="module")

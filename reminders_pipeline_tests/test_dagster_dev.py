@@ -21,8 +21,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline.times import unix_from_iso
-
-from .test_dagster_stack import answers, free_port, wait_for
+from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -44,12 +44,6 @@ HOUR = Settings().dispatch_run_seconds
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
 @pytest.mark.parametrize(
     "in_flight, newest, expected_key",
     [

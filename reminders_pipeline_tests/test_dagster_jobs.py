@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import dagster as dg
-import pytest
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
@@ -22,12 +21,6 @@ from .test_dagster_support import (
     live_item,
     resources_for,
 )
-
-
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def materialized(instance: dg.DagsterInstance) -> set[str]:

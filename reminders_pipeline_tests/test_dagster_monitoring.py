@@ -25,12 +25,6 @@ SCHEDULES = (build_schedule, drain_schedule, queue_checks_schedule)
 
 
 @pytest.fixture
-def instance():
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
 def receiver():
     with AlertReceiver() as r:
         yield r

@@ -13,105 +13,33 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from reminders_pipeline import ledger, migrate
 from reminders_pipeline.db import Database
 from reminders_pipeline.settings import Settings
+from reminders_pipeline_testing.stack import (
+    BIN,
+    ROOT,
+    Service,
+    ThrowawayDatabases,
+    answers,
+    dagster_url,
+    free_port,
+    wait_for,
+)
 
 from .http_sources import FeedServer
 from .test_dagster_support import add_device, device_in_chunk, live_item
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 START_TIMEOUT = 90
 RUN_TIMEOUT = 120
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ThrowawayDatabases:
-    """Databases created on the test PostgreSQL server and dropped (FORCE) at the end."""
-
-    def __init__(self, server: str) -> None:
-        self.server = server
-        self.admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
-        self.names: list[str] = []
-
-    def create(self, prefix: str) -> str:
-        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        with self.admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        self.names.append(name)
-        return make_url(self.server).set(database=name).render_as_string(hide_password=False)
-
-    def drop_all(self) -> None:
-        with self.admin.connect() as conn:
-            for name in self.names:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        self.admin.dispose()
-
-
-def dagster_url(sqlalchemy_url: str) -> str:
-    """dagster-postgres needs psycopg2, named explicitly (SQLAlchemy 2.1 maps postgresql:// to psycopg 3)."""
-    return make_url(sqlalchemy_url).set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
-
-
-class Service:
-    """A long-running Dagster process in its own process group, its output in a log file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str], logs: Path) -> None:
-        self.name = name
-        self.log_path = logs / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # lets it stop its own code server
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # anything it left behind in its group
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=10)
-        self._log.close()
 
 
 class Stack:
@@ -196,13 +124,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) ->
 
 
 @pytest.fixture(scope="module")
-def instance(stack: Stack) -> Iterator[dg.DagsterInstance]:
+def stack_instance(stack: Stack) -> Iterator[dg.DagsterInstance]:
     with dg.DagsterInstance.from_config(str(stack.home)) as inst:
         yield inst
 
 
 @pytest.mark.timeout(240)
-def test_a_sensor_tick_launches_a_real_build_run_and_rows_appear(stack: Stack, instance: dg.DagsterInstance):
+def test_a_sensor_tick_launches_a_real_build_run_and_rows_appear(stack: Stack, stack_instance: dg.DagsterInstance):
     never = device_in_chunk(2, "never")
 
     def built() -> bool:
@@ -217,7 +145,7 @@ def test_a_sensor_tick_launches_a_real_build_run_and_rows_appear(stack: Stack, i
     assert {r["status"] for r in queued} == {"pending"} and len(queued) == 2
     runs = wait_for(
         "the build run to finish",
-        lambda: instance.get_runs(
+        lambda: stack_instance.get_runs(
             dg.RunsFilter(job_name="build_notification_queue", statuses=[dg.DagsterRunStatus.SUCCESS])
         ),
         30,
@@ -251,7 +179,7 @@ query Status($id: String!) {
 
 
 @pytest.mark.timeout(240)
-def test_a_backfill_of_two_chunks_through_graphql_builds_exactly_them(stack: Stack, instance: dg.DagsterInstance):
+def test_a_backfill_of_two_chunks_through_graphql_builds_exactly_them(stack: Stack, stack_instance: dg.DagsterInstance):
     wait_for("the webserver", lambda: answers(stack.graphql.replace("/graphql", "/server_info")), START_TIMEOUT)
     before = stack.built_at()
     launched = stack.query(
@@ -270,19 +198,12 @@ def test_a_backfill_of_two_chunks_through_graphql_builds_exactly_them(stack: Sta
     except AssertionError:
         raise AssertionError(stack.logs()) from None
 
-    runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+    runs = stack_instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
     assert runs and all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
-    records = instance.fetch_materializations(dg.AssetKey("notification_queue"), limit=100).records
+    records = stack_instance.fetch_materializations(dg.AssetKey("notification_queue"), limit=100).records
     partitions = {r.partition_key for r in records if r.run_id in {run.run_id for run in runs}}
     assert partitions == {"005", "009"}
     after = stack.built_at()
     for chunk in (5, 9):
         device = device_in_chunk(chunk, "built")
         assert after[device] > before[device]
-
-
-def answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

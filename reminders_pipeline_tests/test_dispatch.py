@@ -25,11 +25,6 @@ EVENT = 7200  # 10:00 UTC, two hours after NOW (08:00)
 MORNING_RULES = ("lead:0", "lead:600", "lead:900")  # plus the device's lead:300
 
 
-@pytest.fixture
-def live(settings):
-    return settings.with_(enabled=True)
-
-
 def one_row_due(db, live, in_seconds: int) -> float:
     """dev-1 with one row, ``1:e``, due ``in_seconds`` after NOW; returns NOW in Unix seconds."""
     device(db, live, sources=[], lead=3600)

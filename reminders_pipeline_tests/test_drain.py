@@ -21,11 +21,6 @@ from reminders_pipeline.settings import Settings, SettingsError
 from .support import NOW, TOKEN, at, by_key, device, item, rows
 
 
-@pytest.fixture
-def live(settings):
-    return settings.with_(enabled=True)
-
-
 def queue_one(db, settings, feeds, starts_in=7200, **kw):
     url = feeds.items("/a.json", [item("e", starts_in)])
     device(db, settings, sources=[url], **kw)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from reminders_pipeline import db as db_module
@@ -13,9 +14,10 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.defs.resources import LedgerResource
 from reminders_pipeline.http import create_app
 from reminders_pipeline.settings import Settings
+from reminders_pipeline_testing.stack import free_port
 
 from .test_dagster_support import definitions_for, resources_for
-from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fixtures
+from .test_http_support import error_of, http_settings
 
 
 def test_the_settings_are_read_from_the_environment():
@@ -106,8 +108,8 @@ def test_an_unreachable_database_answers_503_not_500(serve, db_url, tmp_path: Pa
     if db_url.startswith("sqlite"):
         (tmp_path / "dir").mkdir()
         url = f"sqlite:///{tmp_path / 'dir'}"  # a directory: SQLite cannot open it
-    else:
-        url = db_url.rsplit("/", 1)[0] + "/no_such_database_12c"
+    else:  # a port nothing listens on: no server at all, whichever PostgreSQL the session uses
+        url = make_url(db_url).set(host="127.0.0.1", port=free_port(), query={}).render_as_string(hide_password=False)
     database = Database(url)
     try:
         s = serve(http_settings(Settings(database_url=url)), database=database)
@@ -124,12 +126,9 @@ def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypa
     attempt so the listener keeps polling."""
     import asyncio
     import logging
-    import socket
 
     monkeypatch.setattr(db_module, "LISTEN_RETRY_SECONDS", (0.05,))
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens on it
     wakes = 0
 
     async def run() -> None:

@@ -24,7 +24,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,14 +50,14 @@ from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline.sources import SourceReader, shown_url
 from reminders_pipeline.times import iso_from_unix, now_utc, shift
+from reminders_pipeline_testing.mock_apns import MockApns, RecordedRequest
+from reminders_pipeline_testing.stack import free_port
 
 from .http_sources import FeedServer, Route
-from .mock_apns import MockApns, RecordedRequest
 from .postgres_server import EmbeddedServer
-from .support import NOW, NOW_S
+from .support import LEDGER_TABLES, NOW, NOW_S
 
 ROOT = Path(__file__).resolve().parents[1]
-LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
 RULE = "lead:3600"
 
 Key = tuple[str, str, str]  # (device_id, item_id, rule): the ledger's UNIQUE key
@@ -412,7 +411,7 @@ class PrivateCluster:
         self.run_as = run_as
         self.root = Path(tempfile.mkdtemp(prefix="faults-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/faults"
         if os.geteuid() == 0:
             shutil.chown(self.root, run_as, run_as)
@@ -472,12 +471,6 @@ class PrivateCluster:
         except subprocess.CalledProcessError:
             pass  # already stopped
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

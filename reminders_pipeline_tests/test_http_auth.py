@@ -10,7 +10,7 @@ from starlette.routing import Route
 from reminders_pipeline.db import Database
 from reminders_pipeline.http import app as app_module
 
-from .test_http_support import SECRET, error_of, http_settings, serve, served  # noqa: F401 - fixtures
+from .test_http_support import SECRET, error_of, http_settings
 
 # Every protected route, with a body that would be valid: auth must refuse before anything runs.
 PROTECTED = [

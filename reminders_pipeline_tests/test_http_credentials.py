@@ -21,7 +21,7 @@ from reminders_pipeline.schema import devices
 from reminders_pipeline.settings import Settings
 
 from .support import NOW, TOKEN, item
-from .test_http_support import SECRET, error_of, http_settings, serve, served  # noqa: F401 - fixtures
+from .test_http_support import SECRET, error_of, http_settings
 
 FAR_FUTURE = "2999-01-01T00:00:00Z"
 

@@ -13,7 +13,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.sources import shown_url
 
 from .support import NOW, NOW_S, item
-from .test_http_support import APNS_TOKEN, error_of, serve, served  # noqa: F401 - fixtures
+from .test_http_support import APNS_TOKEN, error_of
 
 
 def test_device_crud_round_trip(served, feeds):

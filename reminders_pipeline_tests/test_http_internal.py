@@ -11,7 +11,7 @@ from reminders_pipeline.devices import chunk_of
 from reminders_pipeline.sender import RecordingSender
 
 from .support import NOW, at, item
-from .test_http_support import SECRET, error_of, http_settings, serve, served  # noqa: F401 - fixtures
+from .test_http_support import SECRET, error_of, http_settings
 
 
 def two_devices(s, feeds) -> None:

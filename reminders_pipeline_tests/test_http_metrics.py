@@ -18,7 +18,7 @@ from reminders_pipeline.times import shift
 
 from .support import NOW, device
 from .test_dagster_support import definitions_for, resources_for
-from .test_http_support import APNS_TOKEN, http_settings, serve, served  # noqa: F401 - fixtures
+from .test_http_support import APNS_TOKEN, http_settings
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -25,7 +25,7 @@ import pytest
 from reminders_pipeline.egress import AddressRefused, GuardedBackend
 from reminders_pipeline.sources import shown_url
 
-from .test_http_support import SECRET, http_settings, serve  # noqa: F401 - fixtures
+from .test_http_support import SECRET, http_settings
 
 EXAMPLES = os.environ.get("REMINDERS_FUZZ_EXAMPLES", "100")
 SEED = os.environ.get("REMINDERS_FUZZ_SEED", "20260910")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,11 @@ import time
 import httpx
 
 from reminders_pipeline import cli
+from reminders_pipeline_testing.stack import free_port
 
 from .test_http_support import APNS_TOKEN
 
 SECRET = "serve-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_command(port: int) -> list[str]:

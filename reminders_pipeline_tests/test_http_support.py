@@ -2,7 +2,8 @@
 
 In-process (not a subprocess) so a test can hand the app a ``RecordingSender`` and watch the
 engine's statements; ``test_http_serve.py`` runs the real ``serve`` entry point as a subprocess.
-The fixtures here are imported by the ``test_http_*`` modules that use them.
+``conftest.py`` registers this module as a plugin (``pytest_plugins``), so its ``serve`` and ``served``
+fixtures reach every test module without an import.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from reminders_pipeline.settings import Settings
 
 from .support import TOKEN
 from .test_dagster_support import definitions_for, resources_for
-from .test_http_support import error_of, http_settings, serve  # noqa: F401 - fixtures
+from .test_http_support import error_of, http_settings
 
 OLD = "0002"
 

@@ -31,8 +31,8 @@ from reminders_pipeline import ledger, migrate
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import devices
 from reminders_pipeline.times import iso_from_unix, now_utc
+from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
-from .test_dagster_stack import answers, free_port, wait_for
 from .test_faults import RULE, ids_where, ledger_rows, request_key, token_of
 
 STOP_BOUND = 10.0  # seconds: docker stop's default grace before SIGKILL

@@ -18,7 +18,7 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
 
 It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
 benchmark script can all use it. Keys and certificates are generated when it is created; nothing
-secret lives in the repository. ``python -m reminders_pipeline_tests.mock_apns`` runs one in its
+secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns`` runs one in its
 own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
 """
 

@@ -1,6 +1,6 @@
 """Launch the code location's own jobs on the Celery executor from a plain process, as a run worker would.
 
-``python -m reminders_pipeline_tests.celery_runs CONFIG.yaml build 0 1 2 ... [--parallel N]`` starts
+``python -m reminders_pipeline_testing.celery_runs CONFIG.yaml build 0 1 2 ... [--parallel N]`` starts
 one per-chunk ``build_notification_queue`` run per chunk (N processes, each taking every Nth chunk
 in turn: runs in threads of one process deadlock on Dagster's imports), ``... drain`` one
 ``drain_job`` run; each prints one JSON line per run: ``{"run_id", "status", "chunk"}``.
@@ -8,7 +8,7 @@ in turn: runs in threads of one process deadlock on Dagster's imports), ``... dr
 The job is loaded from ``reminders_pipeline.definitions`` (the module ``workspace.yaml`` names), so
 the pointer a Celery worker receives is the deployment's, and ``REMINDERS_DAGSTER_EXECUTOR=celery``
 must be set here and on the workers. The instance is ``DAGSTER_HOME``'s. Used by the Celery test and
-by ``bench/bench_build.py``'s scale-out figure.
+by ``bench/bench_celery_scale.py``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def parallel(config_yaml: str, chunks: list[int], n: int) -> int:
     shares = [chunks[i::n] for i in range(n)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "reminders_pipeline_tests.celery_runs", config_yaml, "build", *map(str, share)],
+            [sys.executable, "-m", "reminders_pipeline_testing.celery_runs", config_yaml, "build", *map(str, share)],
             stdout=subprocess.PIPE,
             text=True,
         )
