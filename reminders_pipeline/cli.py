@@ -21,10 +21,10 @@ from .build import build as run_build
 from .check import check as run_check
 from .db import Database
 from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
-from .drain import default_sender_factory
 from .drain import drain as run_drain
 from .rules import DEFAULT_ALL_DAY_RULES
 from .schema import OUTCOMES, STATUSES
+from .sender import default_sender_factory
 from .settings import Settings, SettingsError
 from .sources import shown_url
 from .times import parse_when
