@@ -8,6 +8,9 @@ surface as a database error.
 
 Core calls block (source reads and sends run ``asyncio.run`` inside), so each runs in Starlette's
 threadpool; the event loop only parses and answers.
+
+Longer than 350 lines because every route, their shared authentication and the parsing of each
+parameter are declared together, so what each route accepts reads in one file.
 """
 
 from __future__ import annotations
