@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle, notifications, send_raw, send_with_sender  # noqa: E402
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
-from reminders_pipeline.drain import default_sender_factory, drain  # noqa: E402
+from reminders_pipeline.drain import drain  # noqa: E402
+from reminders_pipeline.sender import default_sender_factory  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix  # noqa: E402
 

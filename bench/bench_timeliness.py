@@ -36,8 +36,9 @@ from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.dispatch import Dispatcher  # noqa: E402
-from reminders_pipeline.drain import default_sender_factory, drain  # noqa: E402
+from reminders_pipeline.drain import drain  # noqa: E402
 from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
+from reminders_pipeline.sender import default_sender_factory  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
 

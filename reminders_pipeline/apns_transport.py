@@ -82,6 +82,10 @@ Patches (what changes / the upstream bug or cost / the test that proves it, in
     its stream slot released, and it certainly never reached APNs. Not an upstream bug: the drain's
     at-most-once rule (``drain.fence_deadline``). Tests: ``test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written``
     (test_apns_sender.py), ``test_a_paused_sender_never_sends_a_row_another_claimer_sent`` (test_apns_drain.py).
+
+Longer than 350 lines because its job is the complete list of patches to aioapns, h2 and hpack, each
+documented above with its reason and test; spread over modules, it would hide which internals an
+upgrade must recheck.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ relationships, never as numbers.
     retention > horizon + MAX_LATENESS_SECONDS     (else a pruned row could be queued and sent again)
 
 Cadences come from the cron strings the schedules run on, so retuning one side alone fails here.
+The same health is watched while running: whether the sweep and the dispatcher keep up
+(``SweepStatus``, ``DispatchHealth``), read by the Dagster sensors.
 """
 
 from __future__ import annotations
@@ -234,3 +236,49 @@ def stale_chunks(db: Database, status: SweepStatus) -> list[int]:
     with db.read() as conn:
         wanted = set(status.stale) | (ledger.never_built_chunks(conn) if status.never_built else set())
         return [chunk for chunk in ledger.stalest_chunks(conn) if chunk in wanted] if wanted else []
+
+
+@dataclass(frozen=True)
+class DispatchHealth:
+    """Is the exact-time path keeping up? Due rows must not wait past ``send_after`` for more than
+    ``REMINDERS_DISPATCH_LATE_SECONDS`` while a dispatcher should be running."""
+
+    now: str
+    enabled: bool
+    late_after_seconds: int
+    oldest_due: str | None  # the oldest pending row whose send_after has passed
+    wait_seconds: float  # how long it has waited past its send_after
+    latest_beat: str | None  # newest heartbeat of a running dispatcher
+
+    @property
+    def on_time(self) -> bool:
+        return not self.enabled or self.wait_seconds <= self.late_after_seconds
+
+    def detail(self) -> str:
+        if not self.enabled:
+            return "the dispatcher is disabled (REMINDERS_DISPATCH_ENABLED=false): the cron drain alone sends"
+        if self.on_time:
+            return f"no due row has waited more than {self.late_after_seconds}s past its send_after"
+        beat = f"last heartbeat {self.latest_beat}" if self.latest_beat else "no dispatcher heartbeat"
+        return (
+            f"a due row has waited {self.wait_seconds:.0f}s past its send_after (limit {self.late_after_seconds}s): "
+            f"the dispatcher is down or behind ({beat}); the cron drain will still send what is not too late"
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "oldest_due_wait_seconds": round(self.wait_seconds, 1),
+            "late_after_seconds": self.late_after_seconds,
+        }
+        if self.oldest_due:
+            meta["oldest_due_send_after"] = self.oldest_due
+        if self.latest_beat:
+            meta["latest_dispatcher_beat"] = self.latest_beat
+        return meta
+
+
+def dispatch_health(db: Database, settings: Settings, now: str) -> DispatchHealth:
+    with db.read() as conn:
+        oldest, wait = oldest_due_wait(conn, now)
+        beat = ledger.latest_beat(conn)
+    return DispatchHealth(now, settings.dispatch_enabled, settings.dispatch_late_seconds, oldest, wait, beat)

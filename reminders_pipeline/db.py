@@ -25,10 +25,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -37,6 +37,8 @@ from .quiet import QuietFailures
 
 if TYPE_CHECKING:
     from .settings import Settings
+
+T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 LISTEN_RETRY_SECONDS = (0.5, 1, 2, 5, 10)
@@ -196,3 +198,22 @@ def dispose_shared() -> None:
         mine = [key for key in _shared if key[0] == os.getpid()]
         for key in mine:
             _shared.pop(key).dispose()
+
+
+async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
+    """Run a transaction in a worker thread, where its waits cannot stall the sends on the wire.
+
+    Every statement may wait: SQLite's write lock held by another process (a build, another
+    drainer) for seconds, PostgreSQL's row locks taken to settle (``ledger.lock_rows``, the device
+    locks of dead tokens) held by a build until it commits, a full pool, a slow network. On the
+    event loop, any such wait would stop every APNs answer from being read, and sends that were
+    delivered would be recorded ``timeout``. The claim itself skips rows held elsewhere (SKIP
+    LOCKED) and takes them on a later pass. The thread hop costs well under a millisecond per slice.
+    """
+    if db.dialect == "sqlite" and db.engine.url.database in (
+        None,
+        "",
+        ":memory:",
+    ):  # in memory: one connection per thread
+        return transaction(*args)
+    return await asyncio.to_thread(transaction, *args)

@@ -28,22 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ledger
-from .check import oldest_due_wait
-from .db import Database
-from .drain import (
-    APNS_UNREACHABLE,
-    DrainSummary,
-    Outage,
-    SettlementsNotWritten,
-    fail_abandoned,
-    send_batch_async,
-    settled_ids,
-    waiting_off_the_loop,
-    write_settlement,
-)
+from .db import Database, waiting_off_the_loop
+from .drain import fail_abandoned, send_batch_async
+from .faults import APNS_UNREACHABLE, Outage
 from .quiet import QuietFailures
 from .sender import Notification, Sender, SenderFactory, SendResult
 from .settings import Settings
+from .settlement import SettlementsNotWritten, settled_ids, write_settlement
+from .summary import DrainResult
 from .times import iso_floor, iso_from_unix, unix_from_iso
 
 log = logging.getLogger(__name__)
@@ -93,12 +85,12 @@ class Dispatcher:
     sender_factory: SenderFactory
     name: str = field(default_factory=lambda: f"dispatch-{uuid.uuid4().hex[:12]}")
     timer: Timer = field(default_factory=Timer)
-    on_batch: Callable[[DrainSummary], None] | None = None  # one call per settled batch (logging)
+    on_batch: Callable[[DrainResult], None] | None = None  # one call per settled batch (logging)
 
     def __post_init__(self) -> None:
-        self.summary = DrainSummary(now=iso_floor(self.timer.now()))
+        self.summary = DrainResult(now=iso_floor(self.timer.now()))
         self._sender = LazySender(self.sender_factory)
-        self._batches: dict[asyncio.Task[DrainSummary], Sequence[int]] = {}
+        self._batches: dict[asyncio.Task[DrainResult], Sequence[int]] = {}
         self._in_flight: set[int] = set()
         self._held: dict[int, float] = {}  # row id -> not before: rows a batch could not claim or send
         self._not_before = 0.0  # no dispatch at all before this: a halt's backoff
@@ -121,7 +113,7 @@ class Dispatcher:
     def clock(self) -> str:
         return iso_floor(self.timer.now())
 
-    async def run(self, *, until: float | None = None, stop: asyncio.Event | None = None) -> DrainSummary:
+    async def run(self, *, until: float | None = None, stop: asyncio.Event | None = None) -> DrainResult:
         """Dispatch until ``until`` (Unix seconds) or ``stop``; in-flight sends finish and settle."""
         stop = stop or asyncio.Event()
         self._stop = stop
@@ -199,7 +191,7 @@ class Dispatcher:
         self._in_flight.update(ids)
         task.add_done_callback(self._batch_done)
 
-    def _batch_done(self, task: asyncio.Task[DrainSummary]) -> None:
+    def _batch_done(self, task: asyncio.Task[DrainResult]) -> None:
         ids = self._batches.pop(task)
         self._in_flight.difference_update(ids)
         now = self.timer.now()
@@ -236,7 +228,7 @@ class Dispatcher:
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)
 
-    def _hold_unfinished(self, done: DrainSummary, ids: Sequence[int], now: float) -> None:
+    def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: float) -> None:
         """Rows of a batch another claimer held: look again shortly. Rows given back to pending
         carry their own ``not_before`` (a retry's backoff, a quiet-hours hold), which the due
         predicate and ``next_send_after`` honour; settled ones never come back as due."""
@@ -330,53 +322,7 @@ class Dispatcher:
         log.info("dispatcher %s stopped: %s", self.name, self.summary.as_dict())
 
 
-@dataclass(frozen=True)
-class DispatchHealth:
-    """Is the exact-time path keeping up? Due rows must not wait past ``send_after`` for more than
-    ``REMINDERS_DISPATCH_LATE_SECONDS`` while a dispatcher should be running."""
-
-    now: str
-    enabled: bool
-    late_after_seconds: int
-    oldest_due: str | None  # the oldest pending row whose send_after has passed
-    wait_seconds: float  # how long it has waited past its send_after
-    latest_beat: str | None  # newest heartbeat of a running dispatcher
-
-    @property
-    def on_time(self) -> bool:
-        return not self.enabled or self.wait_seconds <= self.late_after_seconds
-
-    def detail(self) -> str:
-        if not self.enabled:
-            return "the dispatcher is disabled (REMINDERS_DISPATCH_ENABLED=false): the cron drain alone sends"
-        if self.on_time:
-            return f"no due row has waited more than {self.late_after_seconds}s past its send_after"
-        beat = f"last heartbeat {self.latest_beat}" if self.latest_beat else "no dispatcher heartbeat"
-        return (
-            f"a due row has waited {self.wait_seconds:.0f}s past its send_after (limit {self.late_after_seconds}s): "
-            f"the dispatcher is down or behind ({beat}); the cron drain will still send what is not too late"
-        )
-
-    def metadata(self) -> dict[str, Any]:
-        meta: dict[str, Any] = {
-            "oldest_due_wait_seconds": round(self.wait_seconds, 1),
-            "late_after_seconds": self.late_after_seconds,
-        }
-        if self.oldest_due:
-            meta["oldest_due_send_after"] = self.oldest_due
-        if self.latest_beat:
-            meta["latest_dispatcher_beat"] = self.latest_beat
-        return meta
-
-
-def dispatch_health(db: Database, settings: Settings, now: str) -> DispatchHealth:
-    with db.read() as conn:
-        oldest, wait = oldest_due_wait(conn, now)
-        beat = ledger.latest_beat(conn)
-    return DispatchHealth(now, settings.dispatch_enabled, settings.dispatch_late_seconds, oldest, wait, beat)
-
-
-def batch_line(summary: DrainSummary) -> str:
+def batch_line(summary: DrainResult) -> str:
     """One log line per batch: rows, outcomes, lateness."""
     late = summary.lateness_percentiles()
     lateness = "" if late["max"] is None else f", lateness p50 {late['p50']}s max {late['max']}s"
@@ -385,11 +331,11 @@ def batch_line(summary: DrainSummary) -> str:
 
 def run_in_foreground(
     db: Database, settings: Settings, sender_factory: SenderFactory, *, seconds: float | None = None
-) -> DrainSummary:
+) -> DrainResult:
     """``reminders dispatch``: until SIGTERM or Ctrl-C (or ``seconds``); both stop it cleanly, in-flight
     sends answered and settled first."""
 
-    async def main() -> DrainSummary:
+    async def main() -> DrainResult:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -44,6 +44,9 @@ Expansion is bounded, and checked at every occurrence a recurrence rule yields (
   waiting), the read fails ``parse_timeout`` at the next occurrence, so an abandoned thread stops.
 
 The caller runs this in a thread.
+
+Longer than 350 lines because each bound above is checked inside the one expansion walk (lazily, per
+occurrence, across replays): the walk, its meter and its replay share their state.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
 DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
-INTERRUPTION_LEVELS = ("passive", "active", "time-sensitive", "critical")
 
 
 def local_clock(unix: float, tz_offset_seconds: int | None, tz_name: str | None = None) -> str:

@@ -1,18 +1,25 @@
-"""What the drain hands a push provider, and what it gets back.
+"""What the drain hands a push provider, what it gets back, and which provider it hands it to.
 
 The drain builds a sender inside its running event loop (``SenderFactory``), because aioapns binds
-its connection pool to the loop that exists when it is constructed.
+its connection pool to the loop that exists when it is constructed. ``send_fenced`` is the one way
+the drain sends: no request leaves after its claim's fence (``drain.fence_deadline``).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,3 +129,47 @@ class RecordingSender:
 
     def factory(self) -> SenderFactory:
         return lambda: self
+
+
+def default_sender_factory(settings: Settings) -> SenderFactory:
+    """APNs when enabled (credentials checked now, before any claim); no sender at all in a dry run."""
+    if not settings.enabled:
+
+        def refuse() -> Sender:
+            raise RuntimeError("REMINDERS_ENABLED is not 'true': a dry run never connects to APNs")
+
+        return refuse
+    from .apns import apns_sender_factory
+
+    return apns_sender_factory(settings)
+
+
+async def send_fenced(
+    sender: Sender, notes: list[Notification], send_by: float, monotonic: Callable[[], float]
+) -> tuple[list[SendResult], set[int]]:
+    """Send ``notes`` fenced by ``send_by``; returns the answers and the ids refused by the fence.
+
+    Checked here once for every sender, and again by the sender itself at the moment the bytes
+    leave (the APNs transport, ``RecordingSender``), so a pause anywhere before the write is caught.
+    A fenced row certainly never reached APNs: it goes back to pending, guarded by our claim, so if
+    the claim was failed as abandoned meanwhile the row is left as the other process settled it.
+    """
+    if monotonic() >= send_by:
+        results = [fence_expired(n.row_id) for n in notes]
+    else:
+        results = await _send(sender, [n.fenced(send_by) for n in notes])
+    fenced = {r.row_id for r in results if r.reason == FENCE_EXPIRED}
+    if fenced:
+        log.error(
+            "%d claimed row(s) not sent: the claim's fence passed (a paused process?); pending again if still ours",
+            len(fenced),
+        )
+    return [r for r in results if r.reason != FENCE_EXPIRED], fenced
+
+
+async def _send(sender: Sender, notes: list[Notification]) -> list[SendResult]:
+    try:
+        return await sender.send_many(notes)
+    except Exception as exc:  # a sender bug must still settle every claimed row (failed, not retried)
+        log.exception("sender raised; %d claimed row(s) settle failed", len(notes))
+        return [SendResult(n.row_id, False, reason=f"sender_error:{type(exc).__name__}") for n in notes]

@@ -11,6 +11,10 @@ their network. A failed read is a short code and nothing the source sent: ``time
 A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 ``304 Not Modified`` reuses the parsed feed without parsing. A URL answering ``text/calendar``
 (or whose body starts ``BEGIN:VCALENDAR``, or a ``webcal://`` URL) is read as iCalendar.
+
+Longer than 350 lines because every bound of a read (size, time, redirects, hosts, decompression
+layers with a cap of their own) is enforced in the one loop that streams the body, so the reader,
+its decoder stack and its error codes stay together.
 """
 
 from __future__ import annotations

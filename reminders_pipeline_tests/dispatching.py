@@ -9,9 +9,9 @@ from typing import Any
 
 from reminders_pipeline.db import Database
 from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.drain import DrainSummary
 from reminders_pipeline.sender import SenderFactory
 from reminders_pipeline.settings import Settings
+from reminders_pipeline.summary import DrainResult
 
 
 class DrivenTimer:
@@ -45,7 +45,7 @@ class DispatcherThread:
     def __init__(self, url: str, settings: Settings, factory: SenderFactory, name: str) -> None:
         self.db = Database(url)
         self.dispatcher = Dispatcher(self.db, settings, factory, name=name)
-        self.summary: DrainSummary | None = None
+        self.summary: DrainResult | None = None
         self.error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -53,7 +53,7 @@ class DispatcherThread:
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     def _main(self) -> None:
-        async def go() -> DrainSummary:
+        async def go() -> DrainResult:
             self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
             self._started.set()
             return await self.dispatcher.run(stop=self._stop)
@@ -71,7 +71,7 @@ class DispatcherThread:
         self._started.wait(10)
         return self
 
-    def stop(self, timeout: float = 60) -> DrainSummary:
+    def stop(self, timeout: float = 60) -> DrainResult:
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(timeout)

@@ -17,7 +17,9 @@ import pytest
 from reminders_pipeline import ledger
 from reminders_pipeline.apns import AioApnsSender
 from reminders_pipeline.build import build
-from reminders_pipeline.drain import DrainSummary, default_sender_factory, drain, fail_abandoned, send_batch_async
+from reminders_pipeline.drain import drain, fail_abandoned, send_batch_async
+from reminders_pipeline.sender import default_sender_factory
+from reminders_pipeline.summary import DrainResult
 from reminders_pipeline.times import now_utc, shift, unix_from_iso
 
 from .support import device, rows
@@ -338,7 +340,7 @@ def test_a_settlement_waiting_on_a_device_lock_never_stalls_the_answers_on_the_w
             locked.set()
             time.sleep(seconds)
 
-    async def scenario() -> tuple[DrainSummary, DrainSummary, float]:
+    async def scenario() -> tuple[DrainResult, DrainResult, float]:
         sender, beats, done = AioApnsSender(live_on_mock), [time.monotonic()], asyncio.Event()
 
         async def heartbeat() -> None:

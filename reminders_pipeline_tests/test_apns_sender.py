@@ -842,7 +842,7 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
     attempt (it may fail the same way every time) and says nothing of APNs (a033bef counted it
     as unreached: such a row came back forever, and two of them halted every send as an outage)."""
     from reminders_pipeline.apns import result_from_error
-    from reminders_pipeline.drain import Outage
+    from reminders_pipeline.faults import Outage
 
     result = result_from_error(7, exc, written=False)
     assert result.retry and result.status is None

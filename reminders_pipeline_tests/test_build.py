@@ -8,9 +8,10 @@ from dataclasses import replace
 from sqlalchemy import update
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build, item_moved
+from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
+from reminders_pipeline.plan import item_moved
 from reminders_pipeline.schema import notification_queue
 from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.sources import shown_url

@@ -12,9 +12,10 @@ from sqlalchemy import text
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.drain import DrainSummary, drain
+from reminders_pipeline.drain import drain
 from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.sender import RecordingSender, SendResult
+from reminders_pipeline.summary import DrainResult
 from reminders_pipeline.times import iso_from_unix, unix_from_iso
 
 from .dispatching import DrivenTimer
@@ -173,7 +174,7 @@ def test_the_dispatchers_reads_wait_off_the_loop_that_reads_apns_answers(db, liv
             locked.set()
             time.sleep(held)
 
-    async def scenario() -> tuple[float, DrainSummary]:
+    async def scenario() -> tuple[float, DrainResult]:
         stop = asyncio.Event()
         running = asyncio.ensure_future(Dispatcher(db, live, RecordingSender().factory(), name="reader").run(stop=stop))
         await asyncio.sleep(0.5)  # its first pass (heartbeat, abandoned sweep) is done; next only polls
@@ -282,10 +283,10 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
     abandoned sweep fails it (a sent reminder recorded as failed; an unsent one lost)."""
     from sqlalchemy.exc import OperationalError
 
-    from reminders_pipeline import drain as drain_mod
+    from reminders_pipeline import settlement as settlement_mod
 
     start = one_row_due(db, live, in_seconds=5)
-    real, failures = drain_mod._write_returned, []
+    real, failures = settlement_mod._write_returned, []
 
     def write_returned(conn, returned, claimer):
         if returned and len(failures) < 3:  # the claim's transaction and the batch's last write, then the first retry
@@ -295,7 +296,7 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
             )
         return real(conn, returned, claimer)
 
-    monkeypatch.setattr(drain_mod, "_write_returned", write_returned)
+    monkeypatch.setattr(settlement_mod, "_write_returned", write_returned)
     sender = RecordingSender()
     dispatcher = Dispatcher(db, live, sender.factory(), name="kept", timer=DrivenTimer(start))
     asyncio.run(dispatcher.run(until=start + 30))

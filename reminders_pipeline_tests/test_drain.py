@@ -399,7 +399,7 @@ def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
 def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
     """Neither database stores a lone surrogate, but a row that cannot become a payload must fail
     by itself after the claim, not abort the slice and leave its neighbours claimed."""
-    from reminders_pipeline.drain import _decide_all
+    from reminders_pipeline.settlement import decide_all
 
     def row(i, title):
         return {
@@ -417,7 +417,7 @@ def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
             "last_tz_offset_seconds": 0,
         }
 
-    plan = _decide_all([row(1, "bad \ud800"), row(2, "Standup")], at(3600), live)
+    plan = decide_all([row(1, "bad \ud800"), row(2, "Standup")], at(3600), live)
     assert plan.settlements == [{"id": 1, "outcome": "failed", "outcome_detail": "invalid:UnicodeEncodeError"}]
     assert [n.row_id for n in plan.to_send] == [2]
 
@@ -694,7 +694,7 @@ def test_a_rebuild_of_a_pending_row_keeps_its_attempts_and_backoff(db, live, fee
 
 
 def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings):
-    from reminders_pipeline.drain import retry_not_before
+    from reminders_pipeline.faults import retry_not_before
 
     s = settings.with_(send_retry_base_seconds=5, send_retry_max_seconds=30)
     lowest, highest = (lambda a, b: a), (lambda a, b: b)

@@ -43,10 +43,10 @@ from sqlalchemy.exc import OperationalError
 from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
-from reminders_pipeline.drain import default_sender_factory, drain, fail_abandoned
+from reminders_pipeline.drain import drain, fail_abandoned
 from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.schema import device_sources, devices, notification_queue, sources
-from reminders_pipeline.sender import RecordingSender, SendResult
+from reminders_pipeline.sender import RecordingSender, SendResult, default_sender_factory
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline.sources import SourceReader, shown_url
 from reminders_pipeline.times import iso_from_unix, now_utc, shift

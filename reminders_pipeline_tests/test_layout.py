@@ -1,4 +1,5 @@
-"""The package's layout rules, checked on its source: every SQL statement lives under ``ledger/``."""
+"""The package's layout rules, checked on its source: every SQL statement lives under ``ledger/``, and a
+module over 350 lines says in its docstring why its one job needs them."""
 
 from __future__ import annotations
 
@@ -75,3 +76,34 @@ def test_every_path_the_readme_layout_names_exists():
     top = [line.split("  ")[0].split() for line in _readme_layout().splitlines() if line and not line.startswith(" ")]
     missing = [name for names in top for name in names if not (root / name).exists()]
     assert missing == []
+
+
+MAX_MODULE_LINES = 350
+LONG_MODULE_MARKER = "Longer than 350 lines because"
+
+
+def _unexplained_length(source: str, name: str) -> list[str]:
+    """A module over ``MAX_MODULE_LINES`` whose docstring does not say why its one job needs them."""
+    lines = len(source.splitlines())
+    if lines <= MAX_MODULE_LINES or LONG_MODULE_MARKER in (ast.get_docstring(ast.parse(source)) or ""):
+        return []
+    return [f"{name}: {lines} lines, and no {LONG_MODULE_MARKER!r} in its docstring"]
+
+
+def test_a_module_over_350_lines_says_in_its_docstring_why_its_one_job_needs_them():
+    offenders = [
+        hit
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "migrations" not in p.relative_to(PACKAGE).parts
+        for hit in _unexplained_length(p.read_text(), str(p.relative_to(PACKAGE)))
+    ]
+    assert offenders == []
+
+
+def test_the_length_rule_catches_a_long_module_and_accepts_one_that_says_why():
+    body = "x = 1\n" * MAX_MODULE_LINES
+    assert _unexplained_length('"""Short."""\n' + body, "x.py") == [
+        f"x.py: {MAX_MODULE_LINES + 1} lines, and no {LONG_MODULE_MARKER!r} in its docstring"
+    ]
+    assert _unexplained_length(f'"""Long.\n\n{LONG_MODULE_MARKER} it must be."""\n' + body, "x.py") == []
+    assert _unexplained_length('"""Short."""\n' + body[: -len("x = 1\n")], "x.py") == []

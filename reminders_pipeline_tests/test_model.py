@@ -48,7 +48,8 @@ from sqlalchemy.exc import OperationalError
 
 from reminders_pipeline import build as build_mod
 from reminders_pipeline import drain as drain_mod
-from reminders_pipeline import ledger, retention
+from reminders_pipeline import ledger, retention, widget_feed
+from reminders_pipeline import settlement as settle_mod
 from reminders_pipeline import sources as sources_mod
 from reminders_pipeline.db import Database
 from reminders_pipeline.devices import DeviceSpec, put_device, remove_device
@@ -631,7 +632,7 @@ class ReminderMachine(RuleBasedStateMachine):
         again for its last 10 s: a claim's transaction rolls back whole, a batch's last write loses
         what APNs answered, or (``committed``) commits but is reported lost. Nothing is sent twice
         and no row is left claimed once the pass ends."""
-        real, failed = drain_mod._write_returned, []
+        real, failed = settle_mod._write_returned, []
 
         def flaky(conn: Any, returned: Any, claimer: str) -> Any:
             if returned and len(failed) < lost and timer.t < until - 10:
@@ -647,11 +648,11 @@ class ReminderMachine(RuleBasedStateMachine):
         timer = DrivenTimer(self.now)
         dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), name="lossy", timer=timer)
         until = self.now + span
-        drain_mod._write_returned = flaky  # type: ignore[assignment]
+        settle_mod._write_returned = flaky  # type: ignore[assignment]
         try:
             self._pass(lambda: asyncio.run(dispatcher.run(until=until)), due_by=until - 1, clock=lambda: timer.t)
         finally:
-            drain_mod._write_returned = real  # type: ignore[assignment]
+            settle_mod._write_returned = real  # type: ignore[assignment]
         self.now = max(self.now, until)
         stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
         if stuck:
@@ -902,9 +903,9 @@ class ReminderMachine(RuleBasedStateMachine):
         request reads no source (the first one's reads serve it)."""
         device_id = sorted(self.devices)[which % len(self.devices)]
         before = self._rows()
-        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
         n = len(self.transport.reads)
-        build_mod.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
         if self._rows() != before:
             raise PromiseBroken(f"WIDGET_CHANGED_QUEUE: feed requests for {device_id} changed the queue")
         if self.transport.reads[n:]:

@@ -10,9 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+from sqlalchemy import Connection
 
-from reminders_pipeline.build import BuildSummary, build, chunks_for_tick
+from reminders_pipeline.build import build
+from reminders_pipeline.ledger import stalest_chunks
 from reminders_pipeline.settings import Settings
+from reminders_pipeline.summary import BuildResult
 from reminders_pipeline.times import now_utc
 
 from .resources import AlertingResource, LedgerResource, SourcesResource, core_settings
@@ -40,7 +43,14 @@ def chunk_key(chunk: int) -> str:
 chunks_partitions = dg.StaticPartitionsDefinition([chunk_key(c) for c in range(LOAD_SETTINGS.chunk_count)])
 
 
-def chunk_metadata(summary: BuildSummary) -> dict[str, Any]:
+def chunks_for_tick(settings: Settings, conn: Connection) -> list[int]:
+    """Every chunk by default; with REMINDERS_CHUNKS_PER_TICK, the stalest that many."""
+    if settings.effective_chunks_per_tick >= settings.chunk_count:
+        return list(range(settings.chunk_count))
+    return stalest_chunks(conn, limit=settings.effective_chunks_per_tick)
+
+
+def chunk_metadata(summary: BuildResult) -> dict[str, Any]:
     """A chunk's build as UI metadata; the numbers are plotted per partition over time."""
     return {
         "devices_built": summary.devices_built,

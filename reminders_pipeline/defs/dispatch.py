@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from reminders_pipeline.dispatch import Dispatcher, batch_line, dispatch_health
+from reminders_pipeline.check import dispatch_health
+from reminders_pipeline.dispatch import Dispatcher, batch_line
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.times import now_utc
 

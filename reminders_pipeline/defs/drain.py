@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 
 from reminders_pipeline import drain as core
-from reminders_pipeline.drain import DrainSummary
 from reminders_pipeline.schema import OUTCOMES
+from reminders_pipeline.summary import DrainResult
 from reminders_pipeline.times import now_utc
 
 from .build import LOAD_SETTINGS
@@ -53,7 +53,7 @@ async def send_batch(
     sender: SenderResource,
     alerting: AlertingResource,
     batch: list,
-) -> DrainSummary:
+) -> DrainResult:
     """A halt (APNs configuration fault or outage) found by any batch of this run, in any process,
     is in the ledger under the run id: the core reads it before each claim, so later batches stop
     without probing APNs again or alerting again, whichever executor runs them."""
@@ -71,7 +71,7 @@ async def send_batch(
     return summary
 
 
-def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
+def summary_metadata(summary: DrainResult, batches: int) -> dict[str, Any]:
     """Counts per outcome (every outcome, zeros included, so plots line up) and lateness percentiles."""
     meta: dict[str, Any] = {
         "due": summary.due,
@@ -94,7 +94,7 @@ def summary_metadata(summary: DrainSummary, batches: int) -> dict[str, Any]:
 
 @dg.op(description="Counts per outcome and lateness percentiles of the whole run.")
 def summarize(context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list) -> dict[str, Any]:
-    summary = DrainSummary(now=now_utc(), abandoned=abandoned, due=due)
+    summary = DrainResult(now=now_utc(), abandoned=abandoned, due=due)
     for part in summaries:
         summary.merge(part)
     meta = summary_metadata(summary, len(summaries))

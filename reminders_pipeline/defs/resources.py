@@ -20,8 +20,7 @@ from pydantic import PrivateAttr
 from reminders_pipeline import migrate
 from reminders_pipeline.alerts import raise_alert
 from reminders_pipeline.db import Database, shared
-from reminders_pipeline.drain import default_sender_factory
-from reminders_pipeline.sender import SenderFactory
+from reminders_pipeline.sender import SenderFactory, default_sender_factory
 from reminders_pipeline.settings import ENV_PREFIX, Settings
 
 

@@ -27,9 +27,9 @@ from prometheus_client.registry import Collector
 
 from .. import ledger, migrate
 from ..db import Database
-from ..drain import DrainSummary
 from ..quiet import first_line
 from ..settings import Settings
+from ..summary import DrainResult
 from ..times import now_utc, seconds_between, shift, unix_from_iso
 
 log = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ class Metrics:
             registry=self.registry,
         )
 
-    def observe_drain(self, summary: DrainSummary) -> None:
+    def observe_drain(self, summary: DrainResult) -> None:
         """Its sends show in the ledger figures like everyone else's; only the call is counted here."""
         self.drains.inc()
 

@@ -1,4 +1,9 @@
-"""Devices: registration, credentials, the build's device selection and locks, zones, dead tokens."""
+"""Devices: registration, credentials, the build's device selection and locks, zones, dead tokens.
+
+Longer than 350 lines because ``ledger/`` keeps the statements on one table in one module, and the
+devices table is written by registration, the build and the drain (dead tokens) and read by the per-
+chunk reports.
+"""
 
 from __future__ import annotations
 

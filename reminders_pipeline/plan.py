@@ -1,0 +1,256 @@
+"""What one device's queue should hold: the rows its feed and rules want, which pending rows to
+void or bring in line, and which existing rows a write may leave alone. No source read and no
+database access here: ``build.py`` reads the sources, and writes what this decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import ledger
+from .feed import Item, ParsedFeed
+from .policy import held_send_after
+from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
+from .sources import SourceRead
+from .times import iso_from_unix, unix_from_iso
+from .zones import LocalTime, local_time, parse_quiet_hours
+
+
+@dataclass
+class DevicePlan:
+    """What one device's queue should hold, and what is known about its feed."""
+
+    wanted: dict[tuple[str, str], dict[str, Any]]
+    feed_items: dict[str, Item]  # namespaced id -> item, from sources read successfully
+    ok_sources: set[int]
+    subscribed: set[int]
+    rules: dict[str, Rule]  # every rule in use: the device's, and the calendar alarms' it uses
+    item_rules: dict[str, set[str]] = field(default_factory=dict)  # items whose alarms replace the device's rules
+    uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
+    # Rows of items whose anchor has passed, or that the item cap set aside: never queued anew,
+    # only used to bring a pending row in line.
+    realign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    feeds: dict[int, ParsedFeed] = field(default_factory=dict)  # per source read: what its absent items may be
+    # Rows for an item the cap set aside (``ParsedFeed.aside``), made only for a pending row that
+    # exists (``realigned``): a feed far over the cap costs its subscribers' builds nothing more.
+    make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
+    made: set[str] = field(default_factory=set, repr=False)  # set-aside items whose rows are made: once each
+
+    def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
+        """The row that would bring a pending row of a begun or set-aside item in line, if any."""
+        if (
+            (item_id, rule) not in self.realign
+            and item_id not in self.feed_items
+            and self.make_rows is not None
+            and item_id not in self.made
+        ):
+            self.made.add(item_id)
+            source, own = item_id.split(":", 1)
+            feed = self.feeds.get(int(source))
+            raw = feed.set_aside_item(own) if feed is not None else None
+            if raw is not None:
+                for row, _ in self.make_rows(int(source), raw):
+                    self.realign[(row["item_id"], row["rule"])] = row
+        return self.realign.get((item_id, rule))
+
+
+def namespaced(source_id: int, item_id: str) -> str:
+    """Item ids are namespaced by source so two sources cannot collide."""
+    return f"{source_id}:{item_id}"
+
+
+def plan_device(
+    device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now_unix: float, horizon: int
+) -> DevicePlan:
+    """Resolve each item in the device's local time and apply its rules: lead rules to timed items,
+    day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
+    then hold for quiet hours (``policy.held_send_after``)."""
+    rules = {r.name: r for r in rules_of(device)}
+    use_alarms = bool(device.get("use_alarms"))
+    local = local_time(device)
+    quiet = parse_quiet_hours(device.get("quiet_hours"))
+    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
+    for source_id in plan.subscribed:
+        read = reads.get(source_id)
+        if read is None or not read.ok:
+            continue
+        plan.ok_sources.add(source_id)
+        plan.feeds[source_id] = read.feed  # type: ignore[assignment]
+        for raw in read.feed.items:  # type: ignore[union-attr]
+            for row, begun in _rows_for(
+                plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon
+            ):
+                (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
+    plan.make_rows = lambda source_id, raw: _rows_for(
+        plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None
+    )
+    return plan
+
+
+def _rows_for(
+    plan: DevicePlan,
+    device: dict[str, Any],
+    source_id: int,
+    raw: Item,
+    rules: dict[str, Rule],
+    use_alarms: bool,
+    local: Any,
+    quiet: Any,
+    now_unix: float,
+    horizon: int | None,
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """One item's rows for this device (within ``horizon``, if given), each with whether its
+    anchor has passed; a kept item is entered in ``plan.feed_items``, a set-aside one is not."""
+    item = raw.for_local(local)
+    item_id = namespaced(source_id, item.id)
+    if horizon is not None:
+        plan.feed_items[item_id] = item
+    for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
+        send_after = _send_after(rule, raw, item, local)
+        if horizon is not None and send_after > now_unix + horizon:
+            continue
+        yield (
+            {
+                "device_id": device["id"],
+                "source_id": source_id,
+                "item_id": item_id,
+                "rule": rule.name,
+                "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
+                "event_at": iso_from_unix(item.starts_at),
+                "expires_at": iso_from_unix(item.expires_at),
+                "title": item.title,
+                "body": item.body,
+                "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
+            },
+            rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix,
+        )
+
+
+def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule], use_alarms: bool) -> list[Rule]:
+    """The calendar's alarms when the device uses them and the item has any; else the device's
+    rules of the item's kind (day rules for all-day items, lead rules for timed ones)."""
+    if use_alarms and raw.alarms:
+        own = [parse_rule(name) for name in raw.alarms]
+        plan.rules.update((r.name, r) for r in own)
+        plan.item_rules[item_id] = {r.name for r in own}
+        return own
+    return [r for r in rules.values() if r.all_day == raw.all_day]
+
+
+def rules_of(device: dict[str, Any]) -> list[Rule]:
+    """A build row's rules: lead rules and all-day rules (the column may be absent in old callers)."""
+    all_day = device.get("all_day_rules")
+    return device_rules(
+        device["reminder_lead_seconds"],
+        device["extra_rules"].split(),
+        DEFAULT_ALL_DAY_RULES if all_day is None else all_day.split(),
+    )
+
+
+def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
+    """A day rule names a local time on a local day (DST exact); a lead rule an offset from an instant."""
+    if rule.anchor == "day":
+        return (
+            local.to_unix(rule.day_wall(raw.starts_at))
+            if raw.floating
+            else item.starts_at - rule.lead_seconds + rule.at_minutes * 60
+        )
+    return rule.send_after_unix(item.starts_at, item.expires_at)
+
+
+def _own_anchor(rule: Rule, raw: Item) -> int:
+    """A floating item's own time at the rule's anchor, as wall seconds, before any zone fixes it:
+    what must move for a settled row to be re-armed (``ledger.rearm_anchor``'s counterpart)."""
+    return raw.expires_at if rule.anchor == "expiry" else raw.starts_at
+
+
+def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
+    """Why a pending row no longer belongs, or None to leave it.
+
+    A failed read never voids. A row of a subscribed source whose read failed is voided only for
+    what the device itself changed: a rule it dropped, when no calendar alarm can have given that
+    rule (the device does not use alarms, so a successful read would void it all the same). For a
+    device using alarms a rule outside its own may be the calendar's, and only a successful read
+    can say: the row waits for one. A row whose item is still in the feed but has begun is left for
+    the drain, which settles it with the true reason. Nor does an item the feed holds without
+    carrying it void (``ParsedFeed.holds``): one the item cap cut, or one of a rejected series.
+    """
+    if row["source_id"] not in plan.subscribed:
+        return "source_removed"
+    if row["source_id"] not in plan.ok_sources:
+        return "rule_removed" if row["rule"] not in plan.rules and not plan.uses_alarms else None
+    if row["rule"] not in plan.rules:
+        return "rule_removed"
+    if (row["item_id"], row["rule"]) in plan.wanted:
+        return None
+    item = plan.feed_items.get(row["item_id"])
+    if item is None:
+        own_id = row["item_id"].split(":", 1)[1]
+        return None if plan.feeds[row["source_id"]].holds(own_id, int(unix_from_iso(row["event_at"]))) else "left_feed"
+    if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
+        return "rule_removed"  # the calendar dropped that alarm
+    if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
+        return None
+    return "out_of_horizon"
+
+
+_ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
+
+
+def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
+    """Pending rows whose item has begun, or was set aside by the item cap, so the build does not
+    queue it, but now reads differently (moved, possibly into the past, or retitled): each as the
+    item was last read.
+
+    Written over the pending row (``ledger.realign_pending``), so no alert goes out for the item's
+    old version and the drain's policy settles it by the truth: ``event_started`` for a lead whose
+    start has passed, a ``lead:0`` still sent while within lateness. Settled rows are never touched.
+    """
+    out = []
+    for row in existing:
+        if row["status"] != "pending":
+            continue
+        now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
+        if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
+            out.append(now_is)
+    return out
+
+
+_COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body", "item_at")
+
+
+def unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_threshold: int) -> bool:
+    """Rows the upsert would leave alone anyway; skipping them spares the database the conflict checks.
+
+    Only a shortcut, mirroring ``ledger.upsert_rows`` (change both together): its SQL stays the
+    authority when rows race.
+    """
+    if current is None:
+        return False
+    if current["status"] == "claimed":
+        return True
+    if current["status"] == "pending":
+        return all(current[c] == wanted[c] for c in _COMPARED)
+    return current["outcome"] != "voided" and not item_moved(current, wanted, rearm_threshold)
+
+
+def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:
+    """Whether a settled row's item itself moved by at least ``threshold``, the only reason it is
+    re-armed (mirrors ``ledger.upsert_rows``, on the same ``ledger.rearm_bounds``): its anchor
+    instant moved, and so did a floating item's own wall time. A row settled before its wall time
+    was stored is compared by the widest gap any zone can put between wall time and instant.
+    ``send_after`` is not compared: a quiet-hours hold or a zone moves it while the item stays put."""
+    by_expiry = expiry_anchored(wanted["rule"])
+    bounds = ledger.rearm_bounds(wanted, threshold, by_expiry)
+
+    def outside(t: str, name: str) -> bool:
+        return bool(t <= bounds[f"{name}_before"] or t >= bounds[f"{name}_after"])
+
+    anchor = ledger.rearm_anchor(settled, by_expiry)
+    if not outside(anchor, "anchor"):
+        return False
+    if wanted["item_at"] is None:
+        return True
+    return outside(settled["item_at"], "item") if settled["item_at"] is not None else outside(anchor, "wall")

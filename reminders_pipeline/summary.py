@@ -1,0 +1,99 @@
+"""What one build or one drain did, counted as it goes and merged across batches.
+
+``as_dict()`` is the summary the CLI prints, Dagster records as metadata and the HTTP routes
+answer; ``http/contract.py`` (``BuildSummary``, ``DrainSummary``) declares the fields clients rely on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BuildResult:
+    now: str
+    devices_built: int = 0
+    devices_skipped_newer: int = 0  # a build that started later already wrote them
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_voided: Counter[str] = field(default_factory=Counter)
+    items_rejected: Counter[str] = field(default_factory=Counter)
+    sources_read: int = 0
+    sources_failed: list[dict[str, str]] = field(default_factory=list)
+    sources_not_modified: int = 0
+    sources_alerted: list[str] = field(default_factory=list)
+    oldest_built_at: str | None = None
+    duration_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "devices_built": self.devices_built,
+            "devices_skipped_newer": self.devices_skipped_newer,
+            "rows_inserted": self.rows_inserted,
+            "rows_updated": self.rows_updated,
+            "rows_voided": dict(self.rows_voided),
+            "items_rejected": dict(self.items_rejected),
+            "sources_read": self.sources_read,
+            "sources_failed": self.sources_failed,
+            "sources_not_modified": self.sources_not_modified,
+            "sources_alerted": self.sources_alerted,
+            "oldest_built_at": self.oldest_built_at,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
+
+
+@dataclass
+class DrainResult:
+    now: str
+    abandoned: int = 0
+    due: int = 0
+    claimed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    details: Counter[str] = field(default_factory=Counter)
+    lateness_seconds: list[float] = field(default_factory=list)
+    tokens_invalidated: int = 0
+    voided_by_token: int = 0
+    halted: str | None = None  # a configuration fault or an outage stopped claiming
+    duration_seconds: float = 0.0
+    returned_to_pending: int = 0  # certainly not delivered: pending again, one attempt more
+
+    def merge(self, other: DrainResult) -> DrainResult:
+        self.abandoned += other.abandoned
+        self.claimed += other.claimed
+        self.outcomes.update(other.outcomes)
+        self.details.update(other.details)
+        self.lateness_seconds.extend(other.lateness_seconds)
+        self.tokens_invalidated += other.tokens_invalidated
+        self.voided_by_token += other.voided_by_token
+        self.halted = self.halted or other.halted
+        self.returned_to_pending += other.returned_to_pending
+        return self
+
+    def lateness_percentiles(self) -> dict[str, float | None]:
+        values = sorted(self.lateness_seconds)
+        if not values:
+            return {"p50": None, "p95": None, "p99": None, "max": None}
+
+        def pct(p: float) -> float:
+            return round(values[min(len(values) - 1, int(p * len(values)))], 3)
+
+        return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "max": round(values[-1], 3)}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "now": self.now,
+            "abandoned": self.abandoned,
+            "due": self.due,
+            "claimed": self.claimed,
+            "outcomes": dict(self.outcomes),
+            "details": dict(self.details),
+            "lateness_seconds": self.lateness_percentiles(),
+            "tokens_invalidated": self.tokens_invalidated,
+            "voided_by_token": self.voided_by_token,
+            "halted": self.halted,
+            "returned_to_pending": self.returned_to_pending,
+            "duration_seconds": round(self.duration_seconds, 3),
+        }
