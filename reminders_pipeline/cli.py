@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -34,9 +34,18 @@ from .settings import Settings, SettingsError
 from .sources import shown_url
 from .times import parse_when
 
+T = TypeVar("T")
+
 
 def _emit(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def _known(result: T | None, device_id: str) -> T:
+    """A device command's result; None means there is no such device, a bad argument (exit 2)."""
+    if result is None:
+        raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
+    return result
 
 
 class When(click.ParamType):
@@ -196,9 +205,7 @@ def device_rotate_credential(ctx: Ctx, device_id: str) -> None:
         credential = rotate_credential(ctx.db, device_id)
     except CredentialChanged as exc:
         raise click.ClickException(str(exc)) from None
-    if credential is None:
-        raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
-    _emit({"device_id": device_id, "credential": credential})
+    _emit({"device_id": device_id, "credential": _known(credential, device_id)})
 
 
 @device.command("list")
@@ -213,10 +220,7 @@ def device_list(ctx: Ctx) -> None:
 @pass_ctx
 def device_remove(ctx: Ctx, device_id: str) -> None:
     """Delete a device; its pending reminders are voided (device_removed)."""
-    voided = remove_device(ctx.db, device_id)
-    if voided is None:
-        raise click.BadParameter(f"no device {device_id!r}", param_hint="DEVICE_ID")
-    _emit({"removed": device_id, "rows_voided": voided})
+    _emit({"removed": device_id, "rows_voided": _known(remove_device(ctx.db, device_id), device_id)})
 
 
 @device.command("rechunk")

@@ -100,30 +100,10 @@ class Stop(Protocol):
 
 
 def send_batch(
-    db: Database,
-    settings: Settings,
-    ids: Sequence[int],
-    sender_factory: SenderFactory,
-    *,
-    now: str | None = None,
-    claimer: str | None = None,
-    halt_scope: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    stop: Stop | None = None,
+    db: Database, settings: Settings, ids: Sequence[int], sender_factory: SenderFactory, **options: Any
 ) -> DrainResult:
-    return asyncio.run(
-        send_batch_async(
-            db,
-            settings,
-            ids,
-            sender_factory,
-            now=now,
-            claimer=claimer,
-            halt_scope=halt_scope,
-            progress=progress,
-            stop=stop,
-        )
-    )
+    """``send_batch_async`` on a loop of its own, for callers without one (a Dagster op, the CLI)."""
+    return asyncio.run(send_batch_async(db, settings, ids, sender_factory, **options))
 
 
 async def send_batch_async(

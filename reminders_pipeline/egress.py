@@ -132,20 +132,13 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 
 
 # httpcore's exceptions as httpx's, most specific first (httpx maps them the same way, privately).
-_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.TimeoutException, httpx.TimeoutException),
+_ERRORS: tuple[tuple[type[Exception], type[httpx.HTTPError]], ...] = tuple(
+    (getattr(httpcore, name), getattr(httpx, name))
+    for name in (
+        *("ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout"),
+        *("ConnectError", "ReadError", "WriteError", "RemoteProtocolError", "LocalProtocolError"),
+        *("UnsupportedProtocol", "ProtocolError", "NetworkError", "TimeoutException"),
+    )
 )
 
 

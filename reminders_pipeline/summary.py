@@ -7,7 +7,7 @@ answer; ``http/contract.py`` (``BuildSummary``, ``DrainSummary``) declares the f
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -29,18 +29,9 @@ class BuildResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "now": self.now,
-            "devices_built": self.devices_built,
-            "devices_skipped_newer": self.devices_skipped_newer,
-            "rows_inserted": self.rows_inserted,
-            "rows_updated": self.rows_updated,
+            **_fields_of(self),
             "rows_voided": dict(self.rows_voided),
             "items_rejected": dict(self.items_rejected),
-            "sources_read": self.sources_read,
-            "sources_failed": self.sources_failed,
-            "sources_not_modified": self.sources_not_modified,
-            "sources_alerted": self.sources_alerted,
-            "oldest_built_at": self.oldest_built_at,
             "duration_seconds": round(self.duration_seconds, 3),
         }
 
@@ -57,8 +48,8 @@ class DrainResult:
     tokens_invalidated: int = 0
     voided_by_token: int = 0
     halted: str | None = None  # a configuration fault or an outage stopped claiming
-    duration_seconds: float = 0.0
     returned_to_pending: int = 0  # certainly not delivered: pending again, one attempt more
+    duration_seconds: float = 0.0
 
     def merge(self, other: DrainResult) -> DrainResult:
         self.abandoned += other.abandoned
@@ -84,16 +75,14 @@ class DrainResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "now": self.now,
-            "abandoned": self.abandoned,
-            "due": self.due,
-            "claimed": self.claimed,
+            **_fields_of(self),
             "outcomes": dict(self.outcomes),
             "details": dict(self.details),
             "lateness_seconds": self.lateness_percentiles(),
-            "tokens_invalidated": self.tokens_invalidated,
-            "voided_by_token": self.voided_by_token,
-            "halted": self.halted,
-            "returned_to_pending": self.returned_to_pending,
             "duration_seconds": round(self.duration_seconds, 3),
         }
+
+
+def _fields_of(result: BuildResult | DrainResult) -> dict[str, Any]:
+    """A result's fields in declaration order: the order the summary's keys are printed in."""
+    return {f.name: getattr(result, f.name) for f in fields(result)}

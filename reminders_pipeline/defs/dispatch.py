@@ -25,6 +25,7 @@ from .drain import summary_metadata
 from .monitoring import check_result
 from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
 from .run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
+from .sensors import running_sensor
 from .signals import stop_on_signals
 
 MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this long past its planned end
@@ -149,12 +150,11 @@ def newest_dispatcher(instance: dg.DagsterInstance) -> tuple[str, int, float | N
     return records[0].dagster_run.run_id, failures, records[0].end_time
 
 
-@dg.sensor(
-    name="dispatcher_sensor",
-    job=dispatcher_job,
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Keep exactly one dispatcher run in flight; request its successor before its planned end.",
+@running_sensor(
+    "dispatcher_sensor",
+    dispatcher_job,
+    30,
+    "Keep exactly one dispatcher run in flight; request its successor before its planned end.",
 )
 def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     settings = ledger.settings()
@@ -164,12 +164,11 @@ def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResourc
     return dg.SensorResult(run_requests=[successor] if successor else [])
 
 
-@dg.sensor(
-    name="dispatch_on_time_sensor",
-    job=dispatch_check_job,
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Run the dispatch_on_time check when due rows start or stop waiting past send_after.",
+@running_sensor(
+    "dispatch_on_time_sensor",
+    dispatch_check_job,
+    30,
+    "Run the dispatch_on_time check when due rows start or stop waiting past send_after.",
 )
 def dispatch_on_time_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     """The check's schedule runs every 15 minutes; this notices a stalled dispatcher within 30 s and

@@ -31,6 +31,7 @@ from .build import (
 )
 from .resources import AlertingResource, LedgerResource
 from .run_queue import CHECK_TAGS
+from .sensors import running_sensor
 
 CATCH_UP_TAG = "reminders/trigger"
 # The checks run this long after each drain tick (REMINDERS_DRAIN_CRON), so drain_backlog sees what
@@ -47,12 +48,11 @@ def transition(was_ok: bool, ok: bool) -> str | None:
     return None
 
 
-@dg.sensor(
-    name="sweep_period_sensor",
-    job=build_job,
-    minimum_interval_seconds=60,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Each device's reminders_built_at vs its own lead - margin: catch-up build and a transition alert.",
+@running_sensor(
+    "sweep_period_sensor",
+    build_job,
+    60,
+    "Each device's reminders_built_at vs its own lead - margin: catch-up build and a transition alert.",
 )
 def sweep_period_sensor(
     context: dg.SensorEvaluationContext, ledger: LedgerResource, alerting: AlertingResource

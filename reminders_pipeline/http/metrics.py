@@ -19,7 +19,7 @@ import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
@@ -149,15 +149,7 @@ def read_snapshot(db: Database, now: str, window_seconds: int, live_seconds: int
         window_truncated=window.truncated,
         settled=window.settled,
         lateness=window.lateness,
-        due_pending=gauges.due_pending,
-        claimed=gauges.claimed,
-        never_built=gauges.never_built,
-        oldest_built_at=gauges.oldest_built_at,
-        oldest_due_send_after=gauges.oldest_due_send_after,
-        latest_beat=gauges.latest_beat,
-        live_dispatchers=gauges.live_dispatchers,
-        built_in_future=gauges.built_in_future,
-        settled_in_future=gauges.settled_in_future,
+        **asdict(gauges),
     )
 
 
