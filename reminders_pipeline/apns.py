@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
-from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
+from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, enabled_speed_patches, protocol_class
 from .quiet import RepeatFilter
 from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
@@ -339,7 +339,8 @@ class AioApnsSender:
     def _request(self, n: Notification) -> NotificationRequest:
         request = NotificationRequest(
             device_token=n.device_token,
-            message={},  # the body sent is Wire.body; aioapns would serialise this and throw it away
+            # the body sent is Wire.body; aioapns would serialise the payload and throw it away
+            message={} if "one_serialisation" in enabled_speed_patches else n.payload,
             notification_id=str(uuid.uuid4()),
             time_to_live=0,  # makes aioapns emit the header; WireH2Connection sets its value
             priority=n.priority,

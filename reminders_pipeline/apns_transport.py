@@ -106,6 +106,12 @@ from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
 CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
 
+SPEED_PATCHES = frozenset({"hpack_indexing", "huffman", "tls_writes", "h2_checks_off", "one_serialisation"})
+enabled_speed_patches: set[str] = set(SPEED_PATCHES)
+"""The speed patches in force (all of them in production). ``bench/bench_drain.py --patch-worth``
+turns one off at a time to measure what it is worth; read when a connection class or connection
+is built, so a change holds for senders made after it."""
+
 
 class NotProcessed(ConnectionError):
     """APNs said it did not process this stream (REFUSED_STREAM, or above a GOAWAY's last stream id)."""
@@ -238,10 +244,13 @@ class WireH2Connection(H2Connection):
         # aioapns builds every header itself from values checked in AioApnsSender.send_one (hex
         # token, collapse id) or before (topic; uuid apns-id), so h2's per-header normalising and
         # validation are skipped.
+        checks = "h2_checks_off" not in enabled_speed_patches
         super().__init__(
-            H2Configuration(client_side=True, normalize_outbound_headers=False, validate_outbound_headers=False)
+            H2Configuration(client_side=True, normalize_outbound_headers=checks, validate_outbound_headers=checks)
         )
-        self.encoder.huffman_coder = HuffmanCodes()
+        if "huffman" in enabled_speed_patches:
+            self.encoder.huffman_coder = HuffmanCodes()
+        self._index = hpack_headers if "hpack_indexing" in enabled_speed_patches else h2_default_indexing
         self._wire = wire
         self._bodies: dict[int, bytes] = {}
         self._stream_requests: dict[int, str] = {}
@@ -301,7 +310,7 @@ class WireH2Connection(H2Connection):
             self._bodies[stream_id] = wire.body
         if apns_id:
             self._stream_requests[stream_id] = apns_id
-        super().send_headers(stream_id, hpack_headers(headers, first=stream_id == 1), *args, **kwargs)
+        super().send_headers(stream_id, self._index(headers, first=stream_id == 1), *args, **kwargs)
         if wire is not None:
             wire.written = True
 
@@ -349,10 +358,17 @@ def hpack_headers(headers: Sequence[tuple[str, str]], first: bool) -> list[Heade
     return [NeverIndexedHeaderTuple(k, v) if k in PER_REQUEST_HEADERS else HeaderTuple(k, v) for k, v in headers]
 
 
+def h2_default_indexing(headers: Sequence[tuple[str, str]], first: bool) -> list[HeaderTuple]:
+    """h2's own choice, for measuring ``hpack_headers``: every header indexed but ``authorization``."""
+    return [NeverIndexedHeaderTuple(k, v) if k == "authorization" else HeaderTuple(k, v) for k, v in headers]
+
+
 def protocol_class(
     where: Endpoint, token: AuthorizationHeaderProvider, wire: dict[str, Wire]
 ) -> type[APNsTLSClientProtocol]:
     """aioapns' connection class for ``where``, with the shared token and the patches above."""
+
+    coalesce_writes = "tls_writes" in enabled_speed_patches
 
     class ReminderApnsProtocol(where.base):  # type: ignore[misc, valid-type]
         APNS_SERVER = where.host
@@ -382,7 +398,9 @@ def protocol_class(
 
         def flush(self) -> None:
             """One TLS write per loop pass, not one per request: a burst of sends shares records."""
-            if not self._flush_scheduled:
+            if not coalesce_writes:
+                super().flush()
+            elif not self._flush_scheduled:
                 self._flush_scheduled = True
                 self.loop.call_soon(self._flush_now)
 
