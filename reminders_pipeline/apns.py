@@ -2,7 +2,7 @@
 
 This module is the drain's ``Sender`` adapter: its configuration, the provider token and the
 mapping of every answer and failure to a ``SendResult``. What it changes inside aioapns, h2 and
-hpack (stream slots, flow control, resets, header indexing, Huffman, TLS writes) lives in
+hpack (stream slots, flow control, resets, header indexing, TLS writes, header checks) lives in
 ``apns_transport.py``, whose docstring lists each patch, the upstream bug it answers and its test.
 Around aioapns' public API this module adds, each for a reason found against the mock APNs
 (reminders_pipeline_tests/mock_apns.py):
