@@ -5,6 +5,15 @@ same run, on SQLite and PostgreSQL.
     .venv/bin/python bench/bench_drain.py [--n 5000] [--rounds 5]
     .venv/bin/python bench/bench_drain.py --latency 0.04 [--n 5000] [--rounds 3]
 
+With ``--patch-worth``: what each speed patch of ``apns_transport.py`` is worth. Each round runs
+the full drain with every patch, then, for each speed patch in a shuffled order, the drain with
+every patch but that one followed by the drain with all again; a patch's worth in a round is the
+mean of the two all-patches drains around its own drain over that drain, less 1 (so linear drift
+cancels). Reported: the median over rounds, their spread, and the noise floor (the relative
+difference between neighbouring all-patches drains).
+
+    .venv/bin/python bench/bench_drain.py --patch-worth [--n 3000] [--rounds 7] [--db postgresql]
+
 With ``--latency``: the full drain on PostgreSQL with the default ``REMINDERS_APNS_CONCURRENCY``
 against a mock that answers that many seconds late, beside the bound the latency allows
 (concurrency / latency) and, same run, the same drain at no latency: this machine's CPU limit.
@@ -20,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -29,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle, notifications, send_raw, send_with_sender  # noqa: E402
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
+from reminders_pipeline import apns_transport  # noqa: E402
 from reminders_pipeline.drain import drain  # noqa: E402
 from reminders_pipeline.sender import default_sender_factory  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
@@ -92,13 +103,71 @@ def latency_bound(n: int, latency: float, rounds: int) -> dict:
     }
 
 
+def drain_with(patches: frozenset[str], mock: MockHandle, kind: str, n: int, concurrency: int) -> float:
+    """Sends/s of one full drain with only ``patches`` of the speed patches in force."""
+    apns_transport.enabled_speed_patches.clear()
+    apns_transport.enabled_speed_patches.update(patches)
+    try:
+        return full_drain(mock, kind, n, concurrency)["sends_per_s"]
+    finally:
+        apns_transport.enabled_speed_patches.update(apns_transport.SPEED_PATCHES)
+
+
+def patch_worth(n: int, rounds: int, kind: str, concurrency: int) -> dict:
+    """Each speed patch's worth: all patches over all but that one, bracketed by all-patches drains."""
+    every = apns_transport.SPEED_PATCHES
+    mock = MockHandle(in_process=False)
+    worth: dict[str, list[float]] = {p: [] for p in sorted(every)}
+    without: dict[str, list[float]] = {p: [] for p in sorted(every)}
+    all_on: list[float] = []
+    try:
+        drain_with(every, mock, kind, n, concurrency)  # warm-up, not counted
+        for round_no in range(rounds):
+            order = sorted(every)
+            random.Random(round_no).shuffle(order)
+            all_on.append(drain_with(every, mock, kind, n, concurrency))
+            for patch in order:
+                without[patch].append(drain_with(every - {patch}, mock, kind, n, concurrency))
+                all_on.append(drain_with(every, mock, kind, n, concurrency))
+                worth[patch].append((all_on[-2] + all_on[-1]) / 2 / without[patch][-1] - 1)
+    finally:
+        mock.close()
+    noise = [abs(b / a - 1) for a, b in zip(all_on, all_on[1:])]
+    return {
+        "n": n,
+        "database": kind,
+        "concurrency": concurrency,
+        "rounds": rounds,
+        "cpus": os.cpu_count(),
+        "all_patches_median_sends_per_s": statistics.median(all_on),
+        "noise_median_pct": round(100 * statistics.median(noise), 1),
+        "noise_max_pct": round(100 * max(noise), 1),
+        "worth_pct": {
+            p: {
+                "median": round(100 * statistics.median(w), 1),
+                "min": round(100 * min(w), 1),
+                "max": round(100 * max(w), 1),
+                "rounds_positive": sum(x > 0 for x in w),
+                "without_median_sends_per_s": statistics.median(without[p]),
+            }
+            for p, w in worth.items()
+        },
+        "runs": {"all_patches": all_on, "without": without},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--latency", type=float, default=None, help="APNs answer delay in seconds (latency mode)")
+    parser.add_argument("--patch-worth", action="store_true", help="each speed patch's worth (paired rounds)")
+    parser.add_argument("--db", choices=("sqlite", "postgresql"), default="postgresql", help="for --patch-worth")
     args = parser.parse_args()
+    if args.patch_worth:
+        print(json.dumps(patch_worth(args.n, args.rounds, args.db, args.concurrency), indent=2))
+        return
     if args.latency is not None:
         print(json.dumps(latency_bound(args.n, args.latency, args.rounds), indent=2))
         return

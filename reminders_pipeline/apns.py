@@ -2,7 +2,7 @@
 
 This module is the drain's ``Sender`` adapter: its configuration, the provider token and the
 mapping of every answer and failure to a ``SendResult``. What it changes inside aioapns, h2 and
-hpack (stream slots, flow control, resets, header indexing, Huffman, TLS writes) lives in
+hpack (stream slots, flow control, resets, header indexing, TLS writes, header checks) lives in
 ``apns_transport.py``, whose docstring lists each patch, the upstream bug it answers and its test.
 Around aioapns' public API this module adds, each for a reason found against the mock APNs
 (reminders_pipeline_testing/mock_apns.py):
@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
-from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, protocol_class
+from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, enabled_speed_patches, protocol_class
 from .quiet import RepeatFilter
 from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
@@ -364,7 +364,8 @@ class AioApnsSender:
     def _request(self, n: Notification) -> NotificationRequest:
         request = NotificationRequest(
             device_token=n.device_token,
-            message={},  # the body sent is Wire.body; aioapns would serialise this and throw it away
+            # the body sent is Wire.body; aioapns would serialise the payload and throw it away
+            message={} if "one_serialisation" in enabled_speed_patches else n.payload,
             notification_id=str(uuid.uuid4()),
             time_to_live=0,  # makes aioapns emit the header; WireH2Connection sets its value
             priority=n.priority,

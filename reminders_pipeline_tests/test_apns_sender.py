@@ -23,10 +23,6 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import RequestReceived
-from hpack.huffman import HuffmanEncoder
-from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
-from hypothesis import given
-from hypothesis import strategies as st
 
 from reminders_pipeline.apns import (
     TIMEOUT,
@@ -42,7 +38,6 @@ from reminders_pipeline.apns import (
 from reminders_pipeline.apns_transport import (
     CONNECTION_IDLE_SECONDS,
     PER_REQUEST_HEADERS,
-    HuffmanCodes,
     StreamSlots,
     WireH2Connection,
 )
@@ -755,11 +750,6 @@ def test_the_provider_token_is_sent_once_per_connection_and_per_request_values_e
     assert {"authorization", "host", "apns-topic", "apns-push-type"} <= set(table)
     # the first request's ids enter once, for their names; later ids would only evict the constant entries
     assert sorted(n for n in table if n in PER_REQUEST_HEADERS) == sorted(PER_REQUEST_HEADERS)
-
-
-@given(st.binary(max_size=300))
-def test_huffman_codes_match_hpack(data: bytes) -> None:
-    assert HuffmanCodes().encode(data) == HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH).encode(data)
 
 
 def test_a_burst_of_sends_shares_tls_writes(mock: MockApns, settings: Settings) -> None:
