@@ -311,7 +311,7 @@ class WireH2Connection(H2Connection):
         wire = self._wire.get(apns_id) if apns_id else None
         if wire is not None and wire.send_by is not None and time.monotonic() >= wire.send_by:
             raise FenceExpired("fence_expired")  # before h2 encodes a byte: the stream was never opened
-        if wire is not None:
+        if wire is not None and apns_id:
             del self._wire[apns_id]
         if wire is not None:
             headers = [(k, v) for k, v in headers if k != "apns-expiration"] + [("apns-expiration", wire.expiration)]
@@ -364,7 +364,7 @@ def protocol_class(
 
     coalesce_writes = "tls_writes" in enabled_speed_patches
 
-    class ReminderApnsProtocol(where.base):  # type: ignore[misc, valid-type]
+    class ReminderApnsProtocol(where.base):  # type: ignore[misc, name-defined]
         APNS_SERVER = where.host
         APNS_PORT = where.port
         INACTIVITY_TIME = CONNECTION_IDLE_SECONDS
@@ -383,7 +383,8 @@ def protocol_class(
         async def send_notification(self, request: NotificationRequest) -> NotificationResult:
             await self.conn.reserve_window(request.notification_id, self.conn.body_size(request))
             try:
-                return await super().send_notification(request)
+                result: NotificationResult = await super().send_notification(request)
+                return result
             except FenceExpired:
                 self.free_channels.release()  # raised only after aioapns took a stream slot
                 raise

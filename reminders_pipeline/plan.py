@@ -74,11 +74,12 @@ def plan_device(
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
     for source_id in plan.subscribed:
         read = reads.get(source_id)
-        if read is None or not read.ok:
+        feed = read.feed if read is not None else None
+        if feed is None:
             continue
         plan.ok_sources.add(source_id)
-        plan.feeds[source_id] = read.feed  # type: ignore[assignment]
-        for raw in read.feed.items:  # type: ignore[union-attr]
+        plan.feeds[source_id] = feed
+        for raw in feed.items:
             for row, begun in _rows_for(
                 plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon
             ):

@@ -66,8 +66,8 @@ def compose_feed(
             "expiresAt": item.expires_at,
         }
         for read in reads.values()
-        if read.ok
-        for item in (i.for_local(local) for i in read.feed.items)  # type: ignore[union-attr]
+        if read.feed is not None
+        for item in (i.for_local(local) for i in read.feed.items)
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))
