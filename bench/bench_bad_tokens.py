@@ -27,6 +27,7 @@ from bench_ledger import fresh  # noqa: E402
 from bench_timeliness import Running, percentiles, queue  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
@@ -52,7 +53,7 @@ def load_round(db: Database, t: float, good_offset: float) -> None:
                 for n, d in enumerate(due)
             ],
         )
-        ledger.upsert_rows(conn, [
+        queue_rows(conn, [
             {"device_id": d, "source_id": 1, "item_id": f"1:{d}", "rule": "lead:600", "send_after": iso_from_unix(sa),
              "event_at": iso_from_unix(sa + 600), "expires_at": iso_from_unix(sa + 1200), "title": "Event", "body": None}
             for d, sa in due.items()

@@ -18,6 +18,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from reminders_pipeline import ledger, migrate
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import send_batch
 from reminders_pipeline.ledger import queue as ledger_queue
@@ -83,7 +84,7 @@ def bench_upsert(db: Database, n: int, batch: int = 1000) -> float:
     t = time.perf_counter()
     for i in range(0, n, batch):
         with db.write() as conn:
-            ledger.upsert_rows(conn, data[i : i + batch], NOW)
+            queue_rows(conn, data[i : i + batch], NOW)
     return n / (time.perf_counter() - t)
 
 
@@ -149,7 +150,7 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
 def load_due(db: Database, n: int) -> list[int]:
     reset(db)
     with db.write() as conn:
-        ledger.upsert_rows(conn, rows_for(n, lead=86400), NOW)
+        queue_rows(conn, rows_for(n, lead=86400), NOW)
         conn.execute(text("DELETE FROM devices"))
         conn.execute(
             text(

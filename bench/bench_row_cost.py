@@ -33,6 +33,7 @@ from bench_ledger import fresh, rows_for  # noqa: E402
 from sqlalchemy import Connection, event, text  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.drain import send_batch  # noqa: E402
 from reminders_pipeline.notification import sent_payload  # noqa: E402
@@ -134,7 +135,7 @@ def plans(db: Database) -> dict[str, list[str]]:
             c, "2026-09-11T00:00:00.000Z", 1000, ended_before="2026-09-11T00:00:00.000Z"
         ),
         "build: existing rows": lambda c: ledger.existing_rows(c, sorted({r["device_id"] for r in sample})),
-        "build: upsert of pending rows": lambda c: ledger.upsert_rows(c, moved, now),
+        "build: upsert of pending rows": lambda c: queue_rows(c, moved, now),
         "build: upsert re-arming settled rows (history copy, render, re-arm, upsert)": lambda c: ledger.upsert_rows(
             c,
             [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled],
@@ -194,7 +195,7 @@ def hot_updates(n: int, fillfactor: int) -> dict[str, dict[str, int]]:
         rows = rows_for(n)
         t0 = "2026-09-10T00:00:00.000Z"
         with db.write() as conn:
-            ledger.upsert_rows(conn, rows, t0)
+            queue_rows(conn, rows, t0)
         with db.write() as conn:
             ids = ledger.due_ids(conn, "2026-09-10T23:00:00.000Z")
         settings = Settings(database_url="", enabled=True)
@@ -203,11 +204,11 @@ def hot_updates(n: int, fillfactor: int) -> dict[str, dict[str, int]]:
             lambda: send_batch(db, settings, ids, RecordingSender().factory(), now="2026-09-10T23:00:00.000Z"),
         )
         with db.write() as conn:
-            ledger.upsert_rows(conn, rows_for(n, lead=7200), t0)  # the same items, a second rule: pending rows
+            queue_rows(conn, rows_for(n, lead=7200), t0)  # the same items, a second rule: pending rows
 
         def retitle() -> None:
             with db.write() as conn:
-                ledger.upsert_rows(conn, rows_for(n, lead=7200, title="Standup, renamed"), t0)
+                queue_rows(conn, rows_for(n, lead=7200, title="Standup, renamed"), t0)
 
         phase("pending row re-titled (build upsert)", retitle)
     finally:

@@ -32,8 +32,8 @@ from bench_apns_raw import MockHandle  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.dispatch import Dispatcher  # noqa: E402
 from reminders_pipeline.drain import drain  # noqa: E402
@@ -66,7 +66,7 @@ def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
             ],
         )
         for i in range(0, len(rows), 2000):
-            ledger.upsert_rows(conn, rows[i : i + 2000], now)
+            queue_rows(conn, rows[i : i + 2000], now)
 
 
 def queue(db: Database) -> list[dict[str, Any]]:

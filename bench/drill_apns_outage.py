@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))  # reminders_pipeline_testing, not installed
 
 from sqlalchemy import insert, text  # noqa: E402
 
-from reminders_pipeline import ledger, migrate  # noqa: E402
+from reminders_pipeline import migrate  # noqa: E402
+from reminders_pipeline.build import queue_rows  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.schema import devices  # noqa: E402
 from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
@@ -59,7 +60,7 @@ def seed(db: Database, start: float, n: int) -> None:
     stamp = iso_from_unix(start)
     with db.write() as conn:
         conn.execute(insert(devices).values(id="drill", apns_token=TOKEN, chunk=0, created_at=stamp, updated_at=stamp))
-        ledger.upsert_rows(conn, [
+        queue_rows(conn, [
             {"device_id": "drill", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600",
              "send_after": iso_from_unix(start + 2.4 * k), "event_at": iso_from_unix(start + 2.4 * k + 3600),
              "expires_at": iso_from_unix(start + 2.4 * k + 5400), "title": f"E{k}", "body": None}

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from sqlalchemy import insert, text
 
-from reminders_pipeline import ledger, migrate
+from reminders_pipeline import migrate
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import devices
 from reminders_pipeline.times import iso_from_unix
@@ -87,7 +88,7 @@ def seed(db: Database, now: float, offsets: range) -> int:
              "expires_at": iso_from_unix(now + o + 1860), "title": "Standup", "body": None}
             for o in offsets
         ]  # fmt: skip
-        ledger.upsert_rows(conn, rows, stamp)
+        queue_rows(conn, rows, stamp)
     return len(rows)
 
 

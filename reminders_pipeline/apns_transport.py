@@ -13,8 +13,7 @@ Patches (what changes / the upstream bug or cost / the test that proves it, in
 ``reminders_pipeline_tests/test_apns_sender.py`` unless named otherwise). 10 to 13 only save CPU:
 each can be switched off (``enabled_speed_patches``) and stays only while
 ``bench/bench_drain.py --patch-worth`` finds it worth at least 5% of the drain's throughput
-(docs/benchmarks.md, "Which speed patches earn their place"); a Huffman coder faster than hpack's
-was measured at +1% and dropped. Every other patch fixes a behaviour, and its test fails without it.
+(docs/benchmarks.md, "Which speed patches earn their place"). Every other patch fixes a behaviour, and its test fails without it.
 
 1. One provider token for every connection (``protocol_class`` passes the sender's
    ``ProviderToken`` as ``auth_provider``). aioapns' key pool signs a new JWT per connection, and

@@ -9,8 +9,10 @@ leaves that source's rows exactly as they were; everything else builds normally.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from sqlalchemy import Connection
 
 from . import ledger
 from .alerts import raise_alert
@@ -214,14 +216,7 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
         conn, [by_key[k]["id"] for k in keys if k in by_key] + [i for row_ids in voids.values() for i in row_ids]
     )
 
-    written = ledger.upsert_rows(
-        conn,
-        candidates,
-        now,
-        rearm_threshold_seconds=rearm_threshold,
-        by_expiry=expiry_anchored,
-        payload_of=sent_payload,
-    )
+    written = queue_rows(conn, candidates, now, rearm_threshold_seconds=rearm_threshold)
     written |= ledger.realign_pending(conn, stale, now)
     summary.rows_inserted += len(written - existing_ids)
     summary.rows_updated += len(written & existing_ids)
@@ -230,3 +225,18 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
 
     ledger.stamp_built(conn, ids, now)
     summary.devices_built += len(ids)
+
+
+def queue_rows(
+    conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, *, rearm_threshold_seconds: int = 300
+) -> set[int]:
+    """``ledger.upsert_rows`` with what the ledger cannot know itself: which rules are anchored at an
+    item's end, and how a re-armed row's send is rendered for its history."""
+    return ledger.upsert_rows(
+        conn,
+        rows,
+        now,
+        rearm_threshold_seconds=rearm_threshold_seconds,
+        by_expiry=expiry_anchored,
+        payload_of=sent_payload,
+    )

@@ -37,7 +37,7 @@ from sqlalchemy.engine import make_url
 
 from . import migrate
 from .db import Database
-from .devices import DeviceSpec, put_device
+from .devices import DeviceSpec, put_device, rechunk
 from .proctree import become_subreaper, descendants, end_tree, signal_tree
 from .settings import LOOPBACK_NETWORKS, Settings
 
@@ -48,6 +48,8 @@ DEMO_RULES = ("lead:600",)  # besides the default lead:3600: a second reminder t
 DEMO_PORT = 8765
 DEMO_PATH = "/demo.json"
 ALLOW_NETWORKS = "REMINDERS_SOURCE_ALLOW_NETWORKS"
+CHUNK_COUNT = "REMINDERS_CHUNK_COUNT"
+DEV_CHUNK_COUNT = "1"
 
 # Minutes from the demo's start: some reminders come due within the first drains, some are already
 # too late, the rest spread over the next hours so a long session keeps showing drains.
@@ -167,10 +169,14 @@ def absolute_database_url(settings: Settings, root: Path) -> str:
 
 
 def prepare_ledger(settings: Settings, source_url: str) -> None:
-    """Migrate the ledger and (re)register the demo device subscribed to exactly the demo source."""
+    """Migrate the ledger and (re)register the demo device subscribed to exactly the demo source.
+
+    Every stored chunk is recomputed first, so devices registered under another chunk count (an
+    earlier run's) are in a partition the Dagster location has."""
     db = Database(settings.database_url)
     try:
         migrate.upgrade(db)
+        rechunk(db, settings)
         spec = DeviceSpec(DEMO_DEVICE_ID, DEMO_TOKEN, settings.default_lead_seconds, DEMO_RULES, (source_url,))
         put_device(db, settings, spec)
     finally:
@@ -208,8 +214,12 @@ def with_loopback_sources(env: dict[str, str]) -> dict[str, str]:
 
 
 def dev_environment(root: Path, env: dict[str, str] | None = None) -> tuple[dict[str, str], Settings, Path]:
-    """The environment ``dagster dev`` runs with: absolute ledger URL, DAGSTER_HOME under ./var."""
+    """The environment ``dagster dev`` runs with: absolute ledger URL, DAGSTER_HOME under ./var.
+
+    One device chunk unless ``REMINDERS_CHUNK_COUNT`` says otherwise: the asset has one partition,
+    the demo device's, so its Overview shows what the demo built rather than an empty chunk."""
     env = with_loopback_sources(dict(os.environ if env is None else env))
+    env.setdefault(CHUNK_COUNT, DEV_CHUNK_COUNT)
     settings = Settings.from_env(env)
     settings = settings.with_(database_url=absolute_database_url(settings, root))
     env["REMINDERS_DATABASE_URL"] = settings.database_url

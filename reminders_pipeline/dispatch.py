@@ -156,9 +156,8 @@ class Dispatcher:
             return poll_at
         self._reads.succeeded(now)
         if ready:
-            self._start_batch(
-                ready[:1] if self._in_outage else ready
-            )  # a probe of APNs sends one row, not every due one
+            # A probe of APNs sends one row, not every due one.
+            self._start_batch(ready[:1] if self._in_outage else ready)
             return now
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
         # the next row to come due; a batch ending or a hold expiring wakes us too.

@@ -8,7 +8,7 @@ from dataclasses import replace
 from sqlalchemy import update
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
+from reminders_pipeline.build import build, queue_rows
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
 from reminders_pipeline.plan import item_moved
@@ -329,10 +329,7 @@ def test_a_sent_row_is_not_rearmed_by_a_feed_jittering_under_the_threshold(db, s
     # the upsert itself, without the build's pre-filter, holds the same line
     moved = {**row, "send_after": at(3600 - settings.rearm_threshold_seconds + 1)}
     with db.write() as conn:
-        assert (
-            ledger.upsert_rows(conn, [moved], at(3700), rearm_threshold_seconds=settings.rearm_threshold_seconds)
-            == set()
-        )
+        assert queue_rows(conn, [moved], at(3700), rearm_threshold_seconds=settings.rearm_threshold_seconds) == set()
     assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
 
 
@@ -445,7 +442,7 @@ def test_a_sent_reminder_is_not_sent_again_when_quiet_hours_change(db, settings,
     # the upsert itself, without the build's pre-filter, holds the same line
     with db.write() as conn:
         held_later = {**row, "send_after": "2026-09-10T07:50:00.000Z"}
-        assert ledger.upsert_rows(conn, [held_later], "2026-09-10T07:32:00.000Z", rearm_threshold_seconds=300) == set()
+        assert queue_rows(conn, [held_later], "2026-09-10T07:32:00.000Z", rearm_threshold_seconds=300) == set()
     assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
 
 
@@ -492,7 +489,7 @@ def test_a_sent_all_day_reminder_is_not_sent_again_when_the_device_changes_zone(
             "event_at": "2026-10-27T01:00:00.000Z",
             "expires_at": "2026-10-28T01:00:00.000Z",
         }
-        assert ledger.upsert_rows(conn, [azores], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+        assert queue_rows(conn, [azores], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
     assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
     [moved] = rows(db)
@@ -522,7 +519,7 @@ def test_a_reminder_settled_before_item_at_existed_is_not_sent_again_when_the_de
         assert item_moved(after, far, 300) == (hours not in (14, -12))
         if hours in (14, -12):
             with db.write() as conn:  # the upsert draws the same line
-                assert ledger.upsert_rows(conn, [far], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+                assert queue_rows(conn, [far], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
     assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
     [moved] = rows(db)

@@ -19,8 +19,9 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
+from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.times import unix_from_iso
+from reminders_pipeline.times import now_utc, unix_from_iso
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,8 @@ def test_dev_environment_sqlite_by_default_and_postgres_by_switch(tmp_path):
     assert env["REMINDERS_DATABASE_URL"] == settings.database_url
     assert (home / "dagster.yaml").read_text() == DEV_INSTANCE_YAML
     assert settings.source_allow_networks == LOOPBACK_NETWORKS  # the demo feed is on 127.0.0.1
+    assert settings.chunk_count == 1 and env["REMINDERS_CHUNK_COUNT"] == "1"  # the asset's one partition: the demo's
+    assert dev_environment(tmp_path, {"REMINDERS_CHUNK_COUNT": "4"})[1].chunk_count == 4
     env, settings, home = dev_environment(tmp_path, {"REMINDERS_SOURCE_ALLOW_NETWORKS": "10.0.0.0/8"})
     assert settings.source_allow_networks == ("10.0.0.0/8", *LOOPBACK_NETWORKS)
 
@@ -57,6 +60,13 @@ def test_demo_source_serves_fixed_times_and_a_build_queues_reminders(tmp_path):
         prepare_ledger(settings, source.url)
         prepare_ledger(settings, source.url)  # idempotent: the next `reminders dev` re-registers
         db = Database(settings.database_url)
+        other = DeviceSpec("other-phone", "ab" * 32, 3600, (), (source.url,))
+        put_device(db, settings, other)  # chunk 10 of 16
+        prepare_ledger(settings.with_(chunk_count=1), source.url)  # `reminders dev` on that ledger: one chunk
+        with db.write() as conn:
+            assert {d.id: d.chunk for d in ledger.list_devices(conn)} == {DEMO_DEVICE_ID: 0, "other-phone": 0}
+            ledger.delete_device(conn, "other-phone", now_utc())
+        prepare_ledger(settings, source.url)
         summary = build(db, settings)
         with db.read() as conn:
             (device,) = ledger.list_devices(conn)

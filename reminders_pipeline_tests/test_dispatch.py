@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
+from reminders_pipeline.build import build, queue_rows
 from reminders_pipeline.dispatch import Dispatcher
 from reminders_pipeline.drain import drain
 from reminders_pipeline.schema import dispatchers
@@ -31,7 +31,7 @@ def one_row_due(db, live, in_seconds: int) -> float:
     device(db, live, sources=[], lead=3600)
     start = float(NOW_S)
     with db.write() as conn:
-        ledger.upsert_rows(conn, [
+        queue_rows(conn, [
             {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + in_seconds),
              "event_at": iso_from_unix(start + in_seconds + 3600), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
         ], at(0))  # fmt: skip
@@ -84,7 +84,7 @@ def test_a_row_is_never_sent_before_its_send_after(db, live, feeds):
     device(db, live, sources=[], lead=1800)
     first = unix_from_iso(at(EVENT - 1800))
     with db.write() as conn:
-        ledger.upsert_rows(conn, [
+        queue_rows(conn, [
             {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:1800", "send_after": iso_from_unix(first + k / 1000),
              "event_at": at(EVENT), "expires_at": at(EVENT + 1800), "title": "E", "body": None}
             for k in range(3)
@@ -206,7 +206,7 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
     outage_end = start + 120
     due = {k: start + 2.4 * k for k in range(50)}
     with db.write() as conn:
-        ledger.upsert_rows(conn, [
+        queue_rows(conn, [
             {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600", "send_after": iso_from_unix(t),
              "event_at": iso_from_unix(t + 3600), "expires_at": iso_from_unix(t + 5400), "title": f"E{k}", "body": None}
             for k, t in due.items()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from reminders_pipeline import build as build_module
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
 from reminders_pipeline.db import Database
@@ -91,7 +92,7 @@ def queue_rows(db: Database, send_afters: dict[str, list[float]]) -> None:
         for n, (dev, times) in enumerate(send_afters.items()):
             device_row = {"id": dev, "apns_token": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
             conn.execute(devices.insert(), [device_row])
-            ledger.upsert_rows(conn, [
+            build_module.queue_rows(conn, [
                 {"device_id": dev, "source_id": 1, "item_id": f"1:{dev}-{k}", "rule": "lead:600", "send_after": iso_from_unix(t),
                  "event_at": iso_from_unix(t + 600), "expires_at": iso_from_unix(t + 1200), "title": "E", "body": None}
                 for k, t in enumerate(times)

@@ -41,7 +41,7 @@ from sqlalchemy import create_engine, insert, select, text
 from sqlalchemy.exc import OperationalError
 
 from reminders_pipeline import ledger, migrate
-from reminders_pipeline.build import build
+from reminders_pipeline.build import build, queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import drain, fail_abandoned
 from reminders_pipeline.egress import parse_networks
@@ -139,7 +139,7 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
     ]
     with db.write() as conn:
         conn.execute(insert(devices), device_rows)
-        ledger.upsert_rows(conn, rows, now)
+        queue_rows(conn, rows, now)
     return row_ids_by_key(db)
 
 
@@ -1428,14 +1428,14 @@ def test_build_and_drain_lock_claimed_rows_in_id_order_whatever_order_they_arriv
     highest id first; with the higher row held elsewhere, the writer must already hold the lower.
     """
     with pg.write() as conn:
-        ledger.upsert_rows(conn, [_queue_row("a"), _queue_row("b")], NOW)
+        queue_rows(conn, [_queue_row("a"), _queue_row("b")], NOW)
         low, high = sorted(ledger.due_ids(conn, NOW))
         assert len(ledger.claim(conn, [low, high], NOW, "drainer")) == 2
 
     def write() -> None:
         with pg.write() as conn:
             if writer == "build_upsert":
-                ledger.upsert_rows(conn, [_queue_row("b", "Moved"), _queue_row("a", "Moved")], NOW)
+                queue_rows(conn, [_queue_row("b", "Moved"), _queue_row("a", "Moved")], NOW)
             else:
                 ledger.lock_rows(conn, [high, low])
 

@@ -252,9 +252,9 @@ CALENDAR = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\nBEGIN:VEVENT\r\
 
 
 def test_feed_requests_cannot_multiply_reads_of_a_source(served, feeds):
-    """Issue 19 §3: the feed route read every source live per request, so a device credential
-    could make the server read (and inflate) a hostile source at will. Now a source read in the last
-    REMINDERS_FEED_CACHE_SECONDS is served from its recorded read, failures included."""
+    """A device credential must not make the server read (and inflate) a hostile source at will: a
+    source read in the last REMINDERS_FEED_CACHE_SECONDS is served from its recorded read, failures
+    included."""
     ok = feeds.items("/cached.json", [item("e", 3600)])
     bad = feeds.fail("/down.json", 503)
     calendar = feeds.calendar("/cal.ics", CALENDAR)

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
+from reminders_pipeline.build import build, queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.drain import drain
 from reminders_pipeline.http.metrics import Metrics
@@ -148,7 +148,7 @@ def _sent(
         "body": None,
     }
     with db.write() as conn:
-        (row_id,) = ledger.upsert_rows(conn, [row], shift(send_after, -60))
+        (row_id,) = queue_rows(conn, [row], shift(send_after, -60))
         ledger.claim(conn, [row_id], send_after, "c")
         ledger.settle(
             conn,

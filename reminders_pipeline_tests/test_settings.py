@@ -129,6 +129,8 @@ def test_resource_fields_override_their_variables_and_are_checked_the_same(monke
     assert settings.alert_webhook_url == "http://127.0.0.1:9/env"  # unset field: the environment stands
     with pytest.raises(SettingsError, match="REMINDERS_SOURCE_PER_HOST must be at least 1, got 0"):
         SourcesResource(per_host=0).settings()
+    # A field emptied in the launchpad is the variable emptied: its default (a dry run), never the environment's true.
+    assert SenderResource(enabled="").settings().enabled is False
 
 
 def test_a_resource_reads_the_environment_once(monkeypatch):

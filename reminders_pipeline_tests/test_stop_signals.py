@@ -28,6 +28,7 @@ import pytest
 from sqlalchemy import insert
 
 from reminders_pipeline import ledger, migrate
+from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import devices
 from reminders_pipeline.times import iso_from_unix, now_utc
@@ -189,7 +190,7 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
                 for d in range(n_devices)
             ],
         )
-        ledger.upsert_rows(conn, rows, stamp)
+        queue_rows(conn, rows, stamp)
 
 
 @pytest.mark.timeout(420)

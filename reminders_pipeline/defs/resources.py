@@ -43,7 +43,8 @@ class SettingsResource(dg.ConfigurableResource):
         """The environment with this resource's fields in place, read on first use and kept."""
         if self._settings is None:
             given = {var: getattr(self, field) for field, var in self.VARIABLES.items()}
-            overrides = {var: str(value) for var, value in given.items() if value not in (None, "")}
+            # A field set to "" stands for the variable set empty (its default), not for the environment's value.
+            overrides = {var: str(value) for var, value in given.items() if value is not None}
             self._settings = Settings.from_env({**os.environ, **overrides})
         return self._settings
 

@@ -310,6 +310,8 @@ class Api:
         elif op.auth == "device":
             await self.require_schema()
             await self.check_device_auth(request)
+        elif op.auth != "open":
+            raise AssertionError(f"operation {op.operation_id} has no credential check for {op.auth!r}")
 
     async def parse_body(self, op: Operation, request: Request) -> BaseModel:
         """The operation's body as this deployment's model of it.

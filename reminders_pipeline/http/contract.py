@@ -44,9 +44,8 @@ from ..sources import shown_url
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, iso_from_unix, parse_when, unix_from_iso
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
-MAX_BODY_BYTES = (
-    256 * 1024
-)  # the one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare
+# The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
+MAX_BODY_BYTES = 256 * 1024
 
 
 def anchored(pattern: Any) -> str:

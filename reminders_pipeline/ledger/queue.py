@@ -159,14 +159,6 @@ RETURNING id
 )
 
 
-def _start_anchored(rule: str) -> bool:
-    return False
-
-
-def _unrendered(row: Mapping[str, Any]) -> str | None:
-    raise TypeError("upsert_rows re-armed a row that kept only its alert body: pass payload_of")
-
-
 def upsert_rows(
     conn: Connection,
     rows: Sequence[Mapping[str, Any]],
@@ -174,8 +166,8 @@ def upsert_rows(
     batch: int = 2000,
     *,
     rearm_threshold_seconds: int = 300,
-    by_expiry: Callable[[str], bool] = _start_anchored,
-    payload_of: Callable[[Mapping[str, Any]], str | None] = _unrendered,
+    by_expiry: Callable[[str], bool],
+    payload_of: Callable[[Mapping[str, Any]], str | None],
 ) -> set[int]:
     """Insert or refresh one row per (device, item, rule); returns the ids actually written.
 
