@@ -33,7 +33,12 @@ from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import now_utc, unix_from_iso  # noqa: E402
-from reminders_pipeline_testing.celery_workers import Worker, celery_config, delete_queue  # noqa: E402
+from reminders_pipeline_testing.celery_workers import (  # noqa: E402
+    Worker,
+    celery_config,
+    delete_queue,
+    worker_command,
+)
 from reminders_pipeline_testing.stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for  # noqa: E402
 
 CHUNKS = 16
@@ -70,21 +75,7 @@ def one_case(
     try:
         for k in range(workers):
             name = f"s{workers}w{k}"
-            args = [
-                str(BIN / "dagster-celery"),
-                "worker",
-                "start",
-                "-A",
-                "dagster_celery.app",
-                "-y",
-                str(config),
-                "-q",
-                queue,
-                "--name",
-                name,
-                "--",
-                "--concurrency=1",
-            ]
+            args = worker_command(config, queue, name)
             started.append(Worker(name, args, env, tmp))
         for w in started:
             wait_for(f"worker {w.name}", lambda w=w: " ready." in w.output(), 120)

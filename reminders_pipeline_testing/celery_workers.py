@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .stack import ROOT, Service
+from .stack import BIN, ROOT, Service
 
 BROKER = os.environ.get("REMINDERS_TEST_CELERY_BROKER_URL", "pyamqp://guest:guest@127.0.0.1:5672//")
 
@@ -29,6 +29,12 @@ class Worker(Service):
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
         super().stop()
+
+
+def worker_command(config: Path, queue: str, name: str) -> list[str]:
+    """One worker of one process (``--concurrency=1``) consuming ``queue``, named ``name``."""
+    worker = [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app", "-y", str(config)]
+    return [*worker, "-q", queue, "--name", name, "--", "--concurrency=1"]
 
 
 def celery_config(path: Path, queue: str) -> None:

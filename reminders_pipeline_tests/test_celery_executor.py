@@ -36,7 +36,7 @@ from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, 
 from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
 from reminders_pipeline.notification import as_shown, collapse_id
 from reminders_pipeline.settings import Settings
-from reminders_pipeline_testing.celery_workers import BROKER, Worker, celery_config, delete_queue
+from reminders_pipeline_testing.celery_workers import BROKER, Worker, celery_config, delete_queue, worker_command
 from reminders_pipeline_testing.mock_apns import MockApns
 from reminders_pipeline_testing.stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for
 
@@ -265,21 +265,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) 
         # The instance's tables exist before two workers race to create them.
         with dg.DagsterInstance.from_config(str(home)) as instance:
             for name in worker_names(queue):
-                args = [
-                    str(BIN / "dagster-celery"),
-                    "worker",
-                    "start",
-                    "-A",
-                    "dagster_celery.app",
-                    "-y",
-                    str(config),
-                    "-q",
-                    queue,
-                    "--name",
-                    name,
-                    "--",
-                    "--concurrency=1",
-                ]
+                args = worker_command(config, queue, name)
                 workers.append(Worker(name, args, env, tmp))
             for w in workers:
                 wait_for(f"worker {w.name}", lambda w=w: f"{w.name}@" in w.output() and " ready." in w.output(), 90)
