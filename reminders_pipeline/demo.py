@@ -143,11 +143,8 @@ class DemoSource:
             self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.socket.getsockname()[:2]  # the address bound: host as text, the port chosen
-        return f"http://{host}:{port}{DEMO_PATH}"
+        bound_host, bound_port = self.httpd.socket.getsockname()[:2]  # the port chosen, if any free one was
+        self.url = f"http://{bound_host}:{bound_port}{DEMO_PATH}"  # kept: still the device's source once closed
 
     def __enter__(self) -> DemoSource:
         self._thread.start()
