@@ -30,7 +30,7 @@ from reminders_pipeline import ledger  # noqa: E402
 from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
-from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 
 BAD = 20
 BAR_P99_SECONDS = 1.0
@@ -41,7 +41,7 @@ def token(n: int) -> str:
 
 
 def load_round(db: Database, t: float, good_offset: float) -> None:
-    now = iso_from_unix(time.time())
+    now = Instant.from_unix(time.time())
     due = {f"bad-{n:02d}": t for n in range(BAD)} | {"good": t + good_offset}
     with db.write() as conn:
         conn.execute(notification_queue.delete())
@@ -54,8 +54,8 @@ def load_round(db: Database, t: float, good_offset: float) -> None:
             ],
         )
         queue_rows(conn, [
-            {"device_id": d, "source_id": 1, "item_id": f"1:{d}", "rule": "lead:600", "send_after": iso_from_unix(sa),
-             "event_at": iso_from_unix(sa + 600), "expires_at": iso_from_unix(sa + 1200), "title": "Event", "body": None}
+            {"device_id": d, "source_id": 1, "item_id": f"1:{d}", "rule": "lead:600", "send_after": Instant.from_unix(sa),
+             "event_at": Instant.from_unix(sa + 600), "expires_at": Instant.from_unix(sa + 1200), "title": "Event", "body": None}
             for d, sa in due.items()
         ], now)  # fmt: skip
 
@@ -74,7 +74,7 @@ def one_round(db: Database, settings, good_offset: float) -> tuple[float, bool]:
         raise SystemExit(f"the good reminder settled {good['outcome']} ({good['outcome_detail']})")
     with db.read() as conn:
         unmarked = any(d.token_invalid_at is None for d in ledger.list_devices(conn) if d.id != "good")
-    return unix_from_iso(good["sent_at"]) - unix_from_iso(good["send_after"]), unmarked
+    return good["sent_at"].unix - good["send_after"].unix, unmarked
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ from reminders_pipeline.build import build, make_reader, read_window  # noqa: E4
 from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
 from reminders_pipeline_testing.stack import free_port  # noqa: E402
 
@@ -84,14 +84,14 @@ def timed_build(
         )
         register(db, settings, subscriptions)
         wall, t = time.time(), time.perf_counter()
-        summary = build(db, settings, now=iso_from_unix(t0))
+        summary = build(db, settings, now=Instant.from_unix(t0))
         return time.perf_counter() - t, summary, wall
     finally:
         close()
 
 
 def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sources: int) -> dict:
-    t0 = int(unix_from_iso(now_utc()))
+    t0 = Instant.now().whole_seconds
     hosts = FAST_HOSTS + [SLOW_HOST]
     proc, base = start_server(
         0,
@@ -188,7 +188,7 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
 
 def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones: dict[str, str] | None = None) -> None:
     """Bulk registration through the ledger (put_device per device would measure registration, not build)."""
-    now = now_utc()
+    now = Instant.now()
     urls = sorted({u for us in subscriptions.values() for u in us})
     with db.write() as conn:
         for i in range(0, len(subscriptions), 2000):
@@ -231,7 +231,7 @@ def zone_resolution_seconds(subscriptions: dict[str, list[str]], zones: dict[str
     ``Item.for_local`` and day-rule ``LocalTime.to_unix``), measured apart on the same feeds, cold cache."""
     reader = make_reader(Settings(source_allow_networks=LOOPBACK_NETWORKS))
     urls = sorted({u for us in subscriptions.values() for u in us})
-    window = read_window(device_rules(3600, (), DEFAULT_ALL_DAY_RULES), iso_from_unix(t0), 86400)
+    window = read_window(device_rules(3600, (), DEFAULT_ALL_DAY_RULES), Instant.from_unix(t0), 86400)
     reads = reader.read_all(dict(enumerate(urls)), window)
     feeds = {urls[i]: r.feed.items for i, r in reads.items() if r.ok}
     day = parse_rule(DEFAULT_ALL_DAY_RULES[0])
@@ -251,12 +251,12 @@ def run_case(kind: str, subscriptions: dict[str, list[str]], t0: int, zones: dic
     try:
         settings = Settings(database_url=db.url, source_allow_networks=LOOPBACK_NETWORKS)
         register(db, settings, subscriptions, zones)
-        now = iso_from_unix(t0)
+        now = Instant.from_unix(t0)
         t = time.perf_counter()
         first = build(db, settings, now=now)
         cold = time.perf_counter() - t
         t = time.perf_counter()
-        second = build(db, settings, now=iso_from_unix(t0 + 900))  # the next tick: 304s, unchanged rows
+        second = build(db, settings, now=Instant.from_unix(t0 + 900))  # the next tick: 304s, unchanged rows
         warm = time.perf_counter() - t
         n = len(subscriptions)
         return {
@@ -309,7 +309,7 @@ def main() -> None:
             )
         )
         return
-    t0 = int(unix_from_iso(now_utc()))
+    t0 = Instant.now().whole_seconds
     proc, base = start_server(250 + args.own, 250, t0, zoned_count=args.zoned)
     try:
         rng = random.Random(7)
@@ -318,7 +318,7 @@ def main() -> None:
         own = {f"own-{i}": [f"{base}/j/{250 + i}.json"] for i in range(args.own)}
         zoned = {f"zoned-{i}": [f"{base}/z/{i}.ics"] for i in range(args.zoned)}
         zones = {d: ZONES[i % len(ZONES)] for i, d in enumerate(zoned)}
-        results: dict = {"machine": "x86_64, 2 cores", "date": now_utc()[:10]}
+        results: dict = {"machine": "x86_64, 2 cores", "date": Instant.now().stored[:10]}
         if "shared" in cases:
             results["naive_shared_devices_per_s"] = round(naive(shared, args.naive_sample))
         if "own" in cases:

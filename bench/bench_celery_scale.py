@@ -32,7 +32,7 @@ from reminders_pipeline import migrate  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import now_utc, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 from reminders_pipeline_testing.celery_workers import (  # noqa: E402
     Worker,
     celery_config,
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--source-concurrency", type=int, default=4)
     ap.add_argument("--launchers", type=int, default=4)
     args = ap.parse_args()
-    t0 = int(unix_from_iso(now_utc()))
+    t0 = Instant.now().whole_seconds
     dbs = ThrowawayDatabases(PG_SERVER)
     proc, base = start_server(
         0, CHUNKS * args.per_chunk * 2, t0, "--delay", "0.15", "--hosts", ",".join(FAST_HOSTS), "--light-ics"

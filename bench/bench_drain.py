@@ -43,7 +43,7 @@ from reminders_pipeline import apns_transport  # noqa: E402
 from reminders_pipeline.drain import drain  # noqa: E402
 from reminders_pipeline.sender import default_sender_factory  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import iso_from_unix  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 
 
 def full_drain(mock: MockHandle, kind: str, n: int, concurrency: int) -> dict:
@@ -53,7 +53,7 @@ def full_drain(mock: MockHandle, kind: str, n: int, concurrency: int) -> dict:
         settings = mock.settings(concurrency).with_(database_url=db.url, enabled=True, max_lateness_seconds=10**9)
         mock.reset()
         started = time.perf_counter()
-        summary = drain(db, settings, default_sender_factory(settings), now=iso_from_unix(T0 + 7210))
+        summary = drain(db, settings, default_sender_factory(settings), now=Instant.from_unix(T0 + 7210))
         elapsed = time.perf_counter() - started
         assert summary.outcomes == {"sent": len(ids)}, summary.as_dict()
         assert mock.stats()["requests"] == len(ids)

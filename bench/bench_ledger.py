@@ -24,11 +24,16 @@ from reminders_pipeline.drain import send_batch
 from reminders_pipeline.ledger import queue as ledger_queue
 from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import Instant
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 T0 = 1_789_000_000
-NOW = iso_from_unix(T0)
+NOW = Instant.from_unix(T0)
+
+
+def as_stored(value: object) -> object:
+    """A value for the bare DBAPI (the raw baselines): an instant as its stored text."""
+    return value.stored if isinstance(value, Instant) else value
 
 
 def rows_for(n: int, devices: int = 1000, title: str = "Standup", lead: int = 3600) -> list[dict]:
@@ -42,9 +47,9 @@ def rows_for(n: int, devices: int = 1000, title: str = "Standup", lead: int = 36
                 "source_id": 1,
                 "item_id": f"1:item-{i}",
                 "rule": f"lead:{lead}",
-                "send_after": iso_from_unix(start - lead),
-                "event_at": iso_from_unix(start),
-                "expires_at": iso_from_unix(start + 1800),
+                "send_after": Instant.from_unix(start - lead),
+                "event_at": Instant.from_unix(start),
+                "expires_at": Instant.from_unix(start + 1800),
                 "title": title,
                 "body": None,
             }
@@ -101,7 +106,7 @@ def bench_raw_upsert(db: Database, n: int, batch: int = 1000) -> float:
     cols = ["device_id", "source_id", "item_id", "rule", "send_after", "event_at", "expires_at", "title", "body"]
     sqlite = db.dialect == "sqlite"
     sql = RAW_UPSERT.format(p=", ".join(["?" if sqlite else "%s"] * 12))
-    tuples = [tuple(r[c] for c in cols) + ("pending", NOW, NOW) for r in data]
+    tuples = [tuple(as_stored(r[c]) for c in cols) + ("pending", NOW.stored, NOW.stored) for r in data]
     raw = db.engine.raw_connection()
     try:
         cur = raw.cursor()
@@ -133,13 +138,13 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
         cur = raw.cursor()
         t = time.perf_counter()
         for i in range(0, n, batch):
-            doc = json.dumps([{c: r.get(c) for c in cols} for r in data[i : i + batch]], separators=(",", ":"))
+            doc = json.dumps([{c: as_stored(r.get(c)) for c in cols} for r in data[i : i + batch]], separators=(",", ":"))
             if sqlite:
                 cur.execute("BEGIN IMMEDIATE")
-                cur.execute(sql, (NOW, NOW, doc)).fetchall()
+                cur.execute(sql, (NOW.stored, NOW.stored, doc)).fetchall()
                 cur.execute("COMMIT")
             else:
-                cur.execute(sql, {"rows": doc, "now": NOW})
+                cur.execute(sql, {"rows": doc, "now": NOW.stored})
                 cur.fetchall()
                 raw.commit()
         return n / (time.perf_counter() - t)
@@ -157,16 +162,16 @@ def load_due(db: Database, n: int) -> list[int]:
                 "INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
                 "SELECT DISTINCT device_id, :tok, 0, :now, :now FROM notification_queue"
             ),
-            {"tok": "ab" * 32, "now": NOW},
+            {"tok": "ab" * 32, "now": NOW.stored},
         )
     with db.read() as conn:
-        return ledger.due_ids(conn, iso_from_unix(T0 + 7200 + 10))
+        return ledger.due_ids(conn, Instant.from_unix(T0 + 7200 + 10))
 
 
 def bench_claim_settle(db: Database, n: int, batch: int = 100) -> float:
     """Claim and settle as the drain does: slice k's settlement shares a transaction with slice k+1's claim."""
     ids = load_due(db, n)
-    now = iso_from_unix(T0 + 7200 + 10)
+    now = Instant.from_unix(T0 + 7200 + 10)
     unsettled: list[dict] = []
     t = time.perf_counter()
     for i in range(0, len(ids), batch):
@@ -185,14 +190,14 @@ def bench_drain(db: Database, n: int) -> float:
     settings = Settings(database_url=db.url, enabled=True, max_lateness_seconds=10**9)
     sender = RecordingSender()
     t = time.perf_counter()
-    send_batch(db, settings, ids, sender.factory(), now=iso_from_unix(T0 + 7200 + 10))
+    send_batch(db, settings, ids, sender.factory(), now=Instant.from_unix(T0 + 7200 + 10))
     assert len(sender.sent) == len(ids)
     return len(ids) / (time.perf_counter() - t)
 
 
 def bench_raw_claim_settle(db: Database, n: int, batch: int = 100) -> float:
     ids = load_due(db, n)
-    now = iso_from_unix(T0 + 7200 + 10)
+    now = Instant.from_unix(T0 + 7200 + 10)
     sqlite = db.dialect == "sqlite"
     raw = db.engine.raw_connection()
     try:

@@ -36,10 +36,10 @@ from bench_ledger import fresh  # noqa: E402  one way to make a throwaway ledger
 from reminders_pipeline.db import Database
 from reminders_pipeline.http.metrics import Metrics
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import Instant
 
 T0 = 1_789_000_000  # the scrape's now
-NOW = iso_from_unix(T0)
+NOW = Instant.from_unix(T0)
 WINDOW = 900
 DEVICES = 25_000
 DUE, CLAIMED = 500, 100
@@ -79,7 +79,9 @@ HISTORY_OUTCOMES = (
 def _row(
     i: int, status: str, send_after: int, outcome=None, detail=None, settled=None, sent=None, claimed=None
 ) -> tuple:
-    iso = iso_from_unix
+    def iso(seconds: int) -> str:
+        return Instant.from_unix(seconds).stored
+
     return (
         f"d{i % DEVICES}",
         1,
@@ -146,12 +148,12 @@ def chunks(it: Iterator[tuple], size: int = 50_000) -> Iterator[list[tuple]]:
 
 def seed(db: Database, total: int, window_rows: int) -> None:
     devices = [
-        (f"d{i}", "ab" * 32, i % 16, iso_from_unix(T0 - 600 - i % 600), iso_from_unix(T0 - 86400))
+        (f"d{i}", "ab" * 32, i % 16, Instant.from_unix(T0 - 600 - i % 600).stored, Instant.from_unix(T0 - 86400).stored)
         for i in range(DEVICES)
     ]
     beats = [
-        ("disp-a", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 3)),
-        ("disp-b", iso_from_unix(T0 - 3600), iso_from_unix(T0 - 4)),
+        ("disp-a", Instant.from_unix(T0 - 3600).stored, Instant.from_unix(T0 - 3).stored),
+        ("disp-b", Instant.from_unix(T0 - 3600).stored, Instant.from_unix(T0 - 4).stored),
     ]
     raw = db.engine.raw_connection()
     try:
@@ -234,14 +236,14 @@ def bench(kind: str, total: int, window_rows: int, scrapes: int) -> dict:
             metrics = Metrics(db, Settings(database_url=db.url, metrics_window_seconds=window), clock=lambda: NOW)
             body = metrics.render().decode()
             assert 'reminders_window_settled_rows{detail="",outcome="sent"}' in body, body[:2000]
-            since = iso_from_unix(T0 - window)
+            since = Instant.from_unix(T0 - window)
             out[f"window_{window}s"] = {
                 "scrape": timed(metrics.render, scrapes),
                 "raw_window_count": timed(
                     raw_query(
                         db,
                         "SELECT count(*) FROM notification_queue WHERE status = 'settled' AND settled_at > ? AND settled_at <= ?",
-                        (since, NOW),
+                        (since.stored, NOW.stored),
                     ),
                     scrapes,
                 ),

@@ -38,9 +38,10 @@ from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.drain import send_batch  # noqa: E402
 from reminders_pipeline.notification import sent_payload  # noqa: E402
 from reminders_pipeline.rules import expiry_anchored  # noqa: E402
-from reminders_pipeline.schema import notification_queue  # noqa: E402
+from reminders_pipeline.schema import IsoTime, notification_queue  # noqa: E402
 from reminders_pipeline.sender import RecordingSender  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 
 # Rows made in SQL from generate_series: one statement instead of a million round trips. The texts
 # have the lengths the build writes: "<source id>:<item id>" item ids, ISO-8601 times, the alert
@@ -105,7 +106,7 @@ def plans(db: Database) -> dict[str, list[str]]:
                 text(
                     "SELECT id, device_id, source_id, item_id, rule, send_after, event_at, expires_at, title, body "
                     "FROM notification_queue WHERE status = 'pending' ORDER BY id LIMIT 100"
-                )
+                ).columns(send_after=IsoTime, event_at=IsoTime, expires_at=IsoTime)
             ).mappings()
         ]
         settled = [
@@ -114,15 +115,15 @@ def plans(db: Database) -> dict[str, list[str]]:
                 text(
                     "SELECT device_id, source_id, item_id, rule, event_at, expires_at, title, body "
                     "FROM notification_queue WHERE status = 'settled' ORDER BY id LIMIT 100"
-                )
+                ).columns(event_at=IsoTime, expires_at=IsoTime)
             ).mappings()
         ]
     ids = [r["id"] for r in sample]
-    now = "2026-09-10T08:31:00.000Z"
-    moved = [{**r, "send_after": "2026-09-10T08:35:00.000Z"} for r in sample]
+    now = Instant.from_stored("2026-09-10T08:31:00.000Z")
+    moved = [{**r, "send_after": Instant.from_stored("2026-09-10T08:35:00.000Z")} for r in sample]
     work: dict[str, Callable[[Connection], Any]] = {
         "due ids (drain find_due)": lambda c: ledger.due_ids(c, now),
-        "next due (dispatcher)": lambda c: ledger.next_send_after(c, PENDING_AT),
+        "next due (dispatcher)": lambda c: ledger.next_send_after(c, Instant.from_stored(PENDING_AT)),
         "claim": lambda c: ledger.claim(c, ids, now, "bench"),
         "settle": lambda c: ledger.settle(
             c, [{"id": i, "outcome": "sent", "sent_body": "Starts at 09:30"} for i in ids], "bench", now
@@ -130,15 +131,15 @@ def plans(db: Database) -> dict[str, list[str]]:
         "return to pending": lambda c: ledger.return_to_pending(
             c, [{"id": i, "outcome_detail": "x"} for i in ids], "bench", now
         ),
-        "abandoned sweep": lambda c: ledger.fail_abandoned(c, "2026-09-10T08:20:00.000Z", now),
+        "abandoned sweep": lambda c: ledger.fail_abandoned(c, Instant.from_stored("2026-09-10T08:20:00.000Z"), now),
         "prune": lambda c: ledger.prune_settled(
-            c, "2026-09-11T00:00:00.000Z", 1000, ended_before="2026-09-11T00:00:00.000Z"
+            c, Instant.from_stored("2026-09-11T00:00:00.000Z"), 1000, ended_before=Instant.from_stored("2026-09-11T00:00:00.000Z")
         ),
         "build: existing rows": lambda c: ledger.existing_rows(c, sorted({r["device_id"] for r in sample})),
         "build: upsert of pending rows": lambda c: queue_rows(c, moved, now),
         "build: upsert re-arming settled rows (history copy, render, re-arm, upsert)": lambda c: ledger.upsert_rows(
             c,
-            [{**r, "send_after": "2026-09-10T09:30:00.000Z"} for r in settled],
+            [{**r, "send_after": Instant.from_stored("2026-09-10T09:30:00.000Z")} for r in settled],
             now,
             by_expiry=expiry_anchored,
             payload_of=sent_payload,
@@ -147,7 +148,7 @@ def plans(db: Database) -> dict[str, list[str]]:
         "device removed: void its pending rows": lambda c: ledger.void_pending_of_device(
             c, sample[0]["device_id"], "gone", now
         ),
-        "metrics: latest settled": lambda c: ledger.latest_settled(c, "2026-09-10T08:00:00.000Z", now, 1000),
+        "metrics: latest settled": lambda c: ledger.latest_settled(c, Instant.from_stored("2026-09-10T08:00:00.000Z"), now, 1000),
         "metrics: queue gauges": lambda c: ledger.queue_gauges(c, now, now),
     }
     claimed_first = {"settle", "return to pending"}
@@ -201,7 +202,9 @@ def hot_updates(n: int, fillfactor: int) -> dict[str, dict[str, int]]:
         settings = Settings(database_url="", enabled=True)
         phase(
             "claim and settle (drain)",
-            lambda: send_batch(db, settings, ids, RecordingSender().factory(), now="2026-09-10T23:00:00.000Z"),
+            lambda: send_batch(
+                db, settings, ids, RecordingSender().factory(), now=Instant.from_stored("2026-09-10T23:00:00.000Z")
+            ),
         )
         with db.write() as conn:
             queue_rows(conn, rows_for(n, lead=7200), t0)  # the same items, a second rule: pending rows

@@ -28,7 +28,7 @@ from sqlalchemy import text  # noqa: E402
 from reminders_pipeline.build import build  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import iso_from_unix, now_utc, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 
 
 def _worker(url: str, chunks: list[int], now: str, out: mp.Queue) -> None:
@@ -57,9 +57,9 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=20_000)
     ap.add_argument("--due", type=int, default=50_000)
     args = ap.parse_args()
-    t0 = int(unix_from_iso(now_utc()))
+    t0 = Instant.now().whole_seconds
     proc, base = start_server(250, 250, t0)
-    results: dict = {"machine": "x86_64, 2 cores", "date": now_utc()[:10], "devices": args.devices}
+    results: dict = {"machine": "x86_64, 2 cores", "date": Instant.now().stored[:10], "devices": args.devices}
     try:
         rng = random.Random(11)
         urls = [f"{base}/j/{n}.json" for n in range(250)] + [f"{base}/c/{n}.ics" for n in range(250)]
@@ -73,7 +73,7 @@ def main() -> None:
                     conn.execute(text("UPDATE devices SET reminders_built_at = NULL"))
                     conn.execute(text("UPDATE sources SET etag = NULL, feed_cache = NULL, cache_until = NULL"))
                 results[f"build_devices_per_s_{workers}_processes"] = round(
-                    parallel_builds(db.url, workers, iso_from_unix(t0))
+                    parallel_builds(db.url, workers, Instant.from_unix(t0))
                 )
             with db.read() as conn:
                 results["queue_rows_after_build"] = conn.execute(

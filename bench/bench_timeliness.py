@@ -40,17 +40,17 @@ from reminders_pipeline.drain import drain  # noqa: E402
 from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
 from reminders_pipeline.sender import default_sender_factory  # noqa: E402
 from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 
 DRAIN_TICKS = (5, 20, 35, 50)  # minutes past the hour: the default REMINDERS_DRAIN_CRON
 
 
 def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
-    now = iso_from_unix(time.time())
+    now = Instant.from_unix(time.time())
     rows = [
         {
             "device_id": f"dev-{i % devices_n}", "source_id": 1, "item_id": f"1:item-{i}", "rule": "lead:600",
-            "send_after": iso_from_unix(sa), "event_at": iso_from_unix(sa + 600), "expires_at": iso_from_unix(sa + 2400),
+            "send_after": Instant.from_unix(sa), "event_at": Instant.from_unix(sa + 600), "expires_at": Instant.from_unix(sa + 2400),
             "title": f"Event {i}", "body": None,
         }
         for i, sa in enumerate(send_afters)
@@ -128,7 +128,7 @@ def wait_settled(db: Database, n: int, timeout: float) -> None:
 
 
 def lateness_of(rows: list[dict[str, Any]]) -> tuple[list[float], int]:
-    late = [unix_from_iso(r["sent_at"]) - unix_from_iso(r["send_after"]) for r in rows if r["outcome"] == "sent"]
+    late = [r["sent_at"].unix - r["send_after"].unix for r in rows if r["outcome"] == "sent"]
     early = sum(
         1 for r in rows if r["claimed_at"] < r["send_after"] or (r["sent_at"] and r["sent_at"] < r["send_after"])
     )

@@ -35,7 +35,7 @@ from reminders_pipeline import migrate  # noqa: E402
 from reminders_pipeline.build import queue_rows  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
 from reminders_pipeline.schema import devices  # noqa: E402
-from reminders_pipeline.times import iso_from_unix, unix_from_iso  # noqa: E402
+from reminders_pipeline.times import Instant  # noqa: E402
 from reminders_pipeline_testing.mock_apns import MockApns  # noqa: E402
 
 TOKEN = "ab" * 32
@@ -57,13 +57,13 @@ class Hook(BaseHTTPRequestHandler):
 
 
 def seed(db: Database, start: float, n: int) -> None:
-    stamp = iso_from_unix(start)
+    stamp = Instant.from_unix(start)
     with db.write() as conn:
         conn.execute(insert(devices).values(id="drill", apns_token=TOKEN, chunk=0, created_at=stamp, updated_at=stamp))
         queue_rows(conn, [
             {"device_id": "drill", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600",
-             "send_after": iso_from_unix(start + 2.4 * k), "event_at": iso_from_unix(start + 2.4 * k + 3600),
-             "expires_at": iso_from_unix(start + 2.4 * k + 5400), "title": f"E{k}", "body": None}
+             "send_after": Instant.from_unix(start + 2.4 * k), "event_at": Instant.from_unix(start + 2.4 * k + 3600),
+             "expires_at": Instant.from_unix(start + 2.4 * k + 5400), "title": f"E{k}", "body": None}
             for k in range(n)
         ], stamp)  # fmt: skip
 
@@ -115,9 +115,7 @@ def main() -> None:
         rows = conn.execute(text("SELECT * FROM notification_queue")).mappings().all()
     db.dispose()
     outcomes = Counter((r["outcome"], r["outcome_detail"]) for r in rows)
-    late = [
-        unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), back) for r in rows if r["outcome"] == "sent"
-    ]
+    late = [r["sent_at"].unix - max(r["send_after"].unix, back) for r in rows if r["outcome"] == "sent"]
     summary = json.loads(out) if out.strip() else {}
     result = {
         "outage_s": back - start,

@@ -32,7 +32,7 @@ from reminders_pipeline import migrate
 from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import devices
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import Instant
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,15 +77,15 @@ class Cluster:
 
 def seed(db: Database, now: float, offsets: range) -> int:
     """One device, and one row due at ``now + offset`` for each offset."""
-    stamp = iso_from_unix(now)
+    stamp = Instant.from_unix(now)
     with db.write() as conn:
         conn.execute(
             insert(devices).values(id="drill", apns_token="00" * 32, chunk=0, created_at=stamp, updated_at=stamp)
         )
         rows = [
             {"device_id": "drill", "source_id": None, "item_id": f"1:item-{o}", "rule": "lead:60",
-             "send_after": iso_from_unix(now + o), "event_at": iso_from_unix(now + o + 60),
-             "expires_at": iso_from_unix(now + o + 1860), "title": "Standup", "body": None}
+             "send_after": Instant.from_unix(now + o), "event_at": Instant.from_unix(now + o + 60),
+             "expires_at": Instant.from_unix(now + o + 1860), "title": "Standup", "body": None}
             for o in offsets
         ]  # fmt: skip
         queue_rows(conn, rows, stamp)
@@ -97,7 +97,7 @@ def pending(db: Database, before: float) -> int:
     with db.engine.connect() as conn:
         return conn.execute(
             text("SELECT count(*) FROM notification_queue WHERE status = 'pending' AND send_after <= :t"),
-            {"t": iso_from_unix(before)},
+            {"t": Instant.from_unix(before).stored},
         ).scalar_one()
 
 

@@ -55,7 +55,7 @@ from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, enabled_
 from .quiet import RepeatFilter
 from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
 from .settings import Settings
-from .times import iso_from_unix
+from .times import Instant
 
 logging.getLogger("aioapns").addFilter(RepeatFilter())  # every send's outcome is settled and summarised by the drain
 
@@ -241,7 +241,7 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
     reason = answer.description or f"HTTP {answer.status}"
     invalid_at = None
     if status == 410 and answer.timestamp is not None:
-        invalid_at = _stored_time_from_ms(answer.timestamp)
+        invalid_at = _instant_from_ms(answer.timestamp)
     config_fault = status == 403 or reason in CONFIG_FAULT_REASONS
     return SendResult(
         row_id,
@@ -257,9 +257,10 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
     )
 
 
-def _stored_time_from_ms(timestamp: Any) -> str | None:
+def _instant_from_ms(timestamp: Any) -> Instant | None:
+    """APNs' ``timestamp`` (Unix milliseconds) of a 410, if it is one."""
     try:
-        return iso_from_unix(int(timestamp) / 1000)
+        return Instant(int(timestamp))
     except (TypeError, ValueError):
         return None
 

@@ -22,9 +22,9 @@ from .notification import sent_payload
 from .plan import plan_device, rules_of, stale_pending_rows, unchanged, void_reason
 from .rules import Rule, expiry_anchored
 from .settings import Settings
-from .sources import SourceRead, SourceReader, SourceState, distinct_sources, shown_url
+from .sources import SourceRead, SourceReader, SourceState, Window, distinct_sources, shown_url
 from .summary import BuildResult
-from .times import now_utc, shift, unix_from_iso
+from .times import Instant
 
 WRITE_BATCH_DEVICES = 500
 ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
@@ -37,7 +37,7 @@ def build(
     device_ids: Sequence[str] | None = None,
     chunks: Sequence[int] | None = None,
     limit: int | None = None,
-    now: str | None = None,
+    now: Instant | None = None,
     reader: SourceReader | None = None,
     read_cache: dict[int, SourceRead] | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -50,7 +50,7 @@ def build(
     write batch, for a terminal's progress display.
     """
     started = time.perf_counter()
-    now = now or now_utc()
+    now = now or Instant.now()
     summary = BuildResult(now=now)
     reader = reader or make_reader(settings)
     with db.read() as conn:
@@ -69,21 +69,10 @@ def build(
     summary.sources_alerted = [shown_url(s["url"]) for s in record_reads(db, fresh, now, settings)]
     _summarize_reads(reads, summary)
 
-    now_unix = unix_from_iso(now)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.write() as conn:
-            _write_batch(
-                conn,
-                batch,
-                subs,
-                reads,
-                now,
-                now_unix,
-                settings.horizon_seconds,
-                summary,
-                settings.rearm_threshold_seconds,
-            )
+            _write_batch(conn, batch, subs, reads, now, settings, summary)
         if progress:
             progress(i + len(batch), len(devices))
 
@@ -111,30 +100,29 @@ def source_state(row: dict[str, Any]) -> SourceState:
     return SourceState(row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"])
 
 
-def read_window(rules: Iterable[Rule], now: str, horizon: int) -> tuple[int, int]:
+def read_window(rules: Iterable[Rule], now: Instant, horizon: int) -> Window:
     """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
     longest = max((r.reach_seconds for r in rules), default=0)
-    start = int(unix_from_iso(now))
-    return start, start + horizon + longest
+    return now, now + (horizon + longest)
 
 
 def source_windows(
-    devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: str, horizon: int
-) -> dict[int, tuple[int, int]]:
+    devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: Instant, horizon: int
+) -> dict[int, Window]:
     """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
     so one device with a year-long lead makes only its own calendars expand over a year."""
-    windows: dict[int, tuple[int, int]] = {}
+    windows: dict[int, Window] = {}
     for device in devices:
         start, end = read_window(rules_of(device), now, horizon)
-        window = (start, end + ALARM_REACH_SECONDS) if device.get("use_alarms") else (start, end)
+        window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
         for sid in subs.get(device["id"], ()):
             windows[sid] = max(windows.get(sid, window), window)
     return windows
 
 
-def _covers(read: SourceRead | None, window: tuple[int, int]) -> bool:
+def _covers(read: SourceRead | None, window: Window) -> bool:
     """A read made earlier in this run serves this build too, unless its calendar expansion ends too soon."""
-    return read is not None and (read.cache_until is None or unix_from_iso(read.cache_until) >= window[1])
+    return read is not None and (read.cache_until is None or read.cache_until >= window[1])
 
 
 def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
@@ -151,7 +139,7 @@ def _summarize_reads(reads: dict[int, SourceRead], summary: BuildResult) -> None
             summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
 
 
-def record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings: Settings) -> list[dict[str, Any]]:
+def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, settings: Settings) -> list[dict[str, Any]]:
     """Store each source's outcome; returns the sources that just crossed the failure-alert limit."""
     if not reads:
         return []
@@ -172,25 +160,34 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: str, settings:
     with db.write() as conn:
         ledger.record_source_success(conn, successes, now)
         ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
-        long_failing = ledger.claim_source_alerts(conn, shift(now, -settings.source_alert_after_seconds), now)
+        long_failing = ledger.claim_source_alerts(conn, now - settings.source_alert_after_seconds, now)
     for src in long_failing:
         raise_alert(
             settings,
             "Source failing",
-            f"{shown_url(src['url'])} has failed every read since {src['failing_since']} "
+            f"{shown_url(src['url'])} has failed every read since {src['failing_since'].stored} "
             f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
         )
     return long_failing
 
 
-def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rearm_threshold) -> None:  # type: ignore[no-untyped-def]
+def _write_batch(
+    conn: Connection,
+    batch: Sequence[dict[str, Any]],
+    subs: dict[str, list[int]],
+    reads: dict[int, SourceRead],
+    now: Instant,
+    settings: Settings,
+    summary: BuildResult,
+) -> None:
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
     fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
     summary.devices_skipped_newer += len(batch) - len(fresh)
     batch = [d for d in batch if d["id"] in fresh]
     ids = [d["id"] for d in batch]
-    plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now_unix, horizon) for d in batch}
+    rearm_threshold = settings.rearm_threshold_seconds
+    plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now, settings.horizon_seconds) for d in batch}
     existing = ledger.existing_rows(conn, ids)
     existing_ids = {r["id"] for r in existing}
     by_key = {(r["device_id"], r["item_id"], r["rule"]): r for r in existing}
@@ -205,7 +202,7 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
     voids: dict[str, list[int]] = {}
     for row in existing:
         if row["status"] == "pending":
-            reason = void_reason(row, plans[row["device_id"]], now_unix)
+            reason = void_reason(row, plans[row["device_id"]], now)
             if reason:
                 voids.setdefault(reason, []).append(row["id"])
     # Every existing row this batch may write, locked in one pass in id order before the first write
@@ -228,7 +225,7 @@ def _write_batch(conn, batch, subs, reads, now, now_unix, horizon, summary, rear
 
 
 def queue_rows(
-    conn: Connection, rows: Sequence[Mapping[str, Any]], now: str, *, rearm_threshold_seconds: int = 300
+    conn: Connection, rows: Sequence[Mapping[str, Any]], now: Instant, *, rearm_threshold_seconds: int = 300
 ) -> set[int]:
     """``ledger.upsert_rows`` with what the ledger cannot know itself: which rules are anchored at an
     item's end, and how a re-armed row's send is rendered for its history."""

@@ -23,7 +23,7 @@ from . import ledger
 from .db import Database
 from .rules import Rule, device_rules
 from .settings import Settings
-from .times import now_utc, seconds_between
+from .times import Instant, stored_or_none
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,11 @@ class Finding:
     detail: str
 
 
-def oldest_due_wait(conn: Connection, now: str) -> tuple[str | None, float]:
+def oldest_due_wait(conn: Connection, now: Instant) -> tuple[Instant | None, float]:
     """The oldest due pending row's ``send_after`` and how long it has waited past it (0 when none
     is due): how far behind sending is, read by the drain_backlog check and the dispatcher's."""
     oldest = ledger.oldest_due_pending(conn, now)
-    return oldest, 0.0 if oldest is None else seconds_between(oldest, now)
+    return oldest, 0.0 if oldest is None else now - oldest
 
 
 def sweep_period_seconds(settings: Settings, devices_per_chunk: Mapping[int, int]) -> int:
@@ -128,7 +128,7 @@ def evaluate(
     ]
 
 
-def clock_findings(now: str, built_in_future: int) -> list[Finding]:
+def clock_findings(now: Instant, built_in_future: int) -> list[Finding]:
     """Stored times the clock says cannot have happened yet: a negative age is a fault, never 0."""
     return [
         Finding(
@@ -140,8 +140,8 @@ def clock_findings(now: str, built_in_future: int) -> list[Finding]:
     ]
 
 
-def check(db: Database, settings: Settings, now: str | None = None) -> list[Finding]:
-    now = now or now_utc()
+def check(db: Database, settings: Settings, now: Instant | None = None) -> list[Finding]:
+    now = now or Instant.now()
     with db.read() as conn:
         per_chunk = ledger.devices_per_chunk(conn)
         min_lead = ledger.min_lead_seconds(conn)
@@ -163,8 +163,8 @@ def device_budget(settings: Settings, lead: int, period: int) -> int:
 class SweepStatus:
     """The design's ``full sweep period < lead time - margin``, measured per device instead of predicted."""
 
-    now: str
-    oldest_built_at: str | None  # among devices built at least once (live tokens only)
+    now: Instant
+    oldest_built_at: Instant | None  # among devices built at least once (live tokens only)
     never_built: int
     budget_seconds: int  # the smallest device budget: the shortest lead's (``device_budget``)
     sweep_period_seconds: int  # what the configuration promises for today's device count
@@ -177,7 +177,7 @@ class SweepStatus:
         """Age of the oldest build; None when nothing is built or even the oldest lies in the future."""
         if self.oldest_built_at is None or self.oldest_built_at > self.now:
             return None
-        return seconds_between(self.oldest_built_at, self.now)
+        return self.now - self.oldest_built_at
 
     @property
     def breached(self) -> bool:
@@ -188,7 +188,7 @@ class SweepStatus:
     def fields(self) -> dict[str, Any]:
         age = self.age_seconds
         return {
-            "oldest_reminders_built_at": self.oldest_built_at,
+            "oldest_reminders_built_at": stored_or_none(self.oldest_built_at),
             "oldest_build_age_seconds": None if age is None else round(age, 1),
             "budget_seconds": self.budget_seconds,
             "sweep_period_seconds": self.sweep_period_seconds,
@@ -217,7 +217,7 @@ class SweepStatus:
         return text
 
 
-def sweep_status(db: Database, settings: Settings, now: str) -> SweepStatus:
+def sweep_status(db: Database, settings: Settings, now: Instant) -> SweepStatus:
     with db.read() as conn:
         never, oldest = ledger.oldest_built(conn)
         per_chunk = ledger.devices_per_chunk(conn)
@@ -243,12 +243,12 @@ class DispatchHealth:
     """Is the exact-time path keeping up? Due rows must not wait past ``send_after`` for more than
     ``REMINDERS_DISPATCH_LATE_SECONDS`` while a dispatcher should be running."""
 
-    now: str
+    now: Instant
     enabled: bool
     late_after_seconds: int
-    oldest_due: str | None  # the oldest pending row whose send_after has passed
+    oldest_due: Instant | None  # the oldest pending row whose send_after has passed
     wait_seconds: float  # how long it has waited past its send_after
-    latest_beat: str | None  # newest heartbeat of a running dispatcher
+    latest_beat: Instant | None  # newest heartbeat of a running dispatcher
 
     @property
     def on_time(self) -> bool:
@@ -271,13 +271,13 @@ class DispatchHealth:
             "late_after_seconds": self.late_after_seconds,
         }
         if self.oldest_due:
-            meta["oldest_due_send_after"] = self.oldest_due
+            meta["oldest_due_send_after"] = self.oldest_due.stored
         if self.latest_beat:
-            meta["latest_dispatcher_beat"] = self.latest_beat
+            meta["latest_dispatcher_beat"] = self.latest_beat.stored
         return meta
 
 
-def dispatch_health(db: Database, settings: Settings, now: str) -> DispatchHealth:
+def dispatch_health(db: Database, settings: Settings, now: Instant) -> DispatchHealth:
     with db.read() as conn:
         oldest, wait = oldest_due_wait(conn, now)
         beat = ledger.latest_beat(conn)

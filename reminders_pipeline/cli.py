@@ -32,7 +32,7 @@ from .schema import OUTCOMES, STATUSES
 from .sender import default_sender_factory
 from .settings import Settings, SettingsError
 from .sources import shown_url
-from .times import parse_when
+from .times import Instant
 
 T = TypeVar("T")
 
@@ -51,9 +51,9 @@ def _known(result: T | None, device_id: str) -> T:
 class When(click.ParamType):
     name = "TIME"
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+    def convert(self, value: Any, param: Any, ctx: Any) -> Instant:
         try:
-            return parse_when(str(value))
+            return Instant.parse(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 
@@ -156,7 +156,9 @@ def device() -> None:
 @click.option("--lead", type=click.IntRange(min=0), default=None, help="reminder_lead_seconds (default 3600).")
 @click.option("--rule", "rules", multiple=True, help="Extra rule, e.g. lead:0@expiry. Repeatable.")
 @click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
-@click.option("--tz", default=None, help="IANA time zone, e.g. Europe/Berlin (default: keep the stored one).")
+@click.option(
+    "--tz", "tz_name", default=None, help="IANA time zone, e.g. Europe/Berlin (default: keep the stored one)."
+)
 @click.option(
     "--all-day-rule",
     "all_day_rules",
@@ -174,7 +176,7 @@ def device_put(
     lead: int | None,
     rules: tuple[str, ...],
     sources: tuple[str, ...],
-    tz: str | None,
+    tz_name: str | None,
     all_day_rules: tuple[str, ...],
     no_all_day_rules: bool,
     quiet_hours: str | None,
@@ -188,7 +190,7 @@ def device_put(
         raise click.UsageError("give --all-day-rule or --no-all-day-rules, not both")
     day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
     lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
-    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz, day_rules, quiet_hours, alarms)
+    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz_name, day_rules, quiet_hours, alarms)
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:
@@ -251,7 +253,7 @@ def build_cmd(
     device_ids: tuple[str, ...],
     chunks: tuple[int, ...],
     limit: int | None,
-    now: str | None,
+    now: Instant | None,
 ) -> None:
     """Compose feeds and upsert queue rows; print one JSON summary."""
     if sum(map(bool, (all_devices, device_ids, chunks))) != 1:
@@ -279,7 +281,7 @@ def build_cmd(
 @click.option("--id", "row_id", type=click.IntRange(min=1), default=None, help="Drain only this row, if due.")
 @click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
 @pass_ctx
-def drain_cmd(ctx: Ctx, row_id: int | None, now: str | None) -> None:
+def drain_cmd(ctx: Ctx, row_id: int | None, now: Instant | None) -> None:
     """Claim due rows, apply the send-time policy, send, settle; print one JSON summary."""
     try:
         with progress("drain", "due rows claimed") as shown:
@@ -358,7 +360,7 @@ def demo_cmd(demo_port: int) -> None:
 @main.command("prune")
 @click.option("--now", type=When(), default=None, help="Pretend it is this time (ISO-8601 or Unix seconds).")
 @pass_ctx
-def prune_cmd(ctx: Ctx, now: str | None) -> None:
+def prune_cmd(ctx: Ctx, now: Instant | None) -> None:
     """Delete rows settled longer ago than REMINDERS_RETENTION_SECONDS, in small batches."""
     from .retention import prune
 

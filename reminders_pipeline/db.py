@@ -24,7 +24,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from .quiet import QuietFailures
+from .times import Instant
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -161,14 +161,14 @@ async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 await conn.execute(f'LISTEN "{channel}"')
                 failures = 0
-                lost.succeeded(time.monotonic())
+                lost.succeeded(Instant.now())
                 heard.set()
                 async for _ in conn.notifies():
                     heard.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the poll backstop covers the gap; keep trying
-            lost.failed(exc, time.monotonic())
+            lost.failed(exc, Instant.now())
         heard.set()
         await asyncio.sleep(LISTEN_RETRY_SECONDS[min(failures, len(LISTEN_RETRY_SECONDS) - 1)])
         failures += 1

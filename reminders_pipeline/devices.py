@@ -20,7 +20,7 @@ from .db import Database
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
 from .sources import shown_url
-from .times import now_utc
+from .times import Instant
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
@@ -49,7 +49,7 @@ class DeviceSpec:
     reminder_lead_seconds: int = 3600
     extra_rules: Sequence[str] = field(default_factory=tuple)
     source_urls: Sequence[str] = field(default_factory=tuple)
-    tz: str | None = None  # IANA zone; None keeps the stored one (the widget reports it too)
+    tz_name: str | None = None  # IANA zone; None keeps the stored one (the widget reports it too)
     all_day_rules: Sequence[str] = DEFAULT_ALL_DAY_RULES
     quiet_hours: str | None = None  # "22:00-07:00" in the device's zone
     alarms: bool = False  # a calendar event's own alarms (VALARM) replace the device's rules for it
@@ -107,7 +107,7 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     rules = _rules(spec.extra_rules, "rules", all_day=False)
     all_day_rules = _rules(spec.all_day_rules, "all_day_rules", all_day=True)
     try:
-        tz = None if spec.tz is None else valid_zone_name(spec.tz)
+        tz_name = None if spec.tz_name is None else valid_zone_name(spec.tz_name)
     except ZoneError as exc:
         raise DeviceError("tz", str(exc)) from None
     try:
@@ -126,7 +126,7 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
         lead,
         tuple(dict.fromkeys(rules)),
         tuple(dict.fromkeys(spec.source_urls)),
-        tz,
+        tz_name,
         tuple(dict.fromkeys(all_day_rules)),
         quiet.text if quiet else None,
         bool(spec.alarms),
@@ -148,7 +148,7 @@ def _rules(texts: Sequence[str], field: str, *, all_day: bool) -> list[str]:
     return out
 
 
-def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | None = None) -> Registration:
+def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant | None = None) -> Registration:
     """Create or replace a device with exactly these rules and sources. Raises ``DeviceError``.
 
     A device without a credential (a new one, or one registered before credentials existed) is
@@ -156,7 +156,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
     """
     spec = validate(spec)
     secret, digest = _new_credential()
-    now = now or now_utc()
+    now = now or Instant.now()
     values = {
         "id": spec.id,
         "apns_token": spec.apns_token,
@@ -164,7 +164,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: str | No
         "extra_rules": " ".join(spec.extra_rules),
         "all_day_rules": " ".join(spec.all_day_rules),
         "quiet_hours": spec.quiet_hours,
-        "tz_name": spec.tz,
+        "tz_name": spec.tz_name,
         "use_alarms": 1 if spec.alarms else 0,
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
@@ -211,14 +211,14 @@ def stored_credential_hash(db: Database, device_id: str) -> str | None:
         return ledger.device_credential_hash(conn, device_id)
 
 
-def remove_device(db: Database, device_id: str, now: str | None = None) -> int | None:
+def remove_device(db: Database, device_id: str, now: Instant | None = None) -> int | None:
     """Voids the device's pending rows (``device_removed``) and deletes it; None if unknown."""
     with db.write() as conn:
-        return ledger.delete_device(conn, device_id, now or now_utc())
+        return ledger.delete_device(conn, device_id, now or Instant.now())
 
 
-def rechunk(db: Database, settings: Settings, now: str | None = None) -> int:
+def rechunk(db: Database, settings: Settings, now: Instant | None = None) -> int:
     """Recompute every stored chunk after ``REMINDERS_CHUNK_COUNT`` changed."""
     with db.write() as conn:
         ids = [d.id for d in ledger.list_devices(conn)]
-        return ledger.set_chunks(conn, {i: chunk_of(i, settings.chunk_count) for i in ids}, now or now_utc())
+        return ledger.set_chunks(conn, {i: chunk_of(i, settings.chunk_count) for i in ids}, now or Instant.now())

@@ -36,7 +36,7 @@ from .sender import Notification, Sender, SenderFactory, SendResult
 from .settings import Settings
 from .settlement import SettlementsNotWritten, settled_ids, write_settlement
 from .summary import DrainResult
-from .times import iso_floor, iso_from_unix, unix_from_iso
+from .times import Instant
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ FAILED_RETRY_SECONDS = 1.0  # after a batch or a kept settlement's write failed:
 class Timer:
     """The real clock. Tests drive a timer of their own (same two methods) to replay any morning."""
 
-    def now(self) -> float:
-        return time.time()
+    def now(self) -> Instant:
+        """Rounded down to the millisecond: a row due at it is due by the real clock too."""
+        return Instant.now()
 
     async def wait(self, batches: set[asyncio.Future[Any]], signals: set[asyncio.Future[Any]], seconds: float) -> None:
         """Return after ``seconds``, or as soon as a batch in flight ends or a signal (stop, NOTIFY) comes."""
@@ -88,12 +89,12 @@ class Dispatcher:
     on_batch: Callable[[DrainResult], None] | None = None  # one call per settled batch (logging)
 
     def __post_init__(self) -> None:
-        self.summary = DrainResult(now=iso_floor(self.timer.now()))
+        self.summary = DrainResult(now=self.timer.now())
         self._sender = LazySender(self.sender_factory)
         self._batches: dict[asyncio.Task[DrainResult], Sequence[int]] = {}
         self._in_flight: set[int] = set()
-        self._held: dict[int, float] = {}  # row id -> not before: rows a batch could not claim or send
-        self._not_before = 0.0  # no dispatch at all before this: a halt's backoff
+        self._held: dict[int, Instant] = {}  # row id -> not before: rows a batch could not claim or send
+        self._not_before = Instant(0)  # no dispatch at all before this: a halt's backoff
         self._halts = 0
         self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
         self._in_outage = False
@@ -104,21 +105,21 @@ class Dispatcher:
         self._kept_writes = QuietFailures(
             log, f"dispatcher {self.name}: writing settlements kept through a database failure"
         )
-        self._next_beat = self._next_sweep = 0.0
+        self._next_beat = self._next_sweep = Instant(0)
         self._started = self.summary.now
-        self._until: float | None = None
+        self._until: Instant | None = None
         self._stop: asyncio.Event | None = None
         self._began = time.perf_counter()
 
-    def clock(self) -> str:
-        return iso_floor(self.timer.now())
+    def clock(self) -> Instant:
+        return self.timer.now()
 
-    async def run(self, *, until: float | None = None, stop: asyncio.Event | None = None) -> DrainResult:
-        """Dispatch until ``until`` (Unix seconds) or ``stop``; in-flight sends finish and settle."""
+    async def run(self, *, until: Instant | None = None, stop: asyncio.Event | None = None) -> DrainResult:
+        """Dispatch until ``until`` or ``stop``; in-flight sends finish and settle."""
         stop = stop or asyncio.Event()
         self._stop = stop
         self._until = until
-        log.info("dispatcher %s started (until %s)", self.name, iso_from_unix(until) if until else "stopped")
+        log.info("dispatcher %s started (until %s)", self.name, until or "stopped")
         async with self.db.notifications(ledger.DUE_CHANNEL) as heard:
             try:
                 while not stop.is_set():
@@ -137,7 +138,7 @@ class Dispatcher:
                 await self._finish()
         return self.summary
 
-    async def _dispatch_due(self, now: float) -> float:
+    async def _dispatch_due(self, now: Instant) -> Instant:
         """Start a batch for the due rows not already in flight; return when to look again.
 
         The reads run off the loop (``waiting_off_the_loop``): this loop reads APNs' answers, and a
@@ -161,13 +162,13 @@ class Dispatcher:
             return now
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
         # the next row to come due; a batch ending or a hold expiring wakes us too.
-        return min([poll_at, *self._held.values()] + ([unix_from_iso(later)] if later else []))
+        return min([poll_at, *self._held.values()] + ([later] if later else []))
 
-    def _read_due(self, now: float, clock: str, busy: set[int]) -> tuple[list[int], str | None]:
+    def _read_due(self, now: Instant, clock: Instant, busy: set[int]) -> tuple[list[int], Instant | None]:
         """The due rows not in ``busy``, or else the next ``send_after`` to wake for."""
         with self.db.read() as conn:
             earliest = ledger.next_send_after(conn)
-            if earliest is None or unix_from_iso(earliest) > now:
+            if earliest is None or earliest > now:
                 return [], earliest
             ready = [i for i in ledger.due_ids(conn, clock) if i not in busy]
             return (ready, None) if ready else ([], ledger.next_send_after(conn, after=clock))
@@ -227,14 +228,14 @@ class Dispatcher:
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)
 
-    def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: float) -> None:
+    def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: Instant) -> None:
         """Rows of a batch another claimer held: look again shortly. Rows given back to pending
         carry their own ``not_before`` (a retry's backoff, a quiet-hours hold), which the due
         predicate and ``next_send_after`` honour; settled ones never come back as due."""
         if done.claimed < len(ids):
             self._held.update((i, now + RETRY_SECONDS) for i in ids)
 
-    async def _wait(self, wake_at: float, heard: asyncio.Event | None, stop: asyncio.Event) -> None:
+    async def _wait(self, wake_at: Instant, heard: asyncio.Event | None, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait())]
         if heard is not None:
             waiters.append(asyncio.ensure_future(heard.wait()))
@@ -246,14 +247,14 @@ class Dispatcher:
             for w in waiters:
                 w.cancel()
 
-    async def _write_kept(self, now: float, last: bool = False) -> None:
+    async def _write_kept(self, now: Instant, last: bool = False) -> None:
         """Write the settlements a batch could not, once the database answers, each in its own
         transaction: their rows are still ours until the abandon threshold, and each rewrite
         settles only rows still claimed by us. Past that threshold another process's abandoned
         sweep has failed them, so they are dropped; so are those left when the dispatcher stops."""
         expired = now - self.settings.abandon_after_seconds
         for settlement in list(self._kept):
-            if unix_from_iso(settlement.at) < expired:
+            if settlement.at < expired:
                 self._drop_kept(settlement, "past the abandon threshold")
                 continue
             try:
@@ -274,7 +275,7 @@ class Dispatcher:
             self.name, why, settled_ids(settlement),
         )  # fmt: skip
 
-    async def _housekeeping(self, now: float) -> None:
+    async def _housekeeping(self, now: Instant) -> None:
         """Heartbeat for /metrics and the checks; fail claims a dead dispatcher or drain left. Both
         are writes: on SQLite they wait for the write lock off the loop that reads APNs' answers."""
         if now < min(self._next_sweep, self._next_beat):
@@ -282,7 +283,7 @@ class Dispatcher:
         try:
             if now >= self._next_sweep:
                 self.summary.abandoned += await waiting_off_the_loop(
-                    self.db, fail_abandoned, self.db, self.settings, iso_floor(now)
+                    self.db, fail_abandoned, self.db, self.settings, now
                 )
                 self._next_sweep = now + ABANDON_SWEEP_SECONDS
             if now >= self._next_beat:
@@ -295,16 +296,15 @@ class Dispatcher:
             return
         self._chores.succeeded(now)
 
-    def _beat(self, now: float) -> None:
+    def _beat(self, now: Instant) -> None:
         sent = self.summary.outcomes.get("sent", 0)
-        ends_at = iso_floor(self._until) if self._until is not None else None
         with self.db.write() as conn:
             ledger.beat(
-                conn, self.name, iso_floor(now),
-                started_at=self._started, ends_at=ends_at, sent=sent, settled=sum(self.summary.outcomes.values()),
+                conn, self.name, now,
+                started_at=self._started, ends_at=self._until, sent=sent, settled=sum(self.summary.outcomes.values()),
             )  # fmt: skip
 
-    def _stopped(self, now: str) -> None:
+    def _stopped(self, now: Instant) -> None:
         with self.db.write() as conn:
             ledger.dispatcher_stopped(conn, self.name, now)
 
@@ -315,7 +315,7 @@ class Dispatcher:
         await self._sender.aclose()
         self.summary.duration_seconds = time.perf_counter() - self._began
         try:
-            await waiting_off_the_loop(self.db, self._stopped, iso_floor(self.timer.now()))
+            await waiting_off_the_loop(self.db, self._stopped, self.timer.now())
         except Exception:  # noqa: BLE001 - a stale heartbeat says the same
             log.exception("dispatcher %s: could not record its stop", self.name)
         log.info("dispatcher %s stopped: %s", self.name, self.summary.as_dict())
@@ -339,7 +339,7 @@ def run_in_foreground(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        until = None if seconds is None else time.time() + seconds
+        until = None if seconds is None else Instant.now() + seconds
         return await Dispatcher(db, settings, sender_factory, on_batch=lambda s: log.info(batch_line(s))).run(
             until=until, stop=stop
         )

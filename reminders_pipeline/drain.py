@@ -38,26 +38,26 @@ from .settlement import (
     settlement_of,
 )
 from .summary import DrainResult
-from .times import now_utc, shift
+from .times import Instant
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], str]
+Clock = Callable[[], Instant]
 
 
-def clock_for(now: str | None) -> Clock:
+def clock_for(now: Instant | None) -> Clock:
     """A fixed clock for ``--now`` and tests, else the real one."""
-    return (lambda: now) if now else now_utc
+    return (lambda: now) if now else Instant.now
 
 
 def new_claimer() -> str:
     return f"drain-{uuid.uuid4().hex[:16]}"
 
 
-def fail_abandoned(db: Database, settings: Settings, now: str | None = None) -> int:
-    now = now or now_utc()
+def fail_abandoned(db: Database, settings: Settings, now: Instant | None = None) -> int:
+    now = now or Instant.now()
     with db.write() as conn:
-        n = ledger.fail_abandoned(conn, shift(now, -settings.abandon_after_seconds), now)
+        n = ledger.fail_abandoned(conn, now - settings.abandon_after_seconds, now)
     if n:
         log.warning(
             "failed %d abandoned claim(s) older than %ss; they will not be retried", n, settings.abandon_after_seconds
@@ -79,9 +79,11 @@ def fence_deadline(settings: Settings, claimed_at: float) -> float:
     return claimed_at + settings.abandon_after_seconds - settings.send_timeout_seconds - settings.fence_margin_seconds
 
 
-def find_due(db: Database, now: str | None = None, row_id: int | None = None, limit: int | None = None) -> list[int]:
+def find_due(
+    db: Database, now: Instant | None = None, row_id: int | None = None, limit: int | None = None
+) -> list[int]:
     with db.read() as conn:
-        return ledger.due_ids(conn, now or now_utc(), row_id=row_id, limit=limit)
+        return ledger.due_ids(conn, now or Instant.now(), row_id=row_id, limit=limit)
 
 
 def batches_of(ids: Sequence[int], batch_size: int, max_batches: int) -> list[list[int]]:
@@ -112,7 +114,7 @@ async def send_batch_async(
     ids: Sequence[int],
     sender_factory: SenderFactory,
     *,
-    now: str | None = None,
+    now: Instant | None = None,
     claimer: str | None = None,
     clock: Clock | None = None,
     sender: Sender | None = None,
@@ -299,7 +301,7 @@ def drain(
     settings: Settings,
     sender_factory: SenderFactory | None = None,
     *,
-    now: str | None = None,
+    now: Instant | None = None,
     row_id: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     stop: Stop | None = None,

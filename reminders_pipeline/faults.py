@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +19,7 @@ from .sender import NOT_WRITTEN, SendResult
 from .settings import Settings
 from .settlement import Settlement
 from .summary import DrainResult
-from .times import shift, unix_from_iso
+from .times import Instant
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +39,12 @@ class Outage:
     limit: int
     window: float = OUTAGE_WINDOW_SECONDS
     streak: int = 0
-    since: float | None = None  # time.monotonic() of the streak's first answer
+    since: Instant | None = None  # when the streak's first answer was counted
     last: str | None = None
     alerted: bool = False
 
-    def count(self, results: list[SendResult], now: float | None = None) -> str | None:
+    def count(self, results: list[SendResult], now: Instant) -> str | None:
         """The halt reason while the outage lasts, else None."""
-        now = time.monotonic() if now is None else now
         for r in results:
             if not_written(r):
                 continue  # failed before the write for another reason than reaching APNs: says nothing of it
@@ -91,7 +89,7 @@ def return_undelivered(
             for r in out.rows if r["id"] in again
         )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]
-    reason = outage.count(results, unix_from_iso(out.at))
+    reason = outage.count(results, out.at)
     if reason and not summary.halted:
         summary.halted = reason
         if not outage.alerted:  # one line per outage, not one per batch that meets it
@@ -100,14 +98,14 @@ def return_undelivered(
 
 
 def retry_not_before(
-    now: str, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform
-) -> str:
+    now: Instant, attempt: int, settings: Settings, uniform: Callable[[float, float], float] = random.uniform
+) -> Instant:
     """When a row may go again after its ``attempt``-th send certainly did not deliver: exponential
     backoff (``REMINDERS_SEND_RETRY_BASE_SECONDS`` doubling per attempt, at most
     ``REMINDERS_SEND_RETRY_MAX_SECONDS``) with jitter down to half, so rows throttled together do
     not all come back together, and a second dispatcher or the cron drain waits as well."""
     delay = min(settings.send_retry_max_seconds, settings.send_retry_base_seconds * 2 ** (attempt - 1))
-    return shift(now, uniform(delay / 2, delay))
+    return now + uniform(delay / 2, delay)
 
 
 def alert_halt(settings: Settings, summary: DrainResult, claimer: str) -> None:

@@ -1,6 +1,8 @@
 """Items of a source feed: validation of the wire format (Unix seconds) item by item.
 
-A malformed item is rejected with a reason and counted; the rest of the feed still counts.
+A malformed item is rejected with a reason and counted; the rest of the feed still counts. Items
+keep the wire's seconds (they are cached as the feed read them); ``Item.starts`` and
+``Item.expires`` are where their times enter the core as instants.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .times import MAX_UNIX
-from .zones import LocalTime
+from .times import MAX_UNIX, Instant
+from .zones import Zone
 
 MAX_ID_LENGTH = 256
 MAX_TITLE_LENGTH = 256
@@ -31,16 +33,31 @@ class Item:
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
     alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
 
-    def for_local(self, local: LocalTime) -> Item:
-        """Fixed to a device's local time (zone, else offset, else UTC); a fixed item is unchanged.
+    @property
+    def starts(self) -> Instant:
+        """The start as an instant; an item fixed in time only (``for_local`` fixes a floating one)."""
+        return Instant.from_unix(self._fixed(self.starts_at))
+
+    @property
+    def expires(self) -> Instant:
+        """The end as an instant, like ``starts``."""
+        return Instant.from_unix(self._fixed(self.expires_at))
+
+    def _fixed(self, seconds: int) -> int:
+        if self.floating:
+            raise ValueError(f"item {self.id!r} is floating: its times are wall times until a zone fixes them")
+        return seconds
+
+    def for_local(self, zone: Zone) -> Item:
+        """Fixed to a device's zone (IANA zone, else offset, else UTC); a fixed item is unchanged.
 
         A DURATION's days were added to the wall time (nominal, RFC 5545); its exact part is added
         to the resolved instant, so an event across a DST change lasts what it says.
         """
         if not self.floating:
             return self
-        starts = local.to_unix(self.starts_at)
-        expires = max(local.to_unix(self.expires_at - self.tail_seconds) + self.tail_seconds, starts + 1)
+        starts = zone.to_unix(self.starts_at)
+        expires = max(zone.to_unix(self.expires_at - self.tail_seconds) + self.tail_seconds, starts + 1)
         return replace(self, starts_at=starts, expires_at=expires, floating=False, tail_seconds=0)
 
     def to_json(self) -> list[Any]:

@@ -22,18 +22,13 @@ from typing import Any
 
 from .rules import parse_rule
 from .sender import Notification
-from .times import unix_from_iso
-from .zones import local_time_of
+from .times import Instant
+from .zones import zone_of
 
 MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
 DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
-
-
-def local_clock(unix: float, tz_offset_seconds: int | None, tz_name: str | None = None) -> str:
-    """``HH:MM`` in the device's zone or offset, or UTC marked as such when neither is known."""
-    return local_time_of(tz_name, tz_offset_seconds).clock(unix)
 
 
 def _day_text(days: int) -> str:
@@ -65,17 +60,16 @@ def compose(
 ) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
     rule = parse_rule(row["rule"])
-    starts = unix_from_iso(row["event_at"])
-    ends = unix_from_iso(row["expires_at"])
-    tz, tz_name = row.get("last_tz_offset_seconds"), row.get("tz_name")
+    starts: Instant = row["event_at"]
+    ends: Instant = row["expires_at"]
     if row.get("body"):
         body = row["body"]
     elif rule.anchor == "day":
         body = _day_text(rule.days)
     elif rule.anchor == "expiry":
-        body = f"Ends at {local_clock(ends, tz, tz_name)}"
+        body = f"Ends at {zone_of(row).clock(ends)}"
     else:
-        body = f"Starts at {local_clock(starts, tz, tz_name)}"
+        body = f"Starts at {zone_of(row).clock(starts)}"
     payload = {
         "aps": {
             "alert": {"title": row["title"], "body": body},
@@ -83,7 +77,7 @@ def compose(
             "interruption-level": interruption_level,
             "thread-id": str(row["item_id"])[:64],
         },
-        "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": int(starts)},
+        "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": starts.whole_seconds},
     }
     return _fit(
         Notification(
@@ -92,7 +86,7 @@ def compose(
             device_token=row["apns_token"],
             payload=payload,
             collapse_id=collapse_id(row["device_id"], row["item_id"]),
-            expiration=int(starts if rule.anchor == "start" else ends),  # day rules: the end of the last day
+            expiration=(starts if rule.anchor == "start" else ends).whole_seconds,  # day rules: the end of the last day
         )
     )
 

@@ -14,8 +14,8 @@ from .feed import Item, ParsedFeed
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
 from .sources import SourceRead
-from .times import iso_from_unix, unix_from_iso
-from .zones import LocalTime, local_time, parse_quiet_hours
+from .times import Instant
+from .zones import QuietHours, Zone, parse_quiet_hours, zone_of
 
 
 @dataclass
@@ -62,14 +62,14 @@ def namespaced(source_id: int, item_id: str) -> str:
 
 
 def plan_device(
-    device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now_unix: float, horizon: int
+    device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now: Instant, horizon: int
 ) -> DevicePlan:
-    """Resolve each item in the device's local time and apply its rules: lead rules to timed items,
+    """Resolve each item in the device's zone and apply its rules: lead rules to timed items,
     day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
     then hold for quiet hours (``policy.held_send_after``)."""
     rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
-    local = local_time(device)
+    zone = zone_of(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
     for source_id in plan.subscribed:
@@ -80,12 +80,10 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         for raw in feed.items:
-            for row, begun in _rows_for(
-                plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, horizon
-            ):
+            for row, begun in _rows_for(plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
     plan.make_rows = lambda source_id, raw: _rows_for(
-        plan, device, source_id, raw, rules, use_alarms, local, quiet, now_unix, None
+        plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, None
     )
     return plan
 
@@ -97,35 +95,37 @@ def _rows_for(
     raw: Item,
     rules: dict[str, Rule],
     use_alarms: bool,
-    local: Any,
-    quiet: Any,
-    now_unix: float,
+    zone: Zone,
+    quiet: QuietHours | None,
+    now: Instant,
     horizon: int | None,
 ) -> Iterator[tuple[dict[str, Any], bool]]:
     """One item's rows for this device (within ``horizon``, if given), each with whether its
     anchor has passed; a kept item is entered in ``plan.feed_items``, a set-aside one is not."""
-    item = raw.for_local(local)
+    item = raw.for_local(zone)
     item_id = namespaced(source_id, item.id)
     if horizon is not None:
         plan.feed_items[item_id] = item
+    starts, expires = item.starts, item.expires
     for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
-        send_after = _send_after(rule, raw, item, local)
-        if horizon is not None and send_after > now_unix + horizon:
+        send_after = _send_after(rule, raw, starts, expires, zone)
+        if horizon is not None and send_after > now + horizon:
             continue
+        anchor = rule.anchor_time(starts, expires)
         yield (
             {
                 "device_id": device["id"],
                 "source_id": source_id,
                 "item_id": item_id,
                 "rule": rule.name,
-                "send_after": iso_from_unix(held_send_after(send_after, rule, item, quiet, local)),
-                "event_at": iso_from_unix(item.starts_at),
-                "expires_at": iso_from_unix(item.expires_at),
+                "send_after": held_send_after(send_after, rule, anchor, quiet, zone),
+                "event_at": starts,
+                "expires_at": expires,
                 "title": item.title,
                 "body": item.body,
-                "item_at": iso_from_unix(_own_anchor(rule, raw)) if raw.floating else None,
+                "item_at": _own_anchor(rule, raw) if raw.floating else None,
             },
-            rule.anchor_unix(item.starts_at, item.expires_at) <= now_unix,
+            anchor <= now,
         )
 
 
@@ -150,24 +150,23 @@ def rules_of(device: dict[str, Any]) -> list[Rule]:
     )
 
 
-def _send_after(rule: Rule, raw: Item, item: Item, local: LocalTime) -> int:
+def _send_after(rule: Rule, raw: Item, starts: Instant, expires: Instant, zone: Zone) -> Instant:
     """A day rule names a local time on a local day (DST exact); a lead rule an offset from an instant."""
+    if rule.anchor == "day" and raw.floating:
+        return Instant.from_unix(zone.to_unix(rule.day_wall(raw.starts_at)))
     if rule.anchor == "day":
-        return (
-            local.to_unix(rule.day_wall(raw.starts_at))
-            if raw.floating
-            else item.starts_at - rule.lead_seconds + rule.at_minutes * 60
-        )
-    return rule.send_after_unix(item.starts_at, item.expires_at)
+        return starts - rule.lead_seconds + rule.at_minutes * 60
+    return rule.anchor_time(starts, expires) - rule.lead_seconds
 
 
-def _own_anchor(rule: Rule, raw: Item) -> int:
-    """A floating item's own time at the rule's anchor, as wall seconds, before any zone fixes it:
-    what must move for a settled row to be re-armed (``ledger.rearm_anchor``'s counterpart)."""
-    return raw.expires_at if rule.anchor == "expiry" else raw.starts_at
+def _own_anchor(rule: Rule, raw: Item) -> Instant:
+    """A floating item's own time at the rule's anchor, before any zone fixes it (its wall time,
+    stored as if it were UTC): what must move for a settled row to be re-armed
+    (``ledger.rearm_anchor``'s counterpart)."""
+    return Instant.from_unix(raw.expires_at if rule.anchor == "expiry" else raw.starts_at)
 
 
-def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str | None:
+def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | None:
     """Why a pending row no longer belongs, or None to leave it.
 
     A failed read never voids. A row of a subscribed source whose read failed is voided only for
@@ -189,10 +188,10 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now_unix: float) -> str |
     item = plan.feed_items.get(row["item_id"])
     if item is None:
         own_id = row["item_id"].split(":", 1)[1]
-        return None if plan.feeds[row["source_id"]].holds(own_id, int(unix_from_iso(row["event_at"]))) else "left_feed"
+        return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
     if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
         return "rule_removed"  # the calendar dropped that alarm
-    if plan.rules[row["rule"]].anchor_unix(item.starts_at, item.expires_at) <= now_unix:
+    if plan.rules[row["rule"]].anchor_time(item.starts, item.expires) <= now:
         return None
     return "out_of_horizon"
 
@@ -246,7 +245,7 @@ def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) 
     by_expiry = expiry_anchored(wanted["rule"])
     bounds = ledger.rearm_bounds(wanted, threshold, by_expiry)
 
-    def outside(t: str, name: str) -> bool:
+    def outside(t: Instant, name: str) -> bool:
         return bool(t <= bounds[f"{name}_before"] or t >= bounds[f"{name}_after"])
 
     anchor = ledger.rearm_anchor(settled, by_expiry)

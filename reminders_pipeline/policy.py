@@ -28,59 +28,56 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .feed import Item
 from .rules import Rule, parse_rule
 from .settings import Settings
-from .times import iso_from_unix, unix_from_iso
-from .zones import LocalTime, QuietHours, ZoneError, local_time_of, parse_quiet_hours
+from .times import Instant
+from .zones import QuietHours, Zone, ZoneError, parse_quiet_hours, zone_of
 
 Decision = Literal["send", "disabled", "event_started", "event_expired", "too_late", "quiet_hours", "held"]
 
 
-def decide(row: Mapping[str, Any], now: str, settings: Settings) -> Decision:
+def decide(row: Mapping[str, Any], now: Instant, settings: Settings) -> Decision:
     """``row``: a claimed queue row joined with its device (``tz_name``, ``quiet_hours``, offset)."""
     rule = parse_rule(row["rule"])
-    now_s = unix_from_iso(now)
-    starts, expires = unix_from_iso(row["event_at"]), unix_from_iso(row["expires_at"])
-    if rule.anchor in ("start", "day") and now_s >= expires:
+    starts, expires = row["event_at"], row["expires_at"]
+    if rule.anchor in ("start", "day") and now >= expires:
         return "event_expired"
-    if rule.anchor != "day" and rule.lead_seconds > 0 and now_s >= rule.anchor_unix(starts, expires):
+    if rule.anchor != "day" and rule.lead_seconds > 0 and now >= rule.anchor_time(starts, expires):
         return "event_started" if rule.anchor == "start" else "event_expired"
-    if now_s - unix_from_iso(lateness_base(row)) > settings.max_lateness_seconds:
+    if now - lateness_base(row) > settings.max_lateness_seconds:
         return "too_late"
-    if not rule.breakthrough and _in_quiet_hours(row, now_s):
+    if not rule.breakthrough and _in_quiet_hours(row, now):
         return "held" if quiet_end(row, now) is not None else "quiet_hours"
     if not settings.enabled:
         return "disabled"
     return "send"
 
 
-def lateness_base(row: Mapping[str, Any]) -> str:
+def lateness_base(row: Mapping[str, Any]) -> Instant:
     """What lateness counts from: the rule's time, ``send_after``, as the build held it. A row the
     drain held to the end of quiet hours counts from that end (``held_until``), as if the build had
     held it, through any retries after it. A retry's backoff (``not_before``) does not move it: a
     retried row is still bounded by its rule's time or its hold's end."""
-    send_after: str = row["send_after"]
+    send_after: Instant = row["send_after"]
     held = row.get("held_until")
     return max(send_after, held) if held else send_after
 
 
-def quiet_end(row: Mapping[str, Any], now: str) -> str | None:
+def quiet_end(row: Mapping[str, Any], now: Instant) -> Instant | None:
     """When a row claimed inside its device's quiet hours may go: the window's end, if that is
     still before what the reminder is about (the condition ``held_send_after`` applies). None: the
     row cannot wait (not in quiet hours, a ``!`` rule, or the event would have begun)."""
-    rule, now_s = parse_rule(row["rule"]), unix_from_iso(now)
-    quiet, local = _quiet_hours(row), _local(row)
-    if rule.breakthrough or quiet is None or not quiet.contains(now_s, local):
+    rule = parse_rule(row["rule"])
+    quiet, zone = _quiet_hours(row), zone_of(row)
+    if rule.breakthrough or quiet is None or not quiet.contains(now, zone):
         return None
-    end = quiet.end_after(now_s, local)
-    anchor = rule.anchor_unix(int(unix_from_iso(row["event_at"])), int(unix_from_iso(row["expires_at"])))
-    return iso_from_unix(end) if end < anchor else None
+    end = quiet.end_after(now, zone)
+    return end if end < rule.anchor_time(row["event_at"], row["expires_at"]) else None
 
 
-def _in_quiet_hours(row: Mapping[str, Any], now_s: float) -> bool:
+def _in_quiet_hours(row: Mapping[str, Any], now: Instant) -> bool:
     quiet = _quiet_hours(row)
-    return quiet is not None and quiet.contains(now_s, _local(row))
+    return quiet is not None and quiet.contains(now, zone_of(row))
 
 
 def _quiet_hours(row: Mapping[str, Any]) -> QuietHours | None:
@@ -90,16 +87,12 @@ def _quiet_hours(row: Mapping[str, Any]) -> QuietHours | None:
         return None
 
 
-def _local(row: Mapping[str, Any]) -> LocalTime:
-    """The device's local time; a zone gone from the database falls back (``zones.local_time_of``)."""
-    return local_time_of(row.get("tz_name"), row.get("last_tz_offset_seconds"))
-
-
-def held_send_after(send_after: int, rule: Rule, item: Item, quiet: QuietHours | None, local: LocalTime) -> int:
+def held_send_after(send_after: Instant, rule: Rule, anchor: Instant, quiet: QuietHours | None, zone: Zone) -> Instant:
     """The build's half of quiet hours: a reminder due inside the window is held to its end when
-    the event is still ahead then (its start; for ``@expiry`` and day rules its end); otherwise it
-    keeps its time and the drain settles it ``quiet_hours``. ``!`` rules are never held."""
-    if quiet is None or rule.breakthrough or not quiet.contains(send_after, local):
+    what it is about (``anchor``: the event's start; for ``@expiry`` and day rules its end) is still
+    ahead then; otherwise it keeps its time and the drain settles it ``quiet_hours``. ``!`` rules
+    are never held."""
+    if quiet is None or rule.breakthrough or not quiet.contains(send_after, zone):
         return send_after
-    end = max(send_after, quiet.end_after(send_after, local))
-    return end if end < rule.anchor_unix(item.starts_at, item.expires_at) else send_after
+    end = max(send_after, quiet.end_after(send_after, zone))
+    return end if end < anchor else send_after

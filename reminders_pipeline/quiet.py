@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 
+from .times import Instant
+
 SUMMARY_EVERY_SECONDS = 60.0
 
 
@@ -25,10 +27,10 @@ class QuietFailures:
     def __init__(self, log: logging.Logger, what: str, every: float = SUMMARY_EVERY_SECONDS) -> None:
         self.log, self.what, self.every = log, what, every
         self.failures = 0
-        self.since: float | None = None
-        self._next_summary = 0.0
+        self.since: Instant | None = None
+        self._next_summary = Instant(0)
 
-    def failed(self, exc: BaseException, now: float) -> None:
+    def failed(self, exc: BaseException, now: Instant) -> None:
         self.failures += 1
         reason = f"{type(exc).__name__}: {first_line(exc)}"
         if self.since is None:
@@ -40,7 +42,7 @@ class QuietFailures:
                 "%s still failing: %d times in %.0fs (last: %s)", self.what, self.failures, now - self.since, reason
             )
 
-    def succeeded(self, now: float) -> None:
+    def succeeded(self, now: Instant) -> None:
         if self.since is not None:
             self.log.warning("%s works again after %d failure(s) in %.0fs", self.what, self.failures, now - self.since)
         self.failures, self.since = 0, None

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from . import ledger
 from .db import Database
 from .settings import Settings
-from .times import now_utc, shift
+from .times import Instant
 
 
 def prune(
     db: Database,
     settings: Settings,
-    now: str | None = None,
+    now: Instant | None = None,
     max_batches: int | None = None,
     progress: Callable[[int, None], None] | None = None,
 ) -> int:
@@ -33,8 +33,8 @@ def prune(
     ``progress``: called with the rows deleted so far after each batch (the total is not counted
     beforehand: that would be a scan of its own).
     """
-    now = now or now_utc()
-    cutoff = shift(now, -settings.retention_seconds)
+    now = now or Instant.now()
+    cutoff = now - settings.retention_seconds
     with db.write() as conn:
         ledger.prune_halts(conn, cutoff)
         ledger.prune_dispatchers(conn, cutoff)

@@ -15,10 +15,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, TypeVar
+from typing import Literal
+
+from .times import Instant
 
 Anchor = Literal["start", "expiry", "day"]
-_Unix = TypeVar("_Unix", int, float)  # whole seconds in the build, an ISO time's fraction in the policy
 
 _RULE = re.compile(r"^lead:(?P<lead>[^@!]*)(?:@(?P<anchor>[^!]*))?(?P<bang>!?)$")
 _DAY_RULE = re.compile(r"^day:(?P<days>[^@!]*)@(?P<hh>\d{2}):(?P<mm>\d{2})(?P<bang>!?)$")
@@ -62,16 +63,13 @@ class Rule:
         """How far before an item's start its reminder can fall: what a source read must cover."""
         return self.lead_seconds + 86400 if self.anchor == "day" else self.lead_seconds
 
-    def anchor_unix(self, starts_at: _Unix, expires_at: _Unix) -> _Unix:
+    def anchor_time(self, starts_at: Instant, expires_at: Instant) -> Instant:
         """What the reminder is about. A day rule is bounded by the end of the event's last day."""
         return starts_at if self.anchor == "start" else expires_at
 
     def day_wall(self, day_start_wall: int) -> int:
         """A day rule's send time as wall-clock seconds (read as UTC), from the day's local midnight."""
         return day_start_wall - self.lead_seconds + self.at_minutes * 60
-
-    def send_after_unix(self, starts_at: int, expires_at: int) -> int:
-        return self.anchor_unix(starts_at, expires_at) - self.lead_seconds
 
     def __str__(self) -> str:
         return self.name

@@ -1,12 +1,15 @@
 """The tables, defined once. The migrations create them; ``ledger`` is the only module that queries them.
 
 Time columns are ``IsoTime``: text in the fixed ``YYYY-MM-DDTHH:MM:SS.mmmZ`` format, with
-``COLLATE "C"`` on PostgreSQL so their order never depends on a locale, and a CHECK that rejects any
-other shape (a ``datetime()`` value with a space instead of ``T`` fails loudly instead of sorting
-wrong).
+``COLLATE "C"`` on PostgreSQL so their order never depends on a locale, and a CHECK (``iso_check``,
+added to every such column) that rejects any other shape: a ``datetime()`` value with a space
+instead of ``T`` fails loudly instead of sorting wrong. The column type is the storage boundary of
+time: it binds an ``Instant`` as its stored text and reads the text back as an ``Instant``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -19,14 +22,39 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
+
+from .times import Instant
 
 metadata = MetaData()
 
-IsoTime = Text().with_variant(postgresql.TEXT(collation="C"), "postgresql")
+
+class IsoTime(TypeDecorator[Instant]):
+    """A stored time: an ``Instant`` in Python, its ISO text (``Instant.stored``) in the database."""
+
+    impl = Text
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(postgresql.TEXT(collation="C") if dialect.name == "postgresql" else Text())
+
+    def process_bind_param(self, value: Instant | None, dialect: Dialect) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, Instant):
+            raise TypeError(f"a stored time is bound as an Instant, not {type(value).__name__} {value!r}")
+        return value.stored
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> Instant | None:
+        return None if value is None else Instant.from_stored(value)
+
+
 # SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
 RowId = BigInteger().with_variant(Integer(), "sqlite")
 MAX_ROW_ID = 2**63 - 1  # BIGINT on PostgreSQL, INTEGER on SQLite: no larger id can exist
@@ -41,9 +69,22 @@ def iso_check(column: str, nullable: bool = True) -> CheckConstraint:
     return CheckConstraint(expr, name=f"ck_{column}_iso")
 
 
-devices = Table(
+def _partial_index(name: str, *columns: str, where: str) -> Index:
+    """An index over the rows matching ``where``, on both databases."""
+    return Index(name, *columns, sqlite_where=text(where), postgresql_where=text(where))
+
+
+def _table(name: str, *parts: Any) -> Table:
+    """A table of the ledger: every time column carries its shape CHECK (``iso_check``)."""
+    table = Table(name, metadata, *parts)
+    for column in table.columns:
+        if isinstance(column.type, IsoTime):
+            table.append_constraint(iso_check(column.name, bool(column.nullable)))
+    return table
+
+
+devices = _table(
     "devices",
-    metadata,
     Column("id", Text, primary_key=True),
     Column("apns_token", Text, nullable=False),
     Column("reminder_lead_seconds", Integer, nullable=False, server_default=text("3600")),
@@ -65,19 +106,13 @@ devices = Table(
     # From 0011: the last registration (``device put``); a dead-token answer older than it marks
     # nothing. NULL: registered before 0011, unknown.
     Column("registered_at", IsoTime),
-    iso_check("reminders_built_at"),
-    iso_check("token_invalid_at"),
-    iso_check("created_at", False),
-    iso_check("updated_at", False),
-    iso_check("registered_at"),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),
 )
 
-sources = Table(
+sources = _table(
     "sources",
-    metadata,
     Column("id", RowId, primary_key=True, autoincrement=True),
     Column("url", Text, nullable=False, unique=True),
     Column("kind", Text, nullable=False, server_default=text("'json'")),
@@ -96,18 +131,10 @@ sources = Table(
     Column("cache_until", IsoTime),  # an iCalendar cache covers occurrences up to here only
     Column("failing_since", IsoTime),
     Column("alerted_at", IsoTime),
-    iso_check("cache_until"),
-    iso_check("failing_since"),
-    iso_check("alerted_at"),
-    iso_check("last_read_at"),
-    iso_check("last_success_at"),
-    iso_check("last_error_at"),
-    iso_check("created_at", False),
 )
 
-device_sources = Table(
+device_sources = _table(
     "device_sources",
-    metadata,
     Column("device_id", Text, ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
     Column("source_id", RowId, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False),
     PrimaryKeyConstraint("device_id", "source_id"),
@@ -116,9 +143,8 @@ device_sources = Table(
 
 # device_id is deliberately not a foreign key: removing a device voids its pending rows and keeps
 # the ledger of what was sent.
-notification_queue = Table(
+notification_queue = _table(
     "notification_queue",
-    metadata,
     Column("id", RowId, primary_key=True, autoincrement=True),
     Column("device_id", Text, nullable=False),
     Column("source_id", RowId),
@@ -165,52 +191,19 @@ notification_queue = Table(
         name="ck_queue_outcome",
     ),
     CheckConstraint("(status = 'settled') = (outcome IS NOT NULL)", name="ck_queue_settled_has_outcome"),
-    iso_check("send_after", False),
-    iso_check("event_at", False),
-    iso_check("expires_at", False),
-    iso_check("claimed_at"),
-    iso_check("settled_at"),
-    iso_check("sent_at"),
-    iso_check("item_at"),
-    iso_check("created_at", False),
-    iso_check("updated_at", False),
-    iso_check("not_before"),
-    iso_check("held_until"),
     # The literal 'pending' (not a bound parameter) lets a generic plan use the partial index.
-    Index(
-        "ix_queue_due",
-        "send_after",
-        "id",
-        sqlite_where=text("status = 'pending'"),
-        postgresql_where=text("status = 'pending'"),
-    ),
+    _partial_index("ix_queue_due", "send_after", "id", where="status = 'pending'"),
     # Few rows carry a not-before: the dispatcher's wake-up finds the earliest without a scan.
-    Index(
-        "ix_queue_not_before",
-        "not_before",
-        sqlite_where=text("status = 'pending' AND not_before IS NOT NULL"),
-        postgresql_where=text("status = 'pending' AND not_before IS NOT NULL"),
-    ),
-    Index(
-        "ix_queue_claimed",
-        "claimed_at",
-        sqlite_where=text("status = 'claimed'"),
-        postgresql_where=text("status = 'claimed'"),
-    ),
-    Index(
-        "ix_queue_settled",
-        "settled_at",
-        sqlite_where=text("status = 'settled'"),
-        postgresql_where=text("status = 'settled'"),
-    ),
+    _partial_index("ix_queue_not_before", "not_before", where="status = 'pending' AND not_before IS NOT NULL"),
+    _partial_index("ix_queue_claimed", "claimed_at", where="status = 'claimed'"),
+    _partial_index("ix_queue_settled", "settled_at", where="status = 'settled'"),
 )
 
 
 # One row per exact-time dispatcher (``reminders_pipeline.dispatch``): its heartbeat, for /metrics
 # and the dispatcher check. Rows of stopped dispatchers are kept a while for the record.
-dispatchers = Table(
+dispatchers = _table(
     "dispatchers",
-    metadata,
     Column("name", Text, primary_key=True),
     Column("started_at", IsoTime, nullable=False),
     Column("beat_at", IsoTime, nullable=False),
@@ -218,50 +211,42 @@ dispatchers = Table(
     Column("stopped_at", IsoTime),
     Column("sent", Integer, nullable=False, server_default=text("0")),
     Column("settled", Integer, nullable=False, server_default=text("0")),
-    iso_check("started_at", False),
-    iso_check("beat_at", False),
-    iso_check("ends_at"),
-    iso_check("stopped_at"),
     Index("ix_dispatchers_beat", "beat_at"),
 )
 
 
 # What a settled row recorded before the build re-armed it (its item moved by at least
-# REMINDERS_REARM_THRESHOLD_SECONDS): the ledger keeps every send, not only the latest.
-notification_history = Table(
+# REMINDERS_REARM_THRESHOLD_SECONDS): the ledger keeps every send, not only the latest. Its columns
+# are the queue row's, as the row had them when settled (so ``outcome`` and ``settled_at`` are set).
+HISTORY_COLUMNS = (
+    "device_id", "item_id", "rule", "send_after", "outcome", "outcome_detail", "payload", "apns_id", "sent_at",
+    "settled_at",
+)  # fmt: skip
+
+
+def _as_settled(name: str) -> Column[Any]:
+    column = notification_queue.c[name]
+    return Column(name, column.type, nullable=bool(column.nullable) and name not in ("outcome", "settled_at"))
+
+
+notification_history = _table(
     "notification_history",
-    metadata,
     Column("id", RowId, primary_key=True, autoincrement=True),
     Column("queue_id", RowId, nullable=False),
-    Column("device_id", Text, nullable=False),
-    Column("item_id", Text, nullable=False),
-    Column("rule", Text, nullable=False),
-    Column("send_after", IsoTime, nullable=False),
-    Column("outcome", Text, nullable=False),
-    Column("outcome_detail", Text),
-    Column("payload", Text),
-    Column("apns_id", Text),
-    Column("sent_at", IsoTime),
-    Column("settled_at", IsoTime, nullable=False),
+    *(_as_settled(name) for name in HISTORY_COLUMNS),
     Column("rearmed_at", IsoTime, nullable=False),
     UniqueConstraint("queue_id", "settled_at", name="uq_history_queue_settled"),
-    iso_check("send_after", False),
-    iso_check("sent_at"),
-    iso_check("settled_at", False),
-    iso_check("rearmed_at", False),
     Index("ix_history_rearmed", "rearmed_at"),
 )
 
 # One row per drain scope (a Dagster run id, or a CLI/HTTP drain's claimer) halted by an APNs
 # fault. Written once by the batch that met it; every batch and process of the scope reads it
 # before each claim, so the halt holds across executors.
-drain_halts = Table(
+drain_halts = _table(
     "drain_halts",
-    metadata,
     Column("scope", Text, primary_key=True),
     Column("reason", Text, nullable=False),
     Column("claimer", Text, nullable=False),
     Column("halted_at", IsoTime, nullable=False),
-    iso_check("halted_at", False),
     Index("ix_drain_halts_halted", "halted_at"),
 )

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .times import Instant
+
 if TYPE_CHECKING:
     from .settings import Settings
 
@@ -65,7 +67,7 @@ class SendResult:
     status: int | None = None  # HTTP status, when there was one
     apns_id: str | None = None
     token_invalid: bool = False  # stop sending to this token (410, BadDeviceToken, ...)
-    token_invalid_at: str | None = None  # stored time; APNs' timestamp for 410
+    token_invalid_at: Instant | None = None  # APNs' timestamp for 410
     config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
     # time.monotonic() when the answer arrived: the row's sent_at. Not part of what the answer *is*.
     answered_at: float | None = field(default=None, compare=False)

@@ -25,7 +25,7 @@ from .quiet import first_line
 from .sender import Notification, SendResult
 from .settings import Settings
 from .summary import DrainResult
-from .times import shift, unix_from_iso
+from .times import Instant
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,13 @@ class SlicePlan:
 class Settlement:
     """A slice's outcomes, ready to write: settled rows, dead tokens, rows back to pending."""
 
-    at: str
+    at: Instant
     rows: list[dict[str, Any]]
     dead_tokens: list[tuple[dict[str, Any], SendResult]]
     returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
 
 
-def decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> SlicePlan:
+def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
         decision = decide(row, now, settings)
@@ -76,25 +76,25 @@ def decide_all(rows: list[dict[str, Any]], now: str, settings: Settings) -> Slic
             if decision == "send":
                 plan.to_send.append(note)
                 continue
-            plan.dry_run_lateness.append(unix_from_iso(now) - unix_from_iso(row["send_after"]))
+            plan.dry_run_lateness.append(now - row["send_after"])
         plan.settlements.append({"id": row["id"], "outcome": decision, **plan.records.get(row["id"], {})})
     return plan
 
 
-def _answered_at(res: SendResult, done: str, started: tuple[str, float] | None) -> str:
+def _answered_at(res: SendResult, done: Instant, started: tuple[Instant, float] | None) -> Instant:
     """When APNs answered this row, on the drain's clock: true lateness per row, not per slice."""
     if res.answered_at is None or started is None:
         return done
-    return min(done, shift(started[0], max(0.0, res.answered_at - started[1])))  # a fixed clock stands still
+    return min(done, started[0] + max(0.0, res.answered_at - started[1]))  # a fixed clock stands still
 
 
 def settlement_of(
     rows: list[dict[str, Any]],
     plan: SlicePlan,
     results: list[SendResult],
-    done: str,
+    done: Instant,
     summary: DrainResult,
-    started: tuple[str, float] | None = None,
+    started: tuple[Instant, float] | None = None,
 ) -> Settlement:
     """The settlement of a sent slice: ``plan``'s own settlements, then one row per answer in ``results``
     (those missing fail ``no_result``). Counts lateness and halts on a configuration fault in ``summary``."""
@@ -116,7 +116,7 @@ def settlement_of(
             }
         )
         if sent_at is not None:
-            summary.lateness_seconds.append(unix_from_iso(sent_at) - unix_from_iso(row["send_after"]))
+            summary.lateness_seconds.append(sent_at - row["send_after"])
         if res.token_invalid:
             out.dead_tokens.append((row, res))
         if res.config_fault and not summary.halted:
@@ -147,7 +147,7 @@ def settled_ids(settlement: Settlement) -> list[int]:
 
 
 def settle_and_claim(
-    db: Database, returned: Sequence[Settlement], claimer: str, scope: str, ids: Sequence[int], claim_time: str
+    db: Database, returned: Sequence[Settlement], claimer: str, scope: str, ids: Sequence[int], claim_time: Instant
 ) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
     """One commit per slice: the settlements that have come back, the halt check, the next claim
     (none once ``scope`` is halted). Returns what each settlement wrote, the halt, the claimed rows."""
@@ -158,7 +158,11 @@ def settle_and_claim(
 
 
 def settle_last(
-    db: Database, returned: Sequence[Settlement], claimer: str, halt: tuple[str, str] | None, clock: Callable[[], str]
+    db: Database,
+    returned: Sequence[Settlement],
+    claimer: str,
+    halt: tuple[str, str] | None,
+    clock: Callable[[], Instant],
 ) -> list[tuple[int, int]]:
     """A batch's last write: what is still unwritten, and the halt it found (``halt``: its scope and
     reason, recorded at ``clock()``) so every batch and process of that scope stops too."""

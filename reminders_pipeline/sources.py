@@ -37,7 +37,7 @@ import httpx
 from .egress import AddressRefused, GuardedTransport, Network
 from .feed import FeedError, ParsedFeed, parse_json_feed
 from .ics import SERIES_SECONDS, parse_ics_feed
-from .times import iso_from_unix, unix_from_iso
+from .times import Instant
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
 MAX_REDIRECTS = 3
@@ -48,7 +48,8 @@ PARSE_GRACE_SECONDS = 1.0
 # parse past its bound hold up the whole build. A parse left behind finishes here, unread.
 _PARSERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reminders-parse")
 
-Windows = tuple[int, int] | Mapping[int, tuple[int, int]] | None
+Window = tuple[Instant, Instant]  # (start, end) of the occurrences a read must yield
+Windows = Window | Mapping[int, Window] | None
 
 # What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
 READ_ERRORS = {
@@ -81,7 +82,7 @@ class SourceState:
     etag: str | None = None
     last_modified: str | None = None
     feed_cache: str | None = None
-    cache_until: str | None = None  # iCalendar caches cover occurrences up to here only
+    cache_until: Instant | None = None  # iCalendar caches cover occurrences up to here only
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class SourceRead:
     not_modified: bool = False
     etag: str | None = None
     last_modified: str | None = None
-    cache_until: str | None = None
+    cache_until: Instant | None = None
 
     @property
     def ok(self) -> bool:
@@ -160,7 +161,7 @@ class SourceReader:
     async def read_all_async(
         self, sources: Mapping[int, SourceState | str], window: Windows = None
     ) -> dict[int, SourceRead]:
-        """``window``: (start, end) Unix seconds of the occurrences the caller needs from calendars,
+        """``window``: (start, end) of the occurrences the caller needs from calendars,
         one for every source or a mapping with one per source id (each source's own subscribers')."""
         if not sources:
             return {}
@@ -183,7 +184,7 @@ class SourceReader:
         return {r.source_id: r for r in reads}
 
     async def _read(
-        self, client: httpx.AsyncClient, source_id: int, state: SourceState, window: tuple[int, int] | None
+        self, client: httpx.AsyncClient, source_id: int, state: SourceState, window: Window | None
     ) -> SourceRead:
         url = state.url
         headers = {"Accept": "application/json, text/calendar;q=0.9", "Accept-Encoding": "gzip, deflate"}
@@ -213,12 +214,13 @@ class SourceReader:
                 await response.aclose()
             content_type = response.headers.get("content-type", "")
             etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
-            start, end = window or _default_window()
+            start, end = (w.whole_seconds for w in window or _default_window())  # the feeds' wire: Unix seconds
             if is_calendar(url, content_type, body):
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
+                covered = Instant.from_unix(until)
                 return SourceRead(
-                    source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=iso_from_unix(until)
+                    source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=covered
                 )
             feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
             return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
@@ -283,18 +285,18 @@ class SourceReader:
         return bytes(body)
 
     @staticmethod
-    def _usable_cache(state: SourceState, window: tuple[int, int] | None) -> ParsedFeed | None:
+    def _usable_cache(state: SourceState, window: Window | None) -> ParsedFeed | None:
         """The cached feed, if it covers what this read needs (a calendar cache ends somewhere) and
         the item cap, if it cut, would still keep the same items."""
         if not state.feed_cache or not (state.etag or state.last_modified):
             return None
-        if state.cache_until is not None and (window is None or unix_from_iso(state.cache_until) < window[1]):
+        if state.cache_until is not None and (window is None or state.cache_until < window[1]):
             return None
         try:
             cached = ParsedFeed.from_json(state.feed_cache)
         except (ValueError, KeyError, TypeError):
             return None
-        now = window[0] if window is not None else int(time.time())
+        now = (window[0] if window is not None else Instant.now()).whole_seconds
         return None if cached.cap_until is not None and now >= cached.cap_until else cached
 
 
@@ -409,8 +411,8 @@ def read_error_code(exc: Exception) -> str:
     return "read_failed"
 
 
-def _default_window() -> tuple[int, int]:
-    now = int(time.time())
+def _default_window() -> Window:
+    now = Instant.now()
     return now, now + 86400
 
 

@@ -1,7 +1,8 @@
 """What one build or one drain did, counted as it goes and merged across batches.
 
 ``as_dict()`` is the summary the CLI prints, Dagster records as metadata and the HTTP routes
-answer; ``http/contract.py`` (``BuildSummary``, ``DrainSummary``) declares the fields clients rely on.
+answer, times in it as stored text; ``http/contract.py`` (``BuildSummary``, ``DrainSummary``)
+declares the fields clients rely on.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .times import Instant
+
 
 @dataclass
 class BuildResult:
-    now: str
+    now: Instant
     devices_built: int = 0
     devices_skipped_newer: int = 0  # a build that started later already wrote them
     rows_inserted: int = 0
@@ -24,7 +27,7 @@ class BuildResult:
     sources_failed: list[dict[str, str]] = field(default_factory=list)
     sources_not_modified: int = 0
     sources_alerted: list[str] = field(default_factory=list)
-    oldest_built_at: str | None = None
+    oldest_built_at: Instant | None = None
     duration_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -38,7 +41,7 @@ class BuildResult:
 
 @dataclass
 class DrainResult:
-    now: str
+    now: Instant
     abandoned: int = 0
     due: int = 0
     claimed: int = 0
@@ -84,5 +87,7 @@ class DrainResult:
 
 
 def _fields_of(result: BuildResult | DrainResult) -> dict[str, Any]:
-    """A result's fields in declaration order: the order the summary's keys are printed in."""
-    return {f.name: getattr(result, f.name) for f in fields(result)}
+    """A result's fields in declaration order (the order the summary's keys are printed in), an
+    instant as its stored text."""
+    values = {f.name: getattr(result, f.name) for f in fields(result)}
+    return {k: v.stored if isinstance(v, Instant) else v for k, v in values.items()}

@@ -16,9 +16,9 @@ from .feed import ParsedFeed
 from .plan import namespaced
 from .rules import device_rules
 from .settings import Settings
-from .sources import SourceRead, SourceReader
-from .times import now_utc, shift, unix_from_iso
-from .zones import local_time
+from .sources import SourceRead, SourceReader, Window
+from .times import Instant
+from .zones import zone_of
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ComposedFeed:
 
 
 def compose_feed(
-    db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None, now: str | None = None
+    db: Database, settings: Settings, device_id: str, reader: SourceReader | None = None, now: Instant | None = None
 ) -> ComposedFeed | None:
     """The device's sources merged, soonest first; None for an unknown device.
 
@@ -46,17 +46,17 @@ def compose_feed(
             return None
         subs = ledger.subscriptions(conn, [device_id])[device_id]
         rows = ledger.sources_by_id(conn, subs)
-    now = now or now_utc()
+    now = now or Instant.now()
     rules = device_rules(record.reminder_lead_seconds, record.extra_rules, record.all_day_rules)
     window = read_window(rules, now, settings.horizon_seconds)
-    since = shift(now, -settings.feed_cache_seconds)
+    since = now - settings.feed_cache_seconds
     reads = {sid: read for sid, row in rows.items() if (read := recent_read(row, since, window)) is not None}
     stale = {sid: source_state(row) for sid, row in rows.items() if sid not in reads}
     if stale:
         fresh = (reader or make_reader(settings)).read_all(stale, window)
         record_reads(db, fresh, now, settings)
         reads.update(fresh)
-    local = local_time(record)
+    zone = zone_of(record)
     items = [
         {
             "id": namespaced(read.source_id, item.id),
@@ -67,20 +67,20 @@ def compose_feed(
         }
         for read in reads.values()
         if read.feed is not None
-        for item in (i.for_local(local) for i in read.feed.items)
+        for item in (i.for_local(zone) for i in read.feed.items)
     ]
     items.sort(key=lambda i: (i["startsAt"], i["id"]))
     return ComposedFeed(device_id, items, failed_sources(reads))
 
 
-def recent_read(row: dict[str, Any], since: str, window: tuple[int, int]) -> SourceRead | None:
+def recent_read(row: dict[str, Any], since: Instant, window: Window) -> SourceRead | None:
     """A source's last read as recorded, if it was made at or after ``since`` and its cached feed
     covers ``window``; None when the source must be read again."""
     if row["last_read_at"] is None or row["last_read_at"] < since:
         return None
     if row["last_error"] is not None:
         return SourceRead(row["id"], row["url"], error=row["last_error"])
-    if row["feed_cache"] is None or (row["cache_until"] is not None and unix_from_iso(row["cache_until"]) < window[1]):
+    if row["feed_cache"] is None or (row["cache_until"] is not None and row["cache_until"] < window[1]):
         return None
     try:
         feed = ParsedFeed.from_json(row["feed_cache"])

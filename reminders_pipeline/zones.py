@@ -1,4 +1,4 @@
-"""A device's local time: its IANA zone when known, else its last seen UTC offset, else UTC.
+"""A device's ``Zone``: its IANA zone when known, else its last seen UTC offset, else UTC.
 
 Floating iCalendar times and all-day dates carry no zone: they are wall-clock times, kept as
 "wall seconds" (the wall time read as if it were UTC) until a device's zone fixes them. Resolution
@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from .times import Instant
+
 MAX_OFFSET_SECONDS = 14 * 3600  # the largest UTC offset in use (Pacific/Kiritimati, +14:00)
 # The widest UTC offset a widget may report (+-18:00, what any platform represents); wider than
 # any zone in use, so an old widget's offset is stored as it comes.
@@ -34,7 +36,7 @@ class ZoneError(ValueError):
 
 
 @lru_cache(maxsize=1024)
-def zone(name: str) -> ZoneInfo:
+def zone_info(name: str) -> ZoneInfo:
     """The zone called ``name`` (``Europe/Berlin``); ``ZoneError`` for anything else."""
     if not isinstance(name, str) or len(name) > MAX_ZONE_NAME or not ZONE_NAME_PATTERN.fullmatch(name):
         raise ZoneError(f"not an IANA time zone name: {name!r}")
@@ -45,31 +47,48 @@ def zone(name: str) -> ZoneInfo:
 
 
 def valid_zone_name(name: str) -> str:
-    zone(name)
+    zone_info(name)
     return name
 
 
 @dataclass(frozen=True)
-class LocalTime:
-    """How one device reads wall times: a zone, or a fixed offset (old widgets), or UTC."""
+class Zone:
+    """How one device reads a clock: an IANA zone (``ZoneInfo``, DST exact), or a fixed UTC offset
+    (an old widget's), or UTC when neither is known. Stored as ``devices.tz_name`` and
+    ``devices.last_tz_offset_seconds``; the name wins when both are set."""
 
     tz_name: str | None = None
     offset_seconds: int | None = None
 
+    @staticmethod
+    def of(tz_name: str | None, offset_seconds: int | None) -> Zone:
+        """The zone of a stored name and offset. A name the zone database no longer knows (an
+        upgrade renamed it) falls back to the offset, which still reads right most of the year,
+        rather than failing a build, a send or the clock text of an alert."""
+        try:
+            return Zone(tz_name and valid_zone_name(tz_name), offset_seconds)
+        except ZoneError:
+            return Zone(None, offset_seconds)
+
     def to_unix(self, wall: int) -> int:
-        """Wall seconds -> the instant, DST exact in a zone."""
+        """Wall seconds -> Unix seconds of the instant, DST exact in a zone (a feed's wire times)."""
         if self.tz_name:
             return _wall_to_unix(wall, self.tz_name)
         return wall - (self.offset_seconds or 0)
 
-    def to_wall(self, unix: float) -> float:
-        """An instant -> wall seconds in this device's local time."""
+    def to_wall(self, when: Instant | float) -> float:
+        """An instant (or its Unix seconds) -> wall seconds on this zone's clock."""
+        unix = when.unix if isinstance(when, Instant) else when
         if self.tz_name:
-            local = datetime.fromtimestamp(unix, zone(self.tz_name))
+            local = datetime.fromtimestamp(unix, zone_info(self.tz_name))
             return unix + local.utcoffset().total_seconds()  # type: ignore[union-attr]
         return unix + (self.offset_seconds or 0)
 
-    def first_reading(self, wall: int, after: float) -> int:
+    def first_reading(self, wall: int, after: Instant) -> Instant:
+        """``_first_reading`` as an instant."""
+        return Instant.from_unix(self._first_reading(wall, after.unix))
+
+    def _first_reading(self, wall: int, after: float) -> int:
         """The first instant after ``after`` at which this clock reads ``wall`` or later, given that it
         reads earlier than ``wall`` at ``after``.
 
@@ -80,7 +99,7 @@ class LocalTime:
         if not self.tz_name:
             return wall - (self.offset_seconds or 0)
         naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
-        both = sorted(int(naive.replace(tzinfo=zone(self.tz_name), fold=f).timestamp()) for f in (0, 1))
+        both = sorted(int(naive.replace(tzinfo=zone_info(self.tz_name), fold=f).timestamp()) for f in (0, 1))
         exact = [t for t in both if t > after and self.to_wall(t) == wall]
         if exact:
             return exact[0]
@@ -94,35 +113,25 @@ class LocalTime:
                 lo = mid
         return hi
 
-    def clock(self, unix: float) -> str:
-        """``HH:MM`` in local time, or UTC marked as such when nothing local is known."""
+    def clock(self, when: Instant) -> str:
+        """``HH:MM`` on this zone's clock, or UTC marked as such when nothing local is known."""
         if not self.tz_name and self.offset_seconds is None:
-            return datetime.fromtimestamp(unix, _UTC).strftime("%H:%M UTC")
-        return datetime.fromtimestamp(self.to_wall(unix), _UTC).strftime("%H:%M")
+            return datetime.fromtimestamp(when.unix, _UTC).strftime("%H:%M UTC")
+        return datetime.fromtimestamp(self.to_wall(when), _UTC).strftime("%H:%M")
 
 
 @lru_cache(maxsize=1 << 16)
 def _wall_to_unix(wall: int, tz_name: str) -> int:
     """Cached: a build resolves the same floating times for every device in one zone."""
     naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
-    return int(naive.replace(tzinfo=zone(tz_name)).timestamp())
+    return int(naive.replace(tzinfo=zone_info(tz_name)).timestamp())
 
 
-def local_time_of(tz_name: str | None, offset_seconds: int | None) -> LocalTime:
-    """The ``LocalTime`` of a stored zone and offset. A zone the zone database no longer knows (an
-    upgrade renamed it) falls back to the offset, which still reads right most of the year, rather
-    than failing a build, a send or the clock text of an alert."""
-    try:
-        return LocalTime(tz_name and valid_zone_name(tz_name), offset_seconds)
-    except ZoneError:
-        return LocalTime(None, offset_seconds)
-
-
-def local_time(device: object) -> LocalTime:
-    """The ``LocalTime`` of a device record or row (``tz_name``, ``last_tz_offset_seconds``)."""
+def zone_of(device: object) -> Zone:
+    """The ``Zone`` of a device record or a row joined with its device (``tz_name``, ``last_tz_offset_seconds``)."""
     if isinstance(device, Mapping):
-        return local_time_of(device.get("tz_name"), device.get("last_tz_offset_seconds"))
-    return local_time_of(getattr(device, "tz_name", None), getattr(device, "last_tz_offset_seconds", None))
+        return Zone.of(device.get("tz_name"), device.get("last_tz_offset_seconds"))
+    return Zone.of(getattr(device, "tz_name", None), getattr(device, "last_tz_offset_seconds", None))
 
 
 @dataclass(frozen=True)
@@ -139,21 +148,21 @@ class QuietHours:
     def _minutes(self, wall: float) -> float:
         return (wall % 86400) / 60
 
-    def contains(self, unix: float, local: LocalTime) -> bool:
-        m = self._minutes(local.to_wall(unix))
+    def contains(self, when: Instant, zone: Zone) -> bool:
+        m = self._minutes(zone.to_wall(when))
         if self.start_minutes <= self.end_minutes:
             return self.start_minutes <= m < self.end_minutes
         return m >= self.start_minutes or m < self.end_minutes
 
-    def end_after(self, unix: float, local: LocalTime) -> int:
-        """When the window containing ``unix`` is over: the first instant after ``unix`` at which the
-        local clock reads the end time (``LocalTime.first_reading``: the right pass of a fold, the
-        jump of a gap). Never before ``unix``: a hold only ever moves a send later."""
-        wall = local.to_wall(unix)
+    def end_after(self, when: Instant, zone: Zone) -> Instant:
+        """When the window containing ``when`` is over: the first instant after it at which the
+        zone's clock reads the end time (``Zone.first_reading``: the right pass of a fold, the jump
+        of a gap). Never before ``when`` (to the second): a hold only ever moves a send later."""
+        wall = zone.to_wall(when)
         end = int(wall // 86400) * 86400 + self.end_minutes * 60
         if end <= wall:
             end += 86400
-        return max(int(unix), local.first_reading(end, unix))
+        return max(Instant.from_unix(when.whole_seconds), zone.first_reading(end, when))
 
 
 def parse_quiet_hours(text: str | None) -> QuietHours | None:

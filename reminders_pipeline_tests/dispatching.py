@@ -12,6 +12,7 @@ from reminders_pipeline.dispatch import Dispatcher
 from reminders_pipeline.sender import SenderFactory
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.summary import DrainResult
+from reminders_pipeline.times import Instant
 
 
 class DrivenTimer:
@@ -21,12 +22,12 @@ class DrivenTimer:
     finishes does the clock jump to the dispatcher's deadline. ``waits`` records every jump.
     """
 
-    def __init__(self, start: float) -> None:
-        self.t = start
+    def __init__(self, start: float | Instant) -> None:
+        self.t = start.unix if isinstance(start, Instant) else start  # Unix seconds, to the microsecond
         self.waits: list[float] = []
 
-    def now(self) -> float:
-        return self.t
+    def now(self) -> Instant:
+        return Instant.floor(self.t)
 
     async def wait(self, batches: set[asyncio.Future[Any]], signals: set[asyncio.Future[Any]], seconds: float) -> None:
         if batches:  # sends and settles take the real time they take; the clock stands still meanwhile

@@ -9,10 +9,10 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.notification import as_shown
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
-NOW = "2026-09-10T08:00:00.000Z"
-NOW_S = int(unix_from_iso(NOW))
+NOW = Instant.from_stored("2026-09-10T08:00:00.000Z")
+NOW_S = NOW.whole_seconds
 TOKEN = "ab" * 32
 # Every ledger table, emptied between PostgreSQL tests (one database serves the session).
 LEDGER_TABLES = "notification_queue, device_sources, sources, devices, dispatchers, notification_history, drain_halts"
@@ -53,5 +53,5 @@ def by_key(db: Database) -> dict[tuple[str, str], dict[str, Any]]:
     return {(r["item_id"].split(":", 1)[1], r["rule"]): r for r in rows(db)}
 
 
-def at(offset: int) -> str:
-    return iso_from_unix(NOW_S + offset)
+def at(offset: int) -> Instant:
+    return Instant.from_unix(NOW_S + offset)

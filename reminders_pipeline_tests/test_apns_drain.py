@@ -20,7 +20,7 @@ from reminders_pipeline.build import build
 from reminders_pipeline.drain import drain, fail_abandoned, send_batch_async
 from reminders_pipeline.sender import default_sender_factory
 from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import now_utc, shift, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .support import device, rows
 
@@ -40,7 +40,7 @@ def live_on_mock(live, mock):
 
 def queue(db, settings, feeds, *, devices=1, items=1, starts_in=1200, lead=1800):
     """Devices each with ``items`` due rows (send_after 10 minutes ago, event in 20 minutes)."""
-    now = int(unix_from_iso(now_utc()))
+    now = Instant.now().whole_seconds
     url = feeds.items(
         "/a.json",
         [
@@ -102,7 +102,7 @@ def test_dead_token_fails_the_row_marks_the_device_and_voids_its_other_rows(
         record = ledger.get_device(conn, "dev-0")
     assert record.token_invalid_reason == reason
     if status == 410:
-        assert record.token_invalid_at == "2027-01-15T08:00:00.123Z"
+        assert record.token_invalid_at == Instant.from_stored("2027-01-15T08:00:00.123Z")
     assert summary.tokens_invalidated == 1
     assert build(db, live_on_mock).devices_built == 1  # dev-0 is skipped until it registers again
     device(db, live_on_mock, "dev-0", sources=[feeds_url], lead=1800, token=TOKENS[5])
@@ -250,7 +250,7 @@ def test_many_devices_all_delivered_exactly_once(db, live_on_mock, feeds, mock):
 def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_every_token(
     db, live_on_mock, feeds, mock
 ):
-    now = int(unix_from_iso(now_utc()))
+    now = Instant.now().whole_seconds
     url = feeds.items("/one.json", [{"id": "e", "title": "Event", "startsAt": now + 1200, "expiresAt": now + 3000}])
     tokens = [f"{i:064x}" for i in range(1000, 2500)]
     with db.write() as conn:
@@ -264,9 +264,9 @@ def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_e
                     "extra_rules": "",
                     "chunk": 0,
                 },
-                now_utc(),
+                Instant.now(),
             )
-            ledger.set_subscriptions(conn, f"dev-{i:04d}", [url], now_utc())
+            ledger.set_subscriptions(conn, f"dev-{i:04d}", [url], Instant.now())
     build(db, live_on_mock)
     mock.script_default(status=410, reason="Unregistered")
     summary = run_drain(db, live_on_mock)
@@ -307,7 +307,7 @@ def test_a_paused_sender_never_sends_a_row_another_claimer_sent(db, live_on_mock
     paused_settings = live_on_mock.with_(abandon_after_seconds=4, send_timeout_seconds=1, fence_margin_seconds=1)
 
     def meanwhile() -> None:
-        assert fail_abandoned(db, paused_settings, shift(now_utc(), paused_settings.abandon_after_seconds + 1)) == 1
+        assert fail_abandoned(db, paused_settings, (Instant.now() + paused_settings.abandon_after_seconds + 1)) == 1
         moved = now + 1200 + 400  # the event moved: its settled row re-arms, due again at once
         feeds.items("/a.json", [{"id": "e0", "title": "Event 0", "startsAt": moved, "expiresAt": moved + 1800}])
         build(db, live_on_mock)

@@ -43,7 +43,7 @@ from reminders_pipeline.apns_transport import (
 )
 from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import Instant
 from reminders_pipeline_testing.mock_apns import MockApns, write_p8_key
 
 T = TypeVar("T")
@@ -193,7 +193,11 @@ def test_410_unregistered_marks_the_token_with_apns_timestamp(mock: MockApns, se
     mock.script(token(1), status=410, reason="Unregistered", timestamp_ms=1_790_000_000_123)
     [result] = send(settings, [note(1)])
     assert (result.ok, result.status, result.reason, result.token_invalid) == (False, 410, "Unregistered", True)
-    assert result.token_invalid_at == iso_from_unix(1_790_000_000.123) == "2026-09-21T14:13:20.123Z"
+    assert (
+        result.token_invalid_at
+        == Instant.from_unix(1_790_000_000.123)
+        == Instant.from_stored("2026-09-21T14:13:20.123Z")
+    )
     assert not result.config_fault
 
 

@@ -15,7 +15,7 @@ from reminders_pipeline.plan import item_moved
 from reminders_pipeline.schema import notification_queue
 from reminders_pipeline.sender import RecordingSender
 from reminders_pipeline.sources import shown_url
-from reminders_pipeline.times import iso_from_unix, shift
+from reminders_pipeline.times import Instant
 
 from .http_sources import Route
 from .support import NOW, NOW_S, TOKEN, at, by_key, device, item, rows
@@ -295,8 +295,12 @@ def test_lead_across_a_dst_change_is_absolute(db, settings, feeds):
     start = 1792891800  # 2026-10-25T01:30:00Z
     url = feeds.items("/a.json", [{"id": "dst", "title": "DST", "startsAt": start, "expiresAt": start + 3600}])
     device(db, settings, sources=[url], lead=7200)
-    build(db, settings, now="2026-10-24T20:00:00.000Z")
-    assert by_key(db)[("dst", "lead:7200")]["send_after"] == iso_from_unix(start - 7200) == "2026-10-24T23:30:00.000Z"
+    build(db, settings, now=Instant.from_stored("2026-10-24T20:00:00.000Z"))
+    assert (
+        by_key(db)[("dst", "lead:7200")]["send_after"]
+        == Instant.from_unix(start - 7200)
+        == Instant.from_stored("2026-10-24T23:30:00.000Z")
+    )
 
 
 def test_device_with_dead_token_is_skipped(db, settings, feeds):
@@ -395,20 +399,26 @@ END:VCALENDAR\r
 def test_a_failed_read_keeps_the_calendar_alarms_rows(db, settings, feeds):
     url = feeds.calendar("/alarms.ics", ALARM_ICS)
     put_device(
-        db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now="2026-10-27T08:00:00.000Z"
+        db,
+        settings,
+        DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True),
+        now=Instant.from_stored("2026-10-27T08:00:00.000Z"),
     )
-    build(db, settings, now="2026-10-27T08:00:00.000Z")
+    build(db, settings, now=Instant.from_stored("2026-10-27T08:00:00.000Z"))
     before = {(r["title"], r["rule"]): r for r in rows(db)}
     assert set(before) == {("Meeting", "lead:1500"), ("No alarms", "lead:3600")}
     feeds.fail("/alarms.ics", 503)
-    summary = build(db, settings, now="2026-10-27T08:15:00.000Z")
+    summary = build(db, settings, now=Instant.from_stored("2026-10-27T08:15:00.000Z"))
     assert summary.sources_failed and summary.rows_voided == {}
     assert {(r["title"], r["rule"]): r for r in rows(db)} == before
     # the device changes its own lead while the calendar still fails: what the alarm gave stays
     put_device(
-        db, settings, DeviceSpec("uses", TOKEN, 1800, (), (url,), "UTC", alarms=True), now="2026-10-27T08:20:00.000Z"
+        db,
+        settings,
+        DeviceSpec("uses", TOKEN, 1800, (), (url,), "UTC", alarms=True),
+        now=Instant.from_stored("2026-10-27T08:20:00.000Z"),
     )
-    assert build(db, settings, now="2026-10-27T08:30:00.000Z").rows_voided == {}
+    assert build(db, settings, now=Instant.from_stored("2026-10-27T08:30:00.000Z")).rows_voided == {}
     assert rows(db, status="pending") == list(before.values())
 
 
@@ -431,18 +441,23 @@ def test_a_sent_reminder_is_not_sent_again_when_quiet_hours_change(db, settings,
     start = 1789027200  # 2026-09-10T08:00:00Z
     url = feeds.items("/a.json", [{"id": "e", "title": "Flight", "startsAt": start, "expiresAt": start + 3600}])
     spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "UTC", quiet_hours="22:00-07:30")
-    put_device(db, settings, spec, now="2026-09-10T05:00:00.000Z")
-    build(db, settings, now="2026-09-10T05:00:00.000Z")
+    put_device(db, settings, spec, now=Instant.from_stored("2026-09-10T05:00:00.000Z"))
+    build(db, settings, now=Instant.from_stored("2026-09-10T05:00:00.000Z"))
     row = by_key(db)[("e", "lead:3600")]
-    assert row["send_after"] == "2026-09-10T07:30:00.000Z"
-    _send(db, row["id"], "2026-09-10T07:30:00.000Z")
-    put_device(db, settings, replace(spec, quiet_hours="22:00-07:50"), now="2026-09-10T07:31:00.000Z")
-    assert build(db, settings, now="2026-09-10T07:32:00.000Z").rows_updated == 0
+    assert row["send_after"] == Instant.from_stored("2026-09-10T07:30:00.000Z")
+    _send(db, row["id"], Instant.from_stored("2026-09-10T07:30:00.000Z"))
+    put_device(
+        db, settings, replace(spec, quiet_hours="22:00-07:50"), now=Instant.from_stored("2026-09-10T07:31:00.000Z")
+    )
+    assert build(db, settings, now=Instant.from_stored("2026-09-10T07:32:00.000Z")).rows_updated == 0
     assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
     # the upsert itself, without the build's pre-filter, holds the same line
     with db.write() as conn:
-        held_later = {**row, "send_after": "2026-09-10T07:50:00.000Z"}
-        assert queue_rows(conn, [held_later], "2026-09-10T07:32:00.000Z", rearm_threshold_seconds=300) == set()
+        held_later = {**row, "send_after": Instant.from_stored("2026-09-10T07:50:00.000Z")}
+        assert (
+            queue_rows(conn, [held_later], Instant.from_stored("2026-09-10T07:32:00.000Z"), rearm_threshold_seconds=300)
+            == set()
+        )
     assert by_key(db)[("e", "lead:3600")]["outcome"] == "sent"
 
 
@@ -473,27 +488,39 @@ def test_a_sent_all_day_reminder_is_not_sent_again_when_the_device_changes_zone(
     the event to the next day does re-arm it."""
     url = feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=""))
     spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "Europe/Lisbon")
-    put_device(db, settings, spec, now="2026-10-26T20:00:00.000Z")
-    build(db, settings, now="2026-10-26T20:00:00.000Z")
+    put_device(db, settings, spec, now=Instant.from_stored("2026-10-26T20:00:00.000Z"))
+    build(db, settings, now=Instant.from_stored("2026-10-26T20:00:00.000Z"))
     [row] = rows(db)
-    assert (row["send_after"], row["event_at"]) == ("2026-10-27T09:00:00.000Z", "2026-10-27T00:00:00.000Z")
-    _send(db, row["id"], "2026-10-27T09:00:00.000Z")
-    put_device(db, settings, replace(spec, tz="Atlantic/Azores"), now="2026-10-27T09:10:00.000Z")
-    assert build(db, settings, now="2026-10-27T09:15:00.000Z").rows_updated == 0
+    assert (row["send_after"], row["event_at"]) == (
+        Instant.from_stored("2026-10-27T09:00:00.000Z"),
+        Instant.from_stored("2026-10-27T00:00:00.000Z"),
+    )
+    _send(db, row["id"], Instant.from_stored("2026-10-27T09:00:00.000Z"))
+    put_device(
+        db, settings, replace(spec, tz_name="Atlantic/Azores"), now=Instant.from_stored("2026-10-27T09:10:00.000Z")
+    )
+    assert build(db, settings, now=Instant.from_stored("2026-10-27T09:15:00.000Z")).rows_updated == 0
     [after] = rows(db)
-    assert (after["status"], after["outcome"], after["send_after"]) == ("settled", "sent", "2026-10-27T09:00:00.000Z")
+    assert (after["status"], after["outcome"], after["send_after"]) == (
+        "settled",
+        "sent",
+        Instant.from_stored("2026-10-27T09:00:00.000Z"),
+    )
     with db.write() as conn:  # the upsert itself: the Azores row, same item
         azores = {
             **row,
-            "send_after": "2026-10-27T10:00:00.000Z",
-            "event_at": "2026-10-27T01:00:00.000Z",
-            "expires_at": "2026-10-28T01:00:00.000Z",
+            "send_after": Instant.from_stored("2026-10-27T10:00:00.000Z"),
+            "event_at": Instant.from_stored("2026-10-27T01:00:00.000Z"),
+            "expires_at": Instant.from_stored("2026-10-28T01:00:00.000Z"),
         }
-        assert queue_rows(conn, [azores], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+        assert (
+            queue_rows(conn, [azores], Instant.from_stored("2026-10-27T09:15:00.000Z"), rearm_threshold_seconds=300)
+            == set()
+        )
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
-    assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
+    assert build(db, settings, now=Instant.from_stored("2026-10-27T10:05:00.000Z")).rows_updated == 1
     [moved] = rows(db)
-    assert (moved["status"], moved["send_after"]) == ("pending", "2026-10-28T10:00:00.000Z")
+    assert (moved["status"], moved["send_after"]) == ("pending", Instant.from_stored("2026-10-28T10:00:00.000Z"))
 
 
 def test_a_reminder_settled_before_item_at_existed_is_not_sent_again_when_the_device_changes_zone(db, settings, feeds):
@@ -502,31 +529,38 @@ def test_a_reminder_settled_before_item_at_existed_is_not_sent_again_when_the_de
     far apart as UTC+14 and UTC-12 put them are no move either; a day's reschedule still is."""
     url = feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=""))
     spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,), "Europe/Lisbon")
-    put_device(db, settings, spec, now="2026-10-26T20:00:00.000Z")
-    build(db, settings, now="2026-10-26T20:00:00.000Z")
+    put_device(db, settings, spec, now=Instant.from_stored("2026-10-26T20:00:00.000Z"))
+    build(db, settings, now=Instant.from_stored("2026-10-26T20:00:00.000Z"))
     [row] = rows(db)
-    _send(db, row["id"], "2026-10-27T09:00:00.000Z")
+    _send(db, row["id"], Instant.from_stored("2026-10-27T09:00:00.000Z"))
     with db.write() as conn:  # as the row was written before migration 0009
         conn.execute(update(notification_queue).values(item_at=None))
-    put_device(db, settings, replace(spec, tz="Atlantic/Azores"), now="2026-10-27T09:10:00.000Z")
-    assert build(db, settings, now="2026-10-27T09:15:00.000Z").rows_updated == 0
+    put_device(
+        db, settings, replace(spec, tz_name="Atlantic/Azores"), now=Instant.from_stored("2026-10-27T09:10:00.000Z")
+    )
+    assert build(db, settings, now=Instant.from_stored("2026-10-27T09:15:00.000Z")).rows_updated == 0
     [after] = rows(db)
     assert (after["status"], after["outcome"], after["item_at"]) == ("settled", "sent", None)
     lisbon_midnight = 1793059200  # the stored anchor, 2026-10-27T00:00Z
     for hours in (14, -12, 14.1, -12.1):  # the same day's wall time as UTC+14 and UTC-12 see it, and beyond
-        wall = iso_from_unix(lisbon_midnight + int(hours * 3600))
-        far = {**row, "event_at": wall, "expires_at": shift(wall, 86400), "item_at": wall}
+        wall = Instant.from_unix(lisbon_midnight + int(hours * 3600))
+        far = {**row, "event_at": wall, "expires_at": (wall + 86400), "item_at": wall}
         assert item_moved(after, far, 300) == (hours not in (14, -12))
         if hours in (14, -12):
             with db.write() as conn:  # the upsert draws the same line
-                assert queue_rows(conn, [far], "2026-10-27T09:15:00.000Z", rearm_threshold_seconds=300) == set()
+                assert (
+                    queue_rows(
+                        conn, [far], Instant.from_stored("2026-10-27T09:15:00.000Z"), rearm_threshold_seconds=300
+                    )
+                    == set()
+                )
     feeds.calendar("/days.ics", ALL_DAY_ICS.format(moved=MOVED_DAY))  # a real reschedule
-    assert build(db, settings, now="2026-10-27T10:05:00.000Z").rows_updated == 1
+    assert build(db, settings, now=Instant.from_stored("2026-10-27T10:05:00.000Z")).rows_updated == 1
     [moved] = rows(db)
     assert (moved["status"], moved["send_after"], moved["item_at"]) == (
         "pending",
-        "2026-10-28T10:00:00.000Z",
-        "2026-10-28T00:00:00.000Z",
+        Instant.from_stored("2026-10-28T10:00:00.000Z"),
+        Instant.from_stored("2026-10-28T00:00:00.000Z"),
     )
 
 

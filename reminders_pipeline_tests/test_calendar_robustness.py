@@ -18,7 +18,7 @@ from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.settings import LOOPBACK_NETWORKS
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .support import TOKEN, rows
 
@@ -77,11 +77,11 @@ def test_uidless_calendars_are_queued_in_full_with_stable_ids(db, settings, feed
     assert want > 0
     url = feeds.calendar("/uidless.ics", body)
     settings = settings.with_(horizon_seconds=horizon)
-    put_device(db, settings, DeviceSpec("d", TOKEN, 0, (), (url,), "UTC", ("day:0@00:00",)), now=iso_from_unix(now))
-    summary = build(db, settings, now=iso_from_unix(now))
+    put_device(db, settings, DeviceSpec("d", TOKEN, 0, (), (url,), "UTC", ("day:0@00:00",)), now=Instant.from_unix(now))
+    summary = build(db, settings, now=Instant.from_unix(now))
     assert summary.sources_failed == [] and "missing_id" not in summary.items_rejected
     assert len({r["item_id"] for r in rows(db)}) == want
-    again = build(db, settings, now=iso_from_unix(now + 60))  # read again: the same ids, nothing churns
+    again = build(db, settings, now=Instant.from_unix(now + 60))  # read again: the same ids, nothing churns
     assert (again.rows_inserted, again.rows_voided) == (0, {})
 
 
@@ -90,14 +90,16 @@ def test_event_without_summary_gets_a_fallback_title(db, settings, feeds):
         "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nDTSTART:20261020T090000Z\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
     )
     url = feeds.calendar("/untitled.ics", ics)
-    now = "2026-10-20T07:00:00.000Z"
+    now = Instant.from_stored("2026-10-20T07:00:00.000Z")
     put_device(db, settings, DeviceSpec("d", TOKEN, 3600, (), (url,)), now=now)
     build(db, settings, now=now)
-    assert [(r["title"], r["send_after"]) for r in rows(db)] == [("Untitled event", "2026-10-20T08:00:00.000Z")]
+    assert [(r["title"], r["send_after"]) for r in rows(db)] == [
+        ("Untitled event", Instant.from_stored("2026-10-20T08:00:00.000Z"))
+    ]
 
 
-NOW = "2026-10-18T12:00:00.000Z"
-NOW_S = int(unix_from_iso(NOW))
+NOW = Instant.from_stored("2026-10-18T12:00:00.000Z")
+NOW_S = int(NOW.unix)
 MINUTELY = b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:m@x\r\nDTSTART:20261018T120000Z\r\nRRULE:FREQ=MINUTELY\r\nSUMMARY:Tick\r\nEND:VEVENT\r\nEND:VCALENDAR\r\n"
 
 
@@ -159,9 +161,7 @@ def test_parsing_runs_off_the_event_loop(feeds, monkeypatch):
 
     monkeypatch.setattr(sources, "parse_ics_feed", spy)
     url = feeds.calendar("/one.ics", MINUTELY)
-    reads = sources.SourceReader(allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all(
-        {1: url}, (NOW_S, NOW_S + DAY)
-    )
+    reads = sources.SourceReader(allow_networks=parse_networks(LOOPBACK_NETWORKS)).read_all({1: url}, (NOW, NOW + DAY))
     assert reads[1].ok and threads and all(t.startswith("reminders-parse") for t in threads)
 
 
@@ -175,8 +175,8 @@ def test_read_window_is_per_device_not_the_longest_lead_in_the_chunk(db, setting
         until = {s["url"]: s["cache_until"] for s in ledger.list_sources(conn)}
     slack = sources.ICS_CACHE_SLACK_SECONDS
     # near: horizon + its own reach (the default all-day rule's day, longer than lead:3600) + slack.
-    assert until[near] == iso_from_unix(NOW_S + settings.horizon_seconds + DAY + slack)
-    assert until[far] == iso_from_unix(NOW_S + settings.horizon_seconds + 200 * DAY + slack)
+    assert until[near] == Instant.from_unix(NOW_S + settings.horizon_seconds + DAY + slack)
+    assert until[far] == Instant.from_unix(NOW_S + settings.horizon_seconds + 200 * DAY + slack)
 
 
 def test_each_occurrence_once_though_slices_meet_on_it():

@@ -21,7 +21,7 @@ from reminders_pipeline.cli import main
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
 from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .support import TOKEN, rows
 from .test_http_support import error_of
@@ -79,7 +79,10 @@ def expected(ics: str, tz: str, now: int, horizon: int) -> set[tuple]:
 
 @pytest.mark.parametrize(
     "now, horizon",
-    [("2026-03-05T00:00:00.000Z", 35 * 86400), ("2026-09-24T00:00:00.000Z", 40 * 86400)],
+    [
+        (Instant.from_stored("2026-03-05T00:00:00.000Z"), 35 * 86400),
+        (Instant.from_stored("2026-09-24T00:00:00.000Z"), 40 * 86400),
+    ],
     ids=["march-april-changes", "september-november-changes"],
 )
 def test_oracle_floating_all_day_and_tzid_in_five_zones_across_dst(db, settings, feeds, now, horizon):
@@ -96,14 +99,14 @@ def test_oracle_floating_all_day_and_tzid_in_five_zones_across_dst(db, settings,
         got[r["device_id"].replace(":", "/")].add(
             (
                 r["title"],
-                int(unix_from_iso(r["event_at"])),
-                int(unix_from_iso(r["expires_at"])),
-                int(unix_from_iso(r["send_after"])),
+                int(r["event_at"].unix),
+                int(r["expires_at"].unix),
+                int(r["send_after"].unix),
                 r["rule"],
             )
         )
     for tz in ZONES:
-        want = expected(ics, tz, int(unix_from_iso(now)), horizon)
+        want = expected(ics, tz, int(now.unix), horizon)
         assert len(want) > 200
         assert got[tz] == want, (tz, sorted(got[tz] ^ want)[:6])
 
@@ -126,7 +129,7 @@ def test_west_of_utc_floating_event_stays_queued_through_every_build_until_sent(
     """UTC-4 (offset only, or America/New_York in October): 09:00 floating is 13:00Z. Builds every
     30 minutes from a day before keep one pending row with the same send_after; then it is sent."""
     url = feeds.calendar("/west.ics", FLOATING_MEETING)
-    first = "2026-10-19T13:00:00.000Z"
+    first = Instant.from_stored("2026-10-19T13:00:00.000Z")
     put_device(
         db,
         settings,
@@ -136,16 +139,25 @@ def test_west_of_utc_floating_event_stays_queued_through_every_build_until_sent(
     if how == "offset":
         with db.write() as conn:
             ledger.store_tz_offset(conn, "west", -4 * 3600)
-    t = int(unix_from_iso(first))
-    while t <= int(unix_from_iso("2026-10-20T12:45:00.000Z")):
-        summary = build(db, settings, now=iso_from_unix(t))
-        assert summary.rows_voided == {}, iso_from_unix(t)
+    t = int(first.unix)
+    while t <= int((Instant.from_stored("2026-10-20T12:45:00.000Z")).unix):
+        summary = build(db, settings, now=Instant.from_unix(t))
+        assert summary.rows_voided == {}, Instant.from_unix(t)
         queued = rows(db)
         assert [(r["status"], r["send_after"], r["event_at"]) for r in queued] == [
-            ("pending", "2026-10-20T12:45:00.000Z", "2026-10-20T13:00:00.000Z")
-        ], iso_from_unix(t)
+            (
+                "pending",
+                Instant.from_stored("2026-10-20T12:45:00.000Z"),
+                Instant.from_stored("2026-10-20T13:00:00.000Z"),
+            )
+        ], Instant.from_unix(t)
         t += 1800
-    sent = drain(db, settings.with_(enabled=True), RecordingSender().factory(), now="2026-10-20T12:46:00.000Z")
+    sent = drain(
+        db,
+        settings.with_(enabled=True),
+        RecordingSender().factory(),
+        now=Instant.from_stored("2026-10-20T12:46:00.000Z"),
+    )
     assert sent.outcomes == {"sent": 1}
 
 
@@ -172,14 +184,14 @@ def test_all_day_items_take_day_rules_and_timed_items_lead_rules(db, settings, f
     spec = DeviceSpec(
         "berlin", TOKEN, 3600, ("lead:0@expiry",), (url,), "Europe/Berlin", ("day:1@18:00", "day:0@09:00")
     )
-    put_device(db, settings.with_(horizon_seconds=3 * 86400), spec, now="2026-10-25T12:00:00.000Z")
-    build(db, settings.with_(horizon_seconds=3 * 86400), now="2026-10-25T12:00:00.000Z")
+    put_device(db, settings.with_(horizon_seconds=3 * 86400), spec, now=Instant.from_stored("2026-10-25T12:00:00.000Z"))
+    build(db, settings.with_(horizon_seconds=3 * 86400), now=Instant.from_stored("2026-10-25T12:00:00.000Z"))
     got = {(r["title"], r["rule"]): r["send_after"] for r in rows(db)}
     assert got == {
-        ("Birthday", "day:1@18:00"): "2026-10-26T17:00:00.000Z",  # 18:00 CET the evening before
-        ("Birthday", "day:0@09:00"): "2026-10-27T08:00:00.000Z",  # 09:00 CET on the day
-        ("Call", "lead:3600"): "2026-10-27T13:00:00.000Z",
-        ("Call", "lead:0@expiry"): "2026-10-27T14:30:00.000Z",
+        ("Birthday", "day:1@18:00"): Instant.from_stored("2026-10-26T17:00:00.000Z"),  # 18:00 CET the evening before
+        ("Birthday", "day:0@09:00"): Instant.from_stored("2026-10-27T08:00:00.000Z"),  # 09:00 CET on the day
+        ("Call", "lead:3600"): Instant.from_stored("2026-10-27T13:00:00.000Z"),
+        ("Call", "lead:0@expiry"): Instant.from_stored("2026-10-27T14:30:00.000Z"),
     }
 
 
@@ -188,17 +200,24 @@ def test_all_day_reminder_is_queued_after_the_day_began_and_sent(db, settings, f
     a build after the day's end queues nothing, and the drain settles a leftover event_expired."""
     url = feeds.calendar("/days.ics", ALL_DAY_AND_TIMED)
     live = settings.with_(enabled=True)
-    put_device(db, live, DeviceSpec("berlin", TOKEN, 3600, (), (url,), "Europe/Berlin"), now="2026-10-27T07:55:00.000Z")
-    build(db, live, now="2026-10-27T07:55:00.000Z")
+    put_device(
+        db,
+        live,
+        DeviceSpec("berlin", TOKEN, 3600, (), (url,), "Europe/Berlin"),
+        now=Instant.from_stored("2026-10-27T07:55:00.000Z"),
+    )
+    build(db, live, now=Instant.from_stored("2026-10-27T07:55:00.000Z"))
     [row] = [r for r in rows(db) if r["title"] == "Birthday"]
     assert (row["rule"], row["send_after"], row["event_at"], row["expires_at"]) == (
         "day:0@09:00",
-        "2026-10-27T08:00:00.000Z",
-        "2026-10-26T23:00:00.000Z",
-        "2026-10-27T23:00:00.000Z",
+        Instant.from_stored("2026-10-27T08:00:00.000Z"),
+        Instant.from_stored("2026-10-26T23:00:00.000Z"),
+        Instant.from_stored("2026-10-27T23:00:00.000Z"),
     )
     sender = RecordingSender()
-    assert drain(db, live, sender.factory(), now="2026-10-27T08:00:30.000Z").outcomes == {"sent": 1}
+    assert drain(db, live, sender.factory(), now=Instant.from_stored("2026-10-27T08:00:30.000Z")).outcomes == {
+        "sent": 1
+    }
     assert sender.sent[0].payload["aps"]["alert"]["body"] == "Today"
 
 
@@ -225,28 +244,37 @@ END:VCALENDAR\r
 """
     url = feeds.calendar("/quiet.ics", ics)
     live = settings.with_(enabled=True)
-    now = "2026-10-26T20:00:00.000Z"
+    now = Instant.from_stored("2026-10-26T20:00:00.000Z")
     spec = DeviceSpec("q", TOKEN, 7200, ("lead:0", "lead:0!"), (url,), "Europe/Berlin", (), "22:00-07:00")
     put_device(db, live, spec, now=now)
     build(db, live, now=now)
     got = {(r["title"], r["rule"]): (r["send_after"], r["event_at"]) for r in rows(db)}
-    assert got[("Flight", "lead:7200")] == ("2026-10-27T06:00:00.000Z", "2026-10-27T07:00:00.000Z")  # held to 07:00 CET
-    assert got[("Alarm", "lead:0")] == ("2026-10-27T05:30:00.000Z", "2026-10-27T05:30:00.000Z")
-    assert got[("Alarm", "lead:0!")] == ("2026-10-27T05:30:00.000Z", "2026-10-27T05:30:00.000Z")
+    assert got[("Flight", "lead:7200")] == (
+        Instant.from_stored("2026-10-27T06:00:00.000Z"),
+        Instant.from_stored("2026-10-27T07:00:00.000Z"),
+    )  # held to 07:00 CET
+    assert got[("Alarm", "lead:0")] == (
+        Instant.from_stored("2026-10-27T05:30:00.000Z"),
+        Instant.from_stored("2026-10-27T05:30:00.000Z"),
+    )
+    assert got[("Alarm", "lead:0!")] == (
+        Instant.from_stored("2026-10-27T05:30:00.000Z"),
+        Instant.from_stored("2026-10-27T05:30:00.000Z"),
+    )
     assert got[("Alarm", "lead:7200")] == (
-        "2026-10-27T03:30:00.000Z",
-        "2026-10-27T05:30:00.000Z",
+        Instant.from_stored("2026-10-27T03:30:00.000Z"),
+        Instant.from_stored("2026-10-27T05:30:00.000Z"),
     )  # 04:30 local, not held
     sender = RecordingSender()
-    drain(db, live, sender.factory(), now="2026-10-27T03:30:30.000Z")
-    drain(db, live, sender.factory(), now="2026-10-27T05:30:10.000Z")
+    drain(db, live, sender.factory(), now=Instant.from_stored("2026-10-27T03:30:30.000Z"))
+    drain(db, live, sender.factory(), now=Instant.from_stored("2026-10-27T05:30:10.000Z"))
     outcomes = {(r["title"], r["rule"]): r["outcome"] for r in rows(db) if r["status"] == "settled"}
     assert outcomes == {
         ("Alarm", "lead:0"): "quiet_hours",
         ("Alarm", "lead:0!"): "sent",
         ("Alarm", "lead:7200"): "quiet_hours",
     }
-    drain(db, live, sender.factory(), now="2026-10-27T06:00:05.000Z")
+    drain(db, live, sender.factory(), now=Instant.from_stored("2026-10-27T06:00:05.000Z"))
     assert {(r["title"], r["rule"]): r["outcome"] for r in rows(db)}[("Flight", "lead:7200")] == "sent"
 
 
@@ -425,21 +453,21 @@ def test_a_device_using_calendar_alarms_gets_what_the_author_asked_for(db, setti
     rules; EMAIL and after-the-start triggers are left out; an event without alarms keeps the
     device's rules; a device not using alarms ignores them; a dropped alarm voids its row."""
     url = feeds.calendar("/alarms.ics", ALARMS)
-    now = "2026-10-27T08:00:00.000Z"
+    now = Instant.from_stored("2026-10-27T08:00:00.000Z")
     put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now=now)
     put_device(db, settings, DeviceSpec("ignores", TOKEN, 3600, (), (url,), "UTC"), now=now)
     build(db, settings, now=now)
     got = {(r["device_id"], r["title"], r["rule"]): r["send_after"] for r in rows(db)}
     assert got == {
-        ("uses", "Dentist", "lead:900"): "2026-10-27T12:45:00.000Z",
-        ("uses", "Dentist", "lead:300@expiry"): "2026-10-27T13:55:00.000Z",
-        ("uses", "Dentist", "lead:14400"): "2026-10-27T09:00:00.000Z",
-        ("uses", "No alarms", "lead:3600"): "2026-10-27T14:00:00.000Z",
-        ("ignores", "Dentist", "lead:3600"): "2026-10-27T12:00:00.000Z",
-        ("ignores", "No alarms", "lead:3600"): "2026-10-27T14:00:00.000Z",
+        ("uses", "Dentist", "lead:900"): Instant.from_stored("2026-10-27T12:45:00.000Z"),
+        ("uses", "Dentist", "lead:300@expiry"): Instant.from_stored("2026-10-27T13:55:00.000Z"),
+        ("uses", "Dentist", "lead:14400"): Instant.from_stored("2026-10-27T09:00:00.000Z"),
+        ("uses", "No alarms", "lead:3600"): Instant.from_stored("2026-10-27T14:00:00.000Z"),
+        ("ignores", "Dentist", "lead:3600"): Instant.from_stored("2026-10-27T12:00:00.000Z"),
+        ("ignores", "No alarms", "lead:3600"): Instant.from_stored("2026-10-27T14:00:00.000Z"),
     }
     feeds.calendar("/alarms.ics", ALARMS.replace("TRIGGER:-PT15M", "TRIGGER:-PT20M"))
-    summary = build(db, settings, now="2026-10-27T08:01:00.000Z")
+    summary = build(db, settings, now=Instant.from_stored("2026-10-27T08:01:00.000Z"))
     assert summary.rows_voided == {"rule_removed": 1}
     assert {r["rule"] for r in rows(db, status="pending") if r["device_id"] == "uses" and r["title"] == "Dentist"} == {
         "lead:1200",

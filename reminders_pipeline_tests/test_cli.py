@@ -50,7 +50,7 @@ def test_newcomer_flow_dry_run(cli, feeds):
         ).output
     )
     assert put["extra_rules"] == ["lead:0@expiry"] and put["source_urls"] == [url]
-    built = json.loads(cli("build", "--all", "--now", NOW).output)
+    built = json.loads(cli("build", "--all", "--now", NOW.stored).output)
     assert built["rows_inserted"] == 4 and built["devices_built"] == 1
     queued = json.loads(cli("queue", "list").output)
     assert {r["status"] for r in queued} == {"pending"} and len(queued) == 4
@@ -65,7 +65,7 @@ def test_newcomer_flow_dry_run(cli, feeds):
         ("retro", "disabled"),
     ]
     devices = json.loads(cli("device", "list").output)
-    assert devices[0]["reminders_built_at"] == NOW
+    assert devices[0]["reminders_built_at"] == NOW.stored
     removed = json.loads(cli("device", "remove", "phone-1").output)
     assert removed == {"removed": "phone-1", "rows_voided": 2}
 
@@ -73,9 +73,9 @@ def test_newcomer_flow_dry_run(cli, feeds):
 def test_drain_single_row_by_id(cli, feeds):
     url = feeds.items("/feed.json", [item("a", 3600), item("b", 3600)])
     cli("device", "put", "p", "--apns-token", TOKEN, "--source", url)
-    cli("build", "--device", "p", "--now", NOW)
+    cli("build", "--device", "p", "--now", NOW.stored)
     first = json.loads(cli("queue", "list").output)[0]
-    out = json.loads(cli("drain", "--id", str(first["id"]), "--now", at(0)).output)
+    out = json.loads(cli("drain", "--id", str(first["id"]), "--now", at(0).stored).output)
     assert out["claimed"] == 1
     assert [r["status"] for r in json.loads(cli("queue", "list").output)] == ["settled", "pending"]
 
@@ -192,10 +192,10 @@ def test_the_installed_entry_point_runs(tmp_path: Path):
 def test_prune_deletes_only_rows_settled_before_the_retention(cli, feeds):
     url = feeds.items("/feed.json", [item("a", 3600), item("b", 7200), item("c", 90_000)])
     cli("device", "put", "p", "--apns-token", TOKEN, "--source", url)
-    cli("build", "--all", "--now", NOW)
-    cli("drain", "--now", at(0))  # a settles (disabled)
-    cli("drain", "--now", at(3600))  # b settles an hour later
-    out = json.loads(cli("prune", "--now", at(7 * 86400 + 1800)).output)
+    cli("build", "--all", "--now", NOW.stored)
+    cli("drain", "--now", at(0).stored)  # a settles (disabled)
+    cli("drain", "--now", at(3600).stored)  # b settles an hour later
+    out = json.loads(cli("prune", "--now", at(7 * 86400 + 1800).stored).output)
     assert out == {"deleted": 1, "retention_seconds": 7 * 86400}
     left = json.loads(cli("queue", "list").output)
     assert sorted(r["item_id"].split(":")[1] for r in left) == ["b", "c"]
@@ -215,7 +215,7 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     cli("db", "upgrade")
     cli("device", "put", "phone-1", "--apns-token", TOKEN, "--source", url)
     env = {"REMINDERS_ALERT_WEBHOOK_URL": hook, "REMINDERS_SOURCE_ALERT_AFTER_SECONDS": "60"}
-    results = [cli("build", "--all", "--now", at(minutes * 60), **env) for minutes in (0, 15)]
+    results = [cli("build", "--all", "--now", at(minutes * 60).stored, **env) for minutes in (0, 15)]
     results.append(cli("sources"))
     outputs = [r.stdout for r in results]  # the JSON; a log line on stderr may interleave with .output
     shown = shown_url(url)

@@ -13,23 +13,23 @@ from reminders_pipeline import ledger
 from reminders_pipeline.check import check
 from reminders_pipeline.cli import main
 from reminders_pipeline.defs.monitoring import queue_checks_schedule, sweep_status
-from reminders_pipeline.times import now_utc, shift
+from reminders_pipeline.times import Instant
 
 from .support import device
 from .test_dagster_support import AlertReceiver, definitions_for, resources_for
 
 
-def stamp(db, device_id: str, at: str) -> None:
+def stamp(db, device_id: str, at: Instant) -> None:
     with db.write() as conn:
         ledger.stamp_built(conn, [device_id], at)
 
 
 def test_check_fails_on_a_build_in_the_future(db, settings, db_url):
     device(db, settings, "ok", sources=[])
-    stamp(db, "ok", now_utc())
+    stamp(db, "ok", Instant.now())
     assert all(f.ok for f in check(db, settings))
     device(db, settings, "forged", sources=[])
-    stamp(db, "forged", "2999-01-01T00:00:00.000Z")
+    stamp(db, "forged", Instant.from_stored("2999-01-01T00:00:00.000Z"))
     (finding,) = [f for f in check(db, settings) if f.name == "no_build_in_the_future"]
     assert not finding.ok and finding.detail.startswith("1 device(s) have reminders_built_at later than now")
     result = CliRunner().invoke(main, ["check"], env={"REMINDERS_DATABASE_URL": db_url})
@@ -38,8 +38,8 @@ def test_check_fails_on_a_build_in_the_future(db, settings, db_url):
 
 def test_sweep_status_is_breached_and_has_no_age_when_the_oldest_build_is_in_the_future(db, settings):
     device(db, settings, "forged", sources=[])
-    stamp(db, "forged", "2999-01-01T00:00:00.000Z")
-    status = sweep_status(db, settings, now_utc())
+    stamp(db, "forged", Instant.from_stored("2999-01-01T00:00:00.000Z"))
+    status = sweep_status(db, settings, Instant.now())
     assert status.age_seconds is None  # not a negative age, not 0
     assert status.built_in_future == 1 and status.breached
     assert status.fields()["devices_built_in_future"] == 1
@@ -48,9 +48,9 @@ def test_sweep_status_is_breached_and_has_no_age_when_the_oldest_build_is_in_the
 
 def test_the_sweep_check_fails_and_alerts_on_a_build_in_the_future(db, settings, db_url):
     device(db, settings, "fresh", sources=[])
-    stamp(db, "fresh", shift(now_utc(), -60))
+    stamp(db, "fresh", (Instant.now() - 60))
     device(db, settings, "forged", sources=[])
-    stamp(db, "forged", shift(now_utc(), 86400))
+    stamp(db, "forged", (Instant.now() + 86400))
     with AlertReceiver() as receiver, dg.instance_for_test() as instance:
         defs = definitions_for(resources_for(db_url, webhook=receiver.url))
         job = defs.resolve_job_def(queue_checks_schedule.job_name)

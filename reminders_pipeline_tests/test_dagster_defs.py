@@ -91,6 +91,7 @@ def test_dagster_definitions_validate_on_the_workspace(tmp_path):
 EXECUTORS = """
 import json
 from reminders_pipeline.definitions import defs
+from reminders_pipeline.times import Instant
 print(json.dumps({job.name: job.executor_def.name for job in defs().get_repository_def().get_all_jobs()}))
 """
 

@@ -21,7 +21,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.times import now_utc, unix_from_iso
+from reminders_pipeline.times import Instant
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def test_demo_source_serves_fixed_times_and_a_build_queues_reminders(tmp_path):
         prepare_ledger(settings.with_(chunk_count=1), source.url)  # `reminders dev` on that ledger: one chunk
         with db.write() as conn:
             assert {d.id: d.chunk for d in ledger.list_devices(conn)} == {DEMO_DEVICE_ID: 0, "other-phone": 0}
-            ledger.delete_device(conn, "other-phone", now_utc())
+            ledger.delete_device(conn, "other-phone", Instant.now())
         prepare_ledger(settings, source.url)
         summary = build(db, settings)
         with db.read() as conn:
@@ -125,10 +125,7 @@ def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dis
             assert row["outcome"] == "disabled" and not row["claimed_by"].startswith("drain-")
             # Claimed at its send_after (the 2 s poll at most, on SQLite), not at a drain tick (15
             # minutes apart): 30 s leaves room for a loaded 2-core runner (it was 5 s).
-            assert (
-                row["send_after"] <= row["claimed_at"]
-                and unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"]) < 30
-            )
+            assert row["send_after"] <= row["claimed_at"] and row["claimed_at"].unix - row["send_after"].unix < 30
         finally:
             process.send_signal(signal.SIGTERM)
             try:

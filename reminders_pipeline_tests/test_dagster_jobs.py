@@ -51,7 +51,7 @@ def test_materializing_chunks_builds_exactly_their_devices(db, settings, db_url,
     assert set(events) == {"002", "003", "004"}
     assert events["003"]["devices_built"].value == 1 and events["003"]["rows_inserted"].value == 2
     assert events["002"]["devices_built"].value == 0
-    assert events["003"]["oldest_reminders_built_at"].value == built_at(db)[three]
+    assert events["003"]["oldest_reminders_built_at"].value == built_at(db)[three].stored
     assert len(rows(db, device_id=three)) == 2 and rows(db, device_id=five) == []
 
 

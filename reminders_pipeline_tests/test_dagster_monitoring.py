@@ -17,7 +17,7 @@ from reminders_pipeline.defs.build import RANGE_END_TAG, RANGE_START_TAG, build_
 from reminders_pipeline.defs.drain import drain_schedule
 from reminders_pipeline.defs.monitoring import queue_checks_schedule, sweep_period_sensor
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import now_utc, shift
+from reminders_pipeline.times import Instant
 
 from .test_dagster_support import AlertReceiver, add_device, definitions_for, device_in_chunk, live_item, resources_for
 
@@ -69,7 +69,7 @@ def test_build_schedule_with_chunks_per_tick_requests_the_stalest_as_ranges(
     url = feeds.items("/a.json", [])
     for chunk in (1, 2, 9, 12):
         add_device(db, settings, device_in_chunk(chunk), [url])
-    build(db, settings, chunks=[12], now=shift(now_utc(), -60))  # chunk 12 is the freshest
+    build(db, settings, chunks=[12], now=(Instant.now() - 60))  # chunk 12 is the freshest
     monkeypatch.setenv("REMINDERS_CHUNKS_PER_TICK", "3")
     requests = evaluate(build_schedule, at_minute(0), instance, db_url).run_requests
     assert [(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]) for r in requests] == [("001", "002"), ("009", "009")]
@@ -102,7 +102,7 @@ def test_sensor_breach_unchanged_recovered_alerts_once_per_transition(db, settin
     add_device(db, settings, stale, [url])
     add_device(db, settings, fresh, [url])
     build(db, settings, device_ids=[fresh])
-    build(db, settings, device_ids=[stale], now=shift(now_utc(), -4000))  # budget: 3600 - 600 = 3000 s
+    build(db, settings, device_ids=[stale], now=(Instant.now() - 4000))  # budget: 3600 - 600 = 3000 s
 
     breached = sense(instance, db_url, None, receiver.url)
     assert json.loads(breached.cursor) == {"breached": True}
@@ -162,7 +162,7 @@ def test_checks_pass_fail_and_alert_on_transitions(db, settings, db_url, feeds, 
     ]
 
     with db.write() as conn:  # now the build is stale (a back-dated build no longer rewinds the stamp)
-        ledger.stamp_built(conn, [device_id], shift(now_utc(), -4000))
+        ledger.stamp_built(conn, [device_id], (Instant.now() - 4000))
     second = run_checks(db_url, instance, receiver.url)
     assert not second["sweep_period_invariant"].passed and not second["drain_backlog"].passed
     assert second["sweep_period_invariant"].metadata["budget_seconds"].value == 3000
@@ -236,14 +236,14 @@ def test_two_hours_of_ticks_with_a_lead_900_device_breach_only_on_a_real_stall(d
     the builds stop: one breach once the device is older than the sweep promises, and one recovery
     at the next build."""
     from reminders_pipeline.check import sweep_status
-    from reminders_pipeline.times import iso_from_unix, unix_from_iso
+    from reminders_pipeline.times import Instant
 
     add_device(db, settings, "d900", [feeds.items("/a.json", [])], lead=900)
     add_device(db, settings, "d3600", [feeds.items("/b.json", [])])
-    start = unix_from_iso(now_utc()) // 900 * 900 + 900
+    start = (Instant.now()).unix // 900 * 900 + 900
     states = []
     for minute in range(0, 4 * 60):
-        now = iso_from_unix(start + minute * 60)
+        now = Instant.from_unix(start + minute * 60)
         stalled = 120 <= minute < 180
         if minute % 15 == 0 and not stalled:
             build(db, settings, now=now)
@@ -261,15 +261,15 @@ def test_forty_thousand_distinct_leads_are_each_judged_against_their_own_budget(
     leads run from under the floor budget to far above it."""
     from reminders_pipeline.check import device_budget, sweep_period_seconds, sweep_status
     from reminders_pipeline.schema import devices
-    from reminders_pipeline.times import iso_from_unix, unix_from_iso
+    from reminders_pipeline.times import Instant
 
-    count, now = 40_000, now_utc()
+    count, now = 40_000, Instant.now()
     period = sweep_period_seconds(settings, {c: count // 16 for c in range(16)})
     rows, expected = [], {}
     for i in range(count):
         lead, chunk, late = 60 + 3 * i, i % 16, i % 2 == 0
         budget = device_budget(settings, lead, period)
-        built = iso_from_unix(int(unix_from_iso(now)) - budget + (-60 if late else 60))
+        built = Instant.from_unix(int(now.unix) - budget + (-60 if late else 60))
         rows.append(
             {
                 "id": f"d{i}",

@@ -16,7 +16,7 @@ from reminders_pipeline.drain import drain
 from reminders_pipeline.schema import dispatchers
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .dispatching import DrivenTimer
 from .support import NOW_S, TOKEN, at, by_key, device, item
@@ -32,8 +32,8 @@ def one_row_due(db, live, in_seconds: int) -> float:
     start = float(NOW_S)
     with db.write() as conn:
         queue_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": iso_from_unix(start + in_seconds),
-             "event_at": iso_from_unix(start + in_seconds + 3600), "expires_at": iso_from_unix(start + 5400), "title": "E", "body": None}
+            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": Instant.from_unix(start + in_seconds),
+             "event_at": Instant.from_unix(start + in_seconds + 3600), "expires_at": Instant.from_unix(start + 5400), "title": "E", "body": None}
         ], at(0))  # fmt: skip
     return start
 
@@ -64,9 +64,9 @@ def test_the_cron_drain_alone_sends_late_and_drops_the_five_minute_reminder(db, 
 def test_the_dispatcher_sends_each_reminder_of_the_morning_at_its_send_after(db, live, feeds):
     rows = queue_the_morning(db, live, feeds)
     sender = RecordingSender()
-    timer = DrivenTimer(unix_from_iso(at(EVENT - 1800)))
+    timer = DrivenTimer(at(EVENT - 1800))
     dispatcher = Dispatcher(db, live, sender.factory(), name="exact", timer=timer)
-    asyncio.run(dispatcher.run(until=unix_from_iso(at(EVENT + 60))))
+    asyncio.run(dispatcher.run(until=at(EVENT + 60)))
 
     got = {rule: r for (_, rule), r in by_key(db).items()}
     for rule, row in got.items():
@@ -82,27 +82,29 @@ def test_a_row_is_never_sent_before_its_send_after(db, live, feeds):
     """Rows due 1 ms apart, the clock 0.6 ms past the first: only the first may go now. A claim
     clock rounded to the nearest millisecond (not down) would take the second 0.4 ms early."""
     device(db, live, sources=[], lead=1800)
-    first = unix_from_iso(at(EVENT - 1800))
+    first = (at(EVENT - 1800)).unix
     with db.write() as conn:
         queue_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:1800", "send_after": iso_from_unix(first + k / 1000),
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:1800", "send_after": Instant.from_unix(first + k / 1000),
              "event_at": at(EVENT), "expires_at": at(EVENT + 1800), "title": "E", "body": None}
             for k in range(3)
         ], at(0))  # fmt: skip
     timer = DrivenTimer(first + 0.0006)
-    handed: dict[str, float] = {}
+    handed: dict[str, Instant] = {}
 
     def record(note):
         handed[note.payload["reminder"]["item_id"]] = timer.now()
         return SendResult(note.row_id, True, status=200, apns_id="x")
 
     asyncio.run(
-        Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(until=first + 10)
+        Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(
+            until=Instant.from_unix(first + 10)
+        )
     )
     sent = {r["item_id"]: r for r in rows_of(db)}
     assert len(handed) == 3
     for item_id, row in sent.items():
-        assert row["outcome"] == "sent" and handed[item_id] >= unix_from_iso(row["send_after"]), item_id
+        assert row["outcome"] == "sent" and handed[item_id] >= row["send_after"], item_id
 
 
 def test_a_dry_run_dispatcher_settles_disabled_on_time_and_never_builds_a_sender(db, settings, feeds):
@@ -111,8 +113,8 @@ def test_a_dry_run_dispatcher_settles_disabled_on_time_and_never_builds_a_sender
     def no_sender():
         raise AssertionError("a dry run must not build a sender")
 
-    timer = DrivenTimer(unix_from_iso(at(EVENT - 1800)))
-    asyncio.run(Dispatcher(db, settings, no_sender, timer=timer).run(until=unix_from_iso(at(EVENT + 60))))
+    timer = DrivenTimer(at(EVENT - 1800))
+    asyncio.run(Dispatcher(db, settings, no_sender, timer=timer).run(until=at(EVENT + 60)))
     got = by_key(db)
     assert {r["outcome"] for r in got.values()} == {"disabled"}
     assert {r["rule"]: r["claimed_at"] for r in got.values()} == {rule: r["send_after"] for rule, r in rows.items()}
@@ -123,7 +125,7 @@ def test_the_dispatcher_beats_and_records_its_stop(db, live):
     dispatcher = Dispatcher(
         db, live.with_(dispatch_heartbeat_seconds=15), RecordingSender().factory(), name="beating", timer=timer
     )
-    asyncio.run(dispatcher.run(until=NOW_S + 100))
+    asyncio.run(dispatcher.run(until=Instant.from_unix(NOW_S + 100)))
     with db.read() as conn:
         (row,) = ledger.live_dispatchers(conn, at(-1)) or [None]
     assert row is None  # stopped: no longer live
@@ -207,27 +209,29 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
     due = {k: start + 2.4 * k for k in range(50)}
     with db.write() as conn:
         queue_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600", "send_after": iso_from_unix(t),
-             "event_at": iso_from_unix(t + 3600), "expires_at": iso_from_unix(t + 5400), "title": f"E{k}", "body": None}
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600", "send_after": Instant.from_unix(t),
+             "event_at": Instant.from_unix(t + 3600), "expires_at": Instant.from_unix(t + 5400), "title": f"E{k}", "body": None}
             for k, t in due.items()
         ], at(0))  # fmt: skip
     timer = DrivenTimer(start)
     refused = []
 
     def answer(note):
-        if timer.now() < outage_end:
-            refused.append(timer.now())
+        if timer.t < outage_end:
+            refused.append(timer.t)
             return SendResult(note.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True)
         return SendResult(note.row_id, True, status=200, apns_id="x")
 
     asyncio.run(
-        Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(until=outage_end + 60)
+        Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(
+            until=Instant.from_unix(outage_end + 60)
+        )
     )
     # once halted, each probe (every 5 s) sends one row, not every row due by then
     assert len(refused) <= live.apns_halt_after + 2 * 120 / 5, len(refused)  # before: 593
     rows = rows_of(db)
     assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
-    late = max(unix_from_iso(r["sent_at"]) - max(unix_from_iso(r["send_after"]), outage_end) for r in rows)
+    late = max(r["sent_at"].unix - max(r["send_after"].unix, outage_end) for r in rows)
     assert late <= 5.0, late
     alerts = [p["text"] for p in feeds.posts["/hook"]]
     assert len(alerts) == 1 and "APNs unreachable" in alerts[0]
@@ -248,21 +252,21 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     real = dispatcher._read_due
 
     def read_due(now, clock, busy):
-        if now < start + 120:
+        if now.unix < start + 120:
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
         return real(now, clock, busy)
 
     real_beat = dispatcher._beat
 
     def beat(now):
-        if now < start + 120:
+        if now.unix < start + 120:
             raise OperationalError("UPDATE dispatchers ...", {}, ConnectionRefusedError("connection refused"))
         return real_beat(now)
 
     dispatcher._read_due = read_due  # type: ignore[method-assign]
     dispatcher._beat = beat  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="reminders_pipeline.dispatch"):
-        asyncio.run(dispatcher.run(until=start + 180))
+        asyncio.run(dispatcher.run(until=Instant.from_unix(start + 180)))
     lines = [r for r in caplog.records if r.name == "reminders_pipeline.dispatch" and r.levelno >= logging.WARNING]
     assert 4 <= len(lines) <= 8, [r.getMessage() for r in lines]
     assert not any(r.exc_info for r in lines)
@@ -273,7 +277,7 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     assert "failed" in chores[0] and [c for c in chores if "works again" in c] == chores[-1:], chores
     assert int(chores[-1].split("works again after ")[1].split(" ")[0]) > 1, chores
     (row,) = rows_of(db)
-    assert row["outcome"] == "sent" and unix_from_iso(row["sent_at"]) <= start + 121
+    assert row["outcome"] == "sent" and row["sent_at"].unix <= start + 121
 
 
 def test_settlements_the_database_failed_under_are_written_once_it_answers(db, live, monkeypatch):
@@ -299,7 +303,7 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
     monkeypatch.setattr(settlement_mod, "_write_returned", write_returned)
     sender = RecordingSender()
     dispatcher = Dispatcher(db, live, sender.factory(), name="kept", timer=DrivenTimer(start))
-    asyncio.run(dispatcher.run(until=start + 30))
+    asyncio.run(dispatcher.run(until=Instant.from_unix(start + 30)))
     (row,) = rows_of(db)
     assert (row["status"], row["outcome"], row["claimed_by"]) == ("settled", "sent", "kept")
     assert len(failures) == 3
@@ -334,7 +338,7 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     real_wol = drain_mod.waiting_off_the_loop
 
     def flapping() -> bool:  # settlement writes fail for 15 s; reads and claims work
-        return start + 5 <= timer.now() < start + 20
+        return start + 5 <= timer.t < start + 20
 
     async def wol(db_, transaction, *args):
         name = getattr(transaction, "__name__", "")
@@ -351,7 +355,7 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     monkeypatch.setattr(drain_mod, "waiting_off_the_loop", wol)
     monkeypatch.setattr(dispatch_mod, "waiting_off_the_loop", wol)
     d = Dispatcher(db, live, sender.factory(), name="kept", timer=timer)
-    asyncio.run(d.run(until=start + 60))
+    asyncio.run(d.run(until=Instant.from_unix(start + 60)))
     (row,) = rows_of(db)
     delivered = len(sender.sent) - 1  # the first never reached APNs
     assert delivered == 1, f"delivered {delivered} times"
@@ -371,13 +375,13 @@ def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once
 
     def fail_abandoned(db, settings, now):
         calls.append(now)
-        if unix_from_iso(now) < start + 120:
+        if now.unix < start + 120:
             raise OperationalError("UPDATE ...", {}, ConnectionRefusedError("connection refused"))
         return 0
 
     monkeypatch.setattr(dispatch_module, "fail_abandoned", fail_abandoned)
     dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="sweep", timer=DrivenTimer(start))
-    asyncio.run(dispatcher.run(until=start + 180))
-    during = [t for t in calls if unix_from_iso(t) < start + 120]
+    asyncio.run(dispatcher.run(until=Instant.from_unix(start + 180)))
+    during = [t for t in calls if t.unix < start + 120]
     assert 2 <= len(during) <= 120 / 15 + 1, len(during)
-    assert any(unix_from_iso(t) >= start + 120 for t in calls)  # tried again, and working, once it is back
+    assert any(t.unix >= start + 120 for t in calls)  # tried again, and working, once it is back

@@ -24,7 +24,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.drain import drain, fail_abandoned
 from reminders_pipeline.schema import devices
 from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.times import iso_from_unix, now_utc, shift, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .dispatching import DispatcherThread
 from .support import device, rows
@@ -62,12 +62,12 @@ def test_a_row_built_seconds_before_its_send_after_is_sent_on_time(db, settings,
         device(db, live, sources=[url], lead=0)
         build(db, live, device_ids=["dev-1"])
         (queued,) = rows(db)
-        assert queued["status"] == "pending" and unix_from_iso(queued["send_after"]) - time.time() > 1
+        assert queued["status"] == "pending" and queued["send_after"].unix - time.time() > 1
         wait_until("the reminder sent", lambda: rows(db)[0]["status"] == "settled", timeout=15)
     finally:
         running.stop()
     (row,) = rows(db)
-    lateness = unix_from_iso(row["sent_at"]) - unix_from_iso(row["send_after"])
+    lateness = row["sent_at"].unix - row["send_after"].unix
     assert row["outcome"] == "sent" and row["claimed_by"] == "waiting"
     assert 0 <= lateness < 4.0, f"sent {lateness:.3f}s after send_after"
     assert row["claimed_at"] >= row["send_after"]
@@ -87,20 +87,20 @@ class SlowSender(RecordingSender):
 
 def queue_rows(db: Database, send_afters: dict[str, list[float]]) -> None:
     """Pending rows due at these real times, per device (each device its own token)."""
-    now = iso_from_unix(time.time())
+    now = Instant.from_unix(time.time())
     with db.write() as conn:
         for n, (dev, times) in enumerate(send_afters.items()):
             device_row = {"id": dev, "apns_token": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
             conn.execute(devices.insert(), [device_row])
             build_module.queue_rows(conn, [
-                {"device_id": dev, "source_id": 1, "item_id": f"1:{dev}-{k}", "rule": "lead:600", "send_after": iso_from_unix(t),
-                 "event_at": iso_from_unix(t + 600), "expires_at": iso_from_unix(t + 1200), "title": "E", "body": None}
+                {"device_id": dev, "source_id": 1, "item_id": f"1:{dev}-{k}", "rule": "lead:600", "send_after": Instant.from_unix(t),
+                 "event_at": Instant.from_unix(t + 600), "expires_at": Instant.from_unix(t + 1200), "title": "E", "body": None}
                 for k, t in enumerate(times)
             ], now)  # fmt: skip
 
 
 def late_by(row: dict) -> float:
-    return unix_from_iso(row["claimed_at"]) - unix_from_iso(row["send_after"])
+    return row["claimed_at"].unix - row["send_after"].unix
 
 
 def test_a_row_coming_due_during_a_long_burst_is_not_kept_waiting_for_it(db, settings):
@@ -245,7 +245,7 @@ def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resen
     finally:
         successor.stop()
     assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # not before the abandon limit
-    assert fail_abandoned(db, settings, shift(now_utc(), settings.abandon_after_seconds + 1)) == len(left_claimed)
+    assert fail_abandoned(db, settings, (Instant.now() + settings.abandon_after_seconds + 1)) == len(left_claimed)
     assert drain(db, settings).claimed == 0
 
     final = ledger_rows(db)
@@ -271,7 +271,7 @@ def test_sigterm_stops_reminders_dispatch_after_its_in_flight_sends_settle(db_ur
     try:
         wait_until("sends on the wire", lambda: len(mock.requests) > 0, 60)
         on_the_wire = {request_key(r) for r in mock.requests}
-        signalled_at = now_utc()
+        signalled_at = Instant.now()
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=30)
     finally:
@@ -309,7 +309,7 @@ def test_a_sqlite_write_lock_held_elsewhere_never_stalls_the_event_loop_sends_wa
 
     live = settings.with_(enabled=True, claim_batch_size=10, apns_concurrency=10)
     queue_rows(db, {"d": [time.time() - 5] * 200})
-    ids = find_due(db, now_utc())
+    ids = find_due(db, Instant.now())
     path = db.engine.url.database
 
     first_send = threading.Event()
@@ -373,7 +373,7 @@ def test_twenty_bad_tokens_due_together_stop_only_their_own_devices(db, mock):
     finally:
         summary = running.stop()
     (good,) = rows(db, device_id="good")
-    lateness = unix_from_iso(good["sent_at"]) - unix_from_iso(good["send_after"])
+    lateness = good["sent_at"].unix - good["send_after"].unix
     assert good["outcome"] == "sent" and lateness < 3.0, f"sent {lateness:.2f}s after its send_after"
     assert summary.halted is None
     failed = {r["device_id"]: r["outcome_detail"] for r in rows(db) if r["device_id"] != "good"}

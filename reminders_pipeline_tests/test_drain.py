@@ -17,6 +17,7 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch, send_batch_async
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.settings import Settings, SettingsError
+from reminders_pipeline.times import Instant
 
 from .support import NOW, TOKEN, at, by_key, device, item, rows
 
@@ -32,7 +33,7 @@ def test_due_predicate_is_send_after_passed_and_pending(db, settings, feeds):
     got = queue_one(db, settings, feeds)
     row_id = got[("e", "lead:3600")]["id"]
     assert find_due(db, at(3599)) == []
-    assert find_due(db, "2026-09-10T08:59:59.999Z") == []
+    assert find_due(db, Instant.from_stored("2026-09-10T08:59:59.999Z")) == []
     assert find_due(db, at(3600)) == [row_id]
     assert find_due(db, at(5000)) == [row_id]
 
@@ -55,7 +56,7 @@ def test_sent_row_is_settled_with_sent_at_and_apns_id(db, live, feeds):
     assert row["apns_id"] == "recorded-1"
     (note,) = sender.sent
     assert note.device_token == TOKEN and note.payload["aps"]["alert"]["title"] == "Event e"
-    assert note.expiration == int(__import__("reminders_pipeline.times", fromlist=["x"]).unix_from_iso(at(7200)))
+    assert note.expiration == at(7200).whole_seconds
     assert json.loads(row["payload"])["payload"] == note.payload
 
 
@@ -452,9 +453,10 @@ def test_a_halt_stops_every_other_batch_of_its_scope_in_any_process_without_a_se
         "from reminders_pipeline.drain import send_batch\n"
         "from reminders_pipeline.sender import RecordingSender\n"
         "from reminders_pipeline.settings import Settings\n"
+        "from reminders_pipeline.times import Instant\n"
         "sender = RecordingSender()\n"
         f"s = send_batch(Database({db_url!r}), Settings(database_url={db_url!r}, enabled=True), {ids[3:6]!r}, sender.factory(),"
-        f" now={at(0)!r}, claimer='run-1:b1', halt_scope='run-1')\n"
+        f" now=Instant.from_stored({at(0).stored!r}), claimer='run-1:b1', halt_scope='run-1')\n"
         "print(json.dumps({'halted': s.halted, 'claimed': s.claimed, 'sent': len(sender.sent)}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -501,7 +503,9 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
         )
         notes = list(listener.notifies(timeout=5, stop_after=1))
     (row,) = rows(db)
-    assert [(n.channel, n.payload) for n in notes] == [(ledger.DUE_CHANNEL, row["not_before"])]  # when it is due again
+    assert [(n.channel, n.payload) for n in notes] == [
+        (ledger.DUE_CHANNEL, row["not_before"].stored)
+    ]  # when it is due again
     assert find_due(db, row["not_before"]) == ids
 
 
@@ -707,7 +711,9 @@ def _quiet_device(db, live, feeds, starts_in, lead):
     from reminders_pipeline.devices import DeviceSpec, put_device
 
     url = feeds.items("/a.json", [item("e", starts_in)])
-    put_device(db, live, DeviceSpec("dev-1", TOKEN, lead, (), (url,), tz="UTC", quiet_hours="10:05-11:00"), now=NOW)
+    put_device(
+        db, live, DeviceSpec("dev-1", TOKEN, lead, (), (url,), tz_name="UTC", quiet_hours="10:05-11:00"), now=NOW
+    )
     build(db, live, now=NOW)
     (row,) = rows(db)
     assert row["send_after"] == at(7200)  # 10:00, before the window: the build holds nothing
@@ -741,7 +747,7 @@ def _held_to_eleven(db, live, feeds):
     drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
     (row,) = rows(db)
     assert (row["not_before"], row["held_until"]) == (at(3 * 3600), at(3 * 3600))
-    return DeviceSpec("dev-1", TOKEN, 7200, (), (feeds.url("/a.json"),), tz="UTC", quiet_hours="10:05-11:00")
+    return DeviceSpec("dev-1", TOKEN, 7200, (), (feeds.url("/a.json"),), tz_name="UTC", quiet_hours="10:05-11:00")
 
 
 def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, feeds):
@@ -763,7 +769,7 @@ def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, f
         True,
     )
     backoff = row["not_before"]
-    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(3 * 3600 + 1))  # a backoff is no hold: it stays
+    put_device(db, live, replace(spec, tz_name="Asia/Tokyo"), now=at(3 * 3600 + 1))  # a backoff is no hold: it stays
     assert rows(db)[0]["not_before"] == backoff
     sender = RecordingSender()
     assert drain(db, live, sender.factory(), now=at(3 * 3600 + 60)).outcomes == {"sent": 1}
@@ -789,7 +795,7 @@ def test_a_hold_ends_when_the_device_changes_zone(db, live, feeds):
     from reminders_pipeline.devices import put_device
 
     spec = _held_to_eleven(db, live, feeds)
-    put_device(db, live, replace(spec, tz="Asia/Tokyo"), now=at(7800))  # 19:10 in Tokyo: not quiet
+    put_device(db, live, replace(spec, tz_name="Asia/Tokyo"), now=at(7800))  # 19:10 in Tokyo: not quiet
     assert drain(db, live, RecordingSender().factory(), now=at(7860)).outcomes == {"sent": 1}
 
 

@@ -49,7 +49,7 @@ from reminders_pipeline.schema import device_sources, devices, notification_queu
 from reminders_pipeline.sender import RecordingSender, SendResult, default_sender_factory
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline.sources import SourceReader, shown_url
-from reminders_pipeline.times import iso_from_unix, now_utc, shift
+from reminders_pipeline.times import Instant, stored_or_none
 from reminders_pipeline_testing.mock_apns import MockApns, RecordedRequest
 from reminders_pipeline_testing.stack import free_port
 
@@ -115,7 +115,7 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
     rows came due 60-90 s ago, events start in an hour: every row's policy decision is ``send``.
     """
     base = int(time.time()) - 60
-    now = iso_from_unix(base + 60)
+    now = Instant.from_unix(base + 60)
     rows = []
     for d in range(n_devices):
         for k in range(items_per_device):
@@ -126,9 +126,9 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
                     "source_id": 1,
                     "item_id": f"1:item-{d}-{k}",
                     "rule": RULE,
-                    "send_after": iso_from_unix(send_after),
-                    "event_at": iso_from_unix(send_after + 3600),
-                    "expires_at": iso_from_unix(send_after + 5400),
+                    "send_after": Instant.from_unix(send_after),
+                    "event_at": Instant.from_unix(send_after + 3600),
+                    "expires_at": Instant.from_unix(send_after + 5400),
                     "title": f"Event {d}/{k}",
                     "body": None,
                 }
@@ -376,7 +376,7 @@ def test_drainer_killed_mid_send_its_claims_fail_as_abandoned_and_are_never_rese
     after_next = ledger_rows(pg)
     assert ids_where(after_next, status="claimed") == left_claimed  # untouched before the limit
 
-    assert fail_abandoned(pg, settings, shift(now_utc(), settings.abandon_after_seconds + 1)) == len(left_claimed)
+    assert fail_abandoned(pg, settings, (Instant.now() + settings.abandon_after_seconds + 1)) == len(left_claimed)
     assert drainers.run(pg.url, mock, "later").summary["claimed"] == 0
 
     final = ledger_rows(pg)
@@ -542,7 +542,7 @@ def test_postgres_restarted_during_a_drain_no_row_sent_twice_and_nothing_lost(pr
             {"sent": len(pending)} if pending else {}
         )
         assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # before the limit: untouched
-        assert fail_abandoned(db, settings, shift(now_utc(), settings.abandon_after_seconds + 1)) == len(left_claimed)
+        assert fail_abandoned(db, settings, (Instant.now() + settings.abandon_after_seconds + 1)) == len(left_claimed)
         assert drainers.run(private_pg.url, mock, "later").summary["claimed"] == 0
 
         final = ledger_rows(db)
@@ -732,9 +732,9 @@ def wanted_rows(
                 send_after = it["startsAt"] - 3600
                 if it["startsAt"] > now_s and send_after <= now_s + horizon:
                     out[(f"dev-{i}", f"{source_id[url]}:{it['id']}", RULE)] = {
-                        "send_after": iso_from_unix(send_after),
+                        "send_after": Instant.from_unix(send_after),
                         "title": it["title"],
-                        "event_at": iso_from_unix(it["startsAt"]),
+                        "event_at": Instant.from_unix(it["startsAt"]),
                     }
     return out
 
@@ -835,7 +835,7 @@ def test_failed_source_reads_during_a_big_build_void_nothing(pg, feeds):
             feed[urls[s]] = feed_v2(s)
             feeds.items(f"/s{s}.json", feed_v2(s))
     started = time.perf_counter()
-    second = build(pg, settings, now=iso_from_unix(NOW_S + 60))
+    second = build(pg, settings, now=Instant.from_unix(NOW_S + 60))
     elapsed = time.perf_counter() - started
 
     errors = {f["url"]: f["error"] for f in second.sources_failed}
@@ -877,7 +877,7 @@ def test_a_feed_whose_every_item_is_rejected_voids_nothing(pg, feeds):
     assert len(before) == 5 * n
     in_ms = [{**it, "startsAt": it["startsAt"] * 1000, "expiresAt": it["expiresAt"] * 1000} for it in feed_v1(0)]
     feeds.items("/ms.json", in_ms)
-    second = build(pg, settings, now=iso_from_unix(NOW_S + 60))
+    second = build(pg, settings, now=Instant.from_unix(NOW_S + 60))
     assert [f["url"] for f in second.sources_failed] == [shown_url(url)]
     assert rows_by_key(pg) == before
 
@@ -990,7 +990,9 @@ def test_two_builds_of_the_same_chunk_at_once_leave_one_correct_row_per_item(pg,
     try:
         summaries = run_threads(
             *[
-                lambda db=db: build(db, settings, chunks=[0], now=iso_from_unix(later), reader=GatedReader(gate.wait))
+                lambda db=db: build(
+                    db, settings, chunks=[0], now=Instant.from_unix(later), reader=GatedReader(gate.wait)
+                )
                 for db in dbs
             ]
         )
@@ -1039,7 +1041,7 @@ def test_a_build_with_older_reads_that_commits_last_does_not_undo_a_newer_build(
     def build_a() -> Any:
         db = Database(pg.url)
         try:
-            return build(db, settings, now=iso_from_unix(NOW_S + 60), reader=GatedReader(stall_a))
+            return build(db, settings, now=Instant.from_unix(NOW_S + 60), reader=GatedReader(stall_a))
         finally:
             db.dispose()
 
@@ -1048,7 +1050,7 @@ def test_a_build_with_older_reads_that_commits_last_does_not_undo_a_newer_build(
         feed = serve(feeds, urls, many_items_v2)
         db = Database(pg.url)
         try:
-            return build(db, settings, now=iso_from_unix(NOW_S + 120)), feed
+            return build(db, settings, now=Instant.from_unix(NOW_S + 120)), feed
         finally:
             db.dispose()
             b_done.set()
@@ -1200,7 +1202,7 @@ def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkey
         feeds.items("/b0.json", [wire_item("due", 2400), wire_item("later", 7200, title="Moved room")])
         db = Database(pg.url)
         try:
-            return build(db, live, now=iso_from_unix(NOW_S + 60))
+            return build(db, live, now=Instant.from_unix(NOW_S + 60))
         finally:
             db.dispose()
 
@@ -1277,10 +1279,10 @@ def insert_rows(
     prefix: str,
     *,
     status: str,
-    send_after: str,
+    send_after: Instant,
     outcome: str | None = None,
-    settled_at: str | None = None,
-    claimed_at: str | None = None,
+    settled_at: Instant | None = None,
+    claimed_at: Instant | None = None,
 ) -> None:
     """``n`` rows in one statement (generate_series): tens of thousands in well under a second."""
     conn.execute(
@@ -1293,13 +1295,13 @@ def insert_rows(
         ),
         {
             "prefix": prefix,
-            "send_after": send_after,
-            "event_at": shift(send_after, 3600),
+            "send_after": send_after.stored,
+            "event_at": (send_after + 3600).stored,
             "status": status,
             "outcome": outcome,
-            "settled_at": settled_at,
-            "claimed_at": claimed_at,
-            "created": shift(send_after, -86400),
+            "settled_at": stored_or_none(settled_at),
+            "claimed_at": stored_or_none(claimed_at),
+            "created": (send_after - 86400).stored,
             "n": n,
         },
     )
@@ -1315,16 +1317,16 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     """
     from reminders_pipeline.retention import prune  # the lead's module: prune(db, settings, now=None) -> int
 
-    now = now_utc()
+    now = Instant.now()
     settings = Settings(database_url=pg.url, retention_seconds=7 * 86400, prune_batch_size=500)
-    old, recent = shift(now, -8 * 86400), shift(now, -6 * 86400)
+    old, recent = (now + -8 * 86400), (now + -6 * 86400)
     with pg.write() as conn:
         for n, outcome in ((20_000, "sent"), (6_000, "failed"), (4_000, "voided")):
             insert_rows(conn, n, f"1:old-{outcome}-", status="settled", outcome=outcome, send_after=old, settled_at=old)
         insert_rows(conn, 2_000, "1:recent-", status="settled", outcome="sent", send_after=recent, settled_at=recent)
         insert_rows(conn, 500, "1:stuck-", status="claimed", send_after=old, claimed_at=old)  # a dead run's claims
-        insert_rows(conn, 500, "1:future-", status="pending", send_after=shift(now, 86400))  # created 'long ago'
-        insert_rows(conn, 20_000, "1:due-", status="pending", send_after=shift(now, -60))
+        insert_rows(conn, 500, "1:future-", status="pending", send_after=(now + 86400))  # created 'long ago'
+        insert_rows(conn, 20_000, "1:due-", status="pending", send_after=(now - 60))
     keep = {r["id"] for r in ledger_rows(pg).values() if r["status"] != "settled" or r["settled_at"] == recent}
     due = sorted(r["id"] for r in ledger_rows(pg).values() if r["item_id"].startswith("1:due-"))
 
@@ -1342,14 +1344,14 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
                     break
                 t0 = time.monotonic()
                 with db.write() as conn:
-                    ledger.settle(conn, unsettled, "drainer", now_utc())
-                    got = ledger.claim(conn, due[i : i + 50], now_utc(), "drainer")
+                    ledger.settle(conn, unsettled, "drainer", Instant.now())
+                    got = ledger.claim(conn, due[i : i + 50], Instant.now(), "drainer")
                 claims.append((t0, time.monotonic()))
-                unsettled = [{"id": r["id"], "outcome": "sent", "sent_at": now_utc()} for r in got]
+                unsettled = [{"id": r["id"], "outcome": "sent", "sent_at": Instant.now()} for r in got]
                 if len(claims) == 5:
                     pruning.set()
             with db.write() as conn:
-                ledger.settle(conn, unsettled, "drainer", now_utc())
+                ledger.settle(conn, unsettled, "drainer", Instant.now())
         finally:
             pruning.set()
             db.dispose()
@@ -1364,7 +1366,7 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
                             text(
                                 "SELECT count(*) FROM notification_queue WHERE status = 'settled' AND settled_at < :c"
                             ),
-                            {"c": shift(now, -7 * 86400)},
+                            {"c": (now - 7 * 86400).stored},
                         )
                     )
         finally:
@@ -1386,7 +1388,7 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     assert deleted == 30_000
     rows = ledger_rows(pg)
     assert keep <= set(rows), f"{len(keep - set(rows))} rows still in the queue or recent were pruned"
-    assert not [r for r in rows.values() if r["status"] == "settled" and r["settled_at"] < shift(now, -7 * 86400)]
+    assert not [r for r in rows.values() if r["status"] == "settled" and r["settled_at"] < (now + -7 * 86400)]
     assert len(rows) == 2_000 + 500 + 500 + 20_000
     during = [(a, b) for a, b in claims if a < p1 and b > p0]
     # On a loaded 2-core runner a claim may take 0.8 s and a prune 0.6 s (seen on PostgreSQL 18), so one
@@ -1410,9 +1412,9 @@ def _queue_row(item_id: str, title: str = "Meeting") -> dict[str, Any]:
         "source_id": None,
         "item_id": item_id,
         "rule": "lead:600",
-        "send_after": shift(NOW, -60),
-        "event_at": shift(NOW, 540),
-        "expires_at": shift(NOW, 2340),
+        "send_after": (NOW - 60),
+        "event_at": (NOW + 540),
+        "expires_at": (NOW + 2340),
         "title": title,
         "body": None,
     }
@@ -1479,7 +1481,7 @@ def test_a_build_locks_every_row_it_writes_in_id_order_before_its_first_write(pg
     feeds.items("/b0.json", [wire_item("stays", 2400, title="Moved room")])
 
     assert_holds_the_lower_row_while_waiting_for_the_higher(
-        pg, low, high, lambda: build(pg, live, now=iso_from_unix(NOW_S + 60))
+        pg, low, high, lambda: build(pg, live, now=Instant.from_unix(NOW_S + 60))
     )
     after = ledger_rows(pg)
     assert (after[low]["outcome"], after[low]["outcome_detail"]) == ("voided", "left_feed")

@@ -40,7 +40,7 @@ def test_now_is_refused_over_http_unless_a_test_setting_allows_it(serve, setting
         ("/internal/reminders/build", {"now": FAR_FUTURE}),
         ("/internal/reminders/drain", {"now": FAR_FUTURE}),
         ("/internal/reminders/build", {"now": None}),
-        ("/internal/reminders/drain", {"id": 1, "now": NOW}),
+        ("/internal/reminders/drain", {"id": 1, "now": NOW.stored}),
     ):
         r = s.api.post(path, json=body)
         assert r.status_code == 422, (path, body, r.text)

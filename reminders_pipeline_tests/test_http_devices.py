@@ -112,7 +112,7 @@ def test_malformed_or_oversized_bodies_are_4xx_json(served):
 def test_delete_voids_pending_rows(served, feeds):
     url = feeds.items("/a.json", [item("e1", 7200), item("e2", 9000)])
     served.put_device("phone-1", source_urls=[url])
-    built = served.api.post("/internal/reminders/build", json={"device_id": "phone-1", "now": NOW})
+    built = served.api.post("/internal/reminders/build", json={"device_id": "phone-1", "now": NOW.stored})
     assert built.json()["rows_inserted"] == 2
     r = served.api.delete("/v1/devices/phone-1")
     assert r.status_code == 200 and r.json()["rows_voided"] == 2

@@ -9,6 +9,7 @@ import httpx
 
 from reminders_pipeline.devices import chunk_of
 from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.times import Instant
 
 from .support import NOW, at, item
 from .test_http_support import SECRET, error_of, http_settings
@@ -31,14 +32,17 @@ def live_with_two_rows(serve, settings, feeds):
 
 
 def build(s, **body) -> dict:
-    r = s.api.post("/internal/reminders/build", json={"now": NOW, **body})
+    r = s.api.post("/internal/reminders/build", json={"now": NOW.stored, **body})
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def drain(s, row_id: int | None = None, now: str = at(3605), **kw) -> httpx.Response:
+DRAIN_AT = at(3605)  # the rows' send_after and 5 s
+
+
+def drain(s, row_id: int | None = None, now: Instant = DRAIN_AT, **kw) -> httpx.Response:
     return s.api.post(
-        "/internal/reminders/drain", params={} if row_id is None else {"id": row_id}, json={"now": now}, **kw
+        "/internal/reminders/drain", params={} if row_id is None else {"id": row_id}, json={"now": now.stored}, **kw
     )
 
 
@@ -47,7 +51,7 @@ def test_build_by_device_builds_only_that_device(served, feeds):
     summary = build(served, device_id="dev-a")
     assert (summary["devices_built"], summary["rows_inserted"], summary["sources_read"]) == (1, 1, 1)
     assert {r["device_id"] for r in served.rows()} == {"dev-a"}
-    assert served.api.get("/v1/devices/dev-a").json()["reminders_built_at"] == NOW
+    assert served.api.get("/v1/devices/dev-a").json()["reminders_built_at"] == NOW.stored
     assert served.api.get("/v1/devices/dev-b").json()["reminders_built_at"] is None
 
 
@@ -113,9 +117,9 @@ def test_drain_by_id_twice_sends_once(serve, settings, feeds):
 def test_drain_by_id_in_the_body_or_both_agreeing(serve, settings, feeds):
     s, sender = live_with_two_rows(serve, settings, feeds)
     first, second = sorted(r["id"] for r in s.rows())
-    r = s.api.post("/internal/reminders/drain", json={"id": first, "now": at(3605)})
+    r = s.api.post("/internal/reminders/drain", json={"id": first, "now": at(3605).stored})
     assert r.json()["outcomes"] == {"sent": 1}
-    r = s.api.post("/internal/reminders/drain", params={"id": second}, json={"id": second, "now": at(3605)})
+    r = s.api.post("/internal/reminders/drain", params={"id": second}, json={"id": second, "now": at(3605).stored})
     assert r.json()["outcomes"] == {"sent": 1}
     assert sorted(n.row_id for n in sender.sent) == [first, second]
 
@@ -132,7 +136,7 @@ def test_drain_by_id_before_it_is_due_does_nothing(serve, settings, feeds):
 
 def test_drain_without_id_sweeps_every_due_row(serve, settings, feeds):
     s, sender = live_with_two_rows(serve, settings, feeds)
-    r = s.api.post("/internal/reminders/drain", json={"now": at(3605)})
+    r = s.api.post("/internal/reminders/drain", json={"now": at(3605).stored})
     assert r.status_code == 200 and (r.json()["due"], r.json()["outcomes"]) == (2, {"sent": 2})
     assert r.json()["lateness_seconds"]["max"] == 5.0
     assert len(sender.sent) == 2
@@ -180,7 +184,7 @@ def test_simultaneous_drains_of_one_row_send_it_once(serve, settings, feeds):
     def one(_: int) -> httpx.Response:
         with httpx.Client(base_url=s.url, timeout=60, headers={"Authorization": f"Bearer {SECRET}"}) as client:
             barrier.wait()
-            return client.post("/internal/reminders/drain", params={"id": row_id}, json={"now": at(3605)})
+            return client.post("/internal/reminders/drain", params={"id": row_id}, json={"now": at(3605).stored})
 
     with ThreadPoolExecutor(callers) as pool:
         answers = list(pool.map(one, range(callers)))

@@ -14,7 +14,6 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.drain import drain
 from reminders_pipeline.http.metrics import Metrics
 from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.times import shift
 
 from .support import NOW, device
 from .test_dagster_support import definitions_for, resources_for
@@ -142,13 +141,13 @@ def _sent(
         "item_id": f"i-{device_id}-{send_after}",
         "rule": "lead:3600",
         "send_after": send_after,
-        "event_at": shift(send_after, 3600),
-        "expires_at": shift(send_after, 5400),
+        "event_at": (send_after + 3600),
+        "expires_at": (send_after + 5400),
         "title": "t",
         "body": None,
     }
     with db.write() as conn:
-        (row_id,) = queue_rows(conn, [row], shift(send_after, -60))
+        (row_id,) = queue_rows(conn, [row], (send_after - 60))
         ledger.claim(conn, [row_id], send_after, "c")
         ledger.settle(
             conn,
@@ -166,10 +165,10 @@ def _sent(
 
 
 def test_the_window_bounds_what_is_counted_and_the_histogram(db, settings):
-    _sent(db, "old", shift(NOW, -1000), shift(NOW, -997), shift(NOW, -997))  # settled before the 900 s window
-    _sent(db, "b", shift(NOW, -600), shift(NOW, -560), shift(NOW, -560))  # 40 s late
-    _sent(db, "c", shift(NOW, -500), shift(NOW, -498), shift(NOW, -498))  # 2 s late
-    _sent(db, "d", shift(NOW, -100), "", shift(NOW, -99), outcome="failed", detail="BadDeviceToken")
+    _sent(db, "old", (NOW - 1000), (NOW - 997), (NOW - 997))  # settled before the 900 s window
+    _sent(db, "b", (NOW - 600), (NOW - 560), (NOW - 560))  # 40 s late
+    _sent(db, "c", (NOW - 500), (NOW - 498), (NOW - 498))  # 2 s late
+    _sent(db, "d", (NOW - 100), "", (NOW - 99), outcome="failed", detail="BadDeviceToken")
     samples = scrape_at(db, settings, NOW)
     assert value(samples, "reminders_window_settled_rows", outcome="sent", detail="") == 2
     assert value(samples, "reminders_window_settled_rows", outcome="failed", detail="BadDeviceToken") == 1
@@ -188,10 +187,10 @@ def test_future_times_are_faults_never_zero_ages(db, settings):
     """A device stamped as built in the future (a forged now) is never rebuilt until then: a fault, not age 0."""
     device(db, settings, "forged", sources=[])
     with db.write() as conn:
-        ledger.stamp_built(conn, ["forged"], shift(NOW, 86400 * 365))
-        ledger.beat(conn, "dispatcher-a", shift(NOW, 120), started_at=shift(NOW, -60), ends_at=None, sent=0, settled=0)
-    _sent(db, "early", shift(NOW, -300), shift(NOW, -360), shift(NOW, -300))  # sent "before" it was due
-    _sent(db, "ahead", shift(NOW, 500), shift(NOW, 500), shift(NOW, 500))  # settled after the scrape's now
+        ledger.stamp_built(conn, ["forged"], (NOW + 86400 * 365))
+        ledger.beat(conn, "dispatcher-a", (NOW + 120), started_at=(NOW - 60), ends_at=None, sent=0, settled=0)
+    _sent(db, "early", (NOW - 300), (NOW - 360), (NOW - 300))  # sent "before" it was due
+    _sent(db, "ahead", (NOW + 500), (NOW + 500), (NOW + 500))  # settled after the scrape's now
     samples = scrape_at(db, settings, NOW)
     assert math.isnan(value(samples, "reminders_oldest_build_age_seconds"))
     assert math.isnan(value(samples, "reminders_dispatcher_heartbeat_age_seconds"))
@@ -205,15 +204,15 @@ def test_future_times_are_faults_never_zero_ages(db, settings):
 
 def test_dispatcher_heartbeat_age_and_live_count(db, settings):
     with db.write() as conn:
-        ledger.beat(conn, "a", shift(NOW, -10), started_at=shift(NOW, -600), ends_at=None, sent=3, settled=4)
-        ledger.beat(conn, "b", shift(NOW, -300), started_at=shift(NOW, -900), ends_at=None, sent=0, settled=0)
-        ledger.beat(conn, "c", shift(NOW, -5), started_at=shift(NOW, -900), ends_at=None, sent=0, settled=0)
-        ledger.dispatcher_stopped(conn, "c", shift(NOW, -5))
+        ledger.beat(conn, "a", (NOW - 10), started_at=(NOW - 600), ends_at=None, sent=3, settled=4)
+        ledger.beat(conn, "b", (NOW - 300), started_at=(NOW - 900), ends_at=None, sent=0, settled=0)
+        ledger.beat(conn, "c", (NOW - 5), started_at=(NOW - 900), ends_at=None, sent=0, settled=0)
+        ledger.dispatcher_stopped(conn, "c", (NOW - 5))
     samples = scrape_at(db, settings, NOW)
     assert value(samples, "reminders_dispatcher_heartbeat_age_seconds") == 10  # "c" stopped: not running
     assert value(samples, "reminders_dispatchers_live") == 1  # "b" beat 300 s ago: not live
     with db.write() as conn:
-        ledger.dispatcher_stopped(conn, "a", shift(NOW, -1))
+        ledger.dispatcher_stopped(conn, "a", (NOW - 1))
     none_running = scrape_at(db, settings, NOW)
     assert value(none_running, "reminders_dispatchers_live") == 0
     # "b" never recorded a stop (killed), but beat 300 s ago, past the liveness window: not running
@@ -242,7 +241,7 @@ def test_a_scrape_answers_when_the_ledger_does_not(serve, settings, tmp_path: Pa
 
 def test_a_busy_window_is_read_up_to_a_bound_and_says_what_it_covers(db, settings, monkeypatch):
     for i, ago in enumerate((600, 300, 100)):
-        _sent(db, f"d{i}", shift(NOW, -ago - 10), shift(NOW, -ago), shift(NOW, -ago))
+        _sent(db, f"d{i}", (NOW + -ago - 10), (NOW - ago), (NOW - ago))
     calm = scrape_at(db, settings, NOW)
     assert value(calm, "reminders_metrics_window_seconds") == 900
     assert value(calm, "reminders_metrics_window_truncated") == 0

@@ -59,7 +59,7 @@ from reminders_pipeline.schema import devices as devices_t
 from reminders_pipeline.schema import notification_queue as queue_t
 from reminders_pipeline.schema import sources as sources_t
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
@@ -87,11 +87,11 @@ RANDOM = os.environ.get("REMINDERS_MODEL_RANDOM") == "1"  # explore new sequence
 
 # Starting instants: an ordinary morning, and the evening before each DST night in two zones.
 STARTS = (
-    "2026-09-10T05:00:00.000Z",
-    "2026-10-24T21:00:00.000Z",  # Europe/Berlin falls back 2026-10-25 01:00Z
-    "2026-10-31T23:00:00.000Z",  # America/New_York falls back 2026-11-01 06:00Z
-    "2027-03-13T23:00:00.000Z",  # America/New_York springs forward 2027-03-14 07:00Z
-    "2027-03-27T21:00:00.000Z",  # Europe/Berlin springs forward 2027-03-28 01:00Z
+    Instant.from_stored("2026-09-10T05:00:00.000Z"),
+    Instant.from_stored("2026-10-24T21:00:00.000Z"),  # Europe/Berlin falls back 2026-10-25 01:00Z
+    Instant.from_stored("2026-10-31T23:00:00.000Z"),  # America/New_York falls back 2026-11-01 06:00Z
+    Instant.from_stored("2027-03-13T23:00:00.000Z"),  # America/New_York springs forward 2027-03-14 07:00Z
+    Instant.from_stored("2027-03-27T21:00:00.000Z"),  # Europe/Berlin springs forward 2027-03-28 01:00Z
 )
 ZONES = (None, "Europe/Berlin", "America/New_York")
 QUIET = (None, "22:00-07:30", "22:00-02:30", "01:00-03:00", "23:00-06:00")
@@ -218,7 +218,7 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @property
     def iso(self) -> str:
-        return iso_from_unix(self.now)
+        return Instant.from_unix(self.now)
 
     def _rows(self) -> list[dict[str, Any]]:
         with self.db.read() as conn:
@@ -249,7 +249,7 @@ class ReminderMachine(RuleBasedStateMachine):
     @initialize(start=st.sampled_from(STARTS), data=st.data())
     def start(self, start: str, data: st.DataObject) -> None:
         """A morning to begin with: one to three devices, a few items in each feed, and a build."""
-        self.now = self.clock_now = unix_from_iso(start)
+        self.now = self.clock_now = start.unix
         for device_id in DEVICES[: data.draw(st.integers(1, 3), label="devices")]:
             self.put(device_id, *(data.draw(s, label=name) for name, s in DEVICE_CHOICES.items()))
         for _ in range(data.draw(st.integers(1, 6), label="items")):
@@ -268,7 +268,7 @@ class ReminderMachine(RuleBasedStateMachine):
         with self.db.read() as conn:
             nxt = ledger.next_send_after(conn, after=self.iso)
         if nxt is not None:
-            self.now = max(self.now, unix_from_iso(nxt) + jitter)
+            self.now = max(self.now, nxt.unix + jitter)
 
     @rule(jitter=st.sampled_from((0, 1, 30)), dispatcher=st.booleans())
     def send_next_due(self, jitter: int, dispatcher: bool) -> None:
@@ -431,7 +431,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 r["device_id"] == device_id
                 and r["status"] == "pending"
                 and r["held_until"]
-                and unix_from_iso(r["held_until"]) > self.now
+                and r["held_until"].unix > self.now
             ):
                 raise PromiseBroken(
                     f"HOLD_KEPT: row {r['id']} ({r['item_id']} {r['rule']}) still held until {r['held_until']} after its device's zone or quiet hours changed"
@@ -534,7 +534,7 @@ class ReminderMachine(RuleBasedStateMachine):
                         and (device_id, f"{sid}:{o.id}", name) not in have
                     ):
                         raise PromiseBroken(
-                            f"MISSING: {device_id} {sid}:{o.id} {name} due {iso_from_unix(due)} has no row after a successful read at {self.iso}"
+                            f"MISSING: {device_id} {sid}:{o.id} {name} due {Instant.from_unix(due)} has no row after a successful read at {self.iso}"
                         )
 
     def _flooding(self, sid: int) -> bool:
@@ -621,7 +621,7 @@ class ReminderMachine(RuleBasedStateMachine):
         until = self.now + span
 
         def go() -> None:
-            asyncio.run(dispatcher.run(until=until))
+            asyncio.run(dispatcher.run(until=Instant.from_unix(until)))
 
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
@@ -650,7 +650,11 @@ class ReminderMachine(RuleBasedStateMachine):
         until = self.now + span
         settle_mod._write_returned = flaky  # type: ignore[assignment]
         try:
-            self._pass(lambda: asyncio.run(dispatcher.run(until=until)), due_by=until - 1, clock=lambda: timer.t)
+            self._pass(
+                lambda: asyncio.run(dispatcher.run(until=Instant.from_unix(until))),
+                due_by=until - 1,
+                clock=lambda: timer.t,
+            )
         finally:
             settle_mod._write_returned = real  # type: ignore[assignment]
         self.now = max(self.now, until)
@@ -676,12 +680,12 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _check_send_allowed(self, s: Sent, row: dict[str, Any] | None, invalid: set[str]) -> None:
         """No send to a device marked dead until it registers again; no retry before its backoff ends."""
-        where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)}"
+        where = f"{s.device_id} {s.item_id} {s.rule} at {Instant.from_unix(s.at)}"
         if s.device_id in invalid:
             raise PromiseBroken(
                 f"SENT_TO_DEAD_TOKEN: {where}: the device was marked invalid and has not registered again"
             )
-        if row is not None and row["not_before"] and s.at < unix_from_iso(row["not_before"]):
+        if row is not None and row["not_before"] and s.at < row["not_before"].unix:
             raise PromiseBroken(f"RETRY_EARLY: {where}: its backoff ran to {row['not_before']}")
 
     def _check_stale_410(self, sends: list[Sent], invalid: set[str]) -> None:
@@ -699,7 +703,7 @@ class ReminderMachine(RuleBasedStateMachine):
         """Never stale, never early, never inside quiet hours, never twice."""
         self.checked += 1
         found = self._occurrence(s.device_id, s.item_id)
-        where = f"{s.device_id} {s.item_id} {s.rule} at {iso_from_unix(s.at)} (answer {s.answer})"
+        where = f"{s.device_id} {s.item_id} {s.rule} at {Instant.from_unix(s.at)} (answer {s.answer})"
         if found is None:
             raise PromiseBroken(f"STALE_NO_READ: {where}: no successful read of its source for this device")
         config, occ = found
@@ -709,8 +713,8 @@ class ReminderMachine(RuleBasedStateMachine):
             )
         if s.starts_at != occ.instant(occ.start, config.tz):
             raise PromiseBroken(
-                f"STALE_TIME: {where}: sent a start of {iso_from_unix(s.starts_at)}, the item as last read starts "
-                f"{iso_from_unix(occ.instant(occ.start, config.tz))}"
+                f"STALE_TIME: {where}: sent a start of {Instant.from_unix(s.starts_at)}, the item as last read starts "
+                f"{Instant.from_unix(occ.instant(occ.start, config.tz))}"
             )
         if s.title != occ.title:
             raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
@@ -720,7 +724,7 @@ class ReminderMachine(RuleBasedStateMachine):
             )
         due = rule_instant(s.rule, occ, config.tz)
         if s.at < due:
-            raise PromiseBroken(f"EARLY: {where}: the rule's time is {iso_from_unix(due)}")
+            raise PromiseBroken(f"EARLY: {where}: the rule's time is {Instant.from_unix(due)}")
         current = self.devices.get(s.device_id)
         if (
             current is not None
@@ -748,18 +752,14 @@ class ReminderMachine(RuleBasedStateMachine):
         with self.db.read() as conn:
             tokens = {i: t for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
         for r in self._rows():
-            if (
-                r["status"] != "pending"
-                or unix_from_iso(r["send_after"]) > due_by
-                or (only is not None and r["id"] != only)
-            ):
+            if r["status"] != "pending" or r["send_after"].unix > due_by or (only is not None and r["id"] != only):
                 continue
             if r["device_id"] not in tokens or tokens[r["device_id"]] in unhealthy:
                 continue
-            if r["not_before"] is not None and unix_from_iso(r["not_before"]) > due_by:
+            if r["not_before"] is not None and r["not_before"].unix > due_by:
                 continue  # a retryable answer's backoff (no send before it is checked apart): not due yet
             raise PromiseBroken(
-                f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {iso_from_unix(due_by)}"
+                f"NOT_SETTLED: row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']}) due {r['send_after']} still pending after a pass to {Instant.from_unix(due_by)}"
             )
 
     # -- abandoned claims and prune -------------------------------------------------------------
@@ -837,7 +837,7 @@ class ReminderMachine(RuleBasedStateMachine):
                     s,
                     ids,
                     lambda: Paused(),
-                    now=iso_from_unix(claim_at),
+                    now=Instant.from_unix(claim_at),
                     claimer="paused",
                     monotonic=lambda: mono[0],
                 )
@@ -937,9 +937,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 if r["outcome"] not in SETTLED_OUTCOMES or (r["outcome"] in NEEDS_DETAIL and not r["outcome_detail"]):
                     raise PromiseBroken(f"NO_REASON: {where} settled {r['outcome']!r} / {r['outcome_detail']!r}")
                 if r["outcome"] == "sent":
-                    late = unix_from_iso(r["sent_at"]) - unix_from_iso(
-                        max(r["send_after"], r["held_until"] or r["send_after"])
-                    )
+                    late = r["sent_at"].unix - (max(r["send_after"], r["held_until"] or r["send_after"])).unix
                     if late > self.settings.max_lateness_seconds:
                         raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after (or its hold's end)")
             elif r["status"] == "pending":
@@ -948,9 +946,9 @@ class ReminderMachine(RuleBasedStateMachine):
                     continue
                 config, occ = found
                 due = rule_instant(r["rule"], occ, config.tz)
-                if unix_from_iso(r["send_after"]) < due:
+                if r["send_after"].unix < due:
                     raise PromiseBroken(
-                        f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {iso_from_unix(due)}"
+                        f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {Instant.from_unix(due)}"
                     )
         self._check_holds_and_attempts(rows)
 
@@ -961,7 +959,7 @@ class ReminderMachine(RuleBasedStateMachine):
         for r in rows:
             where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
             device = self.devices.get(r["device_id"])
-            held = unix_from_iso(r["held_until"]) if r["status"] == "pending" and r["held_until"] else None
+            held = r["held_until"].unix if r["status"] == "pending" and r["held_until"] else None
             if held is not None and held > self.now and device is not None:
                 if in_quiet_hours(device.quiet, held, device.tz) or not in_quiet_hours(
                     device.quiet, held - 1, device.tz
@@ -974,7 +972,7 @@ class ReminderMachine(RuleBasedStateMachine):
             anchor = r["item_at"] or r["event_at"]
             previous = self.attempts.get(r["id"])
             if previous is not None and r["attempts"] < previous[0]:
-                moved = abs(unix_from_iso(anchor) - unix_from_iso(previous[1])) >= self.settings.rearm_threshold_seconds
+                moved = abs(anchor.unix - previous[1].unix) >= self.settings.rearm_threshold_seconds
                 if not moved:
                     raise PromiseBroken(
                         f"ATTEMPTS_RESET: {where} attempts {previous[0]} -> {r['attempts']} for the same occurrence"

@@ -3,7 +3,7 @@
 import json
 
 from reminders_pipeline.notification import MAX_PAYLOAD_BYTES, compose
-from reminders_pipeline.times import iso_from_unix
+from reminders_pipeline.times import Instant
 
 T = 1_789_029_000  # 2026-09-10T08:30:00Z
 
@@ -16,8 +16,8 @@ def row(**over):
         "rule": "lead:600",
         "title": "Standup",
         "body": None,
-        "event_at": iso_from_unix(T),
-        "expires_at": iso_from_unix(T + 1800),
+        "event_at": Instant.from_unix(T),
+        "expires_at": Instant.from_unix(T + 1800),
         "apns_token": "ab" * 32,
         "last_tz_offset_seconds": 7200,
     }

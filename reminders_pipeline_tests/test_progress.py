@@ -73,15 +73,15 @@ def test_progress_goes_to_a_terminal_and_never_to_a_pipe(db_url):
     for i in range(3):
         code, _, _ = run_cli(db_url, "device", "put", f"d{i}", "--apns-token", "ab" * 32, tty=False)
         assert code == 0
-    code, stdout, stderr = run_cli(db_url, "build", "--all", "--now", NOW, tty=True)
+    code, stdout, stderr = run_cli(db_url, "build", "--all", "--now", NOW.stored, tty=True)
     assert code == 0
     assert json.loads(stdout)["devices_built"] == 3  # stdout: exactly the JSON summary
     assert "build: 0/3 devices" in stderr and "build: 3/3 devices" in stderr
-    code, stdout, stderr = run_cli(db_url, "build", "--all", "--now", NOW, tty=False)
+    code, stdout, stderr = run_cli(db_url, "build", "--all", "--now", NOW.stored, tty=False)
     assert code == 0 and json.loads(stdout)["devices_built"] == 3
     assert stderr == ""
-    code, stdout, stderr = run_cli(db_url, "prune", "--now", NOW, tty=True)
+    code, stdout, stderr = run_cli(db_url, "prune", "--now", NOW.stored, tty=True)
     assert code == 0 and json.loads(stdout)["deleted"] == 0
     assert "prune: 0 rows deleted" in stderr
-    code, stdout, stderr = run_cli(db_url, "drain", "--now", NOW, tty=True)
+    code, stdout, stderr = run_cli(db_url, "drain", "--now", NOW.stored, tty=True)
     assert code == 0 and json.loads(stdout)["due"] == 0

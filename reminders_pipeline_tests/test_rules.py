@@ -1,6 +1,7 @@
 import pytest
 
 from reminders_pipeline.rules import Rule, RuleError, device_rules, parse_rule
+from reminders_pipeline.times import Instant
 
 
 @pytest.mark.parametrize(
@@ -38,8 +39,9 @@ def test_errors_say_why(text, fragment):
 def test_canonical_names_and_send_after():
     assert parse_rule("lead:60@start").name == "lead:60"
     assert Rule(0, "expiry").name == "lead:0@expiry"
-    assert Rule(600).send_after_unix(10_000, 20_000) == 9_400
-    assert Rule(600, "expiry").send_after_unix(10_000, 20_000) == 19_400
+    starts, expires = Instant.from_unix(10_000), Instant.from_unix(20_000)
+    assert Rule(600).anchor_time(starts, expires) - 600 == Instant.from_unix(9_400)
+    assert Rule(600, "expiry").anchor_time(starts, expires) == expires
 
 
 def test_device_rules_include_the_lead_and_dedupe():

@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import insert, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Text, insert, text, type_coerce
+from sqlalchemy.exc import IntegrityError, StatementError
 
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import metadata, notification_queue
+from reminders_pipeline.times import Instant
 
 from .support import NOW
 
@@ -42,13 +43,25 @@ def _queue_row(**over):
     return row
 
 
+def _stored(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for a raw statement of an older schema: each instant as its stored text."""
+    return {k: v.stored if isinstance(v, Instant) else v for k, v in row.items()}
+
+
 @pytest.mark.parametrize(
     "bad", ["2026-09-10 08:00:00.000Z", "2026-09-10T08:00:00Z", "2026-09-10T08:00:00.000+00:00", "1789000000"]
 )
 def test_a_time_in_any_other_shape_is_refused_by_the_database(db, bad):
+    """Past the column type (which binds only instants), straight into the table: the CHECK refuses it."""
     with pytest.raises(IntegrityError):
         with db.write() as conn:
-            conn.execute(insert(notification_queue).values(**_queue_row(send_after=bad)))
+            conn.execute(insert(notification_queue).values(**_queue_row(send_after=type_coerce(bad, Text))))
+
+
+def test_the_time_columns_bind_instants_only(db):
+    with pytest.raises(StatementError, match="bound as an Instant"):
+        with db.write() as conn:
+            conn.execute(insert(notification_queue).values(**_queue_row(send_after=NOW.stored)))
 
 
 def test_settled_rows_must_have_an_outcome(db):
@@ -74,7 +87,7 @@ def test_the_due_query_uses_the_partial_index(db):
                 str(r)
                 for r in conn.exec_driver_sql(
                     "EXPLAIN QUERY PLAN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= ? ORDER BY send_after, id",
-                    (NOW,),
+                    (NOW.stored,),
                 )
             )
         else:
@@ -85,7 +98,7 @@ def test_the_due_query_uses_the_partial_index(db):
                     text(
                         "EXPLAIN SELECT id FROM notification_queue WHERE status = 'pending' AND send_after <= :now ORDER BY send_after, id"
                     ),
-                    {"now": NOW},
+                    {"now": NOW.stored},
                 )
             )
     assert "ix_queue_due" in plan
@@ -124,13 +137,13 @@ def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outco
                     "INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
                     "VALUES (:id, :apns_token, :chunk, :created_at, :updated_at)"
                 ),
-                device,
+                _stored(device),
             )
             conn.execute(
                 text(
                     "INSERT INTO notification_queue (device_id, item_id, rule, send_after, event_at, expires_at, title, status, created_at, updated_at) VALUES (:device_id, :item_id, :rule, :send_after, :event_at, :expires_at, :title, :status, :created_at, :updated_at)"
                 ),
-                _queue_row(),
+                _stored(_queue_row()),
             )
         with pytest.raises(IntegrityError):
             with db.write() as conn:
@@ -196,7 +209,12 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     from reminders_pipeline.notification import as_shown, compose, stored_payload
 
     base = dict(
-        _queue_row(), status="settled", outcome="sent", attempts=2, body=None, event_at="2026-09-10T10:00:00.000Z"
+        _queue_row(),
+        status="settled",
+        outcome="sent",
+        attempts=2,
+        body=None,
+        event_at=Instant.from_stored("2026-09-10T10:00:00.000Z"),
     )
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
     device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
@@ -212,7 +230,7 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
                     f"INSERT INTO notification_queue (id, {columns}) VALUES "
                     f"(:id, {', '.join(':' + c for c in rows[0])})"
                 ),
-                [dict(r, id=i + 1) for i, r in enumerate(rows)],
+                [_stored(dict(r, id=i + 1)) for i, r in enumerate(rows)],
             )
     finally:
         migrate.upgrade(db)
@@ -238,7 +256,7 @@ def test_migration_0011_keeps_a_drain_hold_as_the_rows_held_until(db):
     quiet_hours, a not_before) keeps that end as its lateness base; a retry's backoff is no hold."""
     from reminders_pipeline import migrate
 
-    end, backoff = "2026-09-11T07:30:00.000Z", "2026-09-11T07:30:04.000Z"
+    end, backoff = Instant.from_stored("2026-09-11T07:30:00.000Z"), Instant.from_stored("2026-09-11T07:30:04.000Z")
     held = dict(_queue_row(item_id="1:held"), outcome_detail="quiet_hours", not_before=end)
     retried = dict(_queue_row(item_id="1:retried"), outcome_detail="InternalServerError", not_before=backoff)
     try:
@@ -249,7 +267,7 @@ def test_migration_0011_keeps_a_drain_hold_as_the_rows_held_until(db):
         migrate.upgrade(db)
     with db.read() as conn:
         got = conn.execute(text("SELECT item_id, held_until FROM notification_queue ORDER BY item_id")).all()
-    assert [tuple(r) for r in got] == [("1:held", end), ("1:retried", None)]
+    assert [tuple(r) for r in got] == [("1:held", end.stored), ("1:retried", None)]
 
 
 def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):

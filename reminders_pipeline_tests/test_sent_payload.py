@@ -17,6 +17,7 @@ from reminders_pipeline.drain import drain
 from reminders_pipeline.notification import as_shown, stored_payload
 from reminders_pipeline.schema import notification_queue as q
 from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.times import Instant
 
 from .support import NOW, at, by_key, device, item, rows
 
@@ -141,8 +142,8 @@ MATRIX_ROW = {
     "id": 7,
     "device_id": "d",
     "item_id": "3:standup",
-    "event_at": "2026-09-10T08:30:00.000Z",
-    "expires_at": "2026-09-10T09:00:00.000Z",
+    "event_at": Instant.from_stored("2026-09-10T08:30:00.000Z"),
+    "expires_at": Instant.from_stored("2026-09-10T09:00:00.000Z"),
     "apns_token": "ab" * 32,
 }
 
@@ -191,8 +192,8 @@ PINNED_ROW = dict(
     device_id="dev-1",
     item_id="1:e",
     rule="lead:3600",
-    event_at="2026-09-10T10:00:00.000Z",
-    expires_at="2026-09-10T11:00:00.000Z",
+    event_at=Instant.from_stored("2026-09-10T10:00:00.000Z"),
+    expires_at=Instant.from_stored("2026-09-10T11:00:00.000Z"),
     title="Weekly planning",
     body=None,
     payload=None,

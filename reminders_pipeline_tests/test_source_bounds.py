@@ -11,19 +11,19 @@ import textwrap
 from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.settings import LOOPBACK_NETWORKS
 from reminders_pipeline.sources import SourceReader
-from reminders_pipeline.times import unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .http_sources import Route, gzip_bomb
 
-NOW = "2026-10-18T12:00:00.000Z"
-NOW_S = int(unix_from_iso(NOW))
+NOW = Instant.from_stored("2026-10-18T12:00:00.000Z")
+NOW_S = int(NOW.unix)
 LOOPBACK = parse_networks(LOOPBACK_NETWORKS)
 FEED = json.dumps({"items": [{"id": "a", "title": "A", "startsAt": NOW_S + 600, "expiresAt": NOW_S + 900}]}).encode()
 
 
 def _read(feeds, path: str, max_bytes: int = 5_000_000):
     return SourceReader(timeout=10, max_bytes=max_bytes, allow_networks=LOOPBACK).read_all(
-        {1: feeds.url(path)}, (NOW_S, NOW_S + 86400)
+        {1: feeds.url(path)}, (NOW, NOW + 86400)
     )[1]
 
 
@@ -97,7 +97,7 @@ def test_the_item_cap_keeps_the_soonest_future_items_whatever_the_feed_order(db,
     pending = sorted(r["item_id"].split(":", 1)[1] for r in rows(db) if r["status"] == "pending")
     assert summary.items_rejected == {"over_item_cap": 2}
     assert pending == ["f0", "f1", "f2", "f3", "f4"] and summary.rows_voided == {}
-    feed = SourceReader(allow_networks=LOOPBACK, max_items=3).read_all({1: url}, (NOW_S, NOW_S + 86400))[1].feed
+    feed = SourceReader(allow_networks=LOOPBACK, max_items=3).read_all({1: url}, (NOW, NOW + 86400))[1].feed
     assert sorted(i.id for i in feed.items if not i.id.startswith("past")) == ["f0", "f1", "f2"]
 
 
@@ -155,7 +155,7 @@ def test_an_absurd_date_rejects_its_event_not_its_calendar(feeds):
     """DTEND in year 9999 overflowed recurring-ical-events and failed the calendar on every read."""
     absurd = _event("absurd", "20261018T140000Z", "DTEND:99991231T235959")
     url = feeds.calendar("/absurd.ics", _calendar(absurd, MEETING))
-    read = SourceReader(allow_networks=LOOPBACK).read_all({1: url}, (NOW_S, NOW_S + 86400))[1]
+    read = SourceReader(allow_networks=LOOPBACK).read_all({1: url}, (NOW, NOW + 86400))[1]
     assert read.ok, read.error
     assert [i.id for i in read.feed.items] == ["meeting/20261018T150000Z"]
     assert read.feed.rejected == {"bad_recurrence": 1}
@@ -306,10 +306,10 @@ def test_the_item_cap_keeps_only_what_it_cut_json(db, settings, feeds):
 
 
 def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
-    from reminders_pipeline.times import iso_from_unix
+    from reminders_pipeline.times import Instant
 
     def stamp(h: float) -> str:
-        return iso_from_unix(NOW_S + int(h * 3600)).replace("-", "").replace(":", "").replace(".000", "")
+        return Instant.from_unix(NOW_S + int(h * 3600)).stored.replace("-", "").replace(":", "").replace(".000", "")
 
     def publish(hours: dict[str, float]) -> str:
         return feeds.calendar("/cap.ics", _calendar(*(_event(n, stamp(h), "DURATION:PT30M") for n, h in hours.items())))
@@ -363,10 +363,10 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
             b"".join(StackedDecoder([coding], len(body) - 1).decode(encoded))
 
 
-def _later(seconds: int) -> str:
-    from reminders_pipeline.times import iso_from_unix
+def _later(seconds: int) -> Instant:
+    from reminders_pipeline.times import Instant
 
-    return iso_from_unix(NOW_S + seconds)
+    return Instant.from_unix(NOW_S + seconds)
 
 
 def test_an_unchanged_feed_over_the_cap_lets_a_cut_item_in_once_a_kept_one_is_over_json(db, settings, feeds):
@@ -399,7 +399,7 @@ def test_an_unchanged_calendar_over_the_cap_lets_a_cut_occurrence_in_once_a_kept
     capped = settings.with_(source_max_items=2)
     body = _calendar(
         *(
-            _event(n, _later(h * 3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT10M")
+            _event(n, _later(h * 3600).stored.replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT10M")
             for n, h in (("A", 1), ("B", 2), ("C", 3))
         )
     )
@@ -421,7 +421,7 @@ def test_a_series_dropped_as_a_flood_takes_no_place_under_the_cap(db, settings, 
     from .support import device
 
     capped = settings.with_(source_max_items=4)
-    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    stamp = lambda s: _later(s).stored.replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
     flood = _event("flood", stamp(1800), "DURATION:PT1S", "RRULE:FREQ=SECONDLY")
     meetings = [_event(f"m{i}", stamp(7200 + i * 3600), "DURATION:PT30M") for i in range(4)]
     device(db, capped, sources=[feeds.calendar("/flood.ics", _calendar(flood, *meetings))])
@@ -435,7 +435,7 @@ def test_a_series_dropped_after_its_first_slice_gives_its_places_back():
     the cap: the calendar is expanded again without it, so the cap keeps the other events."""
     import reminders_pipeline.ics as ics
 
-    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    stamp = lambda s: _later(s).stored.replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
     hourly = _event("hourly", stamp(600), "DURATION:PT5M", "RRULE:FREQ=HOURLY")
     meetings = [_event(f"m{i}", stamp(26 * 3600 + i * 600), "DURATION:PT5M") for i in range(3)]
     body = _calendar(hourly, *meetings)
@@ -483,7 +483,7 @@ def test_replays_are_bounded_and_each_charges_a_series_afresh():
     every dropped series is still counted and its rows kept."""
     import reminders_pipeline.ics as ics
 
-    stamp = lambda s: _later(s).replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
+    stamp = lambda s: _later(s).stored.replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
     floods = {f"h{i}" for i in range(6)}
     body = _calendar(
         *[_event(uid, stamp(600 + i), "DURATION:PT5M", "RRULE:FREQ=HOURLY") for i, uid in enumerate(sorted(floods))],
@@ -540,22 +540,22 @@ def test_a_row_of_an_all_day_event_the_cap_cut_follows_the_devices_zone(db, sett
     day = _event("holiday", "20261019", "DTEND;VALUE=DATE:20261020").replace(
         "DTSTART:20261019", "DTSTART;VALUE=DATE:20261019"
     )
-    soon = _event("soon", _later(3600).replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT30M")
+    soon = _event("soon", _later(3600).stored.replace("-", "").replace(":", "").replace(".000", ""), "DURATION:PT30M")
     url = feeds.calendar("/cut-zone.ics", _calendar(day))
-    spec = DeviceSpec("d", TOKEN, 3600, (), (url,), tz="UTC", all_day_rules=("day:0@09:00",))
+    spec = DeviceSpec("d", TOKEN, 3600, (), (url,), tz_name="UTC", all_day_rules=("day:0@09:00",))
     put_device(db, capped, spec, now=NOW)
     build(db, capped, now=NOW)
-    assert [r["send_after"] for r in _rows(db)] == ["2026-10-19T09:00:00.000Z"]
+    assert [r["send_after"] for r in _rows(db)] == [Instant.from_stored("2026-10-19T09:00:00.000Z")]
     feeds.calendar("/cut-zone.ics", _calendar(day, soon))
     put_device(
         db,
         capped,
-        DeviceSpec("d", TOKEN, 3600, (), (url,), tz="America/New_York", all_day_rules=("day:0@09:00",)),
+        DeviceSpec("d", TOKEN, 3600, (), (url,), tz_name="America/New_York", all_day_rules=("day:0@09:00",)),
         now=NOW,
     )
     build(db, capped, now=NOW)
     row = next(r for r in _rows(db) if "holiday" in r["item_id"])
-    assert (row["status"], row["send_after"]) == ("pending", "2026-10-19T13:00:00.000Z")
+    assert (row["status"], row["send_after"]) == ("pending", Instant.from_stored("2026-10-19T13:00:00.000Z"))
 
 
 def _rows(db):
@@ -598,5 +598,5 @@ def test_a_floating_event_leaves_the_cap_when_the_expansion_stops_counting_it(db
     device(db, capped, sources=[feeds.calendar("/floating-cap.ics", body, etag='"v1"')])
     build(db, capped, now=NOW)
     assert {k.split("/")[0] for k in _statuses(db)} == {"A"}
-    build(db, capped, now="2026-10-18T19:30:00.000Z")
+    build(db, capped, now=Instant.from_stored("2026-10-18T19:30:00.000Z"))
     assert {k.split("/")[0] for k in _statuses(db)} == {"A", "B"}

@@ -24,12 +24,13 @@ from reminders_pipeline.build import build
 from reminders_pipeline.egress import GuardedBackend, is_allowed, parse_networks
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, SettingsError
 from reminders_pipeline.sources import SourceReader, SourceState, shown_url
+from reminders_pipeline.times import Instant
 from reminders_pipeline.widget_feed import compose_feed
 
 from .http_sources import FeedServer, Route
 from .support import device
 
-NOW = "2026-10-18T12:00:00.000Z"
+NOW = Instant.from_stored("2026-10-18T12:00:00.000Z")
 SECRET = "i-0123456789abcdef-SECRET"  # what an internal endpoint would answer
 
 

@@ -13,14 +13,14 @@ from reminders_pipeline.build import build
 from reminders_pipeline.egress import parse_networks
 from reminders_pipeline.settings import LOOPBACK_NETWORKS
 from reminders_pipeline.sources import SourceReader, SourceState, shown_url
-from reminders_pipeline.times import iso_from_unix, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .calendars import ALL_DAY, CANCELLED, FLOATING, UTC_EVENT, WEEKLY, calendar
 from .http_sources import Route
 from .support import device, rows
 
-NOW = "2026-10-18T12:00:00.000Z"
-NOW_S = int(unix_from_iso(NOW))
+NOW = Instant.from_stored("2026-10-18T12:00:00.000Z")
+NOW_S = int(NOW.unix)
 DAYS = 86400
 LOOPBACK = parse_networks(LOOPBACK_NETWORKS)  # the feed server's address
 
@@ -42,7 +42,7 @@ def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> li
         if not isinstance(start, datetime):
             day = int(datetime(start.year, start.month, start.day, tzinfo=UTC).timestamp()) - offset
             if day + DAYS > NOW_S:
-                out.append((str(ev["SUMMARY"]), iso_from_unix(day + 9 * 3600)))
+                out.append((str(ev["SUMMARY"]), Instant.from_unix(day + 9 * 3600)))
             continue
         if start.tzinfo:
             s = int(start.timestamp())
@@ -50,7 +50,7 @@ def expected_send_afters(ics: str, lead: int, until: int, offset: int = 0) -> li
             naive = start if isinstance(start, datetime) else datetime(start.year, start.month, start.day)
             s = int(naive.replace(tzinfo=UTC).timestamp()) - offset
         if s > NOW_S and s - lead <= NOW_S + 40 * DAYS:
-            out.append((str(ev["SUMMARY"]), iso_from_unix(s - lead)))
+            out.append((str(ev["SUMMARY"]), Instant.from_unix(s - lead)))
     return sorted(out)
 
 
@@ -74,7 +74,10 @@ def test_dst_is_honoured_through_vtimezone(db, settings, feeds):
     build(db, settings.with_(horizon_seconds=40 * DAYS), now=NOW)
     by_start = sorted(r["event_at"] for r in queued(db).values())
     # 09:00 in Berlin is 07:00Z in summer time and 08:00Z after the 25 October change.
-    assert by_start[:2] == ["2026-10-19T07:00:00.000Z", "2026-10-26T08:00:00.000Z"]
+    assert by_start[:2] == [
+        Instant.from_stored("2026-10-19T07:00:00.000Z"),
+        Instant.from_stored("2026-10-26T08:00:00.000Z"),
+    ]
 
 
 def test_occurrence_ids_are_stable_so_a_move_updates_and_a_delete_voids(db, settings, feeds):
@@ -103,10 +106,12 @@ SUMMARY:Standup (late)
 END:VEVENT"""
     )
     feeds.calendar("/cal.ics", calendar(moved.replace("COUNT=3", "COUNT=3\nEXDATE:20261103T090000Z")))
-    summary = build(db, settings, now=iso_from_unix(NOW_S + 60))
+    summary = build(db, settings, now=Instant.from_unix(NOW_S + 60))
     after = queued(db)
     key = ("w@x/20261027T090000Z", "lead:600")
-    assert after[key]["id"] == before[key]["id"] and after[key]["send_after"] == "2026-10-27T09:50:00.000Z"
+    assert after[key]["id"] == before[key]["id"] and after[key]["send_after"] == Instant.from_stored(
+        "2026-10-27T09:50:00.000Z"
+    )
     assert summary.rows_updated == 1 and summary.rows_voided == {"left_feed": 1}
     assert ("w@x/20261103T090000Z", "lead:600") not in after
 
@@ -120,10 +125,10 @@ def test_floating_and_all_day_use_the_device_offset(db, settings, feeds):
         ledger.store_tz_offset(conn, "east", 2 * 3600)
     build(db, settings, now=NOW)
     got = {(r["device_id"], r["title"]): r["event_at"] for r in rows(db)}
-    assert got[("east", "Dinner")] == "2026-10-28T16:00:00.000Z"  # 18:00 at UTC+2
-    assert got[("utc", "Dinner")] == "2026-10-28T18:00:00.000Z"  # unknown offset: read as UTC
-    assert got[("east", "Holiday")] == "2026-10-26T22:00:00.000Z"  # local midnight
-    assert got[("utc", "Holiday")] == "2026-10-27T00:00:00.000Z"
+    assert got[("east", "Dinner")] == Instant.from_stored("2026-10-28T16:00:00.000Z")  # 18:00 at UTC+2
+    assert got[("utc", "Dinner")] == Instant.from_stored("2026-10-28T18:00:00.000Z")  # unknown offset: read as UTC
+    assert got[("east", "Holiday")] == Instant.from_stored("2026-10-26T22:00:00.000Z")  # local midnight
+    assert got[("utc", "Holiday")] == Instant.from_stored("2026-10-27T00:00:00.000Z")
 
 
 def test_garbage_calendar_fails_the_source_only(db, settings, feeds):
@@ -140,24 +145,24 @@ def test_conditional_get_reuses_the_parsed_feed_on_304(db, settings, feeds):
     url = feeds.items("/a.json", items, etag='"v1"')
     device(db, settings, sources=[url])
     first = build(db, settings, now=NOW)
-    second = build(db, settings, now=iso_from_unix(NOW_S + 60))
+    second = build(db, settings, now=Instant.from_unix(NOW_S + 60))
     assert (first.sources_not_modified, second.sources_not_modified) == (0, 1)
     assert feeds.request_headers["/a.json"][1].get("If-None-Match") == '"v1"'
     assert feeds.not_modified["/a.json"] == 1
     assert second.rows_voided == {} and [r["status"] for r in rows(db)] == ["pending"]
     feeds.items("/a.json", [], etag='"v2"')  # changed: a full read, the item leaves
-    third = build(db, settings, now=iso_from_unix(NOW_S + 120))
+    third = build(db, settings, now=Instant.from_unix(NOW_S + 120))
     assert third.sources_not_modified == 0 and third.rows_voided == {"left_feed": 1}
 
 
 def test_calendar_304_is_reused_only_while_its_expansion_covers_the_window(feeds):
     url = feeds.calendar("/cal.ics", calendar(UTC_EVENT), etag='"c1"')
     reader = SourceReader(timeout=5, allow_networks=LOOPBACK)
-    first = reader.read_all({1: url}, (NOW_S, NOW_S + DAYS))[1]
-    assert first.ok and first.cache_until == iso_from_unix(NOW_S + 2 * DAYS)
+    first = reader.read_all({1: url}, (NOW, NOW + DAYS))[1]
+    assert first.ok and first.cache_until == Instant.from_unix(NOW_S + 2 * DAYS)
     state = SourceState(url, first.etag, None, first.feed.to_json(), first.cache_until)
-    assert reader.read_all({1: state}, (NOW_S, NOW_S + DAYS))[1].not_modified
-    beyond = reader.read_all({1: state}, (NOW_S, NOW_S + 3 * DAYS))[1]
+    assert reader.read_all({1: state}, (NOW, NOW + DAYS))[1].not_modified
+    beyond = reader.read_all({1: state}, (NOW, NOW + 3 * DAYS))[1]
     assert beyond.ok and not beyond.not_modified  # the cache ends too early: read in full
 
 
@@ -219,17 +224,17 @@ def test_a_source_failing_longer_than_the_limit_alerts_once_per_streak(db, setti
     url = feeds.fail("/down.json", 503)
     device(db, settings, sources=[url])
     for minutes in (0, 15, 30, 45, 60):
-        build(db, settings, now=iso_from_unix(NOW_S + minutes * 60))
+        build(db, settings, now=Instant.from_unix(NOW_S + minutes * 60))
     assert len(feeds.posts["/hook"]) == 1
     assert shown_url(url) in feeds.posts["/hook"][0]["text"] and "Source failing" in feeds.posts["/hook"][0]["text"]
     with db.read() as conn:
         (src,) = ledger.list_sources(conn)
     assert src["consecutive_failures"] == 5 and src["failing_since"] == NOW
     feeds.items("/down.json", [])
-    build(db, settings, now=iso_from_unix(NOW_S + 75 * 60))  # recovers: the streak ends
+    build(db, settings, now=Instant.from_unix(NOW_S + 75 * 60))  # recovers: the streak ends
     feeds.fail("/down.json", 503)
     for minutes in (90, 105, 120, 135):
-        build(db, settings, now=iso_from_unix(NOW_S + minutes * 60))
+        build(db, settings, now=Instant.from_unix(NOW_S + minutes * 60))
     assert len(feeds.posts["/hook"]) == 2
 
 

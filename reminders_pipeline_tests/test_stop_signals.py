@@ -31,7 +31,7 @@ from reminders_pipeline import ledger, migrate
 from reminders_pipeline.build import queue_rows
 from reminders_pipeline.db import Database
 from reminders_pipeline.schema import devices
-from reminders_pipeline.times import iso_from_unix, now_utc
+from reminders_pipeline.times import Instant
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 from .test_faults import RULE, ids_where, ledger_rows, request_key, token_of
@@ -170,7 +170,7 @@ def group_members(pgid: int) -> list[str]:
 
 def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, coming: int, every: float) -> None:
     """``due_now`` rows per device due at once, then ``coming`` rows coming due one every ``every`` s."""
-    stamp = iso_from_unix(now)
+    stamp = Instant.from_unix(now)
     rows = []
     for d in range(n_devices):
         times = [now - 5] * due_now + [now + every * (k * n_devices + d + 1) for k in range(coming)]
@@ -178,18 +178,24 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
             rows.append(
                 {
                     "device_id": f"dev-{d}", "source_id": 1, "item_id": f"1:item-{d}-{k}", "rule": RULE,
-                    "send_after": iso_from_unix(at), "event_at": iso_from_unix(at + 3600),
-                    "expires_at": iso_from_unix(at + 5400), "title": f"Event {d}/{k}", "body": None,
+                    "send_after": Instant.from_unix(at), "event_at": Instant.from_unix(at + 3600),
+                    "expires_at": Instant.from_unix(at + 5400), "title": f"Event {d}/{k}", "body": None,
                 }
             )  # fmt: skip
+    # The devices subscribe to nothing, so a build would void their rows (``source_removed``): stamped
+    # built an hour ahead, every build of their chunk (the demo's first, a catch-up) leaves them alone.
+    built = stamp + 3600
     with db.write() as conn:
         conn.execute(
             insert(devices),
             [
-                {"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp}
+                {
+                    "id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp,
+                    "reminders_built_at": built,
+                }
                 for d in range(n_devices)
             ],
-        )
+        )  # fmt: skip
         queue_rows(conn, rows, stamp)
 
 
@@ -239,7 +245,7 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
         ), [p.cmdline() for p in tree]
         ours = {token_of(d) for d in range(4)}
         on_the_wire = {request_key(r) for r in mock.requests if r.token in ours}
-        signalled_at = now_utc()
+        signalled_at = Instant.now()
         process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + DEV_STOP_BOUND
         try:
@@ -324,7 +330,7 @@ def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_wh
         client.start()
         wait_for("a send on the wire", lambda: len(mock.requests) > 0, 60, every=0.05)
         on_the_wire = {request_key(r) for r in mock.requests}
-        signalled_at = now_utc()
+        signalled_at = Instant.now()
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=STOP_BOUND)
         client.join(10)

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from reminders_pipeline.feed import Item
-from reminders_pipeline.notification import compose, local_clock
+from reminders_pipeline.notification import compose
 from reminders_pipeline.rules import RuleError, device_rules, parse_rule
-from reminders_pipeline.times import iso_from_unix
-from reminders_pipeline.zones import LocalTime, ZoneError, parse_quiet_hours, zone
+from reminders_pipeline.times import Instant
+from reminders_pipeline.zones import Zone, ZoneError, parse_quiet_hours, zone_info, zone_of
 
 UTC = UTC
 
@@ -23,6 +23,10 @@ def wall(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
 
 def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
     return wall(y, mo, d, h, mi)
+
+
+def instant(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> Instant:
+    return Instant.from_unix(utc(y, mo, d, h, mi))
 
 
 @pytest.mark.parametrize(
@@ -41,27 +45,27 @@ def utc(y: int, mo: int, d: int, h: int = 0, mi: int = 0) -> int:
     ],
 )
 def test_wall_times_resolve_dst_exact(tz, local, expected):
-    assert LocalTime(tz).to_unix(wall(*local)) == utc(*expected)
+    assert Zone(tz).to_unix(wall(*local)) == utc(*expected)
 
 
 def test_offset_only_and_unknown_keep_todays_behaviour():
-    assert LocalTime(None, -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 13)
-    assert LocalTime(None, None).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 9)
-    assert LocalTime("Europe/Berlin", -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 7)  # the zone wins
+    assert Zone(None, -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 13)
+    assert Zone(None, None).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 9)
+    assert Zone("Europe/Berlin", -4 * 3600).to_unix(wall(2026, 6, 1, 9)) == utc(2026, 6, 1, 7)  # the zone wins
 
 
 @pytest.mark.parametrize("name", ["Mars/Olympus", "Europe/Berlin/x/y", "../etc/passwd", "", "x" * 65, "Europe/ Berlin"])
 def test_unknown_zones_are_refused(name):
     with pytest.raises(ZoneError):
-        zone(name)
+        zone_info(name)
 
 
 def test_clock_text_follows_the_zone_across_dst():
     # 12:30Z is 14:30 in Berlin in summer and 13:30 in winter; the offset form cannot know that.
-    assert local_clock(utc(2026, 7, 1, 12, 30), 3600, "Europe/Berlin") == "14:30"
-    assert local_clock(utc(2026, 12, 1, 12, 30), 7200, "Europe/Berlin") == "13:30"
-    assert local_clock(utc(2026, 12, 1, 12, 30), 7200) == "14:30"
-    assert local_clock(utc(2026, 12, 1, 12, 30), None) == "12:30 UTC"
+    assert Zone.of("Europe/Berlin", 3600).clock(instant(2026, 7, 1, 12, 30)) == "14:30"
+    assert Zone.of("Europe/Berlin", 7200).clock(instant(2026, 12, 1, 12, 30)) == "13:30"
+    assert Zone.of(None, 7200).clock(instant(2026, 12, 1, 12, 30)) == "14:30"
+    assert Zone.of(None, None).clock(instant(2026, 12, 1, 12, 30)) == "12:30 UTC"
     row = {
         "id": 1,
         "device_id": "d",
@@ -70,8 +74,8 @@ def test_clock_text_follows_the_zone_across_dst():
         "title": "Dentist",
         "body": None,
         "rule": "lead:600",
-        "event_at": iso_from_unix(utc(2026, 10, 26, 13, 30)),
-        "expires_at": iso_from_unix(utc(2026, 10, 26, 14)),
+        "event_at": Instant.from_unix(utc(2026, 10, 26, 13, 30)),
+        "expires_at": Instant.from_unix(utc(2026, 10, 26, 14)),
         "last_tz_offset_seconds": 7200,
         "tz_name": "Europe/Berlin",
     }
@@ -90,8 +94,8 @@ def test_all_day_alert_names_the_day(rule, body):
         "title": "Birthday",
         "body": None,
         "rule": rule,
-        "event_at": "2026-10-26T23:00:00.000Z",
-        "expires_at": "2026-10-27T23:00:00.000Z",
+        "event_at": Instant.from_stored("2026-10-26T23:00:00.000Z"),
+        "expires_at": Instant.from_stored("2026-10-27T23:00:00.000Z"),
         "tz_name": "Europe/Berlin",
     }
     note = compose(row)
@@ -132,7 +136,7 @@ def test_device_rules_keep_lead_and_day_rules_apart():
 
 def test_day_rule_send_time_is_a_local_time_on_a_local_day_dst_exact():
     item = Item("x", "Holiday", None, wall(2026, 3, 29), wall(2026, 3, 30), floating=True, all_day=True)
-    berlin = LocalTime("Europe/Berlin")
+    berlin = Zone("Europe/Berlin")
     before = parse_rule("day:1@18:00")
     assert berlin.to_unix(before.day_wall(item.starts_at)) == utc(2026, 3, 28, 17)  # CET the evening before
     assert berlin.to_unix(parse_rule("day:0@09:00").day_wall(item.starts_at)) == utc(2026, 3, 29, 7)  # CEST on the day
@@ -143,10 +147,10 @@ def test_day_rule_send_time_is_a_local_time_on_a_local_day_dst_exact():
 def test_duration_days_are_nominal_and_hours_exact_for_floating_times():
     # 23:00 floating + PT4H across Berlin's spring change is 4 real hours; + P1D is the same wall time next day.
     exact = Item("x", "t", None, wall(2026, 3, 28, 23), wall(2026, 3, 29, 3), floating=True, tail_seconds=4 * 3600)
-    fixed = exact.for_local(LocalTime("Europe/Berlin"))
+    fixed = exact.for_local(Zone("Europe/Berlin"))
     assert fixed.expires_at - fixed.starts_at == 4 * 3600
     nominal = Item("y", "t", None, wall(2026, 3, 28, 23), wall(2026, 3, 29, 23), floating=True)
-    fixed = nominal.for_local(LocalTime("Europe/Berlin"))
+    fixed = nominal.for_local(Zone("Europe/Berlin"))
     assert fixed.expires_at - fixed.starts_at == 23 * 3600
 
 
@@ -162,17 +166,17 @@ def test_duration_days_are_nominal_and_hours_exact_for_floating_times():
     ],
 )
 def test_quiet_hours_contain_local_times(window, local, inside):
-    berlin = LocalTime("Europe/Berlin")
-    instant = berlin.to_unix(wall(*local))
-    assert parse_quiet_hours(window).contains(instant, berlin) is inside
+    berlin = Zone("Europe/Berlin")
+    when = Instant.from_unix(berlin.to_unix(wall(*local)))
+    assert parse_quiet_hours(window).contains(when, berlin) is inside
 
 
 def test_quiet_hours_end_is_local_and_dst_exact():
-    berlin = LocalTime("Europe/Berlin")
+    berlin = Zone("Europe/Berlin")
     quiet = parse_quiet_hours("22:00-07:00")
     # The night of the spring change: 23:00 CET -> 07:00 CEST is 05:00Z.
-    assert quiet.end_after(utc(2026, 3, 28, 22), berlin) == utc(2026, 3, 29, 5)
-    assert quiet.end_after(utc(2026, 3, 29, 2), berlin) == utc(2026, 3, 29, 5)
+    assert quiet.end_after(instant(2026, 3, 28, 22), berlin) == instant(2026, 3, 29, 5)
+    assert quiet.end_after(instant(2026, 3, 29, 2), berlin) == instant(2026, 3, 29, 5)
 
 
 @pytest.mark.parametrize("text", ["22:00", "22:00-22:00", "25:00-07:00", "22:00-07:60", "10pm-7am"])
@@ -182,10 +186,8 @@ def test_bad_quiet_hours_are_refused(text):
 
 
 def test_a_stored_zone_the_database_no_longer_knows_falls_back_to_the_offset():
-    from reminders_pipeline.zones import local_time
-
-    assert local_time({"tz_name": "Gone/Zone", "last_tz_offset_seconds": 3600}) == LocalTime(None, 3600)
-    assert local_time({"tz_name": "Europe/Berlin", "last_tz_offset_seconds": 3600}) == LocalTime("Europe/Berlin", 3600)
+    assert zone_of({"tz_name": "Gone/Zone", "last_tz_offset_seconds": 3600}) == Zone(None, 3600)
+    assert zone_of({"tz_name": "Europe/Berlin", "last_tz_offset_seconds": 3600}) == Zone("Europe/Berlin", 3600)
 
 
 def test_json_feeds_are_capped_too_and_the_cut_counted():
@@ -204,14 +206,14 @@ def test_json_feeds_are_capped_too_and_the_cut_counted():
 # of the fold or just before the gap, the instant quiet hours are over).
 DST_NIGHTS = [
     # Berlin falls back at 01:00Z (03:00 CEST -> 02:00 CET): 02:15 CET is 01:15Z; 02:30 CET is 01:30Z.
-    ("Europe/Berlin", "22:00-02:30", utc(2026, 10, 25, 1, 15), utc(2026, 10, 25, 1, 30)),
+    ("Europe/Berlin", "22:00-02:30", instant(2026, 10, 25, 1, 15), instant(2026, 10, 25, 1, 30)),
     # New York falls back at 06:00Z (02:00 EDT -> 01:00 EST): 01:15 EST is 06:15Z; 01:30 EST is 06:30Z.
-    ("America/New_York", "22:00-01:30", utc(2026, 11, 1, 6, 15), utc(2026, 11, 1, 6, 30)),
+    ("America/New_York", "22:00-01:30", instant(2026, 11, 1, 6, 15), instant(2026, 11, 1, 6, 30)),
     # Berlin springs forward at 01:00Z (02:00 CET -> 03:00 CEST): 02:30 never happens, quiet hours
     # are over when the clock jumps past it, at 01:00Z (03:00 CEST), not 01:30Z (03:30 CEST).
-    ("Europe/Berlin", "22:00-02:30", utc(2026, 3, 29, 0, 45), utc(2026, 3, 29, 1, 0)),
+    ("Europe/Berlin", "22:00-02:30", instant(2026, 3, 29, 0, 45), instant(2026, 3, 29, 1, 0)),
     # New York springs forward at 07:00Z (02:00 EST -> 03:00 EDT).
-    ("America/New_York", "22:00-02:30", utc(2026, 3, 8, 6, 45), utc(2026, 3, 8, 7, 0)),
+    ("America/New_York", "22:00-02:30", instant(2026, 3, 8, 6, 45), instant(2026, 3, 8, 7, 0)),
 ]
 
 
@@ -219,27 +221,27 @@ DST_NIGHTS = [
     "tz, window, inside, over", DST_NIGHTS, ids=["berlin-fold", "new-york-fold", "berlin-gap", "new-york-gap"]
 )
 def test_quiet_hours_end_on_both_dst_nights_is_when_the_clock_leaves_them(tz, window, inside, over):
-    local, quiet = LocalTime(tz), parse_quiet_hours(window)
-    assert quiet.contains(inside, local)
-    assert quiet.end_after(inside, local) == over
-    assert quiet.contains(over - 1, local) and not quiet.contains(over, local)
+    zone, quiet = Zone(tz), parse_quiet_hours(window)
+    assert quiet.contains(inside, zone)
+    assert quiet.end_after(inside, zone) == over
+    assert quiet.contains(over - 1, zone) and not quiet.contains(over, zone)
 
 
 @pytest.mark.parametrize(
-    "tz, instant, inside",
+    "tz, when, inside",
     [
-        ("Europe/Berlin", utc(2026, 10, 25, 0, 15), True),  # 02:15 CEST, first pass
-        ("Europe/Berlin", utc(2026, 10, 25, 0, 45), False),  # 02:45 CEST: past 02:30 in the first pass
-        ("Europe/Berlin", utc(2026, 10, 25, 1, 15), True),  # 02:15 CET, second pass: the clock reads 02:15 again
-        ("Europe/Berlin", utc(2026, 10, 25, 1, 45), False),  # 02:45 CET
-        ("America/New_York", utc(2026, 11, 1, 5, 15), True),  # 01:15 EDT
-        ("America/New_York", utc(2026, 11, 1, 5, 45), False),  # 01:45 EDT
-        ("America/New_York", utc(2026, 11, 1, 6, 15), True),  # 01:15 EST
+        ("Europe/Berlin", instant(2026, 10, 25, 0, 15), True),  # 02:15 CEST, first pass
+        ("Europe/Berlin", instant(2026, 10, 25, 0, 45), False),  # 02:45 CEST: past 02:30 in the first pass
+        ("Europe/Berlin", instant(2026, 10, 25, 1, 15), True),  # 02:15 CET, second pass: the clock reads 02:15 again
+        ("Europe/Berlin", instant(2026, 10, 25, 1, 45), False),  # 02:45 CET
+        ("America/New_York", instant(2026, 11, 1, 5, 15), True),  # 01:15 EDT
+        ("America/New_York", instant(2026, 11, 1, 5, 45), False),  # 01:45 EDT
+        ("America/New_York", instant(2026, 11, 1, 6, 15), True),  # 01:15 EST
     ],
 )
-def test_quiet_hours_contain_what_the_clock_reads_in_the_fold(tz, instant, inside):
+def test_quiet_hours_contain_what_the_clock_reads_in_the_fold(tz, when, inside):
     window = "22:00-02:30" if tz == "Europe/Berlin" else "22:00-01:30"
-    assert parse_quiet_hours(window).contains(instant, LocalTime(tz)) is inside
+    assert parse_quiet_hours(window).contains(when, Zone(tz)) is inside
 
 
 @pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York"])
@@ -250,12 +252,13 @@ def test_quiet_hours_contain_what_the_clock_reads_in_the_fold(tz, instant, insid
 def test_a_hold_ends_exactly_when_quiet_hours_do_never_earlier(tz, window, night):
     """Every 5 minutes across both DST nights: a time inside quiet hours ends them later, at the
     first instant outside them, and every sampled instant in between is inside."""
-    local, quiet = LocalTime(tz), parse_quiet_hours(window)
+    zone, quiet = Zone(tz), parse_quiet_hours(window)
     start = utc(*night, 18)
-    for t in range(start, start + 16 * 3600, 300):
-        if not quiet.contains(t, local):
+    for t in (Instant.from_unix(s) for s in range(start, start + 16 * 3600, 300)):
+        if not quiet.contains(t, zone):
             continue
-        end = quiet.end_after(t, local)
+        end = quiet.end_after(t, zone)
         assert end > t, (t, end)
-        assert not quiet.contains(end, local) and quiet.contains(end - 1, local), (t, end)
-        assert all(quiet.contains(s, local) for s in range(t, end, 60)), (t, end)
+        assert not quiet.contains(end, zone) and quiet.contains(end - 1, zone), (t, end)
+        steps = range(t.whole_seconds, end.whole_seconds, 60)
+        assert all(quiet.contains(Instant.from_unix(s), zone) for s in steps), (t, end)

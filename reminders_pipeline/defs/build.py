@@ -16,7 +16,7 @@ from reminders_pipeline.build import build
 from reminders_pipeline.ledger import stalest_chunks
 from reminders_pipeline.settings import Settings
 from reminders_pipeline.summary import BuildResult
-from reminders_pipeline.times import now_utc
+from reminders_pipeline.times import Instant
 
 from .resources import AlertingResource, LedgerResource, SourcesResource, core_settings
 from .run_queue import BUILD_TAGS, RUN_KIND_TAG
@@ -64,7 +64,7 @@ def chunk_metadata(summary: BuildResult) -> dict[str, Any]:
         "sources_not_modified": summary.sources_not_modified,
         "sources_failed": len(summary.sources_failed),
         "sources_failed_detail": dg.MetadataValue.json(summary.sources_failed),
-        "oldest_reminders_built_at": summary.oldest_built_at or "no devices",
+        "oldest_reminders_built_at": summary.oldest_built_at.stored if summary.oldest_built_at else "no devices",
         "duration_seconds": round(summary.duration_seconds, 3),
     }
 
@@ -157,5 +157,5 @@ def build_schedule(context: dg.ScheduleEvaluationContext, ledger: LedgerResource
     if not chunks:
         return dg.SkipReason("no devices registered")
     # A schedule returning several requests must key each; the key is scoped to this tick.
-    tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else now_utc()
+    tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else Instant.now()
     return build_requests(chunks, run_key=f"tick:{tick}")

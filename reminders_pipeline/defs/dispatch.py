@@ -18,7 +18,7 @@ import dagster as dg
 from reminders_pipeline.check import dispatch_health
 from reminders_pipeline.dispatch import Dispatcher, batch_line
 from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import now_utc
+from reminders_pipeline.times import Instant
 
 from .build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
 from .drain import summary_metadata
@@ -55,7 +55,7 @@ async def dispatch(
         dispatcher = Dispatcher(
             db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s))
         )
-        summary = await dispatcher.run(until=time.time() + seconds, stop=stop)
+        summary = await dispatcher.run(until=Instant.now() + seconds, stop=stop)
     meta = summary_metadata(summary, batches=0)
     meta.pop("batches")
     context.log.info(f"dispatcher: {summary.as_dict()}")
@@ -86,7 +86,7 @@ def dispatch_on_time(
     """Due rows wait at most REMINDERS_DISPATCH_LATE_SECONDS past send_after while the dispatcher is on."""
     settings = ledger.settings()
     with ledger.open() as db:
-        health = dispatch_health(db, settings, now_utc())
+        health = dispatch_health(db, settings, Instant.now())
     return check_result(context, alerting, "dispatch_on_time", health.on_time, health.detail(), health.metadata())
 
 
@@ -173,7 +173,7 @@ def dispatcher_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResourc
 def dispatch_on_time_sensor(context: dg.SensorEvaluationContext, ledger: LedgerResource) -> dg.SensorResult:
     """The check's schedule runs every 15 minutes; this notices a stalled dispatcher within 30 s and
     runs the check (which alerts) only on a transition, so it costs a run per incident, not per tick."""
-    now = now_utc()
+    now = Instant.now()
     with ledger.open() as db:
         health = dispatch_health(db, ledger.settings(), now)
     was_on_time = json.loads(context.cursor or "{}").get("on_time", True)

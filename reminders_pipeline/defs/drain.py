@@ -13,7 +13,7 @@ import dagster as dg
 from reminders_pipeline import drain as core
 from reminders_pipeline.schema import OUTCOMES
 from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import now_utc
+from reminders_pipeline.times import Instant
 
 from .build import LOAD_SETTINGS
 from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
@@ -94,7 +94,7 @@ def summary_metadata(summary: DrainResult, batches: int) -> dict[str, Any]:
 
 @dg.op(description="Counts per outcome and lateness percentiles of the whole run.")
 def summarize(context: dg.OpExecutionContext, abandoned: int, due: int, summaries: list) -> dict[str, Any]:
-    summary = DrainResult(now=now_utc(), abandoned=abandoned, due=due)
+    summary = DrainResult(now=Instant.now(), abandoned=abandoned, due=due)
     for part in summaries:
         summary.merge(part)
     meta = summary_metadata(summary, len(summaries))

@@ -18,7 +18,7 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
 
 from reminders_pipeline.cadence import crons_after
 from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
-from reminders_pipeline.times import now_utc, unix_from_iso
+from reminders_pipeline.times import Instant
 
 from .build import (
     LOAD_SETTINGS,
@@ -58,7 +58,7 @@ def sweep_period_sensor(
     context: dg.SensorEvaluationContext, ledger: LedgerResource, alerting: AlertingResource
 ) -> dg.SensorResult:
     settings = ledger.settings()
-    now = now_utc()
+    now = Instant.now()
     with ledger.open() as db:
         status = sweep_status(db, settings, now)
         chunks = stale_chunks(db, status) if status.breached or status.never_built else []
@@ -74,7 +74,7 @@ def sweep_period_sensor(
         alerting.alert(title, detail, **status.fields(), stale_chunks=chunks or None)
     requests: list[dg.RunRequest] = []
     if chunks and not builds_in_flight(context.instance):
-        bucket = int(unix_from_iso(now) // settings.build_cadence_seconds)  # one retry per build cadence
+        bucket = now.whole_seconds // settings.build_cadence_seconds  # one retry per build cadence
         requests = build_requests(chunks, run_key=f"catch-up:{bucket}", **{CATCH_UP_TAG: "catch-up"})
     return dg.SensorResult(run_requests=requests, cursor=json.dumps({"breached": status.breached}))
 
@@ -111,7 +111,7 @@ def sweep_period_invariant(
     cadence): otherwise its reminders may never queue."""
     settings = ledger.settings()
     with ledger.open() as db:
-        status = sweep_status(db, settings, now_utc())
+        status = sweep_status(db, settings, Instant.now())
     metadata = {k: v for k, v in status.fields().items() if v is not None}
     return check_result(context, alerting, "sweep_period_invariant", not status.breached, status.describe(), metadata)
 
@@ -122,7 +122,7 @@ def drain_backlog(
 ) -> dg.AssetCheckResult:
     """Oldest due pending row's age < MAX_LATENESS_SECONDS: otherwise due rows settle too_late."""
     settings = ledger.settings()
-    now = now_utc()
+    now = Instant.now()
     with ledger.open() as db, db.read() as conn:
         oldest, age = oldest_due_wait(conn, now)
     metadata: dict[str, Any] = {
@@ -131,7 +131,7 @@ def drain_backlog(
         "drain_cadence_seconds": settings.drain_cadence_seconds,
     }
     if oldest:
-        metadata["oldest_due_send_after"] = oldest
+        metadata["oldest_due_send_after"] = oldest.stored
     detail = f"oldest due pending row waits {age:.0f}s; MAX_LATENESS_SECONDS is {settings.max_lateness_seconds}s"
     return check_result(context, alerting, "drain_backlog", age < settings.max_lateness_seconds, detail, metadata)
 

@@ -58,7 +58,7 @@ from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory, default_sender_factory
 from ..settings import Settings
 from ..widget_feed import ComposedFeed, compose_feed
-from ..zones import MAX_TZ_OFFSET_SECONDS, ZoneError, valid_zone_name
+from ..zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from .contract import (
     BUILD,
     DELETE_DEVICE,
@@ -214,8 +214,9 @@ def parse_row_id(request: Request, from_body: int | None) -> int | None:
     return from_query if from_query is not None else from_body
 
 
-def parse_tz(request: Request) -> int | str | None:
-    """An IANA zone name (checked against the zone database) or, from old widgets, an offset in seconds."""
+def parse_tz(request: Request) -> Zone | None:
+    """The zone a widget reports as ``tz``: an IANA zone name (checked against the zone database)
+    or, from old widgets, a UTC offset in seconds."""
     texts = request.query_params.getlist("tz")
     if not texts:
         return None
@@ -223,11 +224,18 @@ def parse_tz(request: Request) -> int | str | None:
     if len(texts) > 1:
         raise invalid("tz", message)
     if TZ_TEXT.fullmatch(texts[0]) and abs(int(texts[0])) <= MAX_TZ_OFFSET_SECONDS:
-        return int(texts[0])
+        return Zone(offset_seconds=int(texts[0]))
     try:
-        return valid_zone_name(texts[0])
+        return Zone(valid_zone_name(texts[0]))
     except ZoneError:
         raise invalid("tz", message) from None
+
+
+def _stored_already(reported: Zone, record: ledger.DeviceRecord) -> bool:
+    """Whether the device already has the zone name, or the offset, its widget reports."""
+    if reported.tz_name is not None:
+        return reported.tz_name == record.tz_name
+    return reported.offset_seconds == record.last_tz_offset_seconds
 
 
 # ---------------------------------------------------------------- the routes
@@ -450,35 +458,38 @@ class Api:
     async def feed(self, request: Request) -> Response:
         """The composed feed, item bounds in Unix seconds (the wire contract), soonest first."""
         device_id = request.path_params["device_id"]
-        tz = parse_tz(request)
-        composed = await run_in_threadpool(self._feed, device_id, tz) if valid_device_id(device_id) else None
+        reported = parse_tz(request)
+        composed = await run_in_threadpool(self._feed, device_id, reported) if valid_device_id(device_id) else None
         if composed is None:
             raise no_device(device_id)
         return JSONResponse(
             {"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed}
         )
 
-    def _feed(self, device_id: str, tz: int | str | None) -> ComposedFeed | None:
+    def _feed(self, device_id: str, reported: Zone | None) -> ComposedFeed | None:
         record = self._device(device_id)
         if record is None:
             return None
-        stored = record.tz_name if isinstance(tz, str) else record.last_tz_offset_seconds
-        if tz is not None and tz != stored:
-            self._store_tz(device_id, tz)  # before composing: floating calendar times use the zone
+        if reported is not None and not _stored_already(reported, record):
+            self._store_zone(device_id, reported)  # before composing: floating calendar times use the zone
         return compose_feed(self.db, self.settings, device_id)
 
-    def _store_tz(self, device_id: str, tz: int | str) -> None:
+    def _store_zone(self, device_id: str, reported: Zone) -> None:
         """Conditional (only a changed zone or offset reaches here, and the UPDATE re-checks) and best-effort."""
         try:
             with self.db.write() as conn:
-                if isinstance(tz, str):
-                    ledger.store_tz_name(conn, device_id, tz)
-                else:
-                    ledger.store_tz_offset(conn, device_id, tz)
+                if reported.tz_name is not None:
+                    ledger.store_tz_name(conn, device_id, reported.tz_name)
+                elif reported.offset_seconds is not None:
+                    ledger.store_tz_offset(conn, device_id, reported.offset_seconds)
         except Exception as exc:  # noqa: BLE001 - a zone can never fail a feed request
             self.metrics.tz_write_failed()
             log.warning(
-                "could not store tz offset %s for %s: %s: %s", tz, device_id, type(exc).__name__, first_line(exc)
+                "could not store the zone %s for %s: %s: %s",
+                reported.tz_name or reported.offset_seconds,
+                device_id,
+                type(exc).__name__,
+                first_line(exc),
             )
 
     # -- wiring

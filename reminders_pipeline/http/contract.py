@@ -41,7 +41,7 @@ from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
 from ..sources import shown_url
-from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, iso_from_unix, parse_when, unix_from_iso
+from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
 # The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
@@ -77,14 +77,17 @@ def _usable_url(url: str) -> str:
     return url
 
 
-def _pretend_time(value: str | float) -> str:
-    """``now`` as stored text, inside the range the core can shift without leaving 1970..9999."""
+EARLIEST_NOW, LATEST_NOW = Instant.from_unix(MIN_NOW_UNIX), Instant.from_unix(MAX_NOW_UNIX)
+
+
+def _pretend_time(value: str | float) -> Instant:
+    """``now`` as an instant, inside the range the core can shift without leaving 1970..9999."""
     try:
-        now = parse_when(str(value))
+        now = Instant.parse(str(value))
     except (ValueError, OverflowError) as exc:
         raise ValueError(str(exc)) from None
-    if not MIN_NOW_UNIX <= unix_from_iso(now) <= MAX_NOW_UNIX:
-        raise ValueError(f"a time from {iso_from_unix(MIN_NOW_UNIX)} to {iso_from_unix(MAX_NOW_UNIX)}")
+    if not EARLIEST_NOW <= now <= LATEST_NOW:
+        raise ValueError(f"a time from {EARLIEST_NOW} to {LATEST_NOW}")
     return now
 
 
@@ -105,7 +108,7 @@ Counts = dict[str, int]
 NOW_FIELD = Field(
     None,
     description="Pretend it is this time (like `--now`): ISO-8601 with a zone, or Unix seconds; "
-    f"{iso_from_unix(MIN_NOW_UNIX)[:10]} to {iso_from_unix(MAX_NOW_UNIX)[:10]}. "
+    f"{EARLIEST_NOW.stored[:10]} to {LATEST_NOW.stored[:10]}. "
     "Listed only when `REMINDERS_HTTP_ACCEPT_NOW=true` (tests); otherwise `now` is refused (422).",
     examples=["2026-09-10T08:00:00Z", 1788940800],
 )

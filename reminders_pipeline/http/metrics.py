@@ -30,7 +30,7 @@ from ..db import Database
 from ..quiet import first_line
 from ..settings import Settings
 from ..summary import DrainResult
-from ..times import now_utc, seconds_between, shift, unix_from_iso
+from ..times import Instant
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,15 @@ class SettledWindow:
     ``WINDOW_MAX_ROWS`` settled in it (then it covers the latest rows, and ``truncated`` says so).
     """
 
-    since: str
+    since: Instant
     truncated: bool
     settled: dict[tuple[str, str | None], int]
     lateness: LatenessHistogram
 
 
-def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], since: str, limit: int) -> SettledWindow:
+def settled_window(
+    rows: list[tuple[Instant, str, str | None, Instant, Instant | None]], since: Instant, limit: int
+) -> SettledWindow:
     """Counts and lateness buckets of ``ledger.latest_settled`` rows (newest first)."""
     settled: dict[tuple[str, str | None], int] = {}
     per_bucket = [0] * (len(LATENESS_BUCKETS) + 1)  # the last: above every bound (+Inf only)
@@ -84,7 +86,7 @@ def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], sin
         settled[(outcome, detail)] = settled.get((outcome, detail), 0) + 1
         if outcome != "sent" or sent_at is None:
             continue
-        late = seconds_between(send_after, sent_at)
+        late = sent_at - send_after
         if late < 0:
             before_due += 1
             continue
@@ -99,18 +101,18 @@ def settled_window(rows: list[tuple[str, str, str | None, str, str | None]], sin
     return SettledWindow(rows[-1][0] if truncated else since, truncated, settled, histogram)
 
 
-def age_seconds(now: str, then: str | None) -> float | None:
+def age_seconds(now: Instant, then: Instant | None) -> float | None:
     """``now - then``; None when there is no ``then`` or it lies in the future (a fault, not an age)."""
-    if then is None or then > now:  # fixed-width ISO text: string order is time order
+    if then is None or then > now:
         return None
-    return unix_from_iso(now) - unix_from_iso(then)
+    return now - then
 
 
 @dataclass(frozen=True)
 class LedgerSnapshot:
     """What one scrape read, in one read transaction."""
 
-    now: str
+    now: Instant
     window_seconds: float  # what the window covers: the setting, or less when it was truncated
     window_truncated: bool
     settled: dict[tuple[str, str | None], int]
@@ -118,9 +120,9 @@ class LedgerSnapshot:
     due_pending: int
     claimed: int
     never_built: int
-    oldest_built_at: str | None
-    oldest_due_send_after: str | None
-    latest_beat: str | None
+    oldest_built_at: Instant | None
+    oldest_due_send_after: Instant | None
+    latest_beat: Instant | None
     live_dispatchers: int
     built_in_future: int
     settled_in_future: int
@@ -135,17 +137,17 @@ class LedgerSnapshot:
         }
 
 
-def read_snapshot(db: Database, now: str, window_seconds: int, live_seconds: int) -> LedgerSnapshot:
+def read_snapshot(db: Database, now: Instant, window_seconds: int, live_seconds: int) -> LedgerSnapshot:
     """Two statements in one read transaction: the window's latest settled rows (lateness is
     computed here, never in SQL), and the queue's present state."""
     with db.read() as conn:
-        since = shift(now, -window_seconds)
+        since = now - window_seconds
         latest = ledger.latest_settled(conn, since, now, WINDOW_MAX_ROWS)
-        gauges = ledger.queue_gauges(conn, now, shift(now, -live_seconds))
+        gauges = ledger.queue_gauges(conn, now, now - live_seconds)
     window = settled_window(latest, since, WINDOW_MAX_ROWS)
     return LedgerSnapshot(
         now=now,
-        window_seconds=unix_from_iso(now) - unix_from_iso(window.since),
+        window_seconds=now - window.since,
         window_truncated=window.truncated,
         settled=window.settled,
         lateness=window.lateness,
@@ -234,7 +236,7 @@ def families(s: LedgerSnapshot) -> Iterator[Metric]:
 class LedgerCollector(Collector):
     """Reads the ledger on every scrape; ``reminders_ledger_up`` 0 (with the reason logged) when it cannot."""
 
-    def __init__(self, db: Database, settings: Settings, clock: Callable[[], str] = now_utc) -> None:
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], Instant] = Instant.now) -> None:
         self.db = db
         self.settings = settings
         self.clock = clock
@@ -274,7 +276,7 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, db: Database, settings: Settings, clock: Callable[[], str] = now_utc) -> None:
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], Instant] = Instant.now) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(LedgerCollector(db, settings, clock))
         self.drains = Counter("reminders_http_drains", "Drain route calls that ran a drain.", registry=self.registry)

@@ -2,7 +2,8 @@
 
 Shells (Dagster, HTTP, CLI) and the core's orchestration modules call these functions with a
 connection from ``Database.write()``/``read()``; nothing outside this package writes SQL. No statement
-computes a time: every stored time arrives as a bound parameter made by ``reminders_pipeline.times``.
+computes a time: every stored time arrives as an ``Instant``, bound as its stored text by the time
+columns' type (``schema.IsoTime``), and comes back as one.
 
 One module per table or concern:
 

@@ -4,21 +4,29 @@ functions."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
+    BindParameter,
     ColumnClause,
     ColumnElement,
     Connection,
+    TextClause,
+    bindparam,
     cast,
     extract,
     func,
     literal_column,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+
+from ..schema import IsoTime
+from ..times import Instant, as_json
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
 PENDING: ColumnClause[str] = literal_column("'pending'")
@@ -32,6 +40,24 @@ IN_LIST_MAX = 10_000
 def batches(seq: Sequence[Any], size: int = IN_LIST_MAX) -> Iterable[Sequence[Any]]:
     for i in range(0, len(seq), size):
         yield seq[i : i + size]
+
+
+def now_param() -> BindParameter[Instant]:
+    """``:now``, bound as a stored time (``IsoTime``) wherever a statement writes or compares it."""
+    return bindparam("now", type_=IsoTime())
+
+
+def rows_text(sql: str, **times: Any) -> TextClause:
+    """A textual statement whose ``:now`` binds an ``Instant``; ``times`` name the RETURNING
+    columns read back as instants (``IsoTime``)."""
+    stmt = text(sql).bindparams(now_param())
+    return stmt.columns(**times) if times else stmt  # type: ignore[return-value]
+
+
+def rows_json(rows: Iterable[Any]) -> str:
+    """A batch of rows as one JSON parameter (``json_to_recordset``/``json_each`` unpack it), each
+    instant as its stored text."""
+    return json.dumps(list(rows), separators=(",", ":"), default=as_json)
 
 
 def insert_on_conflict(conn: Connection):  # type: ignore[no-untyped-def]

@@ -3,17 +3,17 @@ pending, abandoned claims, and the halts that stop every drain of a scope."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, BindParameter, Connection, any_, bindparam, delete, or_, select, text, update
+from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, or_, select, update
 from sqlalchemy.dialects import postgresql
 
-from ..schema import devices, drain_halts
+from ..schema import IsoTime, devices, drain_halts
 from ..schema import notification_queue as q
-from ._common import CLAIMED, PENDING, batches, insert_on_conflict
+from ..times import Instant
+from ._common import CLAIMED, PENDING, batches, insert_on_conflict, now_param, rows_json, rows_text
 from .queue import announce_pending
 
 
@@ -31,7 +31,7 @@ def lock_rows(conn: Connection, ids: Iterable[int]) -> None:
         conn.execute(select(q.c.id).where(q.c.id.in_(batch)).order_by(q.c.id).with_for_update()).all()
 
 
-def fail_abandoned(conn: Connection, cutoff: str, now: str) -> int:
+def fail_abandoned(conn: Connection, cutoff: Instant, now: Instant) -> int:
     """Claims older than ``cutoff`` belong to a run that died mid-send: failed, never retried."""
     return conn.execute(
         update(q)
@@ -54,8 +54,9 @@ def _due(rows: Any, now: Any) -> tuple[Any, ...]:
     )
 
 
-def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | None = None) -> list[int]:
-    """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text comparison."""
+def due_ids(conn: Connection, now: Instant, row_id: int | None = None, limit: int | None = None) -> list[int]:
+    """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text
+    comparison in SQL: ``now`` is bound as its stored text."""
     stmt = (
         select(q.c.id)
         .where(q.c.status == PENDING, q.c.send_after <= now, not_held(now))
@@ -68,7 +69,7 @@ def due_ids(conn: Connection, now: str, row_id: int | None = None, limit: int | 
     return list(conn.scalars(stmt))
 
 
-def claim(conn: Connection, ids: Sequence[int], now: str, claimer: str) -> list[dict[str, Any]]:
+def claim(conn: Connection, ids: Sequence[int], now: Instant, claimer: str) -> list[dict[str, Any]]:
     """The compare-and-swap. A row is this caller's to send iff it comes back.
 
     On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
@@ -109,7 +110,7 @@ _CLAIM_DEVICE_COLUMNS = (
 @cache
 def _claim_statement(dialect: str) -> Any:
     """Built once per dialect: the drain claims every slice with the same statement."""
-    now: BindParameter[str] = bindparam("now")
+    now = now_param()
     values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
     if dialect != "postgresql":
         return (
@@ -158,7 +159,7 @@ WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 """
 
 
-def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: Instant) -> int:
     """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
 
     Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, sent_body, apns_id, sent_at``
@@ -166,8 +167,8 @@ def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: 
     """
     if not settlements:
         return 0
-    stmt = text(_SETTLE.format(rows=_SETTLE_ROWS_SOURCE[conn.dialect.name]))
-    payload = json.dumps([{c: s.get(c) for c in SETTLE_FIELDS} for s in settlements], separators=(",", ":"))
+    stmt = rows_text(_SETTLE.format(rows=_SETTLE_ROWS_SOURCE[conn.dialect.name]))
+    payload = rows_json({c: s.get(c) for c in SETTLE_FIELDS} for s in settlements)
     return conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).rowcount
 
 
@@ -192,7 +193,7 @@ RETURNING send_after, not_before
 """
 
 
-def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: str) -> int:
+def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: Instant) -> int:
     """Give the claimer's claimed rows back to pending: none of them reached APNs. Wakes listening
     dispatchers.
 
@@ -204,19 +205,18 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
     """
     if not rows:
         return 0
-    stmt = text(_RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]))
-    payload = json.dumps(
-        [
-            {
-                "id": r["id"],
-                "outcome_detail": r.get("outcome_detail"),
-                "hold": r.get("not_before"),
-                "held": r.get("held_until"),
-                "spent": int(bool(r.get("spent"))),
-            }
-            for r in rows
-        ],
-        separators=(",", ":"),
+    stmt = rows_text(
+        _RETURN_TO_PENDING.format(rows=_RETURN_ROWS_SOURCE[conn.dialect.name]), send_after=IsoTime, not_before=IsoTime
+    )
+    payload = rows_json(
+        {
+            "id": r["id"],
+            "outcome_detail": r.get("outcome_detail"),
+            "hold": r.get("not_before"),
+            "held": r.get("held_until"),
+            "spent": int(bool(r.get("spent"))),
+        }
+        for r in rows
     )
     back = conn.execute(stmt, {"rows": payload, "claimer": claimer, "now": now}).all()
     if back:
@@ -224,7 +224,7 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
     return len(back)
 
 
-def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: str) -> None:
+def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: Instant) -> None:
     """Halt every drain of ``scope`` (written once: the first fault found is the one kept)."""
     ins = insert_on_conflict(conn)(drain_halts).values(scope=scope, reason=reason, claimer=claimer, halted_at=now)
     conn.execute(ins.on_conflict_do_nothing(index_elements=[drain_halts.c.scope]))
@@ -235,5 +235,5 @@ def halt_of(conn: Connection, scope: str) -> str | None:
     return conn.scalar(select(drain_halts.c.reason).where(drain_halts.c.scope == scope))
 
 
-def prune_halts(conn: Connection, before: str) -> int:
+def prune_halts(conn: Connection, before: Instant) -> int:
     return conn.execute(delete(drain_halts).where(drain_halts.c.halted_at < before)).rowcount

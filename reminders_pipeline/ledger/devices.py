@@ -11,10 +11,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, bindparam, delete, func, null, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Text,
+    and_,
+    bindparam,
+    delete,
+    func,
+    null,
+    or_,
+    select,
+    type_coerce,
+    update,
+)
 
 from ..schema import device_sources, devices, sources
-from ..times import iso_from_unix, now_utc, unix_from_iso
+from ..times import Instant
 from ._common import batches, insert_on_conflict, unix_of
 from .queue import end_holds, void_pending_of_device
 
@@ -28,11 +41,11 @@ class DeviceRecord:
     source_urls: tuple[str, ...]
     chunk: int
     last_tz_offset_seconds: int | None
-    reminders_built_at: str | None
-    token_invalid_at: str | None
+    reminders_built_at: Instant | None
+    token_invalid_at: Instant | None
     token_invalid_reason: str | None
-    created_at: str
-    updated_at: str
+    created_at: Instant
+    updated_at: Instant
     has_credential: bool = False  # the device's own credential exists (its hash only is stored)
     tz_name: str | None = None  # IANA zone; floating and all-day times resolve in it when set
     all_day_rules: tuple[str, ...] = ("day:0@09:00",)
@@ -40,7 +53,8 @@ class DeviceRecord:
     use_alarms: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
+        """As the CLI and the HTTP routes show it: lists, and each time as its stored text."""
+        d = {k: v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
         d["all_day_rules"] = list(self.all_day_rules)
         return d
@@ -77,7 +91,7 @@ def device_credential_hash(conn: Connection, device_id: str) -> str | None:
     return conn.execute(select(devices.c.credential_hash).where(devices.c.id == device_id)).scalar_one_or_none()
 
 
-def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None:
+def upsert_device(conn: Connection, values: Mapping[str, Any], now: Instant) -> None:
     """Create or replace a device's registration. Registering clears a dead-token mark, whatever the
     token: Apple's rule for 410 is "stop sending unless the device registered again since", and a
     device that re-registers a token APNs rejects is marked again by its next send."""
@@ -102,7 +116,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: str) -> None
     conn.execute(stmt)
 
 
-def set_chunks(conn: Connection, chunk_of: Mapping[str, int], now: str) -> int:
+def set_chunks(conn: Connection, chunk_of: Mapping[str, int], now: Instant) -> int:
     """Rewrite stored chunks (after the chunk count changes); returns rows changed."""
     stmt = (
         update(devices)
@@ -162,7 +176,7 @@ def list_devices(conn: Connection) -> list[DeviceRecord]:
     return _device_records(conn)
 
 
-def delete_device(conn: Connection, device_id: str, now: str) -> int | None:
+def delete_device(conn: Connection, device_id: str, now: Instant) -> int | None:
     """Void the device's pending rows and delete it. Returns rows voided, or None if it did not exist."""
     if conn.execute(select(devices.c.id).where(devices.c.id == device_id).with_for_update()).first() is None:
         return None
@@ -204,7 +218,7 @@ def select_build_devices(
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: str | None = None) -> set[str]:
+def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: Instant | None = None) -> set[str]:
     """Row-lock these devices in id order; returns the ids locked.
 
     Lock order rule: a transaction that writes devices and queue rows takes its device locks
@@ -229,12 +243,12 @@ def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: s
     return locked
 
 
-def stamp_built(conn: Connection, device_ids: Sequence[str], now: str) -> None:
+def stamp_built(conn: Connection, device_ids: Sequence[str], now: Instant) -> None:
     for ids in batches(list(device_ids)):
         conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
 
 
-def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: str | None = None) -> bool:
+def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: Instant | None = None) -> bool:
     """Conditional: writes only when the offset differs, so an unchanged feed read stays a read.
     A new offset ends the device's quiet-hours holds (``end_holds``): they were decided in the old."""
     stmt = (
@@ -245,7 +259,7 @@ def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: 
     return _zone_changed(conn, stmt, device_id, now)
 
 
-def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: str | None = None) -> bool:
+def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: Instant | None = None) -> bool:
     """Conditional like ``store_tz_offset``: a widget sending the same zone on every read writes nothing."""
     stmt = (
         update(devices)
@@ -255,15 +269,21 @@ def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: str | Non
     return _zone_changed(conn, stmt, device_id, now)
 
 
-def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: str | None) -> bool:
+def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: Instant | None) -> bool:
     changed = conn.execute(stmt).rowcount == 1
     if changed:
-        end_holds(conn, device_id, now or now_utc())
+        end_holds(conn, device_id, now or Instant.now())
     return changed
 
 
 def mark_token_invalid(
-    conn: Connection, device_id: str, token: str, at: str, reason: str, now: str, since: str | None = None
+    conn: Connection,
+    device_id: str,
+    token: str,
+    at: Instant,
+    reason: str,
+    now: Instant,
+    since: Instant | None = None,
 ) -> int:
     """APNs said this token is dead: mark it (if it is still the registered one) and void its pending rows.
 
@@ -299,7 +319,7 @@ def min_lead_seconds(conn: Connection) -> int | None:
     return least
 
 
-def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, str | None]:
+def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple[int, Instant | None]:
     """(devices never built, oldest ``reminders_built_at`` among the rest), live tokens only."""
     live: ColumnElement[bool] = devices.c.token_invalid_at.is_(None)
     if chunks is not None:
@@ -309,17 +329,17 @@ def oldest_built(conn: Connection, chunks: Sequence[int] | None = None) -> tuple
     return int(never or 0), oldest
 
 
-def stale_per_chunk(conn: Connection, now: str, floor_seconds: int, margin_seconds: int) -> dict[int, int]:
+def stale_per_chunk(conn: Connection, now: Instant, floor_seconds: int, margin_seconds: int) -> dict[int, int]:
     """Live devices built longer ago than their budget, per chunk, in one statement: the budget is
     ``check.device_budget``'s, a device's lead less ``margin_seconds`` but never under
     ``floor_seconds``. Computed per row, so any number of distinct leads costs one statement."""
-    now_unix = int(unix_from_iso(now))
     stmt = (
         select(devices.c.chunk, func.count())
         .where(
             devices.c.token_invalid_at.is_(None),
-            devices.c.reminders_built_at < iso_from_unix(now_unix - floor_seconds),
-            unix_of(conn, devices.c.reminders_built_at) + devices.c.reminder_lead_seconds - margin_seconds < now_unix,
+            devices.c.reminders_built_at < Instant.from_unix(now.whole_seconds - floor_seconds),
+            unix_of(conn, devices.c.reminders_built_at) + devices.c.reminder_lead_seconds - margin_seconds
+            < now.whole_seconds,
         )
         .group_by(devices.c.chunk)
     )
@@ -349,7 +369,7 @@ def devices_per_chunk(conn: Connection) -> dict[int, int]:
 
 def stalest_chunks(conn: Connection, limit: int | None = None) -> list[int]:
     """Chunks ordered by their oldest build (never-built devices first)."""
-    oldest = func.min(func.coalesce(devices.c.reminders_built_at, ""))
+    oldest = func.min(func.coalesce(type_coerce(devices.c.reminders_built_at, Text), ""))
     stmt = (
         select(devices.c.chunk)
         .where(devices.c.token_invalid_at.is_(None))

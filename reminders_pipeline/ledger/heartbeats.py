@@ -7,11 +7,19 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, select, update
 
 from ..schema import dispatchers
+from ..times import Instant
 from ._common import insert_on_conflict
 
 
 def beat(
-    conn: Connection, name: str, now: str, *, started_at: str, ends_at: str | None, sent: int, settled: int
+    conn: Connection,
+    name: str,
+    now: Instant,
+    *,
+    started_at: Instant,
+    ends_at: Instant | None,
+    sent: int,
+    settled: int,
 ) -> None:
     """Record a dispatcher's heartbeat (inserted on its first beat)."""
     values = {
@@ -31,11 +39,11 @@ def beat(
     )
 
 
-def dispatcher_stopped(conn: Connection, name: str, now: str) -> None:
+def dispatcher_stopped(conn: Connection, name: str, now: Instant) -> None:
     conn.execute(update(dispatchers).where(dispatchers.c.name == name).values(stopped_at=now, beat_at=now))
 
 
-def live_dispatchers(conn: Connection, beat_after: str) -> list[dict[str, Any]]:
+def live_dispatchers(conn: Connection, beat_after: Instant) -> list[dict[str, Any]]:
     """Dispatchers that have beaten since ``beat_after`` and not stopped, newest beat first."""
     stmt = (
         select(dispatchers)
@@ -45,12 +53,14 @@ def live_dispatchers(conn: Connection, beat_after: str) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def latest_beat(conn: Connection) -> str | None:
+def latest_beat(conn: Connection) -> Instant | None:
     """The newest heartbeat of any running dispatcher (None when none has ever beaten)."""
-    latest: str | None = conn.scalar(select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None)))
+    latest: Instant | None = conn.scalar(
+        select(func.max(dispatchers.c.beat_at)).where(dispatchers.c.stopped_at.is_(None))
+    )
     return latest
 
 
-def prune_dispatchers(conn: Connection, before: str) -> int:
+def prune_dispatchers(conn: Connection, before: Instant) -> int:
     """Forget dispatchers whose last beat is older than ``before``."""
     return conn.execute(delete(dispatchers).where(dispatchers.c.beat_at < before)).rowcount

@@ -3,16 +3,15 @@ NOTIFY that wakes dispatchers when pending rows arrive or move."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select, text, update
+from sqlalchemy import Connection, bindparam, case, func, select, update
 
 from ..schema import notification_history
 from ..schema import notification_queue as q
-from ..times import shift
-from ._common import PENDING, batches
+from ..times import Instant
+from ._common import PENDING, batches, rows_json, rows_text
 
 
 def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str, Any]]:
@@ -162,7 +161,7 @@ RETURNING id
 def upsert_rows(
     conn: Connection,
     rows: Sequence[Mapping[str, Any]],
-    now: str,
+    now: Instant,
     batch: int = 2000,
     *,
     rearm_threshold_seconds: int = 300,
@@ -189,12 +188,12 @@ def upsert_rows(
     """
     dialect = conn.dialect.name
     source = _UPSERT_ROWS_SOURCE[dialect]
-    upsert = text(_UPSERT.format(rows=source, distinct=_NULL_SAFE_DIFFERENT[dialect]))
-    keep, rearm = text(_KEEP_HISTORY.format(rows=source)), text(_REARM.format(rows=source))
+    upsert = rows_text(_UPSERT.format(rows=source, distinct=_NULL_SAFE_DIFFERENT[dialect]))
+    keep, rearm = rows_text(_KEEP_HISTORY.format(rows=source)), rows_text(_REARM.format(rows=source))
     written: set[int] = set()
     for part in batches(list(rows), batch):
         wanted = [_upsert_row(r, rearm_threshold_seconds, by_expiry(r["rule"])) for r in part]
-        params = {"rows": json.dumps(wanted, separators=(",", ":")), "now": now}
+        params = {"rows": rows_json(wanted), "now": now}
         kept = list(conn.scalars(keep, params))
         if kept:
             _render_history_payloads(conn, kept, payload_of)
@@ -225,10 +224,11 @@ def _render_history_payloads(
         )
 
 
-def rearm_anchor(row: Mapping[str, Any], by_expiry: bool) -> str:
+def rearm_anchor(row: Mapping[str, Any], by_expiry: bool) -> Instant:
     """The instant a settled row's re-arm compares: the end for a rule anchored there (``by_expiry``),
     else the start (a day rule's day, a lead rule's start)."""
-    return str(row["expires_at"] if by_expiry else row["event_at"])
+    anchor: Instant = row["expires_at"] if by_expiry else row["event_at"]
+    return anchor
 
 
 def rearm_bounds(row: Mapping[str, Any], threshold: int, by_expiry: bool) -> dict[str, Any]:
@@ -241,12 +241,12 @@ def rearm_bounds(row: Mapping[str, Any], threshold: int, by_expiry: bool) -> dic
     """
     anchor, item_at = rearm_anchor(row, by_expiry), row.get("item_at")
     out: dict[str, Any] = {"by_expiry": by_expiry}
-    out["anchor_before"], out["anchor_after"] = shift(anchor, -threshold), shift(anchor, threshold)
+    out["anchor_before"], out["anchor_after"] = anchor - threshold, anchor + threshold
     if not item_at:
         return {**out, "item_before": None, "item_after": None, "wall_before": None, "wall_after": None}
-    out["item_before"], out["item_after"] = shift(item_at, -threshold), shift(item_at, threshold)
-    out["wall_before"] = shift(item_at, -(LATEST_OFFSET_SECONDS + threshold))
-    out["wall_after"] = shift(item_at, threshold - EARLIEST_OFFSET_SECONDS)
+    out["item_before"], out["item_after"] = item_at - threshold, item_at + threshold
+    out["wall_before"] = item_at - (LATEST_OFFSET_SECONDS + threshold)
+    out["wall_after"] = item_at + (threshold - EARLIEST_OFFSET_SECONDS)
     return out
 
 
@@ -264,23 +264,23 @@ RETURNING id
 """
 
 
-def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: str) -> set[int]:
+def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: Instant) -> set[int]:
     """Rewrite still-pending rows as their items now read (the build's ``stale_pending_rows``);
     returns the ids written. Only pending rows: a claimed row is in flight, a settled one history,
     and nothing here brings a row back to pending."""
     if not rows:
         return set()
-    stmt = text(_REALIGN.format(rows=_UPSERT_ROWS_SOURCE[conn.dialect.name]))
+    stmt = rows_text(_REALIGN.format(rows=_UPSERT_ROWS_SOURCE[conn.dialect.name]))
     written: set[int] = set()
     for part in batches(list(rows), 2000):
-        payload = json.dumps([{c: r.get(c) for c in UPSERT_COLUMNS} for r in part], separators=(",", ":"))
+        payload = rows_json({c: r.get(c) for c in UPSERT_COLUMNS} for r in part)
         written.update(row[0] for row in conn.execute(stmt, {"rows": payload, "now": now}))
     if written:
         announce_pending(conn, min(r["send_after"] for r in rows))
     return written
 
 
-def end_holds(conn: Connection, device_id: str, now: str) -> int:
+def end_holds(conn: Connection, device_id: str, now: Instant) -> int:
     """End the quiet-hours holds of a device's pending rows now; returns rows changed.
 
     A hold is the drain's decision for the device's zone and quiet hours at the time: once those
@@ -302,7 +302,7 @@ def end_holds(conn: Connection, device_id: str, now: str) -> int:
     return ended
 
 
-def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> int:
+def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: Instant) -> int:
     """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ..."""
     n = 0
     for batch in batches(sorted(ids)):
@@ -314,7 +314,7 @@ def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: str) -> in
     return n
 
 
-def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: str) -> int:
+def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: Instant) -> int:
     return conn.execute(
         update(q)
         .where(q.c.device_id == device_id, q.c.status == PENDING)
@@ -325,7 +325,7 @@ def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: s
 DUE_CHANNEL = "reminders_due"
 
 
-def announce_pending(conn: Connection, earliest_send_after: str) -> None:
+def announce_pending(conn: Connection, earliest_send_after: Instant) -> None:
     """Tell listening dispatchers that pending rows were inserted or moved (PostgreSQL NOTIFY).
 
     Delivered when this transaction commits, so a dispatcher that wakes finds the rows visible.
@@ -333,10 +333,10 @@ def announce_pending(conn: Connection, earliest_send_after: str) -> None:
     has no notifications: its dispatchers poll.
     """
     if conn.dialect.name == "postgresql":
-        conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after)))
+        conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after.stored)))
 
 
-def next_send_after(conn: Connection, after: str | None = None) -> str | None:
+def next_send_after(conn: Connection, after: Instant | None = None) -> Instant | None:
     """When the earliest pending row comes due (later than ``after``, if given): its ``send_after``,
     or its ``not_before`` when that is later. One step down the partial due index for rows without
     a not-before, and a read of the few that have one (their own partial index)."""

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, func, literal, select
 
 from ..schema import devices, dispatchers, notification_history
 from ..schema import notification_queue as q
+from ..times import Instant
 from ._common import CLAIMED, PENDING, SETTLED
 
 QUEUE_COLUMNS = [c.name for c in q.c]
@@ -50,8 +51,8 @@ def get_row(conn: Connection, row_id: int) -> dict[str, Any] | None:
     return dict(r) if r else None
 
 
-def oldest_due_pending(conn: Connection, now: str) -> str | None:
-    oldest: str | None = conn.scalar(
+def oldest_due_pending(conn: Connection, now: Instant) -> Instant | None:
+    oldest: Instant | None = conn.scalar(
         select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.send_after <= now)
     )
     return oldest
@@ -68,8 +69,8 @@ COUNT_CAP = 100_000
 
 
 def latest_settled(
-    conn: Connection, since: str, now: str, limit: int
-) -> list[tuple[str, str, str | None, str, str | None]]:
+    conn: Connection, since: Instant, now: Instant, limit: int
+) -> list[tuple[Instant, str, str | None, Instant, Instant | None]]:
     """(settled_at, outcome, outcome_detail, send_after, sent_at) of the latest ``limit`` rows settled
     in ``(since, now]``, newest first: a backward range on the partial settled_at index, bounded by
     ``limit`` whatever the window holds. Lateness is computed by the caller, never in SQL."""
@@ -82,7 +83,7 @@ def latest_settled(
     return list(conn.execute(stmt).all())  # one fetchall, not a fetch per row
 
 
-def built_after(conn: Connection, now: str) -> int:
+def built_after(conn: Connection, now: Instant) -> int:
     """Live devices whose ``reminders_built_at`` is later than ``now``: builds skip them until then."""
     stmt = select(func.count()).where(devices.c.token_invalid_at.is_(None), devices.c.reminders_built_at > now)
     return int(conn.scalar(stmt) or 0)
@@ -98,17 +99,17 @@ class QueueGauges:
     """The queue's present state for /metrics; counts of rows stop at ``COUNT_CAP``."""
 
     due_pending: int
-    oldest_due_send_after: str | None
+    oldest_due_send_after: Instant | None
     claimed: int
     never_built: int
-    oldest_built_at: str | None
+    oldest_built_at: Instant | None
     built_in_future: int
     settled_in_future: int
-    latest_beat: str | None
+    latest_beat: Instant | None
     live_dispatchers: int
 
 
-def queue_gauges(conn: Connection, now: str, beat_after: str) -> QueueGauges:
+def queue_gauges(conn: Connection, now: Instant, beat_after: Instant) -> QueueGauges:
     """One statement of scalar subqueries, each a probe or a short range of one index."""
     live = devices.c.token_invalid_at.is_(None)
     running = dispatchers.c.stopped_at.is_(None)

@@ -6,10 +6,11 @@ from sqlalchemy import Connection, delete, select
 
 from ..schema import notification_history
 from ..schema import notification_queue as q
+from ..times import Instant
 from ._common import SETTLED
 
 
-def prune_settled(conn: Connection, before: str, limit: int, *, ended_before: str) -> int:
+def prune_settled(conn: Connection, before: Instant, limit: int, *, ended_before: Instant) -> int:
     """Delete up to ``limit`` rows settled before ``before`` whose event ended before ``ended_before``;
     call repeatedly to prune in batches.
 
@@ -25,7 +26,7 @@ def prune_settled(conn: Connection, before: str, limit: int, *, ended_before: st
     return conn.execute(delete(q).where(q.c.id.in_(victims.scalar_subquery()))).rowcount
 
 
-def prune_history(conn: Connection, before: str, limit: int) -> int:
+def prune_history(conn: Connection, before: Instant, limit: int) -> int:
     """Delete up to ``limit`` history rows re-armed before ``before``."""
     h = notification_history
     victims = select(h.c.id).where(h.c.rearmed_at < before).order_by(h.c.rearmed_at).limit(limit)

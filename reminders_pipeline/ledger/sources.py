@@ -7,11 +7,12 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, delete, func, literal, select, update
 
-from ..schema import device_sources, sources
+from ..schema import IsoTime, device_sources, sources
+from ..times import Instant
 from ._common import batches, insert_on_conflict
 
 
-def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now: str) -> None:
+def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now: Instant) -> None:
     """Make the device subscribe to exactly ``urls``, creating sources on first use."""
     if urls:
         ins = insert_on_conflict(conn)(sources)
@@ -60,7 +61,7 @@ def list_sources(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: str, **values: Any) -> None:
+def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: Instant, **values: Any) -> None:
     """One UPDATE executed once per read source: each read's fields arrive as ``b_<field>`` parameters."""
     if not reads:
         return
@@ -68,7 +69,7 @@ def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: str
     conn.execute(stmt, [{f"b_{k}": v for k, v in r.items()} for r in reads])
 
 
-def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: str) -> None:
+def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: Instant) -> None:
     """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until"}``
     per source read successfully. ``feed_cache`` None (a 304) keeps the cached feed as it is."""
     fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until")
@@ -86,11 +87,11 @@ def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]]
         etag=bindparam("b_etag"),
         last_modified=bindparam("b_last_modified"),
         feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
-        cache_until=func.coalesce(bindparam("b_cache_until"), sources.c.cache_until),
+        cache_until=func.coalesce(bindparam("b_cache_until", type_=IsoTime()), sources.c.cache_until),
     )
 
 
-def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: str) -> None:
+def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: Instant) -> None:
     """``failures``: ``{"id", "error"}`` per source whose read failed. Its rows are left alone."""
     _record_reads(
         conn,
@@ -99,11 +100,11 @@ def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]
         last_error_at=now,
         last_error=bindparam("b_error"),
         consecutive_failures=sources.c.consecutive_failures + 1,
-        failing_since=func.coalesce(sources.c.failing_since, now),
+        failing_since=func.coalesce(sources.c.failing_since, literal(now, IsoTime())),
     )
 
 
-def claim_source_alerts(conn: Connection, failing_before: str, now: str) -> list[dict[str, Any]]:
+def claim_source_alerts(conn: Connection, failing_before: Instant, now: Instant) -> list[dict[str, Any]]:
     """Sources failing since before ``failing_before`` and not yet alerted; marks them alerted (once per streak)."""
     due = select(sources.c.id).where(sources.c.failing_since < failing_before, sources.c.alerted_at.is_(None))
     rows = conn.execute(

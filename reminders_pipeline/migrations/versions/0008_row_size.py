@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from reminders_pipeline.notification import sent_payload
+from reminders_pipeline.schema import IsoTime
 
 revision = "0008"
 down_revision = "0007"
@@ -41,7 +42,7 @@ def _batches(conn: sa.Connection, where: str):  # type: ignore[no-untyped-def]
             conn.execute(
                 sa.text(
                     f"SELECT {ROW_COLUMNS} FROM notification_queue WHERE {where} AND id > :last ORDER BY id LIMIT :n"
-                ),
+                ).columns(event_at=IsoTime, expires_at=IsoTime),  # read as instants, as sent_payload takes them
                 {"last": last, "n": BATCH},
             )
             .mappings()
