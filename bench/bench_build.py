@@ -41,7 +41,7 @@ from reminders_pipeline.devices import chunk_of  # noqa: E402
 from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
 from reminders_pipeline.times import Instant  # noqa: E402
-from reminders_pipeline.zones import LocalTime, _wall_to_unix  # noqa: E402
+from reminders_pipeline.zones import Zone, _wall_to_unix  # noqa: E402
 from reminders_pipeline_testing.stack import free_port  # noqa: E402
 
 TOKEN = "ab" * 32
@@ -228,7 +228,7 @@ def naive(subscriptions: dict[str, list[str]], sample: int) -> float:
 
 def zone_resolution_seconds(subscriptions: dict[str, list[str]], zones: dict[str, str], t0: int) -> float:
     """What resolving floating and all-day times in each device's zone costs (the build's per-item
-    ``Item.for_local`` and day-rule ``LocalTime.to_unix``), measured apart on the same feeds, cold cache."""
+    ``Item.for_local`` and day-rule ``Zone.to_unix``), measured apart on the same feeds, cold cache."""
     reader = make_reader(Settings(source_allow_networks=LOOPBACK_NETWORKS))
     urls = sorted({u for us in subscriptions.values() for u in us})
     window = read_window(device_rules(3600, (), DEFAULT_ALL_DAY_RULES), Instant.from_unix(t0), 86400)
@@ -238,11 +238,11 @@ def zone_resolution_seconds(subscriptions: dict[str, list[str]], zones: dict[str
     _wall_to_unix.cache_clear()
     t = time.perf_counter()
     for d, us in subscriptions.items():
-        local = LocalTime(zones[d])
+        zone = Zone(zones[d])
         for item in feeds[us[0]]:
-            item.for_local(local)
+            item.for_local(zone)
             if item.all_day:
-                local.to_unix(day.day_wall(item.starts_at))
+                zone.to_unix(day.day_wall(item.starts_at))
     return time.perf_counter() - t
 
 

@@ -126,22 +126,22 @@ def bench_raw_upsert_json(db: Database, n: int, batch: int = 1000) -> float:
     data = rows_for(n)
     cols = ledger.UPSERT_COLUMNS
     sqlite = db.dialect == "sqlite"
-    sql = (
-        ledger_queue._UPSERT.format(
-            rows=ledger_queue._UPSERT_ROWS_SOURCE[db.dialect], distinct=ledger_queue._NULL_SAFE_DIFFERENT[db.dialect]
-        )
-        .replace(":rows", "?" if sqlite else "%(rows)s")
-        .replace(":now", "?" if sqlite else "%(now)s")
+    sql = ledger_queue._UPSERT.format(
+        rows=ledger_queue._UPSERT_ROWS_SOURCE[db.dialect], distinct=ledger_queue._NULL_SAFE_DIFFERENT[db.dialect]
     )
+    if not sqlite:  # psycopg's named style; sqlite3 takes :name as it is
+        sql = sql.replace(":rows", "%(rows)s").replace(":now", "%(now)s")
     raw = db.engine.raw_connection()
     try:
         cur = raw.cursor()
         t = time.perf_counter()
         for i in range(0, n, batch):
-            doc = json.dumps([{c: as_stored(r.get(c)) for c in cols} for r in data[i : i + batch]], separators=(",", ":"))
+            doc = json.dumps(
+                [{c: as_stored(r.get(c)) for c in cols} for r in data[i : i + batch]], separators=(",", ":")
+            )
             if sqlite:
                 cur.execute("BEGIN IMMEDIATE")
-                cur.execute(sql, (NOW.stored, NOW.stored, doc)).fetchall()
+                cur.execute(sql, {"rows": doc, "now": NOW.stored}).fetchall()
                 cur.execute("COMMIT")
             else:
                 cur.execute(sql, {"rows": doc, "now": NOW.stored})
@@ -197,7 +197,7 @@ def bench_drain(db: Database, n: int) -> float:
 
 def bench_raw_claim_settle(db: Database, n: int, batch: int = 100) -> float:
     ids = load_due(db, n)
-    now = Instant.from_unix(T0 + 7200 + 10)
+    now = Instant.from_unix(T0 + 7200 + 10).stored  # the bare DBAPI takes the stored text
     sqlite = db.dialect == "sqlite"
     raw = db.engine.raw_connection()
     try:

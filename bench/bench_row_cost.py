@@ -133,7 +133,10 @@ def plans(db: Database) -> dict[str, list[str]]:
         ),
         "abandoned sweep": lambda c: ledger.fail_abandoned(c, Instant.from_stored("2026-09-10T08:20:00.000Z"), now),
         "prune": lambda c: ledger.prune_settled(
-            c, Instant.from_stored("2026-09-11T00:00:00.000Z"), 1000, ended_before=Instant.from_stored("2026-09-11T00:00:00.000Z")
+            c,
+            Instant.from_stored("2026-09-11T00:00:00.000Z"),
+            1000,
+            ended_before=Instant.from_stored("2026-09-11T00:00:00.000Z"),
         ),
         "build: existing rows": lambda c: ledger.existing_rows(c, sorted({r["device_id"] for r in sample})),
         "build: upsert of pending rows": lambda c: queue_rows(c, moved, now),
@@ -148,7 +151,9 @@ def plans(db: Database) -> dict[str, list[str]]:
         "device removed: void its pending rows": lambda c: ledger.void_pending_of_device(
             c, sample[0]["device_id"], "gone", now
         ),
-        "metrics: latest settled": lambda c: ledger.latest_settled(c, Instant.from_stored("2026-09-10T08:00:00.000Z"), now, 1000),
+        "metrics: latest settled": lambda c: ledger.latest_settled(
+            c, Instant.from_stored("2026-09-10T08:00:00.000Z"), now, 1000
+        ),
         "metrics: queue gauges": lambda c: ledger.queue_gauges(c, now, now),
     }
     claimed_first = {"settle", "return to pending"}

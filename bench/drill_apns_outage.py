@@ -29,12 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # reminders_pipeline_testing, not installed
 
-from sqlalchemy import insert, text  # noqa: E402
+from sqlalchemy import insert, select  # noqa: E402
 
 from reminders_pipeline import migrate  # noqa: E402
 from reminders_pipeline.build import queue_rows  # noqa: E402
 from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.schema import devices  # noqa: E402
+from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
 from reminders_pipeline.times import Instant  # noqa: E402
 from reminders_pipeline_testing.mock_apns import MockApns  # noqa: E402
 
@@ -112,7 +112,7 @@ def main() -> None:
         mock.stop()
         hook.shutdown()
     with db.engine.connect() as conn:
-        rows = conn.execute(text("SELECT * FROM notification_queue")).mappings().all()
+        rows = conn.execute(select(notification_queue)).mappings().all()
     db.dispose()
     outcomes = Counter((r["outcome"], r["outcome_detail"]) for r in rows)
     late = [r["sent_at"].unix - max(r["send_after"].unix, back) for r in rows if r["outcome"] == "sent"]
