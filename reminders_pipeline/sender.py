@@ -7,12 +7,13 @@ the drain sends: no request leaves after its claim's fence (``drain.fence_deadli
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -38,10 +39,11 @@ class Notification:
     send_by: float | None = None
 
     def fenced(self, send_by: float) -> Notification:
-        """This notification, sent only before ``send_by``; the body already serialised is kept."""
-        out = replace(self, send_by=send_by)
-        if "body" in self.__dict__:
-            out.__dict__["body"] = self.__dict__["body"]
+        """This notification, sent only before ``send_by``; the body already serialised is kept.
+        A shallow copy with one field set: ``dataclasses.replace`` re-runs ``__init__`` for every
+        field, a noticeable share of the drain's time per row."""
+        out = copy.copy(self)
+        object.__setattr__(out, "send_by", send_by)
         return out
 
     def past_deadline(self, now: float) -> bool:

@@ -149,12 +149,13 @@ def settled_ids(settlement: Settlement) -> list[int]:
 def settle_and_claim(
     db: Database, returned: Sequence[Settlement], claimer: str, scope: str, ids: Sequence[int], claim_time: Instant
 ) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
-    """One commit per slice: the settlements that have come back, the halt check, the next claim
-    (none once ``scope`` is halted). Returns what each settlement wrote, the halt, the claimed rows."""
+    """One commit per slice: the settlements that have come back, then the next claim, which claims
+    nothing once ``scope`` is halted. Returns what each settlement wrote, the halt, the claimed rows."""
     with db.write() as conn:
         written = _write_returned(conn, returned, claimer)
-        halted = ledger.halt_of(conn, scope)
-        return written, halted, [] if halted else ledger.claim(conn, ids, claim_time, claimer)
+        rows = ledger.claim(conn, ids, claim_time, claimer, unless_halted=scope)
+        halted = None if rows or not ids else ledger.halt_of(conn, scope)
+        return written, halted, rows
 
 
 def settle_last(

@@ -161,6 +161,19 @@ def test_claim_returns_only_rows_that_are_mine(db, live, feeds):
         assert ledger.settle(conn, [{"id": row_id, "outcome": "sent"}], "b", at(3601)) == 0
 
 
+def test_a_claim_under_a_halted_scope_claims_nothing_and_other_scopes_claim_on(db, live, feeds):
+    got = queue_one(db, live, feeds)
+    row_id = got[("e", "lead:3600")]["id"]
+    with db.write() as conn:
+        ledger.record_halt(conn, "run-1", "InvalidProviderToken", "a", at(3600))
+    with db.write() as conn:
+        assert ledger.claim(conn, [row_id], at(3600), "a", unless_halted="run-1") == []
+        assert ledger.halt_of(conn, "run-1") == "InvalidProviderToken"
+    assert [r["status"] for r in rows(db)] == ["pending"]
+    with db.write() as conn:
+        assert [r["id"] for r in ledger.claim(conn, [row_id], at(3600), "b", unless_halted="run-2")] == [row_id]
+
+
 def test_abandoned_claim_is_failed_never_retried(db, live, feeds):
     got = queue_one(db, live, feeds)
     row_id = got[("e", "lead:3600")]["id"]
@@ -519,21 +532,21 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
 
     live = live.with_(claim_batch_size=1, apns_concurrency=2)
     ids = _due_items(db, live, feeds, 6)
-    slow_halt_of = ledger.halt_of
+    slow_halt_of, real_claim = ledger.halt_of, ledger.claim
     fault_answered = threading.Event()
-    halt_reads = []
+    claims = []
 
-    def halt_of(conn, scope):  # the write lock held elsewhere for a while
-        halt_reads.append(scope)
-        if db.dialect == "sqlite" and len(halt_reads) == 3:
+    def claim(conn, *args, **kwargs):  # the write lock held elsewhere for a while
+        claims.append(args)
+        if db.dialect == "sqlite" and len(claims) == 3:
             # The third claim (in its thread) waits until the second send's fault is back: the
             # overlap under test, by event instead of a 0.3 s wait racing a 0.1 s send.
             assert fault_answered.wait(60), "the second send never answered"
         else:  # PostgreSQL claims run on the loop: a wait for the loop would deadlock
             _time.sleep(0.3)
-        return slow_halt_of(conn, scope)
+        return real_claim(conn, *args, **kwargs)
 
-    monkeypatch.setattr(ledger, "halt_of", halt_of)
+    monkeypatch.setattr(ledger, "claim", claim)
     calls = []
 
     class FaultOnSecond(RecordingSender):

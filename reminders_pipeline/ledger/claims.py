@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, any_, bindparam, delete, or_, select, update
+from sqlalchemy import BigInteger, Connection, Text, any_, bindparam, delete, exists, or_, select, update
 from sqlalchemy.dialects import postgresql
 
 from ..schema import IsoTime, devices, drain_halts
@@ -69,16 +69,19 @@ def due_ids(conn: Connection, now: Instant, row_id: int | None = None, limit: in
     return list(conn.scalars(stmt))
 
 
-def claim(conn: Connection, ids: Sequence[int], now: Instant, claimer: str) -> list[dict[str, Any]]:
+def claim(
+    conn: Connection, ids: Sequence[int], now: Instant, claimer: str, *, unless_halted: str | None = None
+) -> list[dict[str, Any]]:
     """The compare-and-swap. A row is this caller's to send iff it comes back.
 
     On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
     never deadlock and never wait on each other; the status and due check runs on the locked,
-    latest row version.
+    latest row version. ``unless_halted``: a drain scope; once it is halted (``record_halt``)
+    nothing is claimed, checked by the same statement (``halt_of`` says why).
     """
     if not ids:
         return []
-    params = {"claim_ids": sorted(ids), "now": now, "claimer": claimer}
+    params = {"claim_ids": sorted(ids), "now": now, "claimer": claimer, "halt_scope": unless_halted}
     dialect = conn.dialect.name
     claimed = [dict(r) for r in conn.execute(_claim_statement(dialect), params).mappings()]
     if dialect == "postgresql" or not claimed:
@@ -112,10 +115,12 @@ def _claim_statement(dialect: str) -> Any:
     """Built once per dialect: the drain claims every slice with the same statement."""
     now = now_param()
     values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
+    # NULL matches no scope: no halt stops a claim made without one.
+    not_halted = ~exists().where(drain_halts.c.scope == bindparam("halt_scope", type_=Text()))
     if dialect != "postgresql":
         return (
             update(q)
-            .where(q.c.id.in_(bindparam("claim_ids", expanding=True)), *_due(q, now))
+            .where(q.c.id.in_(bindparam("claim_ids", expanding=True)), not_halted, *_due(q, now))
             .values(**values)
             .returning(*q.c)
         )
@@ -127,7 +132,7 @@ def _claim_statement(dialect: str) -> Any:
     locked = q.alias("locked")
     target = (
         select(locked.c.id, locked.c.status, locked.c.send_after, locked.c.not_before)
-        .where(locked.c.id == any_(ids))
+        .where(locked.c.id == any_(ids), not_halted)
         .order_by(locked.c.id)
         .with_for_update(skip_locked=True)
         .subquery("target")
