@@ -7,7 +7,6 @@ the drain sends: no request leaves after its claim's fence (``drain.fence_deadli
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import logging
@@ -40,10 +39,10 @@ class Notification:
 
     def fenced(self, send_by: float) -> Notification:
         """This notification, sent only before ``send_by``; the body already serialised is kept.
-        A shallow copy with one field set: ``dataclasses.replace`` re-runs ``__init__`` for every
-        field, a noticeable share of the drain's time per row."""
-        out = copy.copy(self)
-        object.__setattr__(out, "send_by", send_by)
+        Its fields copied as they are: ``dataclasses.replace`` and ``copy.copy`` take several
+        times as long, a noticeable share of the drain's time per row."""
+        out = object.__new__(Notification)
+        out.__dict__.update(self.__dict__, send_by=send_by)
         return out
 
     def past_deadline(self, now: float) -> bool:

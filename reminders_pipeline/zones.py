@@ -10,10 +10,11 @@ first instant after a send at which the clock reads it (in a fold, the pass the 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -28,7 +29,6 @@ MAX_ZONE_NAME = 64
 ZONE_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+){0,2}")
 # Blank (or only whitespace) means no quiet hours.
 QUIET_HOURS_PATTERN = re.compile(r"\s*(?:(\d{2}):(\d{2})-(\d{2}):(\d{2}))?\s*")
-_UTC = UTC
 
 
 class ZoneError(ValueError):
@@ -116,8 +116,14 @@ class Zone:
     def clock(self, when: Instant) -> str:
         """``HH:MM`` on this zone's clock, or UTC marked as such when nothing local is known."""
         if not self.tz_name and self.offset_seconds is None:
-            return datetime.fromtimestamp(when.unix, _UTC).strftime("%H:%M UTC")
-        return datetime.fromtimestamp(self.to_wall(when), _UTC).strftime("%H:%M")
+            return f"{_hh_mm(when.whole_seconds)} UTC"
+        return _hh_mm(self.to_wall(when))
+
+
+def _hh_mm(wall: float) -> str:
+    """``HH:MM`` of seconds on a clock: its time of day, whatever the date."""
+    minutes = math.floor(wall) % 86_400 // 60
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
 
 
 @lru_cache(maxsize=1 << 16)

@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql
 from ..schema import IsoTime, devices, drain_halts
 from ..schema import notification_queue as q
 from ..times import Instant
-from ._common import CLAIMED, PENDING, batches, insert_on_conflict, now_param, rows_json, rows_text
+from ._common import CLAIMED, PENDING, insert_on_conflict, now_param, rows_json, rows_text
 from .queue import announce_pending
 
 
@@ -27,8 +27,16 @@ def lock_rows(conn: Connection, ids: Iterable[int]) -> None:
     """
     if conn.dialect.name != "postgresql":
         return
-    for batch in batches(sorted(set(ids))):
-        conn.execute(select(q.c.id).where(q.c.id.in_(batch)).order_by(q.c.id).with_for_update()).all()
+    conn.execute(_LOCK_ROWS, {"lock_ids": sorted(set(ids))}).all()
+
+
+# One array parameter, so one prepared statement whatever the number of ids.
+_LOCK_ROWS = (
+    select(q.c.id)
+    .where(q.c.id == any_(bindparam("lock_ids", type_=postgresql.ARRAY(BigInteger))))
+    .order_by(q.c.id)
+    .with_for_update()
+)
 
 
 def fail_abandoned(conn: Connection, cutoff: Instant, now: Instant) -> int:
