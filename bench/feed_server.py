@@ -11,6 +11,10 @@ of the sources (the same ones every read, chosen by a hash of the path) answer S
 loopback addresses (each its own "host" for the reader's per-host limit) and ``--slow-host A``
 makes every answer from A take ``--slow-delay``. ``GET /_stats`` returns per host: requests and the
 wall time the last answer finished.
+
+Between ticks, ``GET /_mode?validators=0`` serves every body with no ETag (a server without
+validators: every read a 200), ``validators=1`` with one again, and ``change=F`` moves every item of
+that share of the sources (a fresh share each time) by a minute: their next read is a changed body.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import zlib
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 
 def json_body(n: int, t0: int) -> bytes:
@@ -174,12 +179,32 @@ def main() -> None:
     ics = light_ics_body if args.light_ics else ics_body
     bodies |= {f"/c/{n}.ics": (ics(n, t0), "text/calendar") for n in range(ics_count)}
     bodies |= {f"/z/{n}.ics": (zoned_body(n, t0), "text/calendar") for n in range(args.zoned_count)}
+    makers = {"j": json_body, "c": ics, "z": zoned_body}
+    mode = {"validators": True, "changes": 0}
+
+    def set_mode(query: dict[str, list[str]]) -> None:
+        if "validators" in query:
+            mode["validators"] = query["validators"][0] == "1"
+        if "change" in query:
+            mode["changes"] += 1
+            salt, share_changed = f"change{mode['changes']}", float(query["change"][0])
+            for path, (_, kind) in list(bodies.items()):
+                if share(path, salt) < share_changed:
+                    group, n = path[1], int(path[3:].split(".")[0])
+                    bodies[path] = (makers[group](n, t0 + 60 * mode["changes"]), kind)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # headers and body go in two writes: no 40 ms delayed-ACK stall
 
         def do_GET(self) -> None:  # noqa: N802
+            if self.path.startswith("/_mode?"):
+                with lock:
+                    set_mode(parse_qs(self.path.split("?", 1)[1]))
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if self.path == "/_stats":
                 with lock:
                     body = json.dumps(stats).encode()
@@ -206,8 +231,8 @@ def main() -> None:
                 self.end_headers()
                 return
             body, kind = bodies.get(self.path, (b"", "text/plain"))
-            etag = f'"{hash(body) & 0xFFFFFFFF:x}"'
-            if self.headers.get("If-None-Match") == etag:
+            etag = f'"{hash(body) & 0xFFFFFFFF:x}"' if mode["validators"] else None
+            if etag is not None and self.headers.get("If-None-Match") == etag:
                 self.send_response(304)
                 self.send_header("ETag", etag)
                 self.send_header("Content-Length", "0")
@@ -215,7 +240,8 @@ def main() -> None:
                 return
             self.send_response(200 if body else 404)
             self.send_header("Content-Type", kind)
-            self.send_header("ETag", etag)
+            if etag is not None:
+                self.send_header("ETag", etag)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

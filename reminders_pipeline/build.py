@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection
@@ -19,7 +20,7 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .notification import sent_payload
-from .plan import plan_device, rules_of, stale_pending_rows, unchanged, void_reason
+from .plan import plan_device, plan_key, rules_of, stale_pending_rows, unchanged, void_reason
 from .rules import Rule, expiry_anchored
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, distinct_sources, shown_url
@@ -69,10 +70,11 @@ def build(
     summary.sources_alerted = [shown_url(s["url"]) for s in record_reads(db, fresh, now, settings)]
     _summarize_reads(reads, summary)
 
+    tick = _Tick(subs, reads, now, settings, summary)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.write() as conn:
-            _write_batch(conn, batch, subs, reads, now, settings, summary)
+            _write_batch(conn, batch, tick)
         if progress:
             progress(i + len(batch), len(devices))
 
@@ -97,7 +99,9 @@ def make_reader(settings: Settings) -> SourceReader:
 
 
 def source_state(row: dict[str, Any]) -> SourceState:
-    return SourceState(row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"])
+    return SourceState(
+        row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"], row["content_hash"]
+    )
 
 
 def read_window(rules: Iterable[Rule], now: Instant, horizon: int) -> Window:
@@ -154,6 +158,7 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, setti
             "last_modified": r.last_modified,
             "feed_cache": None if r.not_modified else r.feed.to_json(),  # type: ignore[union-attr]
             "cache_until": r.cache_until,
+            "content_hash": r.content_hash,
         }
         for r in ok
     ]
@@ -171,20 +176,63 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, setti
     return long_failing
 
 
-def _write_batch(
-    conn: Connection,
-    batch: Sequence[dict[str, Any]],
-    subs: dict[str, list[int]],
-    reads: dict[int, SourceRead],
-    now: Instant,
-    settings: Settings,
-    summary: BuildResult,
-) -> None:
+@dataclass(frozen=True)
+class _Tick:
+    """What every write batch of one build shares."""
+
+    subs: dict[str, list[int]]
+    reads: dict[int, SourceRead]
+    now: Instant
+    settings: Settings
+    summary: BuildResult
+
+
+def _write_batch(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
+    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
     fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
     summary.devices_skipped_newer += len(batch) - len(fresh)
     batch = [d for d in batch if d["id"] in fresh]
+    until = now + settings.horizon_seconds
+    keys = {d["id"]: plan_key(d, subs.get(d["id"], ()), reads, now) for d in batch}
+    same = [d for d in batch if _planned_already(d, keys[d["id"]], until)]
+    _write_horizon_step(conn, same, tick)
+    _write_changed(conn, [d for d in batch if d not in same], tick)
+    ledger.stamp_built(conn, [(d["id"], keys[d["id"]], until if keys[d["id"]] else None) for d in batch], now)
+    summary.devices_built += len(batch)
+
+
+def _planned_already(device: Mapping[str, Any], key: str | None, until: Instant) -> bool:
+    """The device's last plan was made from these very inputs (``plan_key``), and the horizon has
+    not shrunk below it: only what the horizon has moved over since is left to plan."""
+    planned_until = device.get("planned_until")
+    return key is not None and key == device.get("planned_key") and planned_until is not None and planned_until <= until
+
+
+def _write_horizon_step(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
+    """Devices whose inputs have not changed since their last plan: only rows due after it
+    (``planned_until``) are made, and no existing row is read. Those rows are new: from the same
+    content, the last plan made every row due by then and none after. The upsert's guard still
+    decides, should one exist."""
+    if not batch:
+        return
+    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
+    horizon = settings.horizon_seconds
+    rows = [
+        row
+        for d in batch
+        for row in plan_device(d, subs.get(d["id"], ()), reads, now, horizon, after=d["planned_until"]).wanted.values()
+    ]
+    summary.devices_unchanged += len(batch)
+    summary.rows_inserted += len(queue_rows(conn, rows, now, rearm_threshold_seconds=settings.rearm_threshold_seconds))
+
+
+def _write_changed(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
+    """Devices planned in full: every row their feeds want, checked against every row they have."""
+    if not batch:
+        return
+    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
     ids = [d["id"] for d in batch]
     rearm_threshold = settings.rearm_threshold_seconds
     plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now, settings.horizon_seconds) for d in batch}
@@ -219,9 +267,6 @@ def _write_batch(
     summary.rows_updated += len(written & existing_ids)
     for reason, row_ids in voids.items():
         summary.rows_voided[reason] += ledger.void_rows(conn, row_ids, reason, now)
-
-    ledger.stamp_built(conn, ids, now)
-    summary.devices_built += len(ids)
 
 
 def queue_rows(

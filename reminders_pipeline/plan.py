@@ -5,7 +5,8 @@ database access here: ``build.py`` reads the sources, and writes what this decid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
 from .sources import SourceRead
 from .times import Instant
-from .zones import QuietHours, Zone, parse_quiet_hours, zone_of
+from .zones import MAX_TZ_OFFSET_SECONDS, QuietHours, Zone, parse_quiet_hours, zone_of
 
 
 @dataclass
@@ -62,11 +63,20 @@ def namespaced(source_id: int, item_id: str) -> str:
 
 
 def plan_device(
-    device: dict[str, Any], subscribed: Iterable[int], reads: dict[int, SourceRead], now: Instant, horizon: int
+    device: dict[str, Any],
+    subscribed: Iterable[int],
+    reads: dict[int, SourceRead],
+    now: Instant,
+    horizon: int,
+    after: Instant | None = None,
 ) -> DevicePlan:
     """Resolve each item in the device's zone and apply its rules: lead rules to timed items,
     day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
-    then hold for quiet hours (``policy.held_send_after``)."""
+    then hold for quiet hours (``policy.held_send_after``).
+
+    ``after``: an earlier plan from the same inputs (``plan_key``) made every row due up to it.
+    Only rows due later are made, and an item whose rows are all due by then is not resolved at
+    all; what the plan knows of the feed (``feed_items``) is then partial, so it decides no void."""
     rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
     zone = zone_of(device)
@@ -80,12 +90,26 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         for raw in feed.items:
-            for row, begun in _rows_for(plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon):
+            if after is not None and _all_due_by(raw, after):
+                continue
+            for row, begun in _rows_for(
+                plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon, after
+            ):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
     plan.make_rows = lambda source_id, raw: _rows_for(
         plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, None
     )
     return plan
+
+
+# The latest a rule can put a reminder after the item's own start or end: a day rule's time on
+# the item's day (up to a day after its start), in any zone (a floating time moves by the offset).
+_LATEST_AFTER_ITEM_SECONDS = 86400 + MAX_TZ_OFFSET_SECONDS
+
+
+def _all_due_by(raw: Item, after: Instant) -> bool:
+    """Every row this item can make is due by ``after``, before resolving it in any zone."""
+    return max(raw.starts_at, raw.expires_at) + _LATEST_AFTER_ITEM_SECONDS <= after.unix
 
 
 def _rows_for(
@@ -99,9 +123,11 @@ def _rows_for(
     quiet: QuietHours | None,
     now: Instant,
     horizon: int | None,
+    after: Instant | None = None,
 ) -> Iterator[tuple[dict[str, Any], bool]]:
-    """One item's rows for this device (within ``horizon``, if given), each with whether its
-    anchor has passed; a kept item is entered in ``plan.feed_items``, a set-aside one is not."""
+    """One item's rows for this device (within ``horizon``, if given, and due after ``after``, if
+    given), each with whether its anchor has passed; a kept item is entered in
+    ``plan.feed_items``, a set-aside one is not."""
     item = raw.for_local(zone)
     item_id = namespaced(source_id, item.id)
     if horizon is not None:
@@ -110,6 +136,8 @@ def _rows_for(
     for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
         send_after = _send_after(rule, raw, starts, expires, zone)
         if horizon is not None and send_after > now + horizon:
+            continue
+        if after is not None and send_after <= after:
             continue
         anchor = rule.anchor_time(starts, expires)
         yield (
@@ -138,6 +166,50 @@ def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule
         plan.item_rules[item_id] = {r.name for r in own}
         return own
     return [r for r in rules.values() if r.all_day == raw.all_day]
+
+
+# What a plan is made from on the device's side; ``registered_at`` and ``created_at`` stand for a
+# new token or a re-created device, whose voided rows a full plan queues again.
+PLANNED_FROM = (
+    "reminder_lead_seconds",
+    "extra_rules",
+    "all_day_rules",
+    "use_alarms",
+    "tz_name",
+    "last_tz_offset_seconds",
+    "quiet_hours",
+    "created_at",
+    "registered_at",
+)
+# Bumped whenever planning changes meaning: every device then plans in full once.
+PLAN_VERSION = "1"
+# However unchanged its inputs, each device plans in full at least this often (at a time of day of
+# its own, so the full plans spread over the day): whatever no key can see, a zone database
+# update for one, is taken in within a day.
+FULL_PLAN_SECONDS = 86400
+
+
+def plan_key(
+    device: Mapping[str, Any], subscribed: Iterable[int], reads: Mapping[int, SourceRead], now: Instant
+) -> str | None:
+    """What the device's plan is made from: its planning columns, each subscribed source's
+    content, and the day (``FULL_PLAN_SECONDS``). Two builds with the same key plan the same rows,
+    except those the horizon has moved over. None when a source was not read whole (failed, cut by
+    the item cap, a series dropped): the build plans in full, and so does the next."""
+    contents = []
+    for source_id in sorted(set(subscribed)):
+        read = reads.get(source_id)
+        if read is None or not read.whole or read.content_hash is None:
+            return None
+        contents.append(f"{source_id}={read.content_hash}")
+    spread = int(hashlib.sha256(str(device["id"]).encode()).hexdigest()[:8], 16) % FULL_PLAN_SECONDS
+    day = (now.whole_seconds + spread) // FULL_PLAN_SECONDS
+    columns = (_key_text(device.get(c)) for c in PLANNED_FROM)
+    return hashlib.sha256("\x1f".join((PLAN_VERSION, str(day), *columns, *contents)).encode()).hexdigest()
+
+
+def _key_text(value: Any) -> str:
+    return value.stored if isinstance(value, Instant) else repr(value)
 
 
 def rules_of(device: dict[str, Any]) -> list[Rule]:

@@ -106,6 +106,11 @@ devices = _table(
     # From 0011: the last registration (``device put``); a dead-token answer older than it marks
     # nothing. NULL: registered before 0011, unknown.
     Column("registered_at", IsoTime),
+    # From 0012: what the last build planned from (``plan.plan_key``: the device's planning
+    # columns and each source's content) and up to which ``send_after`` it planned. A build whose
+    # key matches plans only what the horizon has moved over since (``build``, "unchanged").
+    Column("planned_key", Text),
+    Column("planned_until", IsoTime),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),
@@ -131,6 +136,7 @@ sources = _table(
     Column("cache_until", IsoTime),  # an iCalendar cache covers occurrences up to here only
     Column("failing_since", IsoTime),
     Column("alerted_at", IsoTime),
+    Column("content_hash", Text),  # from 0012: sha256 of the body last parsed, so an identical 200 is a 304
 )
 
 device_sources = _table(

@@ -83,6 +83,7 @@ class SourceState:
     last_modified: str | None = None
     feed_cache: str | None = None
     cache_until: Instant | None = None  # iCalendar caches cover occurrences up to here only
+    content_hash: str | None = None  # of the body ``feed_cache`` was parsed from, and how (``content_hash``)
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,33 @@ class SourceRead:
     url: str
     feed: ParsedFeed | None = None
     error: str | None = None
-    not_modified: bool = False
+    not_modified: bool = False  # a 304, or a 200 with the body last parsed: the cached parse reused
     etag: str | None = None
     last_modified: str | None = None
     cache_until: Instant | None = None
+    content_hash: str | None = None  # what the feed was parsed from (``content_hash``): equal, the same feed
 
     @property
     def ok(self) -> bool:
         return self.feed is not None
+
+    @property
+    def whole(self) -> bool:
+        """Read and parsed in full: neither the item cap nor a dropped series left anything out,
+        so the same content gives the same items (``plan.plan_key``)."""
+        feed = self.feed
+        return feed is not None and not (feed.cut_ids or feed.partial_series or feed.cut_from is not None)
+
+
+def content_hash(body: bytes, max_items: int | None) -> str:
+    """What a parse is made of: the body, and the item cap it was parsed under (``cap=N/``, read
+    back by ``parsed_under``), so a cached parse is not reused once the cap has changed."""
+    return f"cap={max_items}/{hashlib.sha256(body).hexdigest()}"
+
+
+def parsed_under(digest: str | None, max_items: int | None) -> bool:
+    """A cached parse whose ``content_hash`` says it was made under this item cap (or says nothing)."""
+    return digest is None or digest.startswith(f"cap={max_items}/")
 
 
 def shown_url(url: str) -> str:
@@ -128,6 +148,28 @@ def is_calendar(url: str, content_type: str, body: bytes) -> bool:
         url.startswith("webcal://")
         or "calendar" in content_type.lower()
         or body.lstrip()[:15].upper() == b"BEGIN:VCALENDAR"
+    )
+
+
+def _as_cached(
+    source_id: int,
+    state: SourceState,
+    cached: ParsedFeed,
+    etag: str | None,
+    last_modified: str | None,
+    max_items: int | None,
+) -> SourceRead:
+    """The cached parse, for content the source says (304) or shows (the same body) is unchanged.
+    A cache stored before content hashes were kept is identified by its own text."""
+    return SourceRead(
+        source_id,
+        state.url,
+        feed=cached,
+        not_modified=True,
+        etag=etag,
+        last_modified=last_modified,
+        cache_until=state.cache_until,
+        content_hash=state.content_hash or content_hash((state.feed_cache or "").encode(), max_items),
     )
 
 
@@ -198,15 +240,10 @@ class SourceReader:
             response = await self._get(client, fetch_url(url), headers)
             try:
                 if response.status_code == 304 and cached is not None:
-                    return SourceRead(
-                        source_id,
-                        url,
-                        feed=cached,
-                        not_modified=True,
-                        etag=state.etag,
-                        last_modified=state.last_modified,
-                        cache_until=state.cache_until,
-                    )
+                    # Read to its end (a 304 has no body), or closing it would close the connection
+                    # too, and every read of an unchanged feed would open a new one.
+                    await self._body(response)
+                    return _as_cached(source_id, state, cached, state.etag, state.last_modified, self.max_items)
                 if response.status_code != 200:
                     return SourceRead(source_id, url, error=f"http_{response.status_code}")
                 body = await self._body(response)
@@ -214,16 +251,25 @@ class SourceReader:
                 await response.aclose()
             content_type = response.headers.get("content-type", "")
             etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
+            digest = content_hash(body, self.max_items)
+            if cached is not None and digest == state.content_hash:  # a server without validators
+                return _as_cached(source_id, state, cached, etag, last_modified, self.max_items)
             start, end = (w.whole_seconds for w in window or _default_window())  # the feeds' wire: Unix seconds
             if is_calendar(url, content_type, body):
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
                 covered = Instant.from_unix(until)
                 return SourceRead(
-                    source_id, url, feed=feed, etag=etag, last_modified=last_modified, cache_until=covered
+                    source_id,
+                    url,
+                    feed=feed,
+                    etag=etag,
+                    last_modified=last_modified,
+                    cache_until=covered,
+                    content_hash=digest,
                 )
             feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
-            return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified)
+            return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, content_hash=digest)
         except (FeedError, ReadFailed) as exc:
             return SourceRead(source_id, url, error=exc.code)
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:  # never the exception's text
@@ -284,11 +330,12 @@ class SourceReader:
             body += part
         return bytes(body)
 
-    @staticmethod
-    def _usable_cache(state: SourceState, window: Window | None) -> ParsedFeed | None:
-        """The cached feed, if it covers what this read needs (a calendar cache ends somewhere) and
-        the item cap, if it cut, would still keep the same items."""
-        if not state.feed_cache or not (state.etag or state.last_modified):
+    def _usable_cache(self, state: SourceState, window: Window | None) -> ParsedFeed | None:
+        """The cached feed, if it was parsed under today's item cap, covers what this read needs (a
+        calendar cache ends somewhere), and the cap, if it cut, would still keep the same items."""
+        if not state.feed_cache or not (state.etag or state.last_modified or state.content_hash):
+            return None
+        if not parsed_under(state.content_hash, self.max_items):
             return None
         if state.cache_until is not None and (window is None or state.cache_until < window[1]):
             return None

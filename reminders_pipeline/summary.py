@@ -19,6 +19,7 @@ class BuildResult:
     now: Instant
     devices_built: int = 0
     devices_skipped_newer: int = 0  # a build that started later already wrote them
+    devices_unchanged: int = 0  # of those built, planned only where the horizon moved (``plan.plan_key``)
     rows_inserted: int = 0
     rows_updated: int = 0
     rows_voided: Counter[str] = field(default_factory=Counter)

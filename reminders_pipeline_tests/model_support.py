@@ -236,6 +236,7 @@ class FeedTransport(httpx.AsyncBaseTransport):
     feeds: dict[str, Feed]
     faults: dict[str, str] = field(default_factory=dict)
     reads: list[tuple[str, str]] = field(default_factory=list)  # (url, fault or "ok" / "not_modified")
+    plain: set[str] = field(default_factory=set)  # served with no ETag: every read a 200, however unchanged
 
     def __call__(self, *_: Any, **__: Any) -> FeedTransport:
         return self  # stands in for ``GuardedTransport(allow, limits)``
@@ -263,6 +264,8 @@ class FeedTransport(httpx.AsyncBaseTransport):
             )
         if fault == "dropped":
             return httpx.Response(200, stream=_Broken(body[: len(body) // 2]), headers={"content-type": content_type})
+        if url in self.plain:
+            return httpx.Response(200, content=body, headers={"content-type": content_type})
         if request.headers.get("if-none-match") == etag:
             self.reads[-1] = (url, "not_modified")
             return httpx.Response(304, headers={"etag": etag})

@@ -383,6 +383,29 @@ class ReminderMachine(RuleBasedStateMachine):
             s = replace(s, overrides=tuple(o for o in s.overrides if o[0] != original) + (override,))
         self.feeds[ICS_URL].series = s
 
+    @rule(ics=st.booleans(), validators=st.booleans())
+    def unchanged_feed(self, ics: bool, validators: bool) -> None:
+        """From now on the source answers an unchanged feed with a 304 (it sends an ETag) or with
+        the same body again (it sends none); either way the build must see it as unchanged."""
+        url = ICS_URL if ics else JSON_URL
+        (self.transport.plain.discard if validators else self.transport.plain.add)(url)
+
+    @rule(ahead=st.sampled_from((60, 900, 2 * 3600)), step=st.sampled_from((900, 1800, 3600, 3 * 3600)))
+    def horizon_step(self, ahead: int, step: int) -> None:
+        """An event just past the horizon for every rule, built, then built again a tick or a few
+        later with the feed unchanged: its rows come in by the horizon's move alone. Then it is
+        gone from the feed again (its rows void at the next build), so far-off events do not
+        crowd out the ones that come due within an example."""
+        feed = self.feeds[JSON_URL]
+        before = set(feed.events)
+        offset = self.settings.horizon_seconds + ahead + max(LEADS)
+        self.add_event(False, "utc", offset, WALL_TIMES[0], 0, 1800, None)
+        self.build()
+        self.advance(step)
+        self.build()
+        for uid in set(feed.events) - before:
+            del feed.events[uid]
+
     # -- source faults --------------------------------------------------------------------------
 
     @rule(ics=st.booleans(), fault=st.sampled_from(FAULTS))
@@ -475,6 +498,8 @@ class ReminderMachine(RuleBasedStateMachine):
         invalid = self._invalid_devices()
         reads_before = len(self.transport.reads)
         summary = build_mod.build(self.db, self.settings, now=self.iso, reader=build_mod.make_reader(self.settings))
+        for name, count in (("devices_built", summary.devices_built), ("devices_unchanged", summary.devices_unchanged)):
+            STATS[name] = STATS.get(name, 0) + count
         reads = self.transport.reads[reads_before:]
         # A read answered but unusable (a calendar whose only series floods: every item rejected) failed too.
         unusable = {f["url"] for f in summary.sources_failed}

@@ -271,3 +271,27 @@ def test_httpcore_finds_sniffio_so_no_read_pays_for_a_failed_import():
     import importlib.util
 
     assert importlib.util.find_spec("sniffio") is not None
+
+
+def test_a_304_leaves_its_connection_open_for_the_next_read(feeds, monkeypatch):
+    """A 304 read to its (empty) end goes back to the pool: closing it unread would close the
+    connection too, and every source of an unchanged tick would pay a new TCP handshake."""
+    from reminders_pipeline import egress
+
+    connects: list[str] = []
+    real = egress.GuardedBackend.connect_tcp
+
+    async def counting(self, host, *args, **kwargs):
+        connects.append(host)
+        return await real(self, host, *args, **kwargs)
+
+    monkeypatch.setattr(egress.GuardedBackend, "connect_tcp", counting)
+    urls = {i: feeds.set(f"/{i}.json", Route(body=b'{"items": []}', etag='"v1"')) for i in range(40)}
+    reader = SourceReader(concurrency=4, per_host=4, allow_networks=parse_networks(LOOPBACK_NETWORKS))
+    first = reader.read_all({i: SourceState(u) for i, u in urls.items()})
+    assert len(connects) <= 4
+    connects.clear()
+    states = {i: SourceState(u, etag='"v1"', feed_cache=first[i].feed.to_json()) for i, u in urls.items()}
+    again = reader.read_all(states)
+    assert all(r.not_modified for r in again.values()) and sum(feeds.not_modified.values()) == 40
+    assert len(connects) <= 4

@@ -54,6 +54,7 @@ def chunk_metadata(summary: BuildResult) -> dict[str, Any]:
     """A chunk's build as UI metadata; the numbers are plotted per partition over time."""
     return {
         "devices_built": summary.devices_built,
+        "devices_unchanged": summary.devices_unchanged,
         "rows_inserted": summary.rows_inserted,
         "rows_updated": summary.rows_updated,
         "rows_voided": sum(summary.rows_voided.values()),

@@ -197,6 +197,11 @@ class SourceFailure(BaseModel):
 class BuildSummary(BaseModel):
     now: str
     devices_built: int
+    devices_unchanged: int = Field(
+        0,
+        description="Of the devices built, those whose feeds and settings had not changed since their last "
+        "build: only the rows the horizon moved over were planned.",
+    )
     rows_inserted: int
     rows_updated: int
     rows_voided: Counts

@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from ..schema import device_sources, devices, sources
+from ..schema import IsoTime, device_sources, devices, sources
 from ..times import Instant
 from ._common import batches, insert_on_conflict, unix_of
 from .queue import end_holds, void_pending_of_device
@@ -205,6 +205,10 @@ def select_build_devices(
             devices.c.use_alarms,
             devices.c.reminders_built_at,
             devices.c.chunk,
+            devices.c.created_at,
+            devices.c.registered_at,
+            devices.c.planned_key,
+            devices.c.planned_until,
         )
         .where(devices.c.token_invalid_at.is_(None))
         .order_by(devices.c.reminders_built_at.asc().nulls_first(), devices.c.id)
@@ -243,9 +247,20 @@ def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: I
     return locked
 
 
-def stamp_built(conn: Connection, device_ids: Sequence[str], now: Instant) -> None:
-    for ids in batches(list(device_ids)):
-        conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
+def stamp_built(conn: Connection, planned: Sequence[tuple[str, str | None, Instant | None]], now: Instant) -> None:
+    """Each device built at ``now``, with what its plan was made from and up to where (``planned``:
+    ``(id, planned_key, planned_until)``, both None when the next build must plan in full)."""
+    if planned:
+        stmt = (
+            update(devices)
+            .where(devices.c.id == bindparam("b_id"))
+            .values(
+                reminders_built_at=now,
+                planned_key=bindparam("b_key"),
+                planned_until=bindparam("b_until", type_=IsoTime()),
+            )
+        )
+        conn.execute(stmt, [{"b_id": i, "b_key": k, "b_until": u} for i, k, u in planned])
 
 
 def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: Instant | None = None) -> bool:

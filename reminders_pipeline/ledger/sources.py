@@ -70,9 +70,10 @@ def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: Ins
 
 
 def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: Instant) -> None:
-    """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until"}``
-    per source read successfully. ``feed_cache`` None (a 304) keeps the cached feed as it is."""
-    fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until")
+    """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until",
+    "content_hash"}`` per source read successfully. ``feed_cache`` None (a 304, or the body last
+    parsed) keeps the cached feed as it is."""
+    fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until", "content_hash")
     _record_reads(
         conn,
         [{f: r.get(f) for f in fields} for r in results],
@@ -88,6 +89,7 @@ def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]]
         last_modified=bindparam("b_last_modified"),
         feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
         cache_until=func.coalesce(bindparam("b_cache_until", type_=IsoTime()), sources.c.cache_until),
+        content_hash=bindparam("b_content_hash"),
     )
 
 

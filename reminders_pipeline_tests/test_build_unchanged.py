@@ -1,0 +1,167 @@
+"""A tick where nothing changed: the build plans only what the horizon moved over, reads no
+existing row, and parses no body it has parsed before; anything that changed plans in full.
+On SQLite and PostgreSQL, with sources served over real HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from reminders_pipeline import ledger
+from reminders_pipeline import sources as sources_mod
+from reminders_pipeline.build import build
+from reminders_pipeline.devices import DeviceSpec, put_device
+from reminders_pipeline.plan import FULL_PLAN_SECONDS
+
+from .http_sources import Route
+from .support import NOW, TOKEN, at, by_key, device, item
+
+HOUR = 3600
+
+
+@pytest.fixture
+def existing_reads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The device ids of every ``ledger.existing_rows`` call the build makes."""
+    calls: list[list[str]] = []
+    real = ledger.existing_rows
+
+    def recording(conn: Any, device_ids: Any) -> Any:
+        calls.append(list(device_ids))
+        return real(conn, device_ids)
+
+    monkeypatch.setattr(ledger, "existing_rows", recording)
+    return calls
+
+
+def counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
+    """Count the calls of the parser ``sources.<name>``."""
+    calls: list[int] = []
+    real: Callable[..., Any] = getattr(sources_mod, name)
+
+    def parse(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sources_mod, name, parse)
+    return calls
+
+
+def test_an_unchanged_tick_queues_only_what_the_horizon_moved_over(db, settings, feeds, existing_reads):
+    horizon = settings.horizon_seconds
+    url = feeds.items("/a.json", [item("soon", 2 * HOUR), item("later", horizon + 2 * HOUR)])
+    device(db, settings, sources=[url])
+    first = build(db, settings, now=NOW)
+    assert (first.devices_unchanged, first.rows_inserted) == (0, 1)
+    assert existing_reads == [["dev-1"]]
+
+    step = build(db, settings, now=at(30 * 60))  # 'later' is due at NOW + horizon + 1 h: not yet
+    assert (step.devices_built, step.devices_unchanged, step.rows_inserted) == (1, 1, 0)
+
+    step = build(db, settings, now=at(3 * HOUR))  # now it is inside the horizon
+    assert (step.devices_unchanged, step.rows_inserted, step.rows_updated) == (1, 1, 0)
+    assert existing_reads == [["dev-1"]]  # neither step read the device's rows
+    got = by_key(db)
+    assert got[("later", "lead:3600")]["send_after"] == at(horizon + HOUR)
+    assert got[("later", "lead:3600")]["status"] == "pending"
+    assert got[("soon", "lead:3600")]["send_after"] == at(HOUR)
+
+
+def test_a_body_served_again_without_validators_is_not_parsed_again(db, settings, feeds, monkeypatch):
+    parsed = counting(monkeypatch, "parse_json_feed")
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR)])  # no ETag, no Last-Modified
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    again = build(db, settings, now=at(900))
+    assert len(parsed) == 1 and feeds.hits["/a.json"] == 2
+    assert (again.sources_not_modified, again.devices_unchanged) == (1, 1)
+
+    feeds.items("/a.json", [item("e1", 3 * HOUR)])  # the body changed: parsed, planned in full
+    moved = build(db, settings, now=at(1800))
+    assert len(parsed) == 2 and (moved.sources_not_modified, moved.devices_unchanged) == (0, 0)
+    assert by_key(db)[("e1", "lead:3600")]["send_after"] == at(2 * HOUR)
+
+
+def test_a_304_tick_is_unchanged_too(db, settings, feeds, existing_reads):
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR)], etag='"v1"')
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    again = build(db, settings, now=at(900))
+    assert feeds.not_modified["/a.json"] == 1
+    assert (again.sources_not_modified, again.devices_unchanged) == (1, 1)
+    assert len(existing_reads) == 1
+
+
+def test_a_device_change_plans_in_full(db, settings, feeds, existing_reads):
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR)])
+    device(db, settings, sources=[url], lead=HOUR)
+    build(db, settings, now=NOW)
+    put_device(db, settings, DeviceSpec("dev-1", TOKEN, 1800, (), (url,)), now=at(60))
+    changed = build(db, settings, now=at(900))
+    assert changed.devices_unchanged == 0 and len(existing_reads) == 2
+    assert changed.rows_voided == {"rule_removed": 1}
+    got = by_key(db)
+    assert got[("e1", "lead:1800")]["status"] == "pending"
+    assert got[("e1", "lead:3600")]["outcome"] == "voided"
+
+
+def test_what_entered_the_horizon_while_a_read_failed_is_queued_once_it_answers(db, settings, feeds):
+    horizon = settings.horizon_seconds
+    body = [item("soon", 2 * HOUR), item("later", horizon + 2 * HOUR)]
+    url = feeds.items("/a.json", body)
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.set("/a.json", Route(500, b"down"))
+    failed = build(db, settings, now=at(3 * HOUR))  # 'later' entered the horizon during the outage
+    assert len(failed.sources_failed) == 1 and failed.rows_inserted == 0
+    feeds.items("/a.json", body)  # the same body as before the outage
+    back = build(db, settings, now=at(3 * HOUR + 900))
+    assert back.devices_unchanged == 0  # the failed build left no plan to step from
+    assert back.rows_inserted == 1 and ("later", "lead:3600") in by_key(db)
+    assert build(db, settings, now=at(4 * HOUR)).devices_unchanged == 1
+
+
+def test_a_longer_horizon_queues_what_it_brings_in_and_a_shorter_one_plans_in_full(db, settings, feeds):
+    horizon = settings.horizon_seconds
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR), item("far", horizon + 5 * HOUR)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    assert ("far", "lead:3600") not in by_key(db)
+
+    longer = settings.with_(horizon_seconds=horizon + 6 * HOUR)
+    step = build(db, longer, now=at(900))
+    assert (step.devices_unchanged, step.rows_inserted) == (1, 1)
+    assert by_key(db)[("far", "lead:3600")]["status"] == "pending"
+
+    shorter = build(db, settings, now=at(1800))  # back to the shorter horizon: 'far' is out again
+    assert shorter.devices_unchanged == 0 and shorter.rows_voided == {"out_of_horizon": 1}
+
+
+def test_every_device_plans_in_full_at_least_once_a_day(db, settings, feeds):
+    url = feeds.items("/a.json", [item("e1", 30 * HOUR)])
+    device(db, settings, sources=[url], device_id="a")
+    device(db, settings, sources=[url], device_id="b")
+    build(db, settings, now=NOW)
+    next_day = build(db, settings, now=at(FULL_PLAN_SECONDS))
+    assert next_day.devices_built == 2 and next_day.devices_unchanged == 0
+
+
+def test_a_feed_the_item_cap_cut_plans_in_full(db, settings, feeds):
+    capped = settings.with_(source_max_items=1)
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR), item("e2", 3 * HOUR)])
+    device(db, settings, sources=[url])
+    first = build(db, capped, now=NOW)
+    assert first.items_rejected == {"over_item_cap": 1}
+    assert build(db, capped, now=at(900)).devices_unchanged == 0
+
+
+@pytest.mark.parametrize("etag", [None, '"v1"'])
+def test_a_new_item_cap_parses_the_feed_again_whether_or_not_it_answers_304(db, settings, feeds, monkeypatch, etag):
+    parsed = counting(monkeypatch, "parse_json_feed")
+    url = feeds.items("/a.json", [item(f"e{k}", (k + 2) * HOUR) for k in range(4)], etag=etag)
+    device(db, settings, sources=[url])
+    build(db, settings.with_(source_max_items=10), now=NOW)
+    capped = build(db, settings.with_(source_max_items=2), now=at(900))
+    assert len(parsed) == 2 and capped.items_rejected == {"over_item_cap": 2}
+    assert capped.devices_unchanged == 0 and feeds.not_modified["/a.json"] == 0
