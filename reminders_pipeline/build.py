@@ -193,13 +193,21 @@ def _write_batch(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick)
     subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
     fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
     summary.devices_skipped_newer += len(batch) - len(fresh)
-    batch = [d for d in batch if d["id"] in fresh]
+    planned = ledger.plan_states(conn, sorted(fresh))
+    batch = [
+        {**d, "planned_key": planned[d["id"]][0], "planned_until": planned[d["id"]][1]}
+        for d in batch
+        if d["id"] in fresh
+    ]
     until = now + settings.horizon_seconds
     keys = {d["id"]: plan_key(d, subs.get(d["id"], ()), reads, now) for d in batch}
     same = [d for d in batch if _planned_already(d, keys[d["id"]], until)]
     _write_horizon_step(conn, same, tick)
-    _write_changed(conn, [d for d in batch if d not in same], tick)
-    ledger.stamp_built(conn, [(d["id"], keys[d["id"]], until if keys[d["id"]] else None) for d in batch], now)
+    in_flight = _write_changed(conn, [d for d in batch if d not in same], tick)
+    for device_id in in_flight:  # its claimed rows were left as they were: the next build plans in full
+        keys[device_id] = None
+    plans = {i: (k, until if k else None) for i, k in keys.items()}
+    ledger.stamp_built(conn, list(plans), now, plans)
     summary.devices_built += len(batch)
 
 
@@ -228,10 +236,12 @@ def _write_horizon_step(conn: Connection, batch: Sequence[dict[str, Any]], tick:
     summary.rows_inserted += len(queue_rows(conn, rows, now, rearm_threshold_seconds=settings.rearm_threshold_seconds))
 
 
-def _write_changed(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
-    """Devices planned in full: every row their feeds want, checked against every row they have."""
+def _write_changed(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> set[str]:
+    """Devices planned in full: every row their feeds want, checked against every row they have.
+    Returns the devices with a row claimed meanwhile, which no write touches: once back to
+    pending, it may still need voiding or realigning to what this plan read."""
     if not batch:
-        return
+        return set()
     subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
     ids = [d["id"] for d in batch]
     rearm_threshold = settings.rearm_threshold_seconds
@@ -267,6 +277,7 @@ def _write_changed(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tic
     summary.rows_updated += len(written & existing_ids)
     for reason, row_ids in voids.items():
         summary.rows_voided[reason] += ledger.void_rows(conn, row_ids, reason, now)
+    return {r["device_id"] for r in existing if r["status"] == "claimed"}
 
 
 def queue_rows(

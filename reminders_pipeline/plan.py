@@ -195,7 +195,12 @@ def plan_key(
     """What the device's plan is made from: its planning columns, each subscribed source's
     content, and the day (``FULL_PLAN_SECONDS``). Two builds with the same key plan the same rows,
     except those the horizon has moved over. None when a source was not read whole (failed, cut by
-    the item cap, a series dropped): the build plans in full, and so does the next."""
+    the item cap, a series dropped): the build plans in full, and so does the next. None too for a
+    device that uses calendar alarms: an alarm may lead by more than the calendar is expanded
+    ahead (``build.ALARM_REACH_SECONDS``), so an unchanged calendar can still bring in a row due
+    before ``planned_until``."""
+    if device.get("use_alarms"):
+        return None
     contents = []
     for source_id in sorted(set(subscribed)):
         read = reads.get(source_id)

@@ -110,10 +110,11 @@ class SourceRead:
         return feed is not None and not (feed.cut_ids or feed.partial_series or feed.cut_from is not None)
 
 
-def content_hash(body: bytes, max_items: int | None) -> str:
-    """What a parse is made of: the body, and the item cap it was parsed under (``cap=N/``, read
-    back by ``parsed_under``), so a cached parse is not reused once the cap has changed."""
-    return f"cap={max_items}/{hashlib.sha256(body).hexdigest()}"
+def content_hash(body: bytes, max_items: int | None, kind: str = "cache") -> str:
+    """What a parse is made of: the item cap it was parsed under (``cap=N/``, read back by
+    ``parsed_under``, so a cached parse is not reused once the cap has changed), the format it was
+    parsed as, and the body."""
+    return f"cap={max_items}/{kind}/{hashlib.sha256(body).hexdigest()}"
 
 
 def parsed_under(digest: str | None, max_items: int | None) -> bool:
@@ -251,11 +252,12 @@ class SourceReader:
                 await response.aclose()
             content_type = response.headers.get("content-type", "")
             etag, last_modified = response.headers.get("etag"), response.headers.get("last-modified")
-            digest = content_hash(body, self.max_items)
+            calendar = is_calendar(url, content_type, body)
+            digest = content_hash(body, self.max_items, "ics" if calendar else "json")
             if cached is not None and digest == state.content_hash:  # a server without validators
                 return _as_cached(source_id, state, cached, etag, last_modified, self.max_items)
             start, end = (w.whole_seconds for w in window or _default_window())  # the feeds' wire: Unix seconds
-            if is_calendar(url, content_type, body):
+            if calendar:
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
                 covered = Instant.from_unix(until)

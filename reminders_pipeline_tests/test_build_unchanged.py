@@ -165,3 +165,49 @@ def test_a_new_item_cap_parses_the_feed_again_whether_or_not_it_answers_304(db, 
     capped = build(db, settings.with_(source_max_items=2), now=at(900))
     assert len(parsed) == 2 and capped.items_rejected == {"over_item_cap": 2}
     assert capped.devices_unchanged == 0 and feeds.not_modified["/a.json"] == 0
+
+
+def test_a_row_claimed_while_its_event_is_cancelled_is_voided_once_it_is_pending_again(db, settings, feeds):
+    """A full plan leaves a claimed row alone (it is in flight). Should the drain give it back to
+    pending (a retry, a hold), the next build must still see it, though the feed is unchanged."""
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR), item("e2", 3 * HOUR)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    row_id = by_key(db)[("e1", "lead:3600")]["id"]
+    with db.write() as conn:
+        assert [r["id"] for r in ledger.claim(conn, [row_id], at(HOUR), "drain-1")] == [row_id]
+    feeds.items("/a.json", [item("e2", 3 * HOUR)])  # e1 cancelled while its row is in flight
+    build(db, settings, now=at(HOUR + 10))
+    assert by_key(db)[("e1", "lead:3600")]["status"] == "claimed"
+    with db.write() as conn:
+        ledger.return_to_pending(
+            conn, [{"id": row_id, "outcome_detail": "retry", "spent": 1}], "drain-1", at(HOUR + 20)
+        )
+    again = build(db, settings, now=at(HOUR + 900))  # the same feed as the build before
+    assert again.devices_unchanged == 0
+    row = by_key(db)[("e1", "lead:3600")]
+    assert (row["outcome"], row["outcome_detail"]) == ("voided", "left_feed")
+
+
+def test_a_read_that_reused_the_cache_never_relabels_a_newer_parse(db, settings):
+    """Two overlapping builds: one parsed the feed's new body and stored it; the other, slower,
+    reused the old cache (a 304) and records after it. The newer parse keeps its own hash and
+    validators, or a later read would take it for the old body."""
+    device(db, settings, sources=["https://example.com/a.json"])
+    with db.write() as conn:
+        (source_id,) = ledger.subscriptions(conn, ["dev-1"])["dev-1"]
+        fresh = {"id": source_id, "items": 0, "rejected": 0, "etag": '"v2"', "last_modified": None}
+        ledger.record_source_success(conn, [{**fresh, "feed_cache": '{"items": []}', "content_hash": "h2"}], NOW)
+        stale = {**fresh, "etag": '"v1"', "feed_cache": None, "content_hash": "h1"}
+        ledger.record_source_success(conn, [stale], at(1))
+        stored = ledger.sources_by_id(conn, [source_id])[source_id]
+    assert (stored["etag"], stored["content_hash"], stored["feed_cache"]) == ('"v2"', "h2", '{"items": []}')
+
+
+def test_a_device_that_uses_calendar_alarms_plans_in_full(db, settings, feeds):
+    """An alarm may lead by more than the calendar is expanded ahead, so an unchanged calendar can
+    bring in a row already due before the last plan's reach."""
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR)])
+    put_device(db, settings, DeviceSpec("dev-1", TOKEN, HOUR, (), (url,), alarms=True), now=NOW)
+    build(db, settings, now=NOW)
+    assert build(db, settings, now=at(900)).devices_unchanged == 0

@@ -1183,10 +1183,10 @@ def test_a_build_beside_a_drain_settling_a_410_do_not_deadlock(pg, feeds, monkey
 
     stamp = ledger.stamp_built
 
-    def stamp_when_the_drain_waits(conn, device_ids, now):  # type: ignore[no-untyped-def]
+    def stamp_when_the_drain_waits(conn, device_ids, now, *plans):  # type: ignore[no-untyped-def]
         build_has_written.set()
         wait_until("the drain to wait on a lock", lambda: lock_waiters(pg) > 0, 10)
-        return stamp(conn, device_ids, now)
+        return stamp(conn, device_ids, now, *plans)
 
     monkeypatch.setattr(ledger, "stamp_built", stamp_when_the_drain_waits)
 

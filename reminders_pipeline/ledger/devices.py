@@ -207,8 +207,6 @@ def select_build_devices(
             devices.c.chunk,
             devices.c.created_at,
             devices.c.registered_at,
-            devices.c.planned_key,
-            devices.c.planned_until,
         )
         .where(devices.c.token_invalid_at.is_(None))
         .order_by(devices.c.reminders_built_at.asc().nulls_first(), devices.c.id)
@@ -247,10 +245,19 @@ def lock_devices(conn: Connection, device_ids: Iterable[str], not_built_after: I
     return locked
 
 
-def stamp_built(conn: Connection, planned: Sequence[tuple[str, str | None, Instant | None]], now: Instant) -> None:
-    """Each device built at ``now``, with what its plan was made from and up to where (``planned``:
-    ``(id, planned_key, planned_until)``, both None when the next build must plan in full)."""
-    if planned:
+def stamp_built(
+    conn: Connection,
+    device_ids: Sequence[str],
+    now: Instant,
+    plans: Mapping[str, tuple[str | None, Instant | None]] | None = None,
+) -> None:
+    """Each device built at ``now``; with ``plans``, also what its plan was made from and up to
+    where (per id: ``(planned_key, planned_until)``, both None when the next build must plan in full)."""
+    if plans is None:
+        for ids in batches(list(device_ids)):
+            conn.execute(update(devices).where(devices.c.id.in_(ids)).values(reminders_built_at=now))
+        return
+    if device_ids:
         stmt = (
             update(devices)
             .where(devices.c.id == bindparam("b_id"))
@@ -260,7 +267,17 @@ def stamp_built(conn: Connection, planned: Sequence[tuple[str, str | None, Insta
                 planned_until=bindparam("b_until", type_=IsoTime()),
             )
         )
-        conn.execute(stmt, [{"b_id": i, "b_key": k, "b_until": u} for i, k, u in planned])
+        conn.execute(stmt, [{"b_id": i, "b_key": plans[i][0], "b_until": plans[i][1]} for i in device_ids])
+
+
+def plan_states(conn: Connection, device_ids: Sequence[str]) -> dict[str, tuple[str | None, Instant | None]]:
+    """What each device's last plan was made from and how far it reached, read once the build holds
+    its lock: a build with an older ``now`` may have written them since the devices were selected."""
+    out: dict[str, tuple[str | None, Instant | None]] = {}
+    for ids in batches(list(device_ids)):
+        stmt = select(devices.c.id, devices.c.planned_key, devices.c.planned_until).where(devices.c.id.in_(ids))
+        out.update((i, (k, u)) for i, k, u in conn.execute(stmt))
+    return out
 
 
 def store_tz_offset(conn: Connection, device_id: str, offset_seconds: int, now: Instant | None = None) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, literal, select, update
+from sqlalchemy import Connection, Text, bindparam, case, delete, func, literal, select, update
 
 from ..schema import IsoTime, device_sources, sources
 from ..times import Instant
@@ -71,8 +71,13 @@ def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: Ins
 
 def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: Instant) -> None:
     """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until",
-    "content_hash"}`` per source read successfully. ``feed_cache`` None (a 304, or the body last
-    parsed) keeps the cached feed as it is."""
+    "content_hash"}`` per source read successfully.
+
+    A fresh parse (``feed_cache`` set) writes the cache, its content hash, its calendar bound and
+    the validators as one. A read that reused the cache (``feed_cache`` None: a 304, or the body
+    last parsed) writes none of them over what is stored: an overlapping build may have stored a
+    newer parse meanwhile, and this read's validators and hash would label it as the old one. It
+    fills in only a hash still missing (a cache stored before hashes were kept)."""
     fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until", "content_hash")
     _record_reads(
         conn,
@@ -85,12 +90,19 @@ def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]]
         last_error=None,
         last_item_count=bindparam("b_items"),
         last_rejected_count=bindparam("b_rejected"),
-        etag=bindparam("b_etag"),
-        last_modified=bindparam("b_last_modified"),
-        feed_cache=func.coalesce(bindparam("b_feed_cache"), sources.c.feed_cache),
-        cache_until=func.coalesce(bindparam("b_cache_until", type_=IsoTime()), sources.c.cache_until),
-        content_hash=bindparam("b_content_hash"),
+        etag=_if_parsed(bindparam("b_etag"), sources.c.etag),
+        last_modified=_if_parsed(bindparam("b_last_modified"), sources.c.last_modified),
+        feed_cache=_if_parsed(bindparam("b_feed_cache"), sources.c.feed_cache),
+        cache_until=_if_parsed(bindparam("b_cache_until", type_=IsoTime()), sources.c.cache_until),
+        content_hash=_if_parsed(
+            bindparam("b_content_hash"), func.coalesce(sources.c.content_hash, bindparam("b_content_hash"))
+        ),
     )
+
+
+def _if_parsed(read: Any, stored: Any) -> Any:
+    """The read's value when it parsed the feed afresh, else what is stored."""
+    return case((bindparam("b_feed_cache", type_=Text()).is_not(None), read), else_=stored)
 
 
 def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: Instant) -> None:
