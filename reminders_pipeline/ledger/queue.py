@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, func, select, update
 
-from ..schema import notification_history
+from ..schema import devices, notification_history
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import PENDING, batches, rows_json, rows_text
@@ -303,23 +303,39 @@ def end_holds(conn: Connection, device_id: str, now: Instant) -> int:
 
 
 def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: Instant) -> int:
-    """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ..."""
+    """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ...
+
+    Their devices' next build plans in full (``forget_plans``): a row voided by anything but a
+    plan may have to come back. Callers hold those devices' locks (``lock_devices``' order)."""
     n = 0
     for batch in batches(sorted(ids)):
-        n += conn.execute(
-            update(q)
-            .where(q.c.id.in_(batch), q.c.status == PENDING)
-            .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
-        ).rowcount
+        device_ids = list(
+            conn.scalars(
+                update(q)
+                .where(q.c.id.in_(batch), q.c.status == PENDING)
+                .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+                .returning(q.c.device_id)
+            )
+        )
+        n += len(device_ids)
+        forget_plans(conn, set(device_ids))
     return n
 
 
 def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: Instant) -> int:
+    """Void a device's pending rows (its token died, it was removed); its next build plans in full."""
+    forget_plans(conn, {device_id})
     return conn.execute(
         update(q)
         .where(q.c.device_id == device_id, q.c.status == PENDING)
         .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
     ).rowcount
+
+
+def forget_plans(conn: Connection, device_ids: set[str]) -> None:
+    """The next build of these devices plans in full: their rows changed outside a plan."""
+    for ids in batches(sorted(device_ids)):
+        conn.execute(update(devices).where(devices.c.id.in_(ids)).values(planned_key=None, planned_until=None))
 
 
 DUE_CHANNEL = "reminders_due"
