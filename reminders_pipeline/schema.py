@@ -136,7 +136,9 @@ sources = _table(
     Column("cache_until", IsoTime),  # an iCalendar cache covers occurrences up to here only
     Column("failing_since", IsoTime),
     Column("alerted_at", IsoTime),
-    Column("content_hash", Text),  # from 0012: sha256 of the body last parsed, so an identical 200 is a 304
+    # From 0012: the body last parsed and how (item cap, format: ``sources.content_hash``), so an
+    # identical 200 reuses the parse as a 304 does.
+    Column("content_hash", Text),
 )
 
 device_sources = _table(

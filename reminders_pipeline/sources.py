@@ -152,23 +152,17 @@ def is_calendar(url: str, content_type: str, body: bytes) -> bool:
     )
 
 
-def _as_cached(
-    source_id: int,
-    state: SourceState,
-    cached: ParsedFeed,
-    etag: str | None,
-    last_modified: str | None,
-    max_items: int | None,
-) -> SourceRead:
-    """The cached parse, for content the source says (304) or shows (the same body) is unchanged.
+def _as_cached(source_id: int, state: SourceState, cached: ParsedFeed, max_items: int | None) -> SourceRead:
+    """The cached parse, for content the source says (304) or shows (the same body) is unchanged,
+    with the validators stored beside it (``ledger.record_source_success`` keeps those as they are).
     A cache stored before content hashes were kept is identified by its own text."""
     return SourceRead(
         source_id,
         state.url,
         feed=cached,
         not_modified=True,
-        etag=etag,
-        last_modified=last_modified,
+        etag=state.etag,
+        last_modified=state.last_modified,
         cache_until=state.cache_until,
         content_hash=state.content_hash or content_hash((state.feed_cache or "").encode(), max_items),
     )
@@ -244,7 +238,7 @@ class SourceReader:
                     # Read to its end (a 304 has no body), or closing it would close the connection
                     # too, and every read of an unchanged feed would open a new one.
                     await self._body(response)
-                    return _as_cached(source_id, state, cached, state.etag, state.last_modified, self.max_items)
+                    return _as_cached(source_id, state, cached, self.max_items)
                 if response.status_code != 200:
                     return SourceRead(source_id, url, error=f"http_{response.status_code}")
                 body = await self._body(response)
@@ -255,7 +249,7 @@ class SourceReader:
             calendar = is_calendar(url, content_type, body)
             digest = content_hash(body, self.max_items, "ics" if calendar else "json")
             if cached is not None and digest == state.content_hash:  # a server without validators
-                return _as_cached(source_id, state, cached, etag, last_modified, self.max_items)
+                return _as_cached(source_id, state, cached, self.max_items)
             start, end = (w.whole_seconds for w in window or _default_window())  # the feeds' wire: Unix seconds
             if calendar:
                 until = end + ICS_CACHE_SLACK_SECONDS

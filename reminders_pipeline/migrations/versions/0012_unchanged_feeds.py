@@ -1,7 +1,8 @@
 """What a build needs to tell an unchanged tick from a changed one.
 
-* ``sources.content_hash``: sha256 of the body last parsed. A 200 with the same body is taken as
-  a 304 (its cached parse reused), for servers that send no validators.
+* ``sources.content_hash``: the body last parsed, and the item cap and format it was parsed
+  under (``sources.content_hash``). A 200 with the same body is taken as a 304 (its cached parse
+  reused), for servers that send no validators.
 * ``devices.planned_key`` and ``devices.planned_until``: what the device's last build planned
   from (its planning columns and each source's content, ``plan.plan_key``) and up to which
   ``send_after``. NULL for existing devices: their next build plans in full, as before.
