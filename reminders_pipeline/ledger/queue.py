@@ -1,5 +1,9 @@
 """Queue rows as the build writes them: upserts, re-arms with their history, voids, and the
-NOTIFY that wakes dispatchers when pending rows arrive or move."""
+NOTIFY that wakes dispatchers when pending rows arrive or move.
+
+Longer than 350 lines because the upsert, the re-arm and its history copy are three statements
+over one rows source that must agree on what "moved" means (``_MOVED``, ``REARM_BOUNDS``), and the
+voids beside them are what undo a plan; split, the agreement would cross modules."""
 
 from __future__ import annotations
 
