@@ -4,12 +4,17 @@ they should hold.
 Slow and failure-prone by nature (N devices x M source reads), so: sources are read once per run
 however many devices share them, before any write transaction; a failed read is recorded and
 leaves that source's rows exactly as they were; everything else builds normally.
+
+A build shares the database with the exact-time path, which claims and settles rows the moment
+they come due; on SQLite every write waits for the one write lock. So each device is planned
+before its transaction (planning is the build's CPU), and a transaction writes the devices of
+about ``WRITE_TRANSACTION_ROWS`` rows: a claim never waits behind a whole sweep.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +25,15 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .notification import sent_payload
-from .plan import plan_device, plan_key, rules_of, stale_pending_rows, unchanged, void_reason
+from .plan import DevicePlan, plan_device, plan_key, rules_of, stale_pending_rows, unchanged, void_reason
 from .rules import Rule, expiry_anchored
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, distinct_sources, shown_url
 from .summary import BuildResult
 from .times import Instant
 
-WRITE_BATCH_DEVICES = 500
+WRITE_BATCH_DEVICES = 500  # devices whose plan states one read fetches, and the most one transaction writes
+WRITE_TRANSACTION_ROWS = 1000  # planned rows past which a transaction takes no further device
 ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 
 
@@ -73,8 +79,11 @@ def build(
     tick = _Tick(subs, reads, now, settings, summary)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
         batch = devices[i : i + WRITE_BATCH_DEVICES]
-        with db.write() as conn:
-            _write_batch(conn, batch, tick)
+        with db.read() as conn:
+            planned = ledger.plan_states(conn, [d["id"] for d in batch])
+        for group in _transactions(_plan(d, planned[d["id"]], tick) for d in batch):
+            with db.write() as conn:
+                _write_batch(conn, group, tick)
         if progress:
             progress(i + len(batch), len(devices))
 
@@ -186,67 +195,103 @@ class _Tick:
     settings: Settings
     summary: BuildResult
 
+    @property
+    def until(self) -> Instant:
+        return self.now + self.settings.horizon_seconds
 
-def _write_batch(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
+
+PlanState = tuple[str | None, Instant | None]  # a device's planned_key and planned_until
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One device's plan, made before its write transaction from the plan state read then."""
+
+    device: dict[str, Any]
+    state: PlanState
+    key: str | None  # what this plan is made from (``plan_key``)
+    step: bool  # the last plan had these inputs: only what the horizon moved over is planned
+    plan: DevicePlan
+
+
+def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
+    subscribed = tick.subs.get(device["id"], ())
+    key = plan_key(device, subscribed, tick.reads, tick.now)
+    step = _planned_already(key, state, tick.until)
+    after = state[1] if step else None
+    plan = plan_device(device, subscribed, tick.reads, tick.now, tick.settings.horizon_seconds, after=after)
+    return _Planned(device, state, key, step, plan)
+
+
+def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
+    """Consecutive devices, as many per transaction as stay within ``WRITE_TRANSACTION_ROWS``
+    planned rows (one device at least, however many it has). Lazy: the next group is planned
+    only after the last one's transaction ends, so the write lock is free while planning."""
+    group: list[_Planned] = []
+    rows = 0
+    for p in planned:
+        if group and rows + len(p.plan.wanted) > WRITE_TRANSACTION_ROWS:
+            yield group
+            group, rows = [], 0
+        group.append(p)
+        rows += len(p.plan.wanted)
+    if group:
+        yield group
+
+
+def _write_batch(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> None:
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
-    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
-    fresh = ledger.lock_devices(conn, [d["id"] for d in batch], not_built_after=now)
+    now, summary = tick.now, tick.summary
+    fresh = ledger.lock_devices(conn, [p.device["id"] for p in batch], not_built_after=now)
     summary.devices_skipped_newer += len(batch) - len(fresh)
-    planned = ledger.plan_states(conn, sorted(fresh))
+    # An overlapping build may have planned a device since its state was read: plan it again.
+    states = ledger.plan_states(conn, sorted(fresh))
     batch = [
-        {**d, "planned_key": planned[d["id"]][0], "planned_until": planned[d["id"]][1]}
-        for d in batch
-        if d["id"] in fresh
+        p if p.state == states[p.device["id"]] else _plan(p.device, states[p.device["id"]], tick)
+        for p in batch
+        if p.device["id"] in fresh
     ]
-    until = now + settings.horizon_seconds
-    keys = {d["id"]: plan_key(d, subs.get(d["id"], ()), reads, now) for d in batch}
-    same = [d for d in batch if _planned_already(d, keys[d["id"]], until)]
-    _write_horizon_step(conn, same, tick)
-    in_flight = _write_changed(conn, [d for d in batch if d not in same], tick)
-    for device_id in in_flight:  # its claimed rows were left as they were: the next build plans in full
-        keys[device_id] = None
-    plans = {i: (k, until if k else None) for i, k in keys.items()}
+    _write_horizon_step(conn, [p for p in batch if p.step], tick)
+    in_flight = _write_changed(conn, [p for p in batch if not p.step], tick)
+    until = tick.until
+    plans = {
+        p.device["id"]: (None, None) if p.key is None or p.device["id"] in in_flight else (p.key, until) for p in batch
+    }  # a device with claimed rows left as they were plans in full next time
     ledger.stamp_built(conn, list(plans), now, plans)
     summary.devices_built += len(batch)
 
 
-def _planned_already(device: Mapping[str, Any], key: str | None, until: Instant) -> bool:
+def _planned_already(key: str | None, state: PlanState, until: Instant) -> bool:
     """The device's last plan was made from these very inputs (``plan_key``), and the horizon has
     not shrunk below it: only what the horizon has moved over since is left to plan."""
-    planned_until = device.get("planned_until")
-    return key is not None and key == device.get("planned_key") and planned_until is not None and planned_until <= until
+    planned_key, planned_until = state
+    return key is not None and key == planned_key and planned_until is not None and planned_until <= until
 
 
-def _write_horizon_step(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> None:
+def _write_horizon_step(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> None:
     """Devices whose inputs have not changed since their last plan: only rows due after it
-    (``planned_until``) are made, and no existing row is read. Those rows are new: from the same
-    content, the last plan made every row due by then and none after. The upsert's guard still
-    decides, should one exist."""
+    (``planned_until``) were planned, and no existing row is read. Those rows are new: from the
+    same content, the last plan made every row due by then and none after. The upsert's guard
+    still decides, should one exist."""
     if not batch:
         return
-    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
-    horizon = settings.horizon_seconds
-    rows = [
-        row
-        for d in batch
-        for row in plan_device(d, subs.get(d["id"], ()), reads, now, horizon, after=d["planned_until"]).wanted.values()
-    ]
-    summary.devices_unchanged += len(batch)
-    summary.rows_inserted += len(queue_rows(conn, rows, now, rearm_threshold_seconds=settings.rearm_threshold_seconds))
+    rows = [row for p in batch for row in p.plan.wanted.values()]
+    tick.summary.devices_unchanged += len(batch)
+    written = queue_rows(conn, rows, tick.now, rearm_threshold_seconds=tick.settings.rearm_threshold_seconds)
+    tick.summary.rows_inserted += len(written)
 
 
-def _write_changed(conn: Connection, batch: Sequence[dict[str, Any]], tick: _Tick) -> set[str]:
+def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> set[str]:
     """Devices planned in full: every row their feeds want, checked against every row they have.
     Returns the devices with a row claimed meanwhile, which no write touches: once back to
     pending, it may still need voiding or realigning to what this plan read."""
     if not batch:
         return set()
-    subs, reads, now, settings, summary = tick.subs, tick.reads, tick.now, tick.settings, tick.summary
-    ids = [d["id"] for d in batch]
+    now, settings, summary = tick.now, tick.settings, tick.summary
     rearm_threshold = settings.rearm_threshold_seconds
-    plans = {d["id"]: plan_device(d, subs.get(d["id"], ()), reads, now, settings.horizon_seconds) for d in batch}
-    existing = ledger.existing_rows(conn, ids)
+    plans = {p.device["id"]: p.plan for p in batch}
+    existing = ledger.existing_rows(conn, list(plans))
     existing_ids = {r["id"] for r in existing}
     by_key = {(r["device_id"], r["item_id"], r["rule"]): r for r in existing}
 

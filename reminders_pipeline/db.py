@@ -24,6 +24,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE_LOCK_POLL_SECONDS = 0.001
 LISTEN_RETRY_SECONDS = (0.5, 1, 2, 5, 10)
 
 log = logging.getLogger(__name__)
@@ -78,9 +80,35 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        if mode == "IMMEDIATE":
+            take_write_lock(conn.connection.dbapi_connection)  # type: ignore[arg-type]
+        else:
+            conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+    """``BEGIN IMMEDIATE``, trying again every ``WRITE_LOCK_POLL_SECONDS`` until ``timeout_ms``.
+
+    SQLite's own busy handler backs off to one try per 100 ms, so a waiter meets a writer that
+    commits and begins again a few milliseconds later (a build's next transaction) only by luck,
+    and can wait seconds behind transactions of tens of milliseconds. Trying every millisecond, it
+    takes the lock in the first gap: a claim waits about one transaction, however long the sweep.
+    """
+    deadline = time.monotonic() + timeout_ms / 1000
+    dbapi_connection.execute("PRAGMA busy_timeout=0")
+    try:
+        while True:
+            try:
+                dbapi_connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                    raise
+            time.sleep(WRITE_LOCK_POLL_SECONDS)
+    finally:
+        dbapi_connection.execute(f"PRAGMA busy_timeout={timeout_ms}")
 
 
 class Database:

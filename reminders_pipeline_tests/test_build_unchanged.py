@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from reminders_pipeline import build as build_mod
 from reminders_pipeline import ledger
 from reminders_pipeline import sources as sources_mod
 from reminders_pipeline.build import build
@@ -211,3 +212,48 @@ def test_a_device_that_uses_calendar_alarms_plans_in_full(db, settings, feeds):
     put_device(db, settings, DeviceSpec("dev-1", TOKEN, HOUR, (), (url,), alarms=True), now=NOW)
     build(db, settings, now=NOW)
     assert build(db, settings, now=at(900)).devices_unchanged == 0
+
+
+def test_each_write_transaction_holds_about_the_row_budget(db, settings, feeds, monkeypatch):
+    """A sweep writes in short transactions, so a claim on SQLite waits behind one of them, never
+    behind the whole sweep: here 4 rows per device and a budget of 10, so two devices at most."""
+    monkeypatch.setattr(build_mod, "WRITE_TRANSACTION_ROWS", 10)
+    locked: list[list[str]] = []
+    real = ledger.lock_devices
+
+    def recording(conn: Any, device_ids: Any, **kw: Any) -> Any:
+        locked.append(list(device_ids))
+        return real(conn, device_ids, **kw)
+
+    monkeypatch.setattr(ledger, "lock_devices", recording)
+    url = feeds.items("/a.json", [item(f"e{k}", (k + 2) * HOUR) for k in range(4)])
+    for n in range(5):
+        device(db, settings, f"dev-{n}", sources=[url])
+    summary = build(db, settings, now=NOW)
+    assert [len(ids) for ids in locked] == [2, 2, 1]
+    assert (summary.devices_built, summary.rows_inserted) == (5, 20)
+
+
+def test_a_plan_made_before_a_void_is_made_again_in_full(db, settings, feeds, monkeypatch):
+    """Each device is planned before its write transaction. A row voided in between forgets the
+    device's plan; the transaction sees that, plans the device in full, and the row comes back."""
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR), item("e2", 3 * HOUR)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    row_id = by_key(db)[("e1", "lead:3600")]["id"]
+    real = ledger.plan_states
+    reads: list[int] = []
+
+    def voiding_after_the_first_read(conn: Any, device_ids: Any) -> Any:
+        states = real(conn, device_ids)
+        if not reads:
+            with db.write() as other:
+                ledger.void_rows(other, [row_id], "by_hand", at(800))
+        reads.append(1)
+        return states
+
+    monkeypatch.setattr(ledger, "plan_states", voiding_after_the_first_read)
+    again = build(db, settings, now=at(900))
+    assert len(reads) == 2 and again.devices_unchanged == 0
+    row = by_key(db)[("e1", "lead:3600")]
+    assert (row["status"], row["outcome"]) == ("pending", None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -147,3 +150,57 @@ def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypa
     lines = [r.getMessage() for r in caplog.records if r.name == "reminders_pipeline.db"]
     assert wakes == 10
     assert len(lines) == 1 and "LISTEN reminders_due" in lines[0] and "failed" in lines[0], lines
+
+
+def _hold_write_lock(path: Path, pauses: list[float]) -> threading.Thread:
+    """Another process's writer, as a thread with its own connection: holds the write lock for
+    each pause in turn, with a 2 ms gap between (a build's next transaction)."""
+    ready = threading.Event()
+
+    def run() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        for n, pause in enumerate(pauses):
+            other.execute("BEGIN IMMEDIATE")
+            if n == 0:
+                ready.set()
+            time.sleep(pause)
+            other.execute("COMMIT")
+            time.sleep(0.002)
+        other.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+    return thread
+
+
+def test_a_sqlite_writer_takes_the_lock_in_the_first_gap_between_another_writers_transactions(tmp_path: Path):
+    """SQLite's own busy handler tries once per 100 ms after its first second, so it meets a 2 ms
+    gap between 40 ms transactions by luck alone; the write lock is taken in the first one."""
+    db = Database(f"sqlite:///{tmp_path / 'l.sqlite3'}")
+    with db.write() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    holder = _hold_write_lock(tmp_path / "l.sqlite3", [0.04] * 50)  # 2 s of back-to-back writes
+    started = time.monotonic()
+    with db.write() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    waited = time.monotonic() - started
+    holder.join(10)
+    db.dispose()
+    assert waited < 0.5, f"waited {waited:.3f}s for a gap in 40 ms transactions"
+
+
+def test_a_sqlite_writer_gives_up_after_the_busy_timeout_with_sqlites_own_error(tmp_path: Path):
+    path = tmp_path / "l.sqlite3"
+    sqlite3.connect(path).close()
+    holder = _hold_write_lock(path, [1.0])
+    mine = sqlite3.connect(path, isolation_level=None)
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        db_module.take_write_lock(mine, timeout_ms=200)
+    assert 0.2 <= time.monotonic() - started < 0.9
+    assert mine.execute("PRAGMA busy_timeout").fetchone() == (200,)  # the connection's own timeout is back
+    holder.join(5)
+    db_module.take_write_lock(mine)
+    mine.execute("ROLLBACK")
+    mine.close()
