@@ -225,8 +225,9 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
 
 def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
     """Consecutive devices, as many per transaction as stay within ``WRITE_TRANSACTION_ROWS``
-    planned rows (one device at least, however many it has). Lazy: the next group is planned
-    only after the last one's transaction ends, so the write lock is free while planning."""
+    planned rows (one device at least, however many it has). Lazy: but for its first device,
+    the next group is planned once the last one's transaction has ended, so the write lock is
+    free while planning."""
     group: list[_Planned] = []
     rows = 0
     for p in planned:
