@@ -54,7 +54,7 @@ def build(
     ``read_cache``: reads already made in this run (one Dagster run building several chunks passes
     the same dict to each call), so a source shared across chunks is still read once per run.
     ``progress``: called with (devices written, devices selected) before the reads and after each
-    write batch, for a terminal's progress display.
+    ``WRITE_BATCH_DEVICES`` devices are written, for a terminal's progress display.
     """
     started = time.perf_counter()
     now = now or Instant.now()
@@ -81,9 +81,10 @@ def build(
         batch = devices[i : i + WRITE_BATCH_DEVICES]
         with db.read() as conn:
             planned = ledger.plan_states(conn, [d["id"] for d in batch])
-        for group in _transactions(_plan(d, planned[d["id"]], tick) for d in batch):
+        # A device removed while the sources were read has no plan state, and nothing to plan.
+        for group in _transactions(_plan(d, planned[d["id"]], tick) for d in batch if d["id"] in planned):
             with db.write() as conn:
-                _write_batch(conn, group, tick)
+                _write_transaction(conn, group, tick)
         if progress:
             progress(i + len(batch), len(devices))
 
@@ -187,7 +188,7 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, setti
 
 @dataclass(frozen=True)
 class _Tick:
-    """What every write batch of one build shares."""
+    """What every write transaction of one build shares."""
 
     subs: dict[str, list[int]]
     reads: dict[int, SourceRead]
@@ -240,17 +241,17 @@ def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
         yield group
 
 
-def _write_batch(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> None:
+def _write_transaction(conn: Connection, group: Sequence[_Planned], tick: _Tick) -> None:
     # Devices first, in id order (ledger.lock_devices): racing builds queue instead of deadlocking
     # with a drain, and a build with older reads than the last one leaves those devices alone.
     now, summary = tick.now, tick.summary
-    fresh = ledger.lock_devices(conn, [p.device["id"] for p in batch], not_built_after=now)
-    summary.devices_skipped_newer += len(batch) - len(fresh)
+    fresh = ledger.lock_devices(conn, [p.device["id"] for p in group], not_built_after=now)
+    summary.devices_skipped_newer += len(group) - len(fresh)
     # An overlapping build may have planned a device since its state was read: plan it again.
     states = ledger.plan_states(conn, sorted(fresh))
     batch = [
         p if p.state == states[p.device["id"]] else _plan(p.device, states[p.device["id"]], tick)
-        for p in batch
+        for p in group
         if p.device["id"] in fresh
     ]
     _write_horizon_step(conn, [p for p in batch if p.step], tick)

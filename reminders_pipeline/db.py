@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from .quiet import QuietFailures
 from .times import Instant
@@ -88,15 +89,23 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
     return engine
 
 
-def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
-    """``BEGIN IMMEDIATE``, trying again every ``WRITE_LOCK_POLL_SECONDS`` until ``timeout_ms``.
+def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int | None = None) -> None:
+    """``BEGIN IMMEDIATE``, trying again every ``WRITE_LOCK_POLL_SECONDS`` for ``timeout_ms`` (the
+    ledger's busy timeout unless given).
 
     SQLite's own busy handler backs off to one try per 100 ms, so a waiter meets a writer that
     commits and begins again a few milliseconds later (a build's next transaction) only by luck,
     and can wait seconds behind transactions of tens of milliseconds. Trying every millisecond, it
-    takes the lock in the first gap: a claim waits about one transaction, however long the sweep.
+    takes the lock in one of the first gaps (waiters race for it; none is served in order).
+
+    Giving up raises SQLAlchemy's ``OperationalError`` around SQLite's own, as a busy statement
+    would: SQLAlchemy runs the ``begin`` event outside its error wrapping, and the callers that
+    keep settlements through an outage or answer 503 catch SQLAlchemy's type. The connection's
+    busy timeout is as it was afterwards.
     """
+    timeout_ms = SQLITE_BUSY_TIMEOUT_MS if timeout_ms is None else timeout_ms
     deadline = time.monotonic() + timeout_ms / 1000
+    (previous,) = dbapi_connection.execute("PRAGMA busy_timeout").fetchone()
     dbapi_connection.execute("PRAGMA busy_timeout=0")
     try:
         while True:
@@ -105,10 +114,10 @@ def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int = SQLI
                 return
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                    raise
+                    raise OperationalError("BEGIN IMMEDIATE", None, exc) from exc
             time.sleep(WRITE_LOCK_POLL_SECONDS)
     finally:
-        dbapi_connection.execute(f"PRAGMA busy_timeout={timeout_ms}")
+        dbapi_connection.execute(f"PRAGMA busy_timeout={int(previous)}")
 
 
 class Database:

@@ -257,3 +257,26 @@ def test_a_plan_made_before_a_void_is_made_again_in_full(db, settings, feeds, mo
     assert len(reads) == 2 and again.devices_unchanged == 0
     row = by_key(db)[("e1", "lead:3600")]
     assert (row["status"], row["outcome"]) == ("pending", None)
+
+
+def test_a_device_removed_while_the_sources_are_read_is_left_out_and_the_rest_are_built(
+    db, settings, feeds, monkeypatch
+):
+    """Devices are selected before the reads, which may take minutes; one removed meanwhile has
+    no plan state to read, and the build goes on with the others."""
+    url = feeds.items("/a.json", [item("e1", 2 * HOUR)])
+    for n in range(3):
+        device(db, settings, f"dev-{n}", sources=[url])
+    real = build_mod.record_reads
+
+    def removing_one(*args: Any, **kwargs: Any) -> Any:
+        with db.write() as conn:
+            ledger.delete_device(conn, "dev-1", NOW)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build_mod, "record_reads", removing_one)
+    summary = build(db, settings, now=NOW)
+    with db.read() as conn:
+        rows = ledger.existing_rows(conn, ["dev-0", "dev-1", "dev-2"])
+    assert sorted(r["device_id"] for r in rows) == ["dev-0", "dev-2"]
+    assert summary.devices_built == 2

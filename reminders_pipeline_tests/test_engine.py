@@ -190,16 +190,41 @@ def test_a_sqlite_writer_takes_the_lock_in_the_first_gap_between_another_writers
     assert waited < 0.5, f"waited {waited:.3f}s for a gap in 40 ms transactions"
 
 
-def test_a_sqlite_writer_gives_up_after_the_busy_timeout_with_sqlites_own_error(tmp_path: Path):
+def test_a_sqlite_writer_gives_up_after_the_busy_timeout_with_sqlalchemys_error_around_sqlites(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Through ``Database.write()``: the error callers catch to keep settlements or answer 503 is
+    SQLAlchemy's ``OperationalError``, with SQLite's "database is locked" inside; the connection's
+    own busy timeout is as it was."""
+    path = tmp_path / "l.sqlite3"
+    db = Database(f"sqlite:///{path}")
+    with db.write() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    monkeypatch.setattr(db_module, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    holder = _hold_write_lock(path, [1.0])
+    started = time.monotonic()
+    with pytest.raises(OperationalError, match="locked") as raised:
+        with db.write() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    assert isinstance(raised.value.orig, sqlite3.OperationalError)
+    assert 0.2 <= time.monotonic() - started < 0.9
+    holder.join(5)
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    with db.write() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    db.dispose()
+
+
+def test_take_write_lock_leaves_the_connections_busy_timeout_as_it_found_it(tmp_path: Path):
     path = tmp_path / "l.sqlite3"
     sqlite3.connect(path).close()
-    holder = _hold_write_lock(path, [1.0])
+    holder = _hold_write_lock(path, [0.5])
     mine = sqlite3.connect(path, isolation_level=None)
-    started = time.monotonic()
-    with pytest.raises(sqlite3.OperationalError, match="locked"):
-        db_module.take_write_lock(mine, timeout_ms=200)
-    assert 0.2 <= time.monotonic() - started < 0.9
-    assert mine.execute("PRAGMA busy_timeout").fetchone() == (200,)  # the connection's own timeout is back
+    mine.execute("PRAGMA busy_timeout=5000")
+    with pytest.raises(OperationalError):
+        db_module.take_write_lock(mine, timeout_ms=50)
+    assert mine.execute("PRAGMA busy_timeout").fetchone() == (5000,)
     holder.join(5)
     db_module.take_write_lock(mine)
     mine.execute("ROLLBACK")

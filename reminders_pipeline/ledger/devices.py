@@ -271,8 +271,9 @@ def stamp_built(
 
 
 def plan_states(conn: Connection, device_ids: Sequence[str]) -> dict[str, tuple[str | None, Instant | None]]:
-    """What each device's last plan was made from and how far it reached, read once the build holds
-    its lock: a build with an older ``now`` may have written them since the devices were selected."""
+    """What each device's last plan was made from and how far it reached: read before a device is
+    planned, and again once the build holds the write lock (an overlapping build or a void may have
+    changed them since). A device removed meanwhile is absent."""
     out: dict[str, tuple[str | None, Instant | None]] = {}
     for ids in batches(list(device_ids)):
         stmt = select(devices.c.id, devices.c.planned_key, devices.c.planned_until).where(devices.c.id.in_(ids))
