@@ -94,6 +94,8 @@ class Dispatcher:
         self._batches: dict[asyncio.Task[DrainResult], Sequence[int]] = {}
         self._in_flight: set[int] = set()
         self._held: dict[int, Instant] = {}  # row id -> not before: rows a batch could not claim or send
+        self._seen = Instant(0)  # the clock of the last read: every row due by then is in flight or done
+        self._rescan = True  # the next read is of every due row, not only those due since ``_seen``
         self._not_before = Instant(0)  # no dispatch at all before this: a halt's backoff
         self._halts = 0
         self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
@@ -128,6 +130,8 @@ class Dispatcher:
                         break
                     await self._write_kept(now)
                     await self._housekeeping(now)
+                    if heard is None or heard.is_set():
+                        self._rescan = True  # SQLite has no NOTIFY to say that a row came back or moved
                     if heard is not None:
                         heard.clear()  # before the read: a NOTIFY after it wakes the wait below
                     wake_at = await self._dispatch_due(now)
@@ -146,31 +150,45 @@ class Dispatcher:
         poll_at = now + self.settings.dispatch_poll_seconds
         if now < self._not_before:
             return min(self._not_before, poll_at)
+        held = len(self._held)
         self._held = {i: t for i, t in self._held.items() if t > now}
+        if len(self._held) < held:
+            self._rescan = True
         # A copy: batches end on the loop meanwhile. A row whose settlement is kept is not claimed
         # again by us before it is written: the late write would meet our new claim.
         busy = self._in_flight | set(self._held) | {i for s in self._kept for i in settled_ids(s)}
+        after, clock = None if self._rescan else self._seen, self.clock()
+        self._rescan = False  # set again meanwhile by a batch that ends during the read
         try:
-            ready, later = await waiting_off_the_loop(self.db, self._read_due, now, self.clock(), busy)
+            ready, later = await waiting_off_the_loop(self.db, self._read_due, now, clock, busy, after)
         except Exception as exc:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
             self._reads.failed(exc, now)
             return poll_at
         self._reads.succeeded(now)
+        self._seen = clock
         if ready:
             # A probe of APNs sends one row, not every due one.
+            self._rescan = self._rescan or (self._in_outage and len(ready) > 1)
             self._start_batch(ready[:1] if self._in_outage else ready)
             return now
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
         # the next row to come due; a batch ending or a hold expiring wakes us too.
         return min([poll_at, *self._held.values()] + ([later] if later else []))
 
-    def _read_due(self, now: Instant, clock: Instant, busy: set[int]) -> tuple[list[int], Instant | None]:
-        """The due rows not in ``busy``, or else the next ``send_after`` to wake for."""
+    def _read_due(
+        self, now: Instant, clock: Instant, busy: set[int], after: Instant | None = None
+    ) -> tuple[list[int], Instant | None]:
+        """The due rows not in ``busy``, or else the next ``send_after`` to wake for.
+
+        ``after``: read only rows that came due since then. Every row due by then was read and
+        started, and a row that comes back to pending or moves earlier is announced (NOTIFY),
+        which makes the next read a full one; so while a burst of 20,000 rows is on the wire each
+        poll is one step down an index instead of a read of every row still waiting its turn."""
         with self.db.read() as conn:
-            earliest = ledger.next_send_after(conn)
+            earliest = ledger.next_send_after(conn, after=after)
             if earliest is None or earliest > now:
                 return [], earliest
-            ready = [i for i in ledger.due_ids(conn, clock) if i not in busy]
+            ready = [i for i in ledger.due_ids(conn, clock, after=after) if i not in busy]
             return (ready, None) if ready else ([], ledger.next_send_after(conn, after=clock))
 
     def _start_batch(self, ids: list[int]) -> None:
@@ -195,6 +213,8 @@ class Dispatcher:
         ids = self._batches.pop(task)
         self._in_flight.difference_update(ids)
         now = self.timer.now()
+        if task.cancelled() or task.exception() is not None or task.result().halted:
+            self._rescan = True  # rows it did not reach are still due, and no longer in flight
         if task.cancelled():
             return
         if task.exception() is not None:
@@ -267,6 +287,7 @@ class Dispatcher:
                 return
             self._kept.remove(settlement)
             self._kept_writes.succeeded(now)
+            self._rescan = True
 
     def _drop_kept(self, settlement: Any, why: str) -> None:
         self._kept.remove(settlement)

@@ -62,14 +62,27 @@ def _due(rows: Any, now: Any) -> tuple[Any, ...]:
     )
 
 
-def due_ids(conn: Connection, now: Instant, row_id: int | None = None, limit: int | None = None) -> list[int]:
+def due_ids(
+    conn: Connection,
+    now: Instant,
+    row_id: int | None = None,
+    limit: int | None = None,
+    *,
+    after: Instant | None = None,
+) -> list[int]:
     """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text
-    comparison in SQL: ``now`` is bound as its stored text."""
+    comparison in SQL: ``now`` is bound as its stored text.
+
+    ``after``: only rows that came due after it (the later of ``send_after`` and ``not_before``),
+    so a dispatcher with a burst in flight reads what is new, not every row it is already sending.
+    """
     stmt = (
         select(q.c.id)
         .where(q.c.status == PENDING, q.c.send_after <= now, not_held(now))
         .order_by(q.c.send_after, q.c.id)
     )
+    if after is not None:
+        stmt = stmt.where(or_(q.c.send_after > after, q.c.not_before > after))
     if row_id is not None:
         stmt = stmt.where(q.c.id == row_id)
     if limit is not None:
