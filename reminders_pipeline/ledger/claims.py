@@ -63,12 +63,7 @@ def _due(rows: Any, now: Any) -> tuple[Any, ...]:
 
 
 def due_ids(
-    conn: Connection,
-    now: Instant,
-    row_id: int | None = None,
-    limit: int | None = None,
-    *,
-    after: Instant | None = None,
+    conn: Connection, now: Instant, row_id: int | None = None, limit: int | None = None, after: Instant | None = None
 ) -> list[int]:
     """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text
     comparison in SQL: ``now`` is bound as its stored text.
