@@ -14,6 +14,10 @@ It never sends early: the claim itself requires ``send_after <= now``. It takes 
 dispatchers and the cron drain may run at once, and the claim decides who sends. A claim left by a
 dispatcher that died is failed as abandoned (by the next drain or dispatcher), never resent.
 Dagster (``defs/dispatch.py``) and ``reminders dispatch`` only start and stop it.
+
+Longer than 350 lines because every way the loop recovers (a database outage, settlements kept
+through one, an APNs halt or outage, rows held back, what it has already read) is state of that
+one loop, read and written between its passes; apart, each piece would need the others' state.
 """
 
 from __future__ import annotations
