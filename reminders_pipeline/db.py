@@ -195,7 +195,11 @@ async def _listen(conninfo: str, channel: str, heard: asyncio.Event) -> None:
     lost = QuietFailures(log, f"LISTEN {channel} (polling meanwhile)")
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            # TCP keepalives: a half-open connection (a peer gone without a FIN) fails within about a
+            # minute instead of waiting for notifications forever.
+            async with await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3
+            ) as conn:
                 await conn.execute(f'LISTEN "{channel}"')
                 failures = 0
                 lost.succeeded(Instant.now())

@@ -49,6 +49,7 @@ LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lat
 HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
 OUTAGE_PROBE_SECONDS = 5.0  # while APNs is unreachable, try again this often: sent soon after it returns
 ABANDON_SWEEP_SECONDS = 60
+FULL_READ_SECONDS = 30.0  # read every due row at least this often: a LISTEN connection may die silently
 FAILED_RETRY_SECONDS = 1.0  # after a batch or a kept settlement's write failed: try again this soon, not a poll later
 
 
@@ -100,6 +101,7 @@ class Dispatcher:
         self._held: dict[int, Instant] = {}  # row id -> not before: rows a batch could not claim or send
         self._seen = Instant(0)  # the clock of the last read: every row due by then is in flight or done
         self._rescan = True  # the next read is of every due row, not only those due since ``_seen``
+        self._full_read_at = Instant(0)
         self._not_before = Instant(0)  # no dispatch at all before this: a halt's backoff
         self._halts = 0
         self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
@@ -161,15 +163,19 @@ class Dispatcher:
         # A copy: batches end on the loop meanwhile. A row whose settlement is kept is not claimed
         # again by us before it is written: the late write would meet our new claim.
         busy = self._in_flight | set(self._held) | {i for s in self._kept for i in settled_ids(s)}
-        after, clock = None if self._rescan else self._seen, self.clock()
+        full = self._rescan or now >= self._full_read_at
+        after, clock = None if full else self._seen, self.clock()
         self._rescan = False  # set again meanwhile by a batch that ends during the read
         try:
-            ready, later = await waiting_off_the_loop(self.db, self._read_due, now, clock, busy, after)
+            ready, later = await waiting_off_the_loop(self.db, self._read_due, clock, busy, after)
         except Exception as exc:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
             self._reads.failed(exc, now)
+            self._rescan = self._rescan or full
             return poll_at
         self._reads.succeeded(now)
         self._seen = clock
+        if full:
+            self._full_read_at = now + FULL_READ_SECONDS
         if ready:
             # A probe of APNs sends one row, not every due one.
             self._rescan = self._rescan or (self._in_outage and len(ready) > 1)
@@ -180,17 +186,18 @@ class Dispatcher:
         return min([poll_at, *self._held.values()] + ([later] if later else []))
 
     def _read_due(
-        self, now: Instant, clock: Instant, busy: set[int], after: Instant | None = None
+        self, clock: Instant, busy: set[int], after: Instant | None = None
     ) -> tuple[list[int], Instant | None]:
         """The due rows not in ``busy``, or else the next ``send_after`` to wake for.
 
         ``after``: read only rows that came due since then. Every row due by then was read and
         started, and a row that comes back to pending or moves earlier is announced (NOTIFY),
         which makes the next read a full one; so while a burst of 20,000 rows is on the wire each
-        poll is one step down an index instead of a read of every row still waiting its turn."""
+        poll is one step down an index instead of a read of every row still waiting its turn.
+        Both reads are bounded by ``clock``, which the caller then counts as seen."""
         with self.db.read() as conn:
             earliest = ledger.next_send_after(conn, after=after)
-            if earliest is None or earliest > now:
+            if earliest is None or earliest > clock:
                 return [], earliest
             ready = [i for i in ledger.due_ids(conn, clock, after=after) if i not in busy]
             return (ready, None) if ready else ([], ledger.next_send_after(conn, after=clock))

@@ -251,10 +251,10 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="quiet", timer=timer)
     real = dispatcher._read_due
 
-    def read_due(now, clock, busy, after=None):
-        if now.unix < start + 120:
+    def read_due(clock, busy, after=None):
+        if clock.unix < start + 120:
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
-        return real(now, clock, busy, after)
+        return real(clock, busy, after)
 
     real_beat = dispatcher._beat
 
@@ -397,6 +397,26 @@ class SlowSender(RecordingSender):
         return await super().send_many(notifications)
 
 
+def queued(name: str, due: float, start: float) -> dict:
+    """A ``lead:3600`` row of dev-1 for item ``1:<name>``, due at ``due`` (Unix seconds)."""
+    return {"device_id": "dev-1", "source_id": None, "item_id": f"1:{name}", "rule": "lead:3600", "send_after": Instant.from_unix(due),
+            "event_at": Instant.from_unix(start + 3600), "expires_at": Instant.from_unix(start + 5400), "title": name, "body": None}  # fmt: skip
+
+
+async def listening(db, seconds: float = 20) -> None:
+    """Until a dispatcher's LISTEN connection is up (PostgreSQL; at once on SQLite, which has none)."""
+    if db.dialect != "postgresql":
+        return
+    query = text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with db.read() as conn:
+            if conn.scalar(query):
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the dispatcher never listened")
+
+
 def test_rows_due_during_a_burst_go_at_their_time_and_the_burst_is_not_read_again(db, live, monkeypatch):
     """500 rows due at once stay on the wire for seconds (10 in flight, 0.2 s an answer). A row
     due 1 s into the burst, and one queued overdue 1.5 s into it (a late build), are sent at
@@ -405,14 +425,6 @@ def test_rows_due_during_a_burst_go_at_their_time_and_the_burst_is_not_read_agai
     (one read of 500 ids per poll before, about 12,000 over the burst)."""
     live = live.with_(dispatch_poll_seconds=0.1, apns_concurrency=10, claim_batch_size=10)
     device(db, live, sources=[], lead=3600)
-    start = time.time()
-
-    def row(name: str, due: float) -> dict:
-        return {"device_id": "dev-1", "source_id": None, "item_id": f"1:{name}", "rule": "lead:3600", "send_after": Instant.from_unix(due),
-                "event_at": Instant.from_unix(start + 3600), "expires_at": Instant.from_unix(start + 5400), "title": name, "body": None}  # fmt: skip
-
-    with db.write() as conn:
-        queue_rows(conn, [row(f"burst{k}", start) for k in range(500)] + [row("soon", start + 1.0)], at(0))
     read: list[int] = []
     real_due_ids = ledger.due_ids
 
@@ -423,24 +435,123 @@ def test_rows_due_during_a_burst_go_at_their_time_and_the_burst_is_not_read_agai
 
     monkeypatch.setattr(ledger, "due_ids", counting_due_ids)
 
-    async def scenario() -> DrainResult:
+    async def scenario() -> tuple[float, DrainResult]:
         stop = asyncio.Event()
         running = asyncio.ensure_future(Dispatcher(db, live, SlowSender().factory(), name="burst").run(stop=stop))
+        await listening(db)
+        await asyncio.sleep(0.3)  # its first pass is over
+        read.clear()
+        start = time.time()
+        with db.write() as conn:
+            queue_rows(conn, [queued(f"burst{k}", start, start) for k in range(500)] + [queued("soon", start + 1.0, start)], at(0))  # fmt: skip
         await asyncio.sleep(start + 1.5 - time.time())
         with db.write() as conn:
-            queue_rows(conn, [row("late", start - 10)], at(0))
+            queue_rows(conn, [queued("late", start - 10, start)], at(0))
         while not all(r["status"] == "settled" for r in rows_of(db)):
             await asyncio.sleep(0.1)
         stop.set()
-        return await asyncio.wait_for(running, 30)
+        return start, await asyncio.wait_for(running, 30)
 
-    summary = asyncio.run(scenario())
+    start, summary = asyncio.run(scenario())
     rows = {r["title"]: r for r in rows_of(db)}
     assert summary.outcomes == {"sent": 502} and {r["outcome"] for r in rows.values()} == {"sent"}
     last_of_burst = max(r["sent_at"].unix for t, r in rows.items() if t.startswith("burst"))
     assert last_of_burst > start + 4  # the burst really was on the wire throughout
-    assert rows["soon"]["sent_at"].unix - (start + 1.0) < 1.0 and rows["soon"]["sent_at"].unix < last_of_burst
-    assert rows["late"]["sent_at"].unix - (start + 1.5) < 1.0 and rows["late"]["sent_at"].unix < last_of_burst
+    assert rows["soon"]["sent_at"].unix - (start + 1.0) < 1.5 and rows["soon"]["sent_at"].unix < last_of_burst
+    assert rows["late"]["sent_at"].unix - (start + 1.5) < 1.5 and rows["late"]["sent_at"].unix < last_of_burst
     if db.dialect == "postgresql":
-        # the first read and the one after the late row's announcement; the rest, only what is new
+        # the read after the burst's announcement and the one after the late row's; the rest, only what is new
         assert sum(read) <= 1100, read
+
+
+def test_a_row_due_while_the_dispatcher_writes_its_heartbeat_is_sent(db, live):
+    """The pass wakes 10 ms before a row's time and its heartbeat write takes 20 ms: the read that
+    follows runs after the row came due, so it must send it or leave it unseen, never count it
+    seen while returning early (it stayed pending for good)."""
+    live = live.with_(dispatch_poll_seconds=2.0)
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        queue_rows(conn, [queued("r", start + 4.01, start)], at(0))
+    timer = DrivenTimer(start)
+    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="beat", timer=timer)
+    housekeeping = dispatcher._housekeeping
+
+    async def slow_housekeeping(now):
+        await housekeeping(now)
+        if abs(now.unix - (start + 4.0)) < 1e-6:
+            await listening(db)
+            timer.t += 0.02
+
+    dispatcher._housekeeping = slow_housekeeping  # type: ignore[method-assign]
+    asyncio.run(dispatcher.run(until=Instant.from_unix(start + 60)))
+    (row,) = rows_of(db)
+    assert row["outcome"] == "sent" and row["sent_at"].unix - (start + 4.01) < 1.0, row
+
+
+def test_a_failed_read_keeps_the_full_read_an_announcement_asked_for(db, live):
+    """A late build queues an overdue row (announced), and the read that follows fails: the next
+    read still reads every due row, so the overdue one goes (it waited for an unrelated full read)."""
+    from sqlalchemy.exc import OperationalError
+
+    live = live.with_(dispatch_poll_seconds=2.0)
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        queue_rows(conn, [queued("first", start + 1, start)], at(0))
+    timer = DrivenTimer(start)
+    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="blip", timer=timer)
+    housekeeping, read_due = dispatcher._housekeeping, dispatcher._read_due
+    state = {"queued_at": None, "failed": False}
+
+    async def queue_late(now):
+        await housekeeping(now)
+        if now.unix >= start + 6 and state["queued_at"] is None:
+            state["queued_at"] = now.unix
+            with db.write() as conn:
+                queue_rows(conn, [queued("late", start - 10, start)], at(0))
+            await asyncio.sleep(0.5)  # the announcement is heard before this pass reads
+
+    def failing_once(clock, busy, after=None):
+        if state["queued_at"] is not None and not state["failed"]:
+            state["failed"] = True
+            raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
+        return read_due(clock, busy, after)
+
+    dispatcher._housekeeping, dispatcher._read_due = queue_late, failing_once  # type: ignore[method-assign]
+    asyncio.run(dispatcher.run(until=Instant.from_unix(start + 25)))
+    rows = {r["title"]: r for r in rows_of(db)}
+    assert {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
+    assert rows["late"]["sent_at"].unix - state["queued_at"] < 5.0
+
+
+def test_a_row_queued_unannounced_is_found_by_the_periodic_full_read(db, live):
+    """A LISTEN connection that died silently hears nothing: an overdue row queued meanwhile
+    (written here without its announcement) is still found, by the full read every
+    ``FULL_READ_SECONDS``, while the polls in between read only what came due since."""
+    from reminders_pipeline.dispatch import FULL_READ_SECONDS
+    from reminders_pipeline.schema import notification_queue
+
+    live = live.with_(dispatch_poll_seconds=2.0)
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        queue_rows(conn, [queued("first", start + 1, start)], at(0))
+    timer = DrivenTimer(start)
+    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="deaf", timer=timer)
+    housekeeping = dispatcher._housekeeping
+    state: dict = {"queued_at": None}
+
+    async def queue_silently(now):
+        await housekeeping(now)
+        if now.unix >= start + 6 and state["queued_at"] is None:
+            state["queued_at"] = now.unix
+            late = {**queued("late", start - 10, start), "status": "pending", "created_at": now, "updated_at": now}
+            with db.write() as conn:
+                conn.execute(notification_queue.insert(), [late])
+
+    dispatcher._housekeeping = queue_silently  # type: ignore[method-assign]
+    asyncio.run(dispatcher.run(until=Instant.from_unix(start + 3 * FULL_READ_SECONDS)))
+    rows = {r["title"]: r for r in rows_of(db)}
+    assert {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
+    assert rows["late"]["sent_at"].unix - state["queued_at"] <= FULL_READ_SECONDS + live.dispatch_poll_seconds
