@@ -464,26 +464,45 @@ def test_rows_due_during_a_burst_go_at_their_time_and_the_burst_is_not_read_agai
         assert sum(read) <= 1100, read
 
 
-def test_a_row_due_while_the_dispatcher_writes_its_heartbeat_is_sent(db, live):
-    """The pass wakes 10 ms before a row's time and its heartbeat write takes 20 ms: the read that
-    follows runs after the row came due, so it must send it or leave it unseen, never count it
-    seen while returning early (it stayed pending for good)."""
+def driven_dispatcher(db, live, name: str, **due_in: float) -> tuple[float, DrivenTimer, Dispatcher]:
+    """dev-1 with one row per ``title=seconds after NOW``, and a dispatcher polling every 2 s on a
+    driven clock starting at NOW."""
     live = live.with_(dispatch_poll_seconds=2.0)
     device(db, live, sources=[], lead=3600)
     start = float(NOW_S)
     with db.write() as conn:
-        queue_rows(conn, [queued("r", start + 4.01, start)], at(0))
+        queue_rows(conn, [queued(title, start + s, start) for title, s in due_in.items()], at(0))
     timer = DrivenTimer(start)
-    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="beat", timer=timer)
+    return start, timer, Dispatcher(db, live, RecordingSender().factory(), name=name, timer=timer)
+
+
+def once_after_housekeeping(dispatcher: Dispatcher, at_unix: float, action) -> dict:
+    """Run ``await action(now)`` once, after the first housekeeping at or past ``at_unix``; returns
+    ``{"at": that pass's now}`` once it has run."""
     housekeeping = dispatcher._housekeeping
+    done: dict = {}
 
-    async def slow_housekeeping(now):
+    async def then(now):
         await housekeeping(now)
-        if abs(now.unix - (start + 4.0)) < 1e-6:
-            await listening(db)
-            timer.t += 0.02
+        if now.unix >= at_unix and not done:
+            done["at"] = now.unix
+            await action(now)
 
-    dispatcher._housekeeping = slow_housekeeping  # type: ignore[method-assign]
+    dispatcher._housekeeping = then  # type: ignore[method-assign]
+    return done
+
+
+def test_a_row_due_while_the_dispatcher_writes_its_heartbeat_is_sent(db, live):
+    """The pass wakes 10 ms before a row's time and its heartbeat write takes 20 ms: the read that
+    follows runs after the row came due, so it must send it or leave it unseen, never count it
+    seen while returning early (it stayed pending for good)."""
+    start, timer, dispatcher = driven_dispatcher(db, live, "beat", r=4.01)
+
+    async def slow_write(now):
+        await listening(db)
+        timer.t += 0.02
+
+    once_after_housekeeping(dispatcher, start + 4.0, slow_write)
     asyncio.run(dispatcher.run(until=Instant.from_unix(start + 60)))
     (row,) = rows_of(db)
     assert row["outcome"] == "sent" and row["sent_at"].unix - (start + 4.01) < 1.0, row
@@ -494,35 +513,27 @@ def test_a_failed_read_keeps_the_full_read_an_announcement_asked_for(db, live):
     read still reads every due row, so the overdue one goes (it waited for an unrelated full read)."""
     from sqlalchemy.exc import OperationalError
 
-    live = live.with_(dispatch_poll_seconds=2.0)
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        queue_rows(conn, [queued("first", start + 1, start)], at(0))
-    timer = DrivenTimer(start)
-    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="blip", timer=timer)
-    housekeeping, read_due = dispatcher._housekeeping, dispatcher._read_due
-    state = {"queued_at": None, "failed": False}
+    start, _, dispatcher = driven_dispatcher(db, live, "blip", first=1)
 
     async def queue_late(now):
-        await housekeeping(now)
-        if now.unix >= start + 6 and state["queued_at"] is None:
-            state["queued_at"] = now.unix
-            with db.write() as conn:
-                queue_rows(conn, [queued("late", start - 10, start)], at(0))
-            await asyncio.sleep(0.5)  # the announcement is heard before this pass reads
+        with db.write() as conn:
+            queue_rows(conn, [queued("late", start - 10, start)], at(0))
+        await asyncio.sleep(0.5)  # the announcement is heard before this pass reads
+
+    queued_at = once_after_housekeeping(dispatcher, start + 6, queue_late)
+    read_due, failed = dispatcher._read_due, []
 
     def failing_once(clock, busy, after=None):
-        if state["queued_at"] is not None and not state["failed"]:
-            state["failed"] = True
+        if queued_at and not failed:
+            failed.append(clock)
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
         return read_due(clock, busy, after)
 
-    dispatcher._housekeeping, dispatcher._read_due = queue_late, failing_once  # type: ignore[method-assign]
+    dispatcher._read_due = failing_once  # type: ignore[method-assign]
     asyncio.run(dispatcher.run(until=Instant.from_unix(start + 25)))
     rows = {r["title"]: r for r in rows_of(db)}
-    assert {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
-    assert rows["late"]["sent_at"].unix - state["queued_at"] < 5.0
+    assert failed and {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
+    assert rows["late"]["sent_at"].unix - queued_at["at"] < 5.0
 
 
 def test_a_row_queued_unannounced_is_found_by_the_periodic_full_read(db, live):
@@ -532,26 +543,15 @@ def test_a_row_queued_unannounced_is_found_by_the_periodic_full_read(db, live):
     from reminders_pipeline.dispatch import FULL_READ_SECONDS
     from reminders_pipeline.schema import notification_queue
 
-    live = live.with_(dispatch_poll_seconds=2.0)
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        queue_rows(conn, [queued("first", start + 1, start)], at(0))
-    timer = DrivenTimer(start)
-    dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="deaf", timer=timer)
-    housekeeping = dispatcher._housekeeping
-    state: dict = {"queued_at": None}
+    start, _, dispatcher = driven_dispatcher(db, live, "deaf", first=1)
 
     async def queue_silently(now):
-        await housekeeping(now)
-        if now.unix >= start + 6 and state["queued_at"] is None:
-            state["queued_at"] = now.unix
-            late = {**queued("late", start - 10, start), "status": "pending", "created_at": now, "updated_at": now}
-            with db.write() as conn:
-                conn.execute(notification_queue.insert(), [late])
+        late = {**queued("late", start - 10, start), "status": "pending", "created_at": now, "updated_at": now}
+        with db.write() as conn:
+            conn.execute(notification_queue.insert(), [late])
 
-    dispatcher._housekeeping = queue_silently  # type: ignore[method-assign]
+    queued_at = once_after_housekeeping(dispatcher, start + 6, queue_silently)
     asyncio.run(dispatcher.run(until=Instant.from_unix(start + 3 * FULL_READ_SECONDS)))
     rows = {r["title"]: r for r in rows_of(db)}
     assert {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
-    assert rows["late"]["sent_at"].unix - state["queued_at"] <= FULL_READ_SECONDS + live.dispatch_poll_seconds
+    assert rows["late"]["sent_at"].unix - queued_at["at"] <= FULL_READ_SECONDS + 2.0
