@@ -6,8 +6,9 @@ on for the other sources and devices, and does not void anything the failed sour
 Reads are bounded overall and per host, with connect/read timeouts, a body cap, gzip and at most 3
 redirects (httpx), never from https to http. Every connection, redirect hops included, opens
 through ``egress.GuardedTransport``, which refuses internal addresses unless the deployment allows
-their network. A failed read is a short code and nothing the source sent: ``timeout``,
-``http_404``, ``too_large``, ``address_refused``, ``not_json``, ``not_icalendar`` (see ``READ_ERRORS``).
+their network. No cookie is kept, so none goes from one subscriber's read to another's. A
+failed read is a short code and nothing the source sent: ``timeout``, ``http_404``,
+``too_large``, ``address_refused``, ``not_json``, ``not_icalendar`` (see ``READ_ERRORS``).
 A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 ``304 Not Modified`` reuses the parsed feed without parsing. A URL answering ``text/calendar``
 (or whose body starts ``BEGIN:VCALENDAR``, or a ``webcal://`` URL) is read as iCalendar.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import http.cookiejar
 import threading
 import time
 import zlib
@@ -209,7 +211,9 @@ class SourceReader:
         limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
         transport = GuardedTransport(self.allow_networks, limits)
         # trust_env=False: no proxy from the environment, whose address the guard would check instead.
-        async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
+        async with httpx.AsyncClient(
+            timeout=timeout, transport=transport, trust_env=False, cookies=_no_cookies()
+        ) as client:
 
             async def one(source_id: int, state: SourceState) -> SourceRead:
                 # Host slot first: a read waiting for its (slow) host holds none of the shared slots.
@@ -439,6 +443,14 @@ def usable(feed: ParsedFeed) -> ParsedFeed:
     if not feed.items and feed.rejected:
         raise FeedError("every_item_rejected")  # the reasons are counted in the summary's items_rejected
     return feed
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A jar that keeps nothing. One client reads every source of a build: a cookie one
+    subscriber's feed set (a session behind a tokenised URL) would otherwise go with the next
+    read of another subscriber's feed on the same host. A jar, not ``httpx.Cookies``: the client
+    copies the cookies of an ``httpx.Cookies`` into a jar of its own, without the policy."""
+    return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 def read_error_code(exc: Exception) -> str:

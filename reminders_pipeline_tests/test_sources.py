@@ -295,3 +295,21 @@ def test_a_304_leaves_its_connection_open_for_the_next_read(feeds, monkeypatch):
     again = reader.read_all(states)
     assert all(r.not_modified for r in again.values()) and sum(feeds.not_modified.values()) == 40
     assert len(connects) <= 4
+
+
+def test_a_cookie_one_source_sets_goes_with_no_other_read(feeds):
+    """One client reads every source of a build. A session cookie that one subscriber's feed set
+    (behind its tokenised URL, or on a redirect) must not go with another subscriber's read on
+    the same host, nor with the redirect's next hop."""
+    feeds.set("/alice-token.json", Route(headers={"Set-Cookie": "session=alice; Path=/"}))
+    feeds.set("/bob-token.json", Route(delay=0.2))
+    feeds.set("/login", Route(302, b"", headers={"Location": "/after-login.json", "Set-Cookie": "login=1; Path=/"}))
+    feeds.set("/after-login.json", Route(delay=0.2))
+    reader = SourceReader(timeout=5, concurrency=1, allow_networks=LOOPBACK)
+    reads = reader.read_all(
+        {1: feeds.url("/alice-token.json"), 2: feeds.url("/bob-token.json"), 3: feeds.url("/login")}
+    )
+    assert all(r.ok for r in reads.values()), reads
+    assert feeds.hits["/alice-token.json"] == feeds.hits["/bob-token.json"] == feeds.hits["/after-login.json"] == 1
+    sent = [h for path in ("/bob-token.json", "/after-login.json") for h in feeds.request_headers[path]]
+    assert sent and not any("Cookie" in h or "cookie" in h for h in sent), sent
