@@ -60,7 +60,7 @@ READ_ERRORS = {
     "unsupported_encoding": f"a Content-Encoding other than gzip or deflate, or more than {MAX_ENCODINGS} stacked",
     "address_refused": "the host resolves only to internal addresses (REMINDERS_SOURCE_ALLOW_NETWORKS)",
     "insecure_redirect": "an https source redirected to plain http",
-    "too_many_redirects": f"more than {MAX_REDIRECTS} redirects",
+    "too_many_redirects": f"more than {MAX_REDIRECTS} redirects (no cookie is kept: a server that redirects until one comes back ends here)",
     "unsupported_url": "a URL (or redirect) the reader cannot fetch",
     "connect_failed": "name resolution, TCP or TLS failed",
     "read_failed": "the connection broke or the answer was not HTTP",
