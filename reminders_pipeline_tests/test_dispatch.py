@@ -26,16 +26,24 @@ EVENT = 7200  # 10:00 UTC, two hours after NOW (08:00)
 MORNING_RULES = ("lead:0", "lead:600", "lead:900")  # plus the device's lead:300
 
 
-def one_row_due(db, live, in_seconds: int) -> float:
-    """dev-1 with one row, ``1:e``, due ``in_seconds`` after NOW; returns NOW in Unix seconds."""
+def queued(name: str, due: float, start: float) -> dict:
+    """A ``lead:3600`` row of dev-1 for item ``1:<name>``, due at ``due`` (Unix seconds)."""
+    return {"device_id": "dev-1", "source_id": None, "item_id": f"1:{name}", "rule": "lead:3600", "send_after": Instant.from_unix(due),
+            "event_at": Instant.from_unix(due + 3600), "expires_at": Instant.from_unix(start + 5400), "title": name, "body": None}  # fmt: skip
+
+
+def rows_due(db, live, **due_in: float) -> float:
+    """dev-1 with one row per ``name=seconds after NOW``; returns NOW in Unix seconds."""
     device(db, live, sources=[], lead=3600)
     start = float(NOW_S)
     with db.write() as conn:
-        queue_rows(conn, [
-            {"device_id": "dev-1", "source_id": None, "item_id": "1:e", "rule": "lead:3600", "send_after": Instant.from_unix(start + in_seconds),
-             "event_at": Instant.from_unix(start + in_seconds + 3600), "expires_at": Instant.from_unix(start + 5400), "title": "E", "body": None}
-        ], at(0))  # fmt: skip
+        queue_rows(conn, [queued(name, start + s, start) for name, s in due_in.items()], at(0))
     return start
+
+
+def one_row_due(db, live, in_seconds: int) -> float:
+    """dev-1 with one row, ``1:e``, due ``in_seconds`` after NOW; returns NOW in Unix seconds."""
+    return rows_due(db, live, e=in_seconds)
 
 
 def queue_the_morning(db, settings, feeds):
@@ -397,12 +405,6 @@ class SlowSender(RecordingSender):
         return await super().send_many(notifications)
 
 
-def queued(name: str, due: float, start: float) -> dict:
-    """A ``lead:3600`` row of dev-1 for item ``1:<name>``, due at ``due`` (Unix seconds)."""
-    return {"device_id": "dev-1", "source_id": None, "item_id": f"1:{name}", "rule": "lead:3600", "send_after": Instant.from_unix(due),
-            "event_at": Instant.from_unix(start + 3600), "expires_at": Instant.from_unix(start + 5400), "title": name, "body": None}  # fmt: skip
-
-
 async def listening(db, seconds: float = 20) -> None:
     """Until a dispatcher's LISTEN connection is up (PostgreSQL; at once on SQLite, which has none)."""
     if db.dialect != "postgresql":
@@ -465,13 +467,10 @@ def test_rows_due_during_a_burst_go_at_their_time_and_the_burst_is_not_read_agai
 
 
 def driven_dispatcher(db, live, name: str, **due_in: float) -> tuple[float, DrivenTimer, Dispatcher]:
-    """dev-1 with one row per ``title=seconds after NOW``, and a dispatcher polling every 2 s on a
-    driven clock starting at NOW."""
+    """dev-1 with one row per ``name=seconds after NOW`` (``rows_due``), and a dispatcher polling
+    every 2 s on a driven clock starting at NOW."""
     live = live.with_(dispatch_poll_seconds=2.0)
-    device(db, live, sources=[], lead=3600)
-    start = float(NOW_S)
-    with db.write() as conn:
-        queue_rows(conn, [queued(title, start + s, start) for title, s in due_in.items()], at(0))
+    start = rows_due(db, live, **due_in)
     timer = DrivenTimer(start)
     return start, timer, Dispatcher(db, live, RecordingSender().factory(), name=name, timer=timer)
 
