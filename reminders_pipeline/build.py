@@ -21,20 +21,26 @@ from typing import Any
 from sqlalchemy import Connection
 
 from . import ledger
-from .alerts import raise_alert
 from .db import Database
-from .egress import parse_networks
 from .notification import sent_payload
-from .plan import DevicePlan, plan_device, plan_key, rules_of, stale_pending_rows, unchanged, void_reason
-from .rules import Rule, expiry_anchored
+from .plan import (
+    DevicePlan,
+    namespaced,
+    plan_device,
+    plan_key,
+    stale_pending_rows,
+    unchanged,
+    void_reason,
+)
+from .rules import expiry_anchored
 from .settings import Settings
-from .sources import SourceRead, SourceReader, SourceState, Window, distinct_sources, shown_url
+from .source_reads import covers, make_reader, record_reads, source_state, source_windows, summarize_reads
+from .sources import SourceRead, SourceReader, distinct_sources, shown_url
 from .summary import BuildResult
 from .times import Instant
 
 WRITE_BATCH_DEVICES = 500  # devices whose plan states one read fetches, and the most one transaction writes
 WRITE_TRANSACTION_ROWS = 1000  # planned rows past which a transaction takes no further device
-ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 
 
 def build(
@@ -69,12 +75,12 @@ def build(
 
     windows = source_windows(devices, subs, now, settings.horizon_seconds)
     cache = read_cache if read_cache is not None else {}
-    missing = {sid: st for sid, st in states.items() if not _covers(cache.get(sid), windows[sid])}
+    missing = {sid: st for sid, st in states.items() if not covers(cache.get(sid), windows[sid])}
     fresh = reader.read_all(missing, windows)
     cache.update(fresh)
     reads = {sid: cache[sid] for sid in states}
     summary.sources_alerted = [shown_url(s["url"]) for s in record_reads(db, fresh, now, settings)]
-    _summarize_reads(reads, summary)
+    summarize_reads(reads, summary)
 
     tick = _Tick(subs, reads, now, settings, summary)
     for i in range(0, len(devices), WRITE_BATCH_DEVICES):
@@ -93,97 +99,6 @@ def build(
             summary.oldest_built_at = ledger.oldest_built(conn, sorted({d["chunk"] for d in devices}))[1]
     summary.duration_seconds = time.perf_counter() - started
     return summary
-
-
-def make_reader(settings: Settings) -> SourceReader:
-    return SourceReader(
-        settings.source_timeout_seconds,
-        settings.source_max_bytes,
-        settings.source_concurrency,
-        settings.source_per_host,
-        parse_networks(settings.source_allow_networks),
-        settings.source_max_items,
-        settings.source_parse_seconds,
-        settings.source_series_seconds,
-    )
-
-
-def source_state(row: dict[str, Any]) -> SourceState:
-    return SourceState(
-        row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"], row["content_hash"]
-    )
-
-
-def read_window(rules: Iterable[Rule], now: Instant, horizon: int) -> Window:
-    """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
-    longest = max((r.reach_seconds for r in rules), default=0)
-    return now, now + (horizon + longest)
-
-
-def source_windows(
-    devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: Instant, horizon: int
-) -> dict[int, Window]:
-    """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
-    so one device with a year-long lead makes only its own calendars expand over a year."""
-    windows: dict[int, Window] = {}
-    for device in devices:
-        start, end = read_window(rules_of(device), now, horizon)
-        window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
-        for sid in subs.get(device["id"], ()):
-            windows[sid] = max(windows.get(sid, window), window)
-    return windows
-
-
-def _covers(read: SourceRead | None, window: Window) -> bool:
-    """A read made earlier in this run serves this build too, unless its calendar expansion ends too soon."""
-    return read is not None and (read.cache_until is None or read.cache_until >= window[1])
-
-
-def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
-    """The reads that failed, as the build summary and the widget feed report them (URLs as shown)."""
-    return [{"url": shown_url(r.url), "error": r.error or ""} for r in reads.values() if not r.ok]
-
-
-def _summarize_reads(reads: dict[int, SourceRead], summary: BuildResult) -> None:
-    summary.sources_read = len(reads)
-    summary.sources_not_modified = sum(1 for r in reads.values() if r.not_modified)
-    summary.sources_failed = failed_sources(reads)
-    for r in reads.values():
-        if r.ok:
-            summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
-
-
-def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, settings: Settings) -> list[dict[str, Any]]:
-    """Store each source's outcome; returns the sources that just crossed the failure-alert limit."""
-    if not reads:
-        return []
-    ok = [r for r in reads.values() if r.ok]
-    failed = [r for r in reads.values() if not r.ok]
-    successes = [
-        {
-            "id": r.source_id,
-            "items": len(r.feed.items),  # type: ignore[union-attr]
-            "rejected": sum(r.feed.rejected.values()),  # type: ignore[union-attr]
-            "etag": r.etag,
-            "last_modified": r.last_modified,
-            "feed_cache": None if r.not_modified else r.feed.to_json(),  # type: ignore[union-attr]
-            "cache_until": r.cache_until,
-            "content_hash": r.content_hash,
-        }
-        for r in ok
-    ]
-    with db.write() as conn:
-        ledger.record_source_success(conn, successes, now)
-        ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
-        long_failing = ledger.claim_source_alerts(conn, now - settings.source_alert_after_seconds, now)
-    for src in long_failing:
-        raise_alert(
-            settings,
-            "Source failing",
-            f"{shown_url(src['url'])} has failed every read since {src['failing_since'].stored} "
-            f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
-        )
-    return long_failing
 
 
 @dataclass(frozen=True)
@@ -213,15 +128,45 @@ class _Planned:
     key: str | None  # what this plan is made from (``plan_key``)
     step: bool  # the last plan had these inputs: only what the horizon moved over is planned
     plan: DevicePlan
+    # The last plan had these inputs but for these items of a changed feed: they are planned in
+    # full, and only their rows are read; the other items as in a step.
+    replan: frozenset[str] | None = None
 
 
 def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
     subscribed = tick.subs.get(device["id"], ())
     key = plan_key(device, subscribed, tick.reads, tick.now)
     step = _planned_already(key, state, tick.until)
-    after = state[1] if step else None
-    plan = plan_device(device, subscribed, tick.reads, tick.now, tick.settings.horizon_seconds, after=after)
-    return _Planned(device, state, key, step, plan)
+    replan = None if step or key is None else _replan(device, subscribed, state, tick)
+    after = state[1] if step or replan is not None else None
+    plan = plan_device(
+        device,
+        subscribed,
+        tick.reads,
+        tick.now,
+        tick.settings.horizon_seconds,
+        after=after,
+        replan=replan or frozenset(),
+    )
+    return _Planned(device, state, key, step, plan, replan)
+
+
+def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> frozenset[str] | None:
+    """The items to plan again, when the device's last plan was made from the very parses its
+    changed feeds were compared with (``SourceRead.changes``): the rest of its rows are as that
+    plan left them. None: plan in full."""
+    changed = _changed_items(subscribed, tick.reads)
+    if changed is None:
+        return None
+    before = plan_key(device, subscribed, tick.reads, tick.now, before_changes=True)
+    return changed if _planned_already(before, state, tick.until) else None
+
+
+def _changed_items(subscribed: Iterable[int], reads: Mapping[int, SourceRead]) -> frozenset[str] | None:
+    """The items (namespaced ids) of the device's sources that changed since the parses their
+    reads replaced, or None if no read of them compared its feed with one."""
+    found = [(sid, read.changes) for sid in set(subscribed) if (read := reads.get(sid)) and read.changes]
+    return frozenset(namespaced(sid, own) for sid, c in found for own in c.item_ids) if found else None
 
 
 def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
@@ -293,7 +238,8 @@ def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> 
     now, settings, summary = tick.now, tick.settings, tick.summary
     rearm_threshold = settings.rearm_threshold_seconds
     plans = {p.device["id"]: p.plan for p in batch}
-    existing = ledger.existing_rows(conn, list(plans))
+    existing = _existing_rows(conn, batch)
+    summary.devices_items_replanned += sum(1 for p in batch if p.replan is not None)
     existing_ids = {r["id"] for r in existing}
     by_key = {(r["device_id"], r["item_id"], r["rule"]): r for r in existing}
 
@@ -325,6 +271,17 @@ def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> 
     for reason, row_ids in voids.items():
         summary.rows_voided[reason] += ledger.void_rows(conn, row_ids, reason, now)
     return {r["device_id"] for r in existing if r["status"] == "claimed"}
+
+
+def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str, Any]]:
+    """Every row of the devices planned in full; of those that replan some items, those items' rows."""
+    full = [p.device["id"] for p in batch if p.replan is None]
+    rows = ledger.existing_rows(conn, full) if full else []
+    some = {p.device["id"]: p.replan for p in batch if p.replan is not None}
+    if some:
+        items = sorted(frozenset().union(*some.values()))
+        rows += (r for r in ledger.existing_rows(conn, list(some), items) if r["item_id"] in some[r["device_id"]])
+    return rows
 
 
 def queue_rows(

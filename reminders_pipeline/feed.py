@@ -142,6 +142,22 @@ class ParsedFeed:
             self.set_aside(item if n < max_items * ASIDE_CAPS else None, item.id)
         self.cap_until = min(i.expires_at for i in future[:max_items])
 
+    @property
+    def whole(self) -> bool:
+        """Nothing left out: neither the item cap nor a dropped series, so an absent item is not in
+        the source (and the same content gives the same items, ``plan.plan_key``)."""
+        return not (self.cut_ids or self.partial_series or self.cut_from is not None)
+
+    def changed_since(self, before: ParsedFeed) -> frozenset[str] | None:
+        """The ids of the items that differ from an earlier parse of the source: added, gone, or
+        changed in any field. None when either parse left something out: an absent item may then
+        be only unseen, which the whole feed's plan decides (``plan.void_reason``)."""
+        if not (self.whole and before.whole):
+            return None
+        now = {i.id: i for i in self.items}
+        then = {i.id: i for i in before.items}
+        return frozenset(i for i in now.keys() | then.keys() if now.get(i) != then.get(i))
+
     def set_aside_item(self, item_id: str) -> Item | None:
         """An item the cap set aside, by id (the index is built once, on first use)."""
         if self._aside_index is None:

@@ -69,6 +69,7 @@ def plan_device(
     now: Instant,
     horizon: int,
     after: Instant | None = None,
+    replan: frozenset[str] = frozenset(),
 ) -> DevicePlan:
     """Resolve each item in the device's zone and apply its rules: lead rules to timed items,
     day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
@@ -76,7 +77,9 @@ def plan_device(
 
     ``after``: an earlier plan from the same inputs (``plan_key``) made every row due up to it.
     Only rows due later are made, and an item whose rows are all due by then is not resolved at
-    all; what the plan knows of the feed (``feed_items``) is then partial, so it decides no void."""
+    all; what the plan knows of the feed (``feed_items``) is then partial, so it decides no void.
+    ``replan``: items (namespaced ids) that changed since that plan, made in full despite
+    ``after``: the plan decides voids for their rows only."""
     rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
     zone = zone_of(device)
@@ -90,10 +93,11 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         for raw in feed.items:
-            if after is not None and _all_due_by(raw, after):
+            since = None if replan and namespaced(source_id, raw.id) in replan else after
+            if since is not None and _all_due_by(raw, since):
                 continue
             for row, begun in _rows_for(
-                plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon, after
+                plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon, since
             ):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
     plan.make_rows = lambda source_id, raw: _rows_for(
@@ -190,15 +194,23 @@ FULL_PLAN_SECONDS = 86400
 
 
 def plan_key(
-    device: Mapping[str, Any], subscribed: Iterable[int], reads: Mapping[int, SourceRead], now: Instant
+    device: Mapping[str, Any],
+    subscribed: Iterable[int],
+    reads: Mapping[int, SourceRead],
+    now: Instant,
+    *,
+    before_changes: bool = False,
 ) -> str | None:
     """What the device's plan is made from: its planning columns, each subscribed source's
     content, and the day (``FULL_PLAN_SECONDS``). Two builds with the same key plan the same rows,
     except those the horizon has moved over. None when a source was not read whole (failed, cut by
     the item cap, a series dropped): the build plans in full, and so does the next. None too for a
     device that uses calendar alarms: an alarm may lead by more than the calendar is expanded
-    ahead (``build.ALARM_REACH_SECONDS``), so an unchanged calendar can still bring in a row due
-    before ``planned_until``."""
+    ahead (``source_reads.ALARM_REACH_SECONDS``), so an unchanged calendar can still bring in a row due
+    before ``planned_until``.
+
+    ``before_changes``: the key of the same plan made from the parses each read replaced
+    (``SourceRead.changes``), which a device planned last from those has stored."""
     if device.get("use_alarms"):
         return None
     contents = []
@@ -206,7 +218,8 @@ def plan_key(
         read = reads.get(source_id)
         if read is None or not read.whole or read.content_hash is None:
             return None
-        contents.append(f"{source_id}={read.content_hash}")
+        changes = read.changes if before_changes else None
+        contents.append(f"{source_id}={read.content_hash if changes is None else changes.previous_hash}")
     spread = int(hashlib.sha256(str(device["id"]).encode()).hexdigest()[:8], 16) % FULL_PLAN_SECONDS
     day = (now.whole_seconds + spread) // FULL_PLAN_SECONDS
     columns = (_key_text(device.get(c)) for c in PLANNED_FROM)

@@ -89,6 +89,15 @@ class SourceState:
 
 
 @dataclass(frozen=True)
+class ItemChanges:
+    """How a feed read anew differs from the parse it replaces: a device whose last plan was made
+    from that parse (``previous_hash`` in its ``plan.plan_key``) plans only these items again."""
+
+    previous_hash: str
+    item_ids: frozenset[str]  # the source's own ids (``ParsedFeed.changed_since``)
+
+
+@dataclass(frozen=True)
 class SourceRead:
     source_id: int
     url: str
@@ -99,6 +108,7 @@ class SourceRead:
     last_modified: str | None = None
     cache_until: Instant | None = None
     content_hash: str | None = None  # what the feed was parsed from (``content_hash``): equal, the same feed
+    changes: ItemChanges | None = None  # a new body, compared with the cached parse it replaces
 
     @property
     def ok(self) -> bool:
@@ -106,10 +116,8 @@ class SourceRead:
 
     @property
     def whole(self) -> bool:
-        """Read and parsed in full: neither the item cap nor a dropped series left anything out,
-        so the same content gives the same items (``plan.plan_key``)."""
-        feed = self.feed
-        return feed is not None and not (feed.cut_ids or feed.partial_series or feed.cut_from is not None)
+        """Read and parsed in full (``ParsedFeed.whole``)."""
+        return self.feed is not None and self.feed.whole
 
 
 def content_hash(body: bytes, max_items: int | None, kind: str = "cache") -> str:
@@ -168,6 +176,13 @@ def _as_cached(source_id: int, state: SourceState, cached: ParsedFeed, max_items
         cache_until=state.cache_until,
         content_hash=state.content_hash or content_hash((state.feed_cache or "").encode(), max_items),
     )
+
+
+def _changes(feed: ParsedFeed, cached: ParsedFeed | None, cached_hash: str | None) -> ItemChanges | None:
+    if cached is None or cached_hash is None:
+        return None
+    ids = feed.changed_since(cached)
+    return None if ids is None else ItemChanges(cached_hash, ids)
 
 
 class SourceReader:
@@ -258,18 +273,20 @@ class SourceReader:
             if calendar:
                 until = end + ICS_CACHE_SLACK_SECONDS
                 feed = usable(await self._parse(parse_ics_feed, body, start, until, max_items=self.max_items))
-                covered = Instant.from_unix(until)
-                return SourceRead(
-                    source_id,
-                    url,
-                    feed=feed,
-                    etag=etag,
-                    last_modified=last_modified,
-                    cache_until=covered,
-                    content_hash=digest,
-                )
-            feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
-            return SourceRead(source_id, url, feed=feed, etag=etag, last_modified=last_modified, content_hash=digest)
+                covered: Instant | None = Instant.from_unix(until)
+            else:
+                feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
+                covered = None
+            return SourceRead(
+                source_id,
+                url,
+                feed=feed,
+                etag=etag,
+                last_modified=last_modified,
+                cache_until=covered,
+                content_hash=digest,
+                changes=_changes(feed, cached, state.content_hash),
+            )
         except (FeedError, ReadFailed) as exc:
             return SourceRead(source_id, url, error=exc.code)
         except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:  # never the exception's text

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import ledger
-from .build import failed_sources, make_reader, read_window, record_reads, source_state
 from .db import Database
 from .feed import ParsedFeed
 from .plan import namespaced
 from .rules import device_rules
 from .settings import Settings
+from .source_reads import failed_sources, make_reader, read_window, record_reads, source_state
 from .sources import SourceRead, SourceReader, Window
 from .times import Instant
 from .zones import zone_of

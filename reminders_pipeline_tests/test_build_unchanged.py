@@ -16,21 +16,22 @@ from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.plan import FULL_PLAN_SECONDS
 
+from .calendars import calendar
 from .http_sources import Route
-from .support import NOW, TOKEN, at, by_key, device, item
+from .support import NOW, TOKEN, at, by_key, device, item, rows
 
 HOUR = 3600
 
 
 @pytest.fixture
 def existing_reads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The device ids of every ``ledger.existing_rows`` call the build makes."""
+    """The device ids of every ``ledger.existing_rows`` call the build makes for every row."""
     calls: list[list[str]] = []
     real = ledger.existing_rows
 
-    def recording(conn: Any, device_ids: Any) -> Any:
-        calls.append(list(device_ids))
-        return real(conn, device_ids)
+    def recording(conn: Any, device_ids: Any, item_ids: Any = None) -> Any:
+        calls.append(list(device_ids) if item_ids is None else [*device_ids, "items:", *item_ids])
+        return real(conn, device_ids, item_ids)
 
     monkeypatch.setattr(ledger, "existing_rows", recording)
     return calls
@@ -280,3 +281,127 @@ def test_a_device_removed_while_the_sources_are_read_is_left_out_and_the_rest_ar
         rows = ledger.existing_rows(conn, ["dev-0", "dev-1", "dev-2"])
     assert sorted(r["device_id"] for r in rows) == ["dev-0", "dev-2"]
     assert summary.devices_built == 2
+
+
+# -- a feed changed in some items -------------------------------------------------------------
+
+
+def pending(db: Any, device_id: str) -> dict[tuple[str, str], tuple[Any, ...]]:
+    """A device's pending rows as a full plan would make them: what each will send, and when."""
+    return {
+        (r["item_id"], r["rule"]): (r["send_after"], r["event_at"], r["expires_at"], r["title"])
+        for r in rows(db, device_id=device_id, status="pending")
+    }
+
+
+def own_ids(read: list[str]) -> list[str]:
+    """The items an ``existing_reads`` entry read rows of, without the source namespace."""
+    return [i.split(":", 1)[1] for i in read[read.index("items:") + 1 :]]
+
+
+@pytest.mark.parametrize("etag", [None, '"v1"'])
+def test_a_feed_changed_in_some_items_plans_and_reads_only_those(db, settings, feeds, existing_reads, etag):
+    url = feeds.items("/a.json", [item("a", 2 * HOUR), item("b", 3 * HOUR), item("c", 4 * HOUR)], etag=etag)
+    device(db, settings, sources=[url], rules=("lead:0",))
+    build(db, settings, now=NOW)
+    body = [item("a", 2 * HOUR), item("b", 5 * HOUR), item("d", 6 * HOUR)]  # b moved, c gone, d new
+    feeds.items("/a.json", body, etag=etag and '"v2"')
+    changed = build(db, settings, now=at(900))
+    assert (changed.devices_items_replanned, changed.devices_unchanged) == (1, 0)
+    assert existing_reads[-1][0] == "dev-1" and own_ids(existing_reads[-1]) == ["b", "c", "d"]
+    assert changed.rows_voided == {"left_feed": 2}
+    assert (changed.rows_inserted, changed.rows_updated) == (2, 2)
+    got = by_key(db)
+    assert got[("b", "lead:3600")]["send_after"] == at(4 * HOUR)
+    assert got[("d", "lead:0")]["send_after"] == at(6 * HOUR)
+
+    device(db, settings, "dev-2", sources=[url], rules=("lead:0",))  # planned in full from the same feed
+    build(db, settings, device_ids=["dev-2"], now=at(900))
+    assert pending(db, "dev-1") == pending(db, "dev-2") and len(pending(db, "dev-1")) == 6
+
+
+def test_an_item_changed_past_the_last_plan_reach_and_an_unchanged_one_entering_it(db, settings, feeds):
+    """The changed item is planned in full, whatever the last plan reached; the unchanged one only
+    where the horizon moved, as in a tick where nothing changed."""
+    horizon = settings.horizon_seconds
+    url = feeds.items("/a.json", [item("near", 2 * HOUR), item("far", horizon + 2 * HOUR)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item("near", 2 * HOUR, title="Renamed"), item("far", horizon + 2 * HOUR)])
+    changed = build(db, settings, now=at(3 * HOUR))
+    assert changed.devices_items_replanned == 1
+    got = by_key(db)
+    assert got[("near", "lead:3600")]["title"] == "Renamed"
+    assert got[("far", "lead:3600")]["status"] == "pending"
+
+
+def test_a_calendar_override_replans_only_its_occurrence(db, settings, feeds, existing_reads):
+    longer = settings.with_(horizon_seconds=4 * 86400)
+    series = """BEGIN:VEVENT
+UID:standup@example.org
+DTSTART:20260910T120000
+DURATION:PT15M
+RRULE:FREQ=DAILY;COUNT=4
+SUMMARY:Standup
+END:VEVENT"""
+    moved = """BEGIN:VEVENT
+UID:standup@example.org
+RECURRENCE-ID:20260911T120000
+DTSTART:20260911T130000
+DURATION:PT15M
+SUMMARY:Standup (moved)
+END:VEVENT"""
+    url = feeds.calendar("/team.ics", calendar(series))
+    for name in ("berlin", "again"):
+        spec = DeviceSpec(name, TOKEN, HOUR, (), (url,), "Europe/Berlin")
+        put_device(db, longer, spec, now=NOW)
+    build(db, longer, device_ids=["berlin"], now=NOW)
+    feeds.calendar("/team.ics", calendar(series, moved))
+    changed = build(db, longer, device_ids=["berlin"], now=at(900))
+    assert changed.devices_items_replanned == 1 and len(own_ids(existing_reads[-1])) == 1
+    assert changed.rows_updated == 1 and not changed.rows_voided
+    build(db, longer, device_ids=["again"], now=at(900))
+    assert pending(db, "berlin") == pending(db, "again")
+    titles = sorted(title for _, _, _, title in pending(db, "berlin").values())
+    assert titles == ["Standup", "Standup", "Standup", "Standup (moved)"]
+
+
+def test_a_device_whose_last_plan_is_older_than_the_replaced_parse_plans_in_full(db, settings, feeds):
+    """Only a plan made from the very parse the new feed was compared with may skip the rest:
+    a device left out of the build between two changes plans in full."""
+    url = feeds.items("/a.json", [item("a", 2 * HOUR), item("b", 3 * HOUR)])
+    device(db, settings, "often", sources=[url])
+    device(db, settings, "seldom", sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item("a", 2 * HOUR), item("b", 4 * HOUR)])
+    build(db, settings, device_ids=["often"], now=at(900))
+    feeds.items("/a.json", [item("a", 5 * HOUR), item("b", 4 * HOUR)])
+    both = build(db, settings, now=at(1800))
+    assert (both.devices_built, both.devices_items_replanned) == (2, 1)
+    assert pending(db, "often") == pending(db, "seldom")
+    assert {k[0].split(":")[1]: v[0] for k, v in pending(db, "seldom").items()} == {
+        "a": at(4 * HOUR),
+        "b": at(3 * HOUR),
+    }
+
+
+def test_a_changed_feed_the_item_cap_cut_plans_in_full(db, settings, feeds):
+    capped = settings.with_(source_max_items=2)
+    url = feeds.items("/a.json", [item(f"e{k}", (k + 2) * HOUR) for k in range(3)])
+    device(db, settings, sources=[url])
+    build(db, capped, now=NOW)
+    feeds.items("/a.json", [item("e0", 2 * HOUR, title="Renamed"), *(item(f"e{k}", (k + 2) * HOUR) for k in (1, 2))])
+    changed = build(db, capped, now=at(900))
+    assert (changed.devices_items_replanned, changed.devices_unchanged) == (0, 0)
+    assert by_key(db)[("e0", "lead:3600")]["title"] == "Renamed"
+
+
+def test_only_the_changed_sources_items_are_read(db, settings, feeds, existing_reads):
+    one = feeds.items("/one.json", [item("a", 2 * HOUR)])
+    two = feeds.items("/two.json", [item("b", 3 * HOUR)])
+    device(db, settings, sources=[one, two])
+    build(db, settings, now=NOW)
+    feeds.items("/two.json", [item("b", 3 * HOUR), item("c", 4 * HOUR)])
+    changed = build(db, settings, now=at(900))
+    assert changed.devices_items_replanned == 1 and own_ids(existing_reads[-1]) == ["c"]
+    assert (changed.rows_inserted, changed.rows_updated) == (1, 0)

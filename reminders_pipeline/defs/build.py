@@ -55,6 +55,7 @@ def chunk_metadata(summary: BuildResult) -> dict[str, Any]:
     return {
         "devices_built": summary.devices_built,
         "devices_unchanged": summary.devices_unchanged,
+        "devices_items_replanned": summary.devices_items_replanned,
         "rows_inserted": summary.rows_inserted,
         "rows_updated": summary.rows_updated,
         "rows_voided": sum(summary.rows_voided.values()),

@@ -202,6 +202,11 @@ class BuildSummary(BaseModel):
         description="Of the devices built, those whose feeds and settings had not changed since their last "
         "build: only the rows the horizon moved over were planned.",
     )
+    devices_items_replanned: int = Field(
+        0,
+        description="Of the devices built, those whose feeds had changed in some items since their last build: "
+        "only those items were planned again and only their rows read; the rest as for an unchanged device.",
+    )
     rows_inserted: int
     rows_updated: int
     rows_voided: Counts

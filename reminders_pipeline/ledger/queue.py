@@ -18,8 +18,11 @@ from ..times import Instant
 from ._common import PENDING, batches, rows_json, rows_text
 
 
-def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """Every queue row of these devices (any status): the basis for insert/update counts and voiding."""
+def existing_rows(
+    conn: Connection, device_ids: Sequence[str], item_ids: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every queue row of these devices (any status), or only those of these items: the basis for
+    insert/update counts and voiding."""
     out: list[dict[str, Any]] = []
     cols = (
         q.c.id,
@@ -36,8 +39,12 @@ def existing_rows(conn: Connection, device_ids: Sequence[str]) -> list[dict[str,
         q.c.body,
         q.c.item_at,
     )
+    items = [None] if item_ids is None else list(batches(list(item_ids)))
     for ids in batches(list(device_ids)):
-        out.extend(dict(r) for r in conn.execute(select(*cols).where(q.c.device_id.in_(ids))).mappings())
+        for some in items:
+            query = select(*cols).where(q.c.device_id.in_(ids))
+            query = query if some is None else query.where(q.c.item_id.in_(some))
+            out.extend(dict(r) for r in conn.execute(query).mappings())
     return out
 
 

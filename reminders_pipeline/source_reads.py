@@ -1,0 +1,114 @@
+"""What a build reads and what it keeps of the reads: the window each source is read over (its
+own subscribers' widest), the reader made from the settings, and each read's outcome in the
+ledger, with an alert once a source has failed for too long. ``widget_feed.py`` reads one device's
+sources the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from . import ledger
+from .alerts import raise_alert
+from .db import Database
+from .egress import parse_networks
+from .plan import rules_of
+from .rules import Rule
+from .settings import Settings
+from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
+from .summary import BuildResult
+from .times import Instant
+
+ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
+
+
+def make_reader(settings: Settings) -> SourceReader:
+    return SourceReader(
+        settings.source_timeout_seconds,
+        settings.source_max_bytes,
+        settings.source_concurrency,
+        settings.source_per_host,
+        parse_networks(settings.source_allow_networks),
+        settings.source_max_items,
+        settings.source_parse_seconds,
+        settings.source_series_seconds,
+    )
+
+
+def source_state(row: dict[str, Any]) -> SourceState:
+    return SourceState(
+        row["url"], row["etag"], row["last_modified"], row["feed_cache"], row["cache_until"], row["content_hash"]
+    )
+
+
+def read_window(rules: Iterable[Rule], now: Instant, horizon: int) -> Window:
+    """The occurrences a calendar must yield: anything whose reminder could fall inside the horizon."""
+    longest = max((r.reach_seconds for r in rules), default=0)
+    return now, now + (horizon + longest)
+
+
+def source_windows(
+    devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: Instant, horizon: int
+) -> dict[int, Window]:
+    """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
+    so one device with a year-long lead makes only its own calendars expand over a year."""
+    windows: dict[int, Window] = {}
+    for device in devices:
+        start, end = read_window(rules_of(device), now, horizon)
+        window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
+        for sid in subs.get(device["id"], ()):
+            windows[sid] = max(windows.get(sid, window), window)
+    return windows
+
+
+def covers(read: SourceRead | None, window: Window) -> bool:
+    """A read made earlier in this run serves this build too, unless its calendar expansion ends too soon."""
+    return read is not None and (read.cache_until is None or read.cache_until >= window[1])
+
+
+def failed_sources(reads: dict[int, SourceRead]) -> list[dict[str, str]]:
+    """The reads that failed, as the build summary and the widget feed report them (URLs as shown)."""
+    return [{"url": shown_url(r.url), "error": r.error or ""} for r in reads.values() if not r.ok]
+
+
+def summarize_reads(reads: dict[int, SourceRead], summary: BuildResult) -> None:
+    summary.sources_read = len(reads)
+    summary.sources_not_modified = sum(1 for r in reads.values() if r.not_modified)
+    summary.sources_failed = failed_sources(reads)
+    for r in reads.values():
+        if r.ok:
+            summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
+
+
+def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, settings: Settings) -> list[dict[str, Any]]:
+    """Store each source's outcome; returns the sources that just crossed the failure-alert limit."""
+    if not reads:
+        return []
+    ok = [r for r in reads.values() if r.ok]
+    failed = [r for r in reads.values() if not r.ok]
+    successes = [
+        {
+            "id": r.source_id,
+            "items": len(r.feed.items),  # type: ignore[union-attr]
+            "rejected": sum(r.feed.rejected.values()),  # type: ignore[union-attr]
+            "etag": r.etag,
+            "last_modified": r.last_modified,
+            "feed_cache": None if r.not_modified else r.feed.to_json(),  # type: ignore[union-attr]
+            "cache_until": r.cache_until,
+            "content_hash": r.content_hash,
+        }
+        for r in ok
+    ]
+    with db.write() as conn:
+        ledger.record_source_success(conn, successes, now)
+        ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
+        long_failing = ledger.claim_source_alerts(conn, now - settings.source_alert_after_seconds, now)
+    for src in long_failing:
+        raise_alert(
+            settings,
+            "Source failing",
+            f"{shown_url(src['url'])} has failed every read since {src['failing_since'].stored} "
+            f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
+        )
+    return long_failing
