@@ -13,8 +13,10 @@ makes every answer from A take ``--slow-delay``. ``GET /_stats`` returns per hos
 wall time the last answer finished.
 
 Between ticks, ``GET /_mode?validators=0`` serves every body with no ETag (a server without
-validators: every read a 200), ``validators=1`` with one again, and ``change=F`` moves every item of
-that share of the sources (a fresh share each time) by a minute: their next read is a changed body.
+validators: every read a 200), ``validators=1`` with one again, ``change=F`` moves every item of
+that share of the sources (a fresh share each time) by a minute: their next read is a changed body,
+and ``edit=F`` retitles one event (the last title or SUMMARY) of that share, as a person editing
+one event would.
 """
 
 from __future__ import annotations
@@ -125,6 +127,15 @@ def zoned_body(n: int, t0: int) -> bytes:
     return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//bench//EN", *events, "END:VCALENDAR", ""]).encode()
 
 
+def edit_one(body: bytes) -> bytes:
+    """The body with one event retitled: its last JSON title or iCalendar SUMMARY."""
+    for marker in (b'"title": "', b"SUMMARY:"):
+        at = body.rfind(marker)
+        if at >= 0:
+            return body[: at + len(marker)] + b"Edited " + body[at + len(marker) :]
+    return body
+
+
 def share(path: str, salt: str) -> float:
     """A stable number in [0, 1) per path: the same sources are slow (or failing) on every read."""
     return (zlib.crc32(f"{salt}{path}".encode()) % 10_000) / 10_000
@@ -192,6 +203,12 @@ def main() -> None:
                 if share(path, salt) < share_changed:
                     group, n = path[1], int(path[3:].split(".")[0])
                     bodies[path] = (makers[group](n, t0 + 60 * mode["changes"]), kind)
+        if "edit" in query:
+            mode["changes"] += 1
+            salt, share_edited = f"edit{mode['changes']}", float(query["edit"][0])
+            for path, (body, kind) in list(bodies.items()):
+                if share(path, salt) < share_edited:
+                    bodies[path] = (edit_one(body), kind)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
