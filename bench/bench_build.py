@@ -309,7 +309,7 @@ def _later_ticks(db, settings: Settings, t0: int, base: str, n: int) -> dict:  #
         summary = build(db, settings, now=Instant.from_unix(t0 + offset))
         out[f"{name}_devices_per_s"] = round(n / (time.perf_counter() - t))
         out[f"{name}_devices_unchanged"] = summary.devices_unchanged
-        out[f"{name}_devices_items_replanned"] = summary.devices_items_replanned
+        out[f"{name}_devices_items_replanned"] = getattr(summary, "devices_items_replanned", None)
         out[f"{name}_rows_written"] = summary.rows_inserted + summary.rows_updated
     httpx.get(f"{base}/_mode?validators=1")
     return out

@@ -15,7 +15,7 @@ wall time the last answer finished.
 Between ticks, ``GET /_mode?validators=0`` serves every body with no ETag (a server without
 validators: every read a 200), ``validators=1`` with one again, ``change=F`` moves every item of
 that share of the sources (a fresh share each time) by a minute: their next read is a changed body,
-and ``edit=F`` retitles one event (the last title or SUMMARY) of that share, as a person editing
+and ``edit=F`` retitles one event (the second title or SUMMARY) of that share, as a person editing
 one event would.
 """
 
@@ -128,9 +128,10 @@ def zoned_body(n: int, t0: int) -> bytes:
 
 
 def edit_one(body: bytes) -> bytes:
-    """The body with one event retitled: its last JSON title or iCalendar SUMMARY."""
+    """The body with one event retitled: its second JSON title or iCalendar SUMMARY, the first
+    that a tick an hour after the first build still has ahead."""
     for marker in (b'"title": "', b"SUMMARY:"):
-        at = body.rfind(marker)
+        at = body.find(marker, body.find(marker) + 1)
         if at >= 0:
             return body[: at + len(marker)] + b"Edited " + body[at + len(marker) :]
     return body
