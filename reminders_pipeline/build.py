@@ -25,6 +25,7 @@ from .db import Database
 from .notification import sent_payload
 from .plan import (
     DevicePlan,
+    Replan,
     namespaced,
     plan_device,
     plan_key,
@@ -41,6 +42,7 @@ from .times import Instant
 
 WRITE_BATCH_DEVICES = 500  # devices whose plan states one read fetches, and the most one transaction writes
 WRITE_TRANSACTION_ROWS = 1000  # planned rows past which a transaction takes no further device
+ITEM_LOOKUP_MAX = 1000  # changed items past which a transaction reads its devices' rows whole, keeping theirs
 
 
 def build(
@@ -128,9 +130,9 @@ class _Planned:
     key: str | None  # what this plan is made from (``plan_key``)
     step: bool  # the last plan had these inputs: only what the horizon moved over is planned
     plan: DevicePlan
-    # The last plan had these inputs but for these items of a changed feed: they are planned in
-    # full, and only their rows are read; the other items as in a step.
-    replan: frozenset[str] | None = None
+    # The last plan had these inputs but for these items (own ids by source) of changed feeds:
+    # they are planned in full, and only their rows are read; the other items as in a step.
+    replan: Replan | None = None
 
 
 def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
@@ -146,27 +148,20 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
         tick.now,
         tick.settings.horizon_seconds,
         after=after,
-        replan=replan or frozenset(),
+        replan=replan or {},
     )
     return _Planned(device, state, key, step, plan, replan)
 
 
-def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> frozenset[str] | None:
+def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> Replan | None:
     """The items to plan again, when the device's last plan was made from the very parses its
     changed feeds were compared with (``SourceRead.changes``): the rest of its rows are as that
     plan left them. None: plan in full."""
-    changed = _changed_items(subscribed, tick.reads)
-    if changed is None:
+    changed = {sid: read.changes.item_ids for sid in subscribed if (read := tick.reads.get(sid)) and read.changes}
+    if not changed:
         return None
     before = plan_key(device, subscribed, tick.reads, tick.now, before_changes=True)
     return changed if _planned_already(before, state, tick.until) else None
-
-
-def _changed_items(subscribed: Iterable[int], reads: Mapping[int, SourceRead]) -> frozenset[str] | None:
-    """The items (namespaced ids) of the device's sources that changed since the parses their
-    reads replaced, or None if no read of them compared its feed with one."""
-    found = [(sid, read.changes) for sid in set(subscribed) if (read := reads.get(sid)) and read.changes]
-    return frozenset(namespaced(sid, own) for sid, c in found for own in c.item_ids) if found else None
 
 
 def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
@@ -278,9 +273,10 @@ def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str
     full = [p.device["id"] for p in batch if p.replan is None]
     rows = ledger.existing_rows(conn, full) if full else []
     some = {p.device["id"]: p.replan for p in batch if p.replan is not None}
-    if some:
-        items = sorted(frozenset().union(*some.values()))
-        rows += (r for r in ledger.existing_rows(conn, list(some), items) if r["item_id"] in some[r["device_id"]])
+    items = sorted({namespaced(sid, own) for replan in some.values() for sid, ids in replan.items() for own in ids})
+    if items:
+        found = ledger.existing_rows(conn, list(some), items if len(items) <= ITEM_LOOKUP_MAX else None)
+        rows += (r for r in found if r["item_id"].split(":", 1)[1] in some[r["device_id"]].get(r["source_id"], ()))
     return rows
 
 

@@ -57,6 +57,9 @@ class DevicePlan:
         return self.realign.get((item_id, rule))
 
 
+Replan = Mapping[int, frozenset[str]]  # items to plan in full despite an earlier plan: own ids by source
+
+
 def namespaced(source_id: int, item_id: str) -> str:
     """Item ids are namespaced by source so two sources cannot collide."""
     return f"{source_id}:{item_id}"
@@ -69,7 +72,7 @@ def plan_device(
     now: Instant,
     horizon: int,
     after: Instant | None = None,
-    replan: frozenset[str] = frozenset(),
+    replan: Replan | None = None,
 ) -> DevicePlan:
     """Resolve each item in the device's zone and apply its rules: lead rules to timed items,
     day rules to all-day items (or, for a device that uses them, the item's own calendar alarms),
@@ -78,7 +81,7 @@ def plan_device(
     ``after``: an earlier plan from the same inputs (``plan_key``) made every row due up to it.
     Only rows due later are made, and an item whose rows are all due by then is not resolved at
     all; what the plan knows of the feed (``feed_items``) is then partial, so it decides no void.
-    ``replan``: items (namespaced ids) that changed since that plan, made in full despite
+    ``replan``: items that changed since that plan (own ids by source), made in full despite
     ``after``: the plan decides voids for their rows only."""
     rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
@@ -92,8 +95,9 @@ def plan_device(
             continue
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
+        again = replan.get(source_id, frozenset()) if replan else frozenset()
         for raw in feed.items:
-            since = None if replan and namespaced(source_id, raw.id) in replan else after
+            since = None if raw.id in again else after
             if since is not None and _all_due_by(raw, since):
                 continue
             for row, begun in _rows_for(

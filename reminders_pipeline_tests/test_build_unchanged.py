@@ -405,3 +405,19 @@ def test_only_the_changed_sources_items_are_read(db, settings, feeds, existing_r
     changed = build(db, settings, now=at(900))
     assert changed.devices_items_replanned == 1 and own_ids(existing_reads[-1]) == ["c"]
     assert (changed.rows_inserted, changed.rows_updated) == (1, 0)
+
+
+def test_past_the_lookup_bound_the_rows_are_read_whole_and_only_the_changed_items_kept(
+    db, settings, feeds, existing_reads, monkeypatch
+):
+    """A feed that changes in many items is looked up by device, not by a list of thousands of ids."""
+    monkeypatch.setattr(build_mod, "ITEM_LOOKUP_MAX", 1)
+    url = feeds.items("/a.json", [item("a", 2 * HOUR), item("b", 3 * HOUR), item("c", 4 * HOUR)])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item("a", 2 * HOUR), item("b", 5 * HOUR), item("c", 6 * HOUR, title="Renamed")])
+    changed = build(db, settings, now=at(900))
+    assert changed.devices_items_replanned == 1 and existing_reads[-1] == ["dev-1"]
+    assert (changed.rows_inserted, changed.rows_updated, changed.rows_voided) == (0, 2, {})
+    got = by_key(db)
+    assert (got[("b", "lead:3600")]["send_after"], got[("c", "lead:3600")]["title"]) == (at(4 * HOUR), "Renamed")
