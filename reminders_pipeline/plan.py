@@ -79,15 +79,15 @@ def plan_device(
     then hold for quiet hours (``policy.held_send_after``).
 
     ``after``: an earlier plan from the same inputs (``plan_key``) made every row due up to it.
-    Only rows due later are made, and an item whose rows are all due by then is not resolved at
-    all; what the plan knows of the feed (``feed_items``) is then partial, so it decides no void.
-    ``replan``: items that changed since that plan (own ids by source), made in full despite
-    ``after``: the plan decides voids for their rows only."""
+    Only rows due later are made, and an item with none due between then and the horizon is not
+    resolved; what the plan knows of the feed (``feed_items``) is then partial, so it decides no
+    void but for ``replan``: items that changed since that plan (own ids by source), made in full."""
     rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
     zone = zone_of(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
+    beyond = (now + horizon).whole_seconds + max((r.reach_seconds for r in rules.values()), default=0) + 1
     for source_id in plan.subscribed:
         read = reads.get(source_id)
         feed = read.feed if read is not None else None
@@ -98,7 +98,7 @@ def plan_device(
         again = replan.get(source_id, frozenset()) if replan else frozenset()
         for raw in feed.items:
             since = None if raw.id in again else after
-            if since is not None and _all_due_by(raw, since):
+            if since is not None and _left_to_other_steps(raw, since, beyond):
                 continue
             for row, begun in _rows_for(
                 plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon, since
@@ -110,14 +110,15 @@ def plan_device(
     return plan
 
 
-# The latest a rule can put a reminder after the item's own start or end: a day rule's time on
-# the item's day (up to a day after its start), in any zone (a floating time moves by the offset).
-_LATEST_AFTER_ITEM_SECONDS = 86400 + MAX_TZ_OFFSET_SECONDS
-
-
-def _all_due_by(raw: Item, after: Instant) -> bool:
-    """Every row this item can make is due by ``after``, before resolving it in any zone."""
-    return max(raw.starts_at, raw.expires_at) + _LATEST_AFTER_ITEM_SECONDS <= after.unix
+def _left_to_other_steps(raw: Item, after: Instant, beyond: int) -> bool:
+    """Not resolved by a step, which makes only rows due after ``after`` and by the horizon: an
+    item whose every row is due by ``after`` (a timed item's by its start or end, lead rules and a
+    hold ending before the anchor; an all-day item's by a day rule's time, up to a day after its
+    start), or whose every row is due past the horizon (it starts at or past ``beyond``; a hold
+    only moves a row later). A floating time moves by the zone's offset."""
+    shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
+    latest = max(raw.starts_at, raw.expires_at) + (86400 if raw.all_day else 0) + shift
+    return latest <= after.unix or raw.starts_at - shift >= beyond
 
 
 def _rows_for(
@@ -213,8 +214,7 @@ def plan_key(
     ahead (``source_reads.ALARM_REACH_SECONDS``), so an unchanged calendar can still bring in a row due
     before ``planned_until``.
 
-    ``before_changes``: the key of the same plan made from the parses each read replaced
-    (``SourceRead.changes``), which a device planned last from those has stored."""
+    ``before_changes``: the key from the parses the reads replaced (``SourceRead.changes``)."""
     if device.get("use_alarms"):
         return None
     contents = []
