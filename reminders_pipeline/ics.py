@@ -217,10 +217,15 @@ def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[s
     }
 
 
+MAX_ALARM_REPEATS = 12  # repetitions of one alarm queued at most, past its first trigger: each is a row
+
+
 def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
     """The event's DISPLAY and AUDIO alarms as rules: a TRIGGER before the start is ``lead:N``,
     before the end (``RELATED=END``) ``lead:N@expiry``, an absolute one ``lead:N`` from the start.
-    A trigger after its anchor cannot be a lead and is left out; the phone shows what remains."""
+    ``REPEAT`` with ``DURATION`` adds a rule per repetition (RFC 5545 3.8.6.2), each its own row,
+    up to ``MAX_ALARM_REPEATS`` and until the anchor. A trigger after its anchor cannot be a lead
+    and is left out; the phone shows what remains."""
     rules = []
     for alarm in event.walk("VALARM"):
         trigger = alarm.get("TRIGGER")
@@ -236,9 +241,22 @@ def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
             lead, anchor = int(_unix(start)[0] - _unix(value)[0]), ""
         else:
             continue
-        if 0 <= lead <= MAX_LEAD_SECONDS:
-            rules.append(f"lead:{lead}{anchor}")
+        count, every = _repeats(alarm)
+        for k in range(count + 1):
+            if 0 <= lead - k * every <= MAX_LEAD_SECONDS:
+                rules.append(f"lead:{lead - k * every}{anchor}")
     return tuple(dict.fromkeys(rules))
+
+
+def _repeats(alarm: Any) -> tuple[int, int]:
+    """An alarm's repetitions after its first trigger and the seconds between them, or (0, 0)
+    where ``REPEAT`` and a positive ``DURATION`` do not both hold: the first trigger still counts."""
+    try:
+        count, duration = int(alarm.get("REPEAT", 0)), alarm.get("DURATION")
+        every = int(duration.dt.total_seconds()) if duration is not None else 0
+    except (TypeError, ValueError, AttributeError):
+        return 0, 0
+    return (min(count, MAX_ALARM_REPEATS), every) if count > 0 and every > 0 else (0, 0)
 
 
 class SeriesRunaway(Exception):

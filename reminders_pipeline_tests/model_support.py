@@ -21,7 +21,7 @@ import httpx
 from aioapns.common import NotificationResult
 
 from reminders_pipeline.apns import result_from_apns, result_from_error
-from reminders_pipeline.ics import _occurrence_id
+from reminders_pipeline.ics import MAX_ALARM_REPEATS, _occurrence_id
 from reminders_pipeline.sender import Notification, SenderFactory, SendResult, fence_expired
 
 JSON_URL = "http://feeds.model.test/items.json"
@@ -64,6 +64,17 @@ class Event:
     kind: str = "utc"
     cancelled: bool = False
     alarm_lead: int | None = None  # a VALARM this many seconds before the start
+    alarm_repeat: tuple[int, int] = (0, 0)  # its REPEAT and DURATION (seconds), when it repeats
+
+
+def alarm_leads(e: Event) -> tuple[str, ...]:
+    """The rules an event's alarm asks for (RFC 5545): its trigger, then each repetition
+    ``DURATION`` later, at most ``MAX_ALARM_REPEATS`` of them and none after the start."""
+    if e.alarm_lead is None:
+        return ()
+    count, every = e.alarm_repeat
+    leads = (e.alarm_lead - k * every for k in range(min(count, MAX_ALARM_REPEATS) + 1))
+    return tuple(f"lead:{lead}" for lead in leads if lead >= 0)
 
 
 @dataclass(frozen=True)
@@ -127,10 +138,9 @@ class Feed:
     def occurrences(self) -> dict[str, Occurrence]:
         """Every item a complete read yields, by item id (cancelled ones marked, not dropped)."""
         out: dict[str, Occurrence] = {}
-        alarm = lambda e: (f"lead:{e.alarm_lead}",) if e.alarm_lead is not None else ()  # noqa: E731
         for e in self.events.values():
             item_id = e.uid if self.url == JSON_URL else _occurrence_id(e.uid, _ics_value(e.start, e.kind))
-            out[item_id] = Occurrence(item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm(e))
+            out[item_id] = Occurrence(item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm_leads(e))
         if self.series is not None and not self.series.runaway:  # a flood is dropped alone: its read is partial
             s = self.series
             moved = {o[0]: o for o in s.overrides}
@@ -180,6 +190,7 @@ def ics_body(feed: Feed) -> str:
                 "ACTION:DISPLAY",
                 "DESCRIPTION:alarm",
                 f"TRIGGER:-PT{e.alarm_lead}S",
+                *([f"REPEAT:{e.alarm_repeat[0]}", f"DURATION:PT{e.alarm_repeat[1]}S"] if e.alarm_repeat[0] else []),
                 "END:VALARM",
             ]
         lines.append("END:VEVENT")

@@ -110,7 +110,9 @@ EVENT_CHOICES = {
     "wall": st.sampled_from(WALL_TIMES),
     "day": st.integers(0, 2),
     "duration": st.sampled_from((1, 1800, 3600)),
-    "alarm": st.sampled_from((None, None, 0, 1500)),
+    # A VALARM's trigger (seconds before the start), and (trigger, REPEAT, DURATION) for one that
+    # repeats: until the start, and past MAX_ALARM_REPEATS with its last repetitions dropped.
+    "alarm": st.sampled_from((None, None, 0, 1500, (1500, 2, 600), (0, 3, 300), (900, 20, 60))),
 }
 DEVICE_CHOICES = {
     "lead": st.sampled_from(LEADS),
@@ -290,21 +292,36 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @rule(**EVENT_CHOICES)
     def add_event(
-        self, ics: bool, kind: str, offset: int, wall: int, day: int, duration: int, alarm: int | None
+        self,
+        ics: bool,
+        kind: str,
+        offset: int,
+        wall: int,
+        day: int,
+        duration: int,
+        alarm: int | tuple[int, int, int] | None,
     ) -> None:
         feed = self.feeds[ICS_URL if ics else JSON_URL]
         if len(feed.events) >= MAX_EVENTS:
             return
+        lead, repeat = (alarm[0], alarm[1:]) if isinstance(alarm, tuple) else (alarm, (0, 0))
         if not ics or kind == "utc":
             start, kind = int(self.now) + offset, "utc"
             event = Event(
-                self._uid("e"), f"Meeting {self.next_uid}", start, start + duration, alarm_lead=alarm if ics else None
+                self._uid("e"),
+                f"Meeting {self.next_uid}",
+                start,
+                start + duration,
+                alarm_lead=lead if ics else None,
+                alarm_repeat=repeat,
             )
         else:
             midnight = (int(self.now) // 86400 + day) * 86400
             start = midnight if kind == "all_day" else midnight + wall * 60
             end = start + 86400 if kind == "all_day" else start + duration
-            event = Event(self._uid("e"), f"Plan {self.next_uid}", start, end, kind, alarm_lead=alarm)
+            event = Event(
+                self._uid("e"), f"Plan {self.next_uid}", start, end, kind, alarm_lead=lead, alarm_repeat=repeat
+            )
         feed.events[event.uid] = event
 
     @rule(

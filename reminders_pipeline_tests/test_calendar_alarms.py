@@ -1,0 +1,143 @@
+"""Calendar alarms from real calendars, queued at the instants RFC 5545 gives: relative to the
+start or the end (``RELATED=END``), absolute, and repeated (``REPEAT``/``DURATION``), each
+repetition its own row. The oracle is icalendar's own alarm computation (``icalendar.alarms``)
+over recurring-ical-events' occurrences; the files are those two libraries' test data. On SQLite
+and PostgreSQL, with the calendars served over real HTTP."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+
+import icalendar
+import pytest
+import recurring_ical_events
+from icalendar.alarms import Alarms
+
+from reminders_pipeline.build import build
+from reminders_pipeline.devices import DeviceSpec, put_device
+from reminders_pipeline.ics import MAX_ALARM_REPEATS, alarm_rules
+from reminders_pipeline.times import Instant
+
+from .support import TOKEN, rows
+
+RIE = Path(recurring_ical_events.__file__).parent / "test" / "calendars"
+ICALENDAR = Path(icalendar.__file__).parent / "tests" / "calendars"
+# Thunderbird's snoozed and postponed alarms are left out: X-MOZ-SNOOZE-TIME is one client's
+# state, which the oracle applies and the author's alarms do not say.
+CALENDARS = [
+    RIE / "alarm_1_week_before_event.ics",
+    RIE / "alarm_absolute.ics",
+    RIE / "alarm_absolute_repeat.ics",
+    RIE / "alarm_around_event_boundaries.ics",
+    RIE / "alarm_at_start_of_event.ics",
+    RIE / "alarm_of_repeated_event.ics",
+    RIE / "alarm_several_in_one.ics",
+    RIE / "alarms_at_the_same_time.ics",
+    RIE / "alarms_different_in_same_event.ics",
+    ICALENDAR / "alarm_etar_future.ics",
+    ICALENDAR / "alarm_google_future.ics",
+    ICALENDAR / "alarm_thunderbird_2_future.ics",
+    ICALENDAR / "alarm_thunderbird_future.ics",
+]
+
+
+def _unix(value: date | datetime) -> int:
+    """Seconds of a time the oracle gives; a floating one read in UTC, the device's zone here."""
+    if not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp())
+
+
+def rfc_instants(body: bytes) -> set[int]:
+    """Every DISPLAY or AUDIO alarm instant of every occurrence, up to its anchor (the start, or
+    the end for ``RELATED=END``): what a phone would show."""
+    calendar = icalendar.Calendar.from_ical(body)
+    out = set()
+    for occurrence in recurring_ical_events.of(calendar).between(datetime(2000, 1, 1), datetime(2030, 1, 1)):
+        for at in Alarms(occurrence).times:
+            alarm = at.alarm
+            if str(alarm.get("ACTION", "")).upper() not in ("DISPLAY", "AUDIO"):
+                continue
+            relative = isinstance(alarm.get("TRIGGER").dt, timedelta)
+            anchor = occurrence.end if relative and alarm.TRIGGER_RELATED == "END" else occurrence.start
+            if _unix(at.trigger) <= _unix(anchor):
+                out.add(_unix(at.trigger))
+    return out
+
+
+@pytest.mark.parametrize("path", CALENDARS, ids=lambda p: p.name)
+def test_real_calendar_alarms_are_queued_at_the_rfc_5545_instants(db, settings, feeds, path):
+    body = path.read_bytes()
+    expected = rfc_instants(body)
+    assert expected
+    now = Instant.from_unix(min(expected) - 3600)
+    wide = settings.with_(horizon_seconds=max(expected) - now.whole_seconds + 3600)
+    url = feeds.calendar(f"/{path.name}", body)
+    # A lead no calendar here uses: its rows are the events without alarms, the rest the alarms'.
+    put_device(db, wide, DeviceSpec("uses", TOKEN, 7, (), (url,), "UTC", alarms=True), now=now)
+    build(db, wide, now=now)
+    queued = {r["send_after"].whole_seconds for r in rows(db, device_id="uses") if r["rule"] != "lead:7"}
+    assert queued == expected
+
+
+def test_a_repeating_alarm_is_a_row_per_repetition_until_the_start_and_each_is_sent_once(db, settings, feeds):
+    """REPEAT:3 every 10 minutes from 25 minutes before: 25, 15 and 5 minutes before the start;
+    the fourth repetition would fall after it and is not queued."""
+    ics = REPEATING.replace("{repeat}", "3")
+    url = feeds.calendar("/repeat.ics", ics)
+    now = Instant.from_stored("2026-10-27T08:00:00.000Z")
+    put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now=now)
+    build(db, settings, now=now)
+    got = {r["rule"]: r["send_after"].stored for r in rows(db, device_id="uses")}
+    assert got == {
+        "lead:1500": "2026-10-27T12:35:00.000Z",
+        "lead:900": "2026-10-27T12:45:00.000Z",
+        "lead:300": "2026-10-27T12:55:00.000Z",
+    }
+    again = build(db, settings, now=Instant.from_stored("2026-10-27T08:15:00.000Z"))
+    assert (again.rows_inserted, again.rows_updated) == (0, 0)
+
+
+def test_repetitions_past_the_bound_are_not_queued():
+    """A calendar asking for a million repetitions a second apart gets MAX_ALARM_REPEATS of them."""
+    event = icalendar.Calendar.from_ical(REPEATING.replace("{repeat}", "1000000").replace("PT10M", "PT1S"))
+    (vevent,) = event.walk("VEVENT")
+    rules = alarm_rules(vevent, vevent["DTSTART"].dt)
+    assert rules == tuple(f"lead:{1500 - k}" for k in range(MAX_ALARM_REPEATS + 1))
+
+
+@pytest.mark.parametrize(
+    ("repeat", "duration"), [("2", ""), ("", "PT10M"), ("-1", "PT10M"), ("2", "-PT10M"), ("0", "PT10M")]
+)
+def test_a_malformed_repeat_keeps_the_first_trigger(repeat, duration):
+    lines = [line for line in REPEATING.splitlines() if not line.startswith(("REPEAT", "DURATION:PT10M"))]
+    extra = [*([f"REPEAT:{repeat}"] if repeat else []), *([f"DURATION:{duration}"] if duration else [])]
+    at = lines.index("END:VALARM")
+    event = icalendar.Calendar.from_ical("\r\n".join([*lines[:at], *extra, *lines[at:]]) + "\r\n")
+    (vevent,) = event.walk("VEVENT")
+    assert alarm_rules(vevent, vevent["DTSTART"].dt) == ("lead:1500",)
+
+
+REPEATING = "\r\n".join(
+    [
+        "BEGIN:VCALENDAR",
+        "VERSION:2.0",
+        "PRODID:-//repeat//EN",
+        "BEGIN:VEVENT",
+        "UID:review@repeat",
+        "DTSTART:20261027T130000Z",
+        "DURATION:PT1H",
+        "SUMMARY:Review",
+        "BEGIN:VALARM",
+        "ACTION:DISPLAY",
+        "DESCRIPTION:Review",
+        "TRIGGER:-PT25M",
+        "REPEAT:{repeat}",
+        "DURATION:PT10M",
+        "END:VALARM",
+        "END:VEVENT",
+        "END:VCALENDAR",
+        "",
+    ]
+)
