@@ -140,6 +140,8 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
     key = plan_key(device, subscribed, tick.reads, tick.now)
     step = _planned_already(key, state, tick.until)
     replan = None if step or key is None else _replan(device, subscribed, state, tick)
+    if replan is not None and not replan:  # the bodies changed, none of their items did
+        step, replan = True, None
     after = state[1] if step or replan is not None else None
     plan = plan_device(
         device,
@@ -156,12 +158,13 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
 def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> Replan | None:
     """The items to plan again, when the device's last plan was made from the very parses its
     changed feeds were compared with (``SourceRead.changes``): the rest of its rows are as that
-    plan left them. None: plan in full."""
+    plan left them. Empty: no item changed, a step. None: plan in full."""
     changed = {sid: read.changes.item_ids for sid in subscribed if (read := tick.reads.get(sid)) and read.changes}
-    if not changed:
+    if not changed or not _planned_already(
+        plan_key(device, subscribed, tick.reads, tick.now, before_changes=True), state, tick.until
+    ):
         return None
-    before = plan_key(device, subscribed, tick.reads, tick.now, before_changes=True)
-    return changed if _planned_already(before, state, tick.until) else None
+    return {sid: ids for sid, ids in changed.items() if ids}
 
 
 def _transactions(planned: Iterable[_Planned]) -> Iterator[list[_Planned]]:
@@ -225,8 +228,8 @@ def _write_horizon_step(conn: Connection, batch: Sequence[_Planned], tick: _Tick
 
 
 def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> set[str]:
-    """Devices planned in full: every row their feeds want, checked against every row they have.
-    Returns the devices with a row claimed meanwhile, which no write touches: once back to
+    """Devices planned in full, or in their changed items: every row those want, checked against
+    every row of the device, or of those items. Returns the devices with a row claimed meanwhile, which no write touches: once back to
     pending, it may still need voiding or realigning to what this plan read."""
     if not batch:
         return set()
@@ -273,9 +276,13 @@ def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str
     full = [p.device["id"] for p in batch if p.replan is None]
     rows = ledger.existing_rows(conn, full) if full else []
     some = {p.device["id"]: p.replan for p in batch if p.replan is not None}
-    items = sorted({namespaced(sid, own) for replan in some.values() for sid, ids in replan.items() for own in ids})
-    if items:
-        found = ledger.existing_rows(conn, list(some), items if len(items) <= ITEM_LOOKUP_MAX else None)
+    changed = {sid: ids for replan in some.values() for sid, ids in replan.items()}  # one set per source
+    if some:
+        count = sum(map(len, changed.values()))
+        items = (
+            [namespaced(sid, own) for sid, ids in changed.items() for own in ids] if count <= ITEM_LOOKUP_MAX else None
+        )
+        found = ledger.existing_rows(conn, list(some), items)
         rows += (r for r in found if r["item_id"].split(":", 1)[1] in some[r["device_id"]].get(r["source_id"], ()))
     return rows
 

@@ -145,7 +145,8 @@ class ParsedFeed:
     @property
     def whole(self) -> bool:
         """Nothing left out: neither the item cap nor a dropped series, so an absent item is not in
-        the source (and the same content gives the same items, ``plan.plan_key``)."""
+        the source, or for a calendar not within the window expanded (and the same content gives
+        the same items, ``plan.plan_key``)."""
         return not (self.cut_ids or self.partial_series or self.cut_from is not None)
 
     def changed_since(self, before: ParsedFeed) -> frozenset[str] | None:

@@ -111,11 +111,11 @@ def plan_device(
 
 
 def _left_to_other_steps(raw: Item, after: Instant, beyond: int) -> bool:
-    """Not resolved by a step, which makes only rows due after ``after`` and by the horizon: an
-    item whose every row is due by ``after`` (a timed item's by its start or end, lead rules and a
-    hold ending before the anchor; an all-day item's by a day rule's time, up to a day after its
-    start), or whose every row is due past the horizon (it starts at or past ``beyond``; a hold
-    only moves a row later). A floating time moves by the zone's offset."""
+    """Not resolved by a step, which makes only rows whose time before any hold is after
+    ``after`` and within the horizon: an item with every such time by ``after`` (a timed item's
+    lead rules fall by its start or end; an all-day item's day rules by a day after its start), or
+    past the horizon (it starts at or past ``beyond``, its rules' reach included). A floating time
+    moves by the zone's offset."""
     shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
     latest = max(raw.starts_at, raw.expires_at) + (86400 if raw.all_day else 0) + shift
     return latest <= after.unix or raw.starts_at - shift >= beyond

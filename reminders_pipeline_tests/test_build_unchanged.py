@@ -296,7 +296,7 @@ def pending(db: Any, device_id: str) -> dict[tuple[str, str], tuple[Any, ...]]:
 
 def own_ids(read: list[str]) -> list[str]:
     """The items an ``existing_reads`` entry read rows of, without the source namespace."""
-    return [i.split(":", 1)[1] for i in read[read.index("items:") + 1 :]]
+    return sorted(i.split(":", 1)[1] for i in read[read.index("items:") + 1 :])
 
 
 @pytest.mark.parametrize("etag", [None, '"v1"'])
@@ -421,3 +421,33 @@ def test_past_the_lookup_bound_the_rows_are_read_whole_and_only_the_changed_item
     assert (changed.rows_inserted, changed.rows_updated, changed.rows_voided) == (0, 2, {})
     got = by_key(db)
     assert (got[("b", "lead:3600")]["send_after"], got[("c", "lead:3600")]["title"]) == (at(4 * HOUR), "Renamed")
+
+
+def test_a_body_changed_in_no_item_is_a_step(db, settings, feeds, existing_reads):
+    """A body whose bytes change but whose items do not (a regenerated DTSTAMP, a field the
+    parser ignores) is planned like an unchanged feed, and counted as one."""
+    url = feeds.items("/a.json", [item("a", 2 * HOUR, note="v1")])
+    device(db, settings, sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item("a", 2 * HOUR, note="v2")])
+    again = build(db, settings, now=at(900))
+    assert (again.devices_items_replanned, again.devices_unchanged, again.sources_not_modified) == (0, 1, 0)
+    assert existing_reads == [["dev-1"]]
+
+
+def test_the_changed_items_are_named_once_per_source_not_per_subscriber(
+    db, settings, feeds, existing_reads, monkeypatch
+):
+    """The lookup of a shared feed's changed items costs its items, not items x subscribers: it
+    is built inside the write transaction."""
+    url = feeds.items("/a.json", [item(f"e{k}", (k + 2) * HOUR) for k in range(20)])
+    for n in range(5):
+        device(db, settings, f"dev-{n}", sources=[url])
+    build(db, settings, now=NOW)
+    feeds.items("/a.json", [item(f"e{k}", (k + 2) * HOUR, title=f"New {k}") for k in range(20)])
+    named: list[str] = []
+    real = build_mod.namespaced
+    monkeypatch.setattr(build_mod, "namespaced", lambda *args: named.append(real(*args)) or named[-1])
+    changed = build(db, settings, now=at(900))
+    assert (changed.devices_items_replanned, changed.rows_updated) == (5, 100)
+    assert len(named) == 20 and len(own_ids(existing_reads[-1])) == 20
