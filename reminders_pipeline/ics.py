@@ -218,14 +218,16 @@ def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[s
 
 
 MAX_ALARM_REPEATS = 12  # repetitions of one alarm queued at most, past its first trigger: each is a row
+MAX_ALARM_RULES = 32  # rules one event's alarms give at most (each a row per occurrence), in the calendar's order
 
 
 def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
     """The event's DISPLAY and AUDIO alarms as rules: a TRIGGER before the start is ``lead:N``,
     before the end (``RELATED=END``) ``lead:N@expiry``, an absolute one ``lead:N`` from the start.
     ``REPEAT`` with ``DURATION`` adds a rule per repetition (RFC 5545 3.8.6.2), each its own row,
-    up to ``MAX_ALARM_REPEATS`` and until the anchor. A trigger after its anchor cannot be a lead
-    and is left out; the phone shows what remains."""
+    up to ``MAX_ALARM_REPEATS`` and until the anchor; each repetition counts on its own, so one
+    within ``MAX_LEAD_SECONDS`` is kept though its first trigger is not. A trigger after its anchor
+    cannot be a lead and is left out; the phone shows what remains. At most ``MAX_ALARM_RULES``."""
     rules = []
     for alarm in event.walk("VALARM"):
         trigger = alarm.get("TRIGGER")
@@ -245,7 +247,7 @@ def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
         for k in range(count + 1):
             if 0 <= lead - k * every <= MAX_LEAD_SECONDS:
                 rules.append(f"lead:{lead - k * every}{anchor}")
-    return tuple(dict.fromkeys(rules))
+    return tuple(dict.fromkeys(rules))[:MAX_ALARM_RULES]
 
 
 def _repeats(alarm: Any) -> tuple[int, int]:
@@ -484,7 +486,10 @@ def _fill(
                 break
             cut += _note_cut(feed, occurrence, durations)
             continue
-        raw = _raw_item(_OccurrenceEvent(occurrence), durations)
+        try:
+            raw = _raw_item(_OccurrenceEvent(occurrence), durations)
+        except (AttributeError, TypeError, ValueError, KeyError, OverflowError):  # a property repeated or mis-typed
+            raw = "malformed_event"
         if isinstance(raw, dict) and not raw["floating"] and raw["expiresAt"] <= window_start:
             continue  # over before the window in every zone: the 14 h widening is for floating times only
         _add(feed, raw)

@@ -16,7 +16,7 @@ from icalendar.alarms import Alarms
 
 from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.ics import MAX_ALARM_REPEATS, alarm_rules
+from reminders_pipeline.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules
 from reminders_pipeline.times import Instant
 
 from .support import TOKEN, rows
@@ -81,6 +81,36 @@ def test_real_calendar_alarms_are_queued_at_the_rfc_5545_instants(db, settings, 
     assert queued == expected
 
 
+def _calendar(*alarms: str) -> str:
+    """One event, 13:00-14:00 UTC on 2026-10-27, with these VALARM bodies."""
+    blocks = [f"BEGIN:VALARM\r\nACTION:DISPLAY\r\nDESCRIPTION:Review\r\n{a}\r\nEND:VALARM" for a in alarms]
+    event = ["BEGIN:VEVENT", "UID:review@repeat", "DTSTART:20261027T130000Z", "DURATION:PT1H", "SUMMARY:Review"]
+    return "\r\n".join(["BEGIN:VCALENDAR", "VERSION:2.0", "PRODID:-//repeat//EN", *event, *blocks, "END:VEVENT",
+                          "END:VCALENDAR", ""])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "alarm",
+    [
+        "TRIGGER:-PT50M\r\nREPEAT:4\r\nDURATION:PT15M",
+        "TRIGGER;RELATED=END:-PT40M\r\nREPEAT:3\r\nDURATION:PT10M",
+        "TRIGGER;VALUE=DATE-TIME:20261027T113000Z\r\nREPEAT:5\r\nDURATION:PT20M",
+        "TRIGGER:-P1D\r\nREPEAT:2\r\nDURATION:PT12H",
+    ],
+    ids=["before the start", "before the end", "absolute", "a day before, in half days"],
+)
+def test_a_repeating_alarm_is_queued_at_the_oracles_instants(db, settings, feeds, alarm):
+    body = _calendar(alarm).encode()
+    expected = rfc_instants(body)
+    now = Instant.from_stored("2026-10-26T08:00:00.000Z")
+    wide = settings.with_(horizon_seconds=3 * 86400)
+    url = feeds.calendar("/one.ics", body)
+    put_device(db, wide, DeviceSpec("uses", TOKEN, 7, (), (url,), "UTC", alarms=True), now=now)
+    build(db, wide, now=now)
+    queued = sorted(r["send_after"].whole_seconds for r in rows(db, device_id="uses"))
+    assert len(expected) > 1 and queued == sorted(expected)  # each instant once: no duplicate row
+
+
 def test_a_repeating_alarm_is_a_row_per_repetition_until_the_start_and_each_is_sent_once(db, settings, feeds):
     """REPEAT:3 every 10 minutes from 25 minutes before: 25, 15 and 5 minutes before the start;
     the fourth repetition would fall after it and is not queued."""
@@ -105,6 +135,29 @@ def test_repetitions_past_the_bound_are_not_queued():
     (vevent,) = event.walk("VEVENT")
     rules = alarm_rules(vevent, vevent["DTSTART"].dt)
     assert rules == tuple(f"lead:{1500 - k}" for k in range(MAX_ALARM_REPEATS + 1))
+
+
+def test_an_event_gives_at_most_max_alarm_rules():
+    """A hostile calendar with a hundred repeating alarms on one event: a bounded number of rows."""
+    alarms = [f"TRIGGER:-PT{60 + k}M\r\nREPEAT:12\r\nDURATION:PT1M" for k in range(100)]
+    (vevent,) = icalendar.Calendar.from_ical(_calendar(*alarms)).walk("VEVENT")
+    rules = alarm_rules(vevent, vevent["DTSTART"].dt)
+    assert len(rules) == MAX_ALARM_RULES and rules[0] == "lead:3600"
+
+
+def test_an_event_with_a_repeated_trigger_is_rejected_and_the_rest_are_queued(db, settings, feeds):
+    """Two TRIGGER lines in one alarm: icalendar gives a list where a calendar gives one value."""
+    twice = _calendar("TRIGGER:-PT15M\r\nTRIGGER:-PT25M").replace(
+        "END:VCALENDAR",
+        "BEGIN:VEVENT\r\nUID:other@repeat\r\nDTSTART:20261027T150000Z\r\nDURATION:PT1H\r\n"
+        "SUMMARY:Other\r\nEND:VEVENT\r\nEND:VCALENDAR",
+    )
+    url = feeds.calendar("/twice.ics", twice)
+    now = Instant.from_stored("2026-10-27T08:00:00.000Z")
+    put_device(db, settings, DeviceSpec("uses", TOKEN, 3600, (), (url,), "UTC", alarms=True), now=now)
+    summary = build(db, settings, now=now)
+    assert summary.items_rejected == {"malformed_event": 1} and not summary.sources_failed
+    assert [r["title"] for r in rows(db, device_id="uses")] == ["Other"]
 
 
 @pytest.mark.parametrize(
