@@ -150,7 +150,7 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
         tick.now,
         tick.settings.horizon_seconds,
         after=after,
-        replan=replan or {},
+        replan=replan,
     )
     return _Planned(device, state, key, step, plan, replan)
 
@@ -229,8 +229,9 @@ def _write_horizon_step(conn: Connection, batch: Sequence[_Planned], tick: _Tick
 
 def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> set[str]:
     """Devices planned in full, or in their changed items: every row those want, checked against
-    every row of the device, or of those items. Returns the devices with a row claimed meanwhile, which no write touches: once back to
-    pending, it may still need voiding or realigning to what this plan read."""
+    every row of the device, or of those items. Returns the devices with a row claimed meanwhile,
+    which no write touches: once back to pending, it may still need voiding or realigning to what
+    this plan read."""
     if not batch:
         return set()
     now, settings, summary = tick.now, tick.settings, tick.summary
@@ -276,8 +277,8 @@ def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str
     full = [p.device["id"] for p in batch if p.replan is None]
     rows = ledger.existing_rows(conn, full) if full else []
     some = {p.device["id"]: p.replan for p in batch if p.replan is not None}
-    changed = {sid: ids for replan in some.values() for sid, ids in replan.items()}  # one set per source
     if some:
+        changed = {sid: ids for replan in some.values() for sid, ids in replan.items()}  # one set per source
         count = sum(map(len, changed.values()))
         items = (
             [namespaced(sid, own) for sid, ids in changed.items() for own in ids] if count <= ITEM_LOOKUP_MAX else None
