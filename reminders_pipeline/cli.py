@@ -168,6 +168,12 @@ def device() -> None:
 @click.option("--no-all-day-rules", is_flag=True, help="No reminders for all-day items.")
 @click.option("--quiet-hours", default=None, help="Quiet hours in the device's zone, e.g. 22:00-07:00.")
 @click.option("--alarms", is_flag=True, help="Use each calendar event's own alarms (VALARM) as its rules.")
+@click.option(
+    "--attendee",
+    "attendees",
+    multiple=True,
+    help="The person's own address, e.g. ann@example.org: invitations it declined alert nothing. Repeatable.",
+)
 @pass_ctx
 def device_put(
     ctx: Ctx,
@@ -181,6 +187,7 @@ def device_put(
     no_all_day_rules: bool,
     quiet_hours: str | None,
     alarms: bool,
+    attendees: tuple[str, ...],
 ) -> None:
     """Create or replace a device: exactly these rules and sources.
 
@@ -190,7 +197,9 @@ def device_put(
         raise click.UsageError("give --all-day-rule or --no-all-day-rules, not both")
     day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
     lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
-    spec = DeviceSpec(device_id, apns_token, lead_seconds, rules, sources, tz_name, day_rules, quiet_hours, alarms)
+    spec = DeviceSpec(
+        device_id, apns_token, lead_seconds, rules, sources, tz_name, day_rules, quiet_hours, alarms, attendees
+    )
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:

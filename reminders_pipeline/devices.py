@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 from . import ledger
 from .db import Database
+from .feed import address_of
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
 from .sources import shown_url
@@ -31,6 +32,8 @@ MAX_SOURCES = 100
 MAX_URL_LENGTH = 2048
 MAX_EXTRA_RULES = 32  # per rule list (extra_rules, all_day_rules); enforced by the HTTP contract
 CREDENTIAL_BYTES = 32
+MAX_ATTENDEES = 16
+ATTENDEE_PATTERN = re.compile(r"[^\s@]{1,64}@[^\s@]{1,189}")  # the local part and domain: 254 at most
 
 
 class DeviceError(ValueError):
@@ -53,6 +56,7 @@ class DeviceSpec:
     all_day_rules: Sequence[str] = DEFAULT_ALL_DAY_RULES
     quiet_hours: str | None = None  # "22:00-07:00" in the device's zone
     alarms: bool = False  # a calendar event's own alarms (VALARM) replace the device's rules for it
+    attendees: Sequence[str] = field(default_factory=tuple)  # its person's addresses: what they declined alerts nothing
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,22 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
         tuple(dict.fromkeys(all_day_rules)),
         quiet.text if quiet else None,
         bool(spec.alarms),
+        _attendees(spec.attendees),
     )
+
+
+def _attendees(texts: Sequence[str]) -> tuple[str, ...]:
+    """Addresses as a calendar's ATTENDEE is compared (``feed.address_of``), each once."""
+    if isinstance(texts, str) or len(texts) > MAX_ATTENDEES:
+        raise DeviceError("attendees", f"a list of at most {MAX_ATTENDEES} addresses")
+    out = []
+    for text in texts:
+        address = address_of(text) if isinstance(text, str) else ""
+        if not ATTENDEE_PATTERN.fullmatch(address):
+            shown = text[:64] if isinstance(text, str) else type(text).__name__
+            raise DeviceError("attendees", f"not an email address: {shown!r}")
+        out.append(address)
+    return tuple(dict.fromkeys(out))
 
 
 def _rules(texts: Sequence[str], field: str, *, all_day: bool) -> list[str]:
@@ -166,6 +185,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
         "quiet_hours": spec.quiet_hours,
         "tz_name": spec.tz_name,
         "use_alarms": 1 if spec.alarms else 0,
+        "attendees": " ".join(spec.attendees),
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
     with db.write() as conn:

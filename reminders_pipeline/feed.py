@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +33,11 @@ class Item:
     all_day: bool = False  # an iCalendar DATE: day rules apply, not lead rules
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
     alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
+    declined: tuple[str, ...] = ()  # attendee addresses that declined (``PARTSTAT=DECLINED``), lowercase, sorted
+
+    def declined_by(self, addresses: frozenset[str]) -> bool:
+        """Whether one of a device's attendee addresses declined this invitation."""
+        return bool(addresses) and not addresses.isdisjoint(self.declined)
 
     @property
     def starts(self) -> Instant:
@@ -71,12 +77,12 @@ class Item:
             self.all_day,
             self.tail_seconds,
             list(self.alarms),
+            list(self.declined),
         ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> Item:
-        alarms = [tuple(data[8])] if len(data) > 8 else []
-        return cls(*data[:8], *alarms)
+        return cls(*data[:8], *(tuple(marks) for marks in data[8:10]))
 
 
 ASIDE_CAPS = 10  # past the cap, items are set aside whole (calendars: counted at all) up to this many caps
@@ -101,17 +107,11 @@ class ParsedFeed:
 
     _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
-    def add(
-        self,
-        raw: Any,
-        floating: bool = False,
-        all_day: bool = False,
-        tail_seconds: int = 0,
-        alarms: tuple[str, ...] = (),
-    ) -> None:
+    def add(self, raw: Any, marks: Mapping[str, Any] | None = None) -> None:
         """Validate one wire-format item: keep it, or count why it was rejected (duplicates too).
-        The cap is applied by the caller (``keep_soonest``, or a calendar's expansion)."""
-        checked = checked_item(raw, floating, all_day, tail_seconds, alarms)
+        ``marks``: what a calendar states of it beyond the wire format (``checked_item``). The cap
+        is applied by the caller (``keep_soonest``, or a calendar's expansion)."""
+        checked = checked_item(raw, marks or {})
         if isinstance(checked, str):
             self.rejected[checked] += 1
         elif checked.id in self._ids:
@@ -203,14 +203,23 @@ class ParsedFeed:
         )
 
 
-def checked_item(raw: Any, floating: bool, all_day: bool, tail_seconds: int, alarms: tuple[str, ...]) -> Item | str:
-    """A wire-format item validated and marked as its calendar states it, or why it is rejected."""
+def checked_item(raw: Any, marks: Mapping[str, Any]) -> Item | str:
+    """A wire-format item validated and marked as its calendar states it (``marks``: ``Item``
+    fields the wire format has not, as ``floating``, ``alarms``, ``declined``), or why it is rejected."""
     checked = validate_item(raw)
-    if isinstance(checked, str):
+    if isinstance(checked, str) or not any(marks.values()):
         return checked
-    if floating:
-        checked = replace(checked, floating=True, all_day=all_day, tail_seconds=tail_seconds)
-    return replace(checked, alarms=alarms) if alarms else checked
+    return replace(checked, **marks)
+
+
+MAX_ADDRESS_LENGTH = 254  # a mailbox (RFC 5321), without ``mailto:``
+ADDRESS_TEXT_LENGTH = MAX_ADDRESS_LENGTH + len("mailto:")
+
+
+def address_of(text: str) -> str:
+    """A calendar user address compared as its mailbox: ``MAILTO:Ann@X.org`` is ``ann@x.org``."""
+    text = text.strip().lower()
+    return text[7:] if text.startswith("mailto:") else text
 
 
 def series_key(item_id: str) -> str:

@@ -66,7 +66,16 @@ from dateutil.rrule import DAILY, HOURLY, MINUTELY, SECONDLY, WEEKLY, _iterinfo,
 from recurring_ical_events import ComponentsWithName, Series
 from recurring_ical_events.util import compare_greater, convert_to_datetime, is_pytz, is_pytz_dt, normalize_pytz
 
-from .feed import ASIDE_CAPS, MAX_ID_LENGTH, MAX_TITLE_LENGTH, FeedError, ParsedFeed, checked_item
+from .feed import (
+    ADDRESS_TEXT_LENGTH,
+    ASIDE_CAPS,
+    MAX_ID_LENGTH,
+    MAX_TITLE_LENGTH,
+    FeedError,
+    ParsedFeed,
+    address_of,
+    checked_item,
+)
 from .rules import MAX_LEAD_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
@@ -212,9 +221,33 @@ def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[s
         "expiresAt": max(expires_at, starts_at + 1),  # an instantaneous event still lasts one second
         "floating": floating,
         "all_day": not isinstance(start, datetime),
-        "tail": tail if floating else 0,
+        "tail_seconds": tail if floating else 0,
         "alarms": alarm_rules(event, start),
+        "declined": declined(event),
     }
+
+
+MARKS = ("floating", "all_day", "tail_seconds", "alarms", "declined")  # ``_raw_item``'s keys that are no wire field
+MAX_DECLINED = 64  # declined attendees kept per event, in the calendar's order: each is stored with every occurrence
+
+
+def declined(event: Any) -> tuple[str, ...]:
+    """The attendee addresses that declined this event (``PARTSTAT=DECLINED``, RFC 5545 3.2.12), as
+    ``feed.address_of`` writes a device's own: lowercase, without ``mailto:``."""
+    attendees = event.get("ATTENDEE", [])
+    out: set[str] = set()
+    for attendee in attendees if isinstance(attendees, list) else [attendees]:
+        if len(out) >= MAX_DECLINED:
+            break
+        params = getattr(attendee, "params", {})
+        if str(params.get("PARTSTAT", "")).upper() == "DECLINED" and len(attendee) <= ADDRESS_TEXT_LENGTH:
+            out.add(address_of(str(attendee)))
+    return tuple(sorted(out))
+
+
+def _marks(raw: dict[str, Any]) -> dict[str, Any]:
+    """Take from ``raw`` what the calendar states beyond the wire format (``feed.checked_item``)."""
+    return {name: raw.pop(name) for name in MARKS}
 
 
 MAX_ALARM_REPEATS = 12  # repetitions of one alarm queued at most, past its first trigger: each is a row
@@ -527,8 +560,7 @@ def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str]
         rid = event.get("RECURRENCE-ID")
         feed.set_aside(None, _occurrence_id(str(event.get("UID")), rid.dt if rid is not None else occurrence.start))
         return 1
-    floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
-    checked = checked_item(raw, floating, all_day, tail, alarms)
+    checked = checked_item(raw, _marks(raw))
     feed.set_aside(checked if not isinstance(checked, str) else None, raw["id"])
     return 1
 
@@ -651,8 +683,7 @@ def _add(feed: ParsedFeed, raw: dict[str, Any] | str) -> None:
         if raw != "cancelled":
             feed.rejected[raw] += 1
         return
-    floating, all_day, tail, alarms = raw.pop("floating"), raw.pop("all_day"), raw.pop("tail"), raw.pop("alarms")
-    feed.add(raw, floating=floating, all_day=all_day, tail_seconds=tail, alarms=alarms)
+    feed.add(raw, _marks(raw))
 
 
 def _late(deadline: float | None) -> bool:

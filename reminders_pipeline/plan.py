@@ -1,6 +1,10 @@
 """What one device's queue should hold: the rows its feed and rules want, which pending rows to
 void or bring in line, and which existing rows a write may leave alone. No source read and no
 database access here: ``build.py`` reads the sources, and writes what this decides.
+
+Longer than 350 lines because the rows, the void reasons and the key that says when a plan can be
+reused (``plan_key``, ``PLANNED_FROM``) are decided from the same device columns and item fields:
+apart, a column the plan reads could be missed by the key.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ class DevicePlan:
     # exists (``realigned``): a feed far over the cap costs its subscribers' builds nothing more.
     make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
     made: set[str] = field(default_factory=set, repr=False)  # set-aside items whose rows are made: once each
+    attendees: frozenset[str] = frozenset()  # the device's addresses (``devices.attendees``)
+    declined: set[str] = field(default_factory=set)  # items one of them declined: no row, pending ones voided
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
@@ -87,6 +93,7 @@ def plan_device(
     zone = zone_of(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
+    plan.attendees = frozenset((device.get("attendees") or "").split())
     beyond = (now + horizon).whole_seconds + max((r.reach_seconds for r in rules.values()), default=0) + 1
     for source_id in plan.subscribed:
         read = reads.get(source_id)
@@ -137,8 +144,11 @@ def _rows_for(
     """One item's rows for this device (within ``horizon``, if given, and due after ``after``, if
     given), each with whether its anchor has passed; a kept item is entered in
     ``plan.feed_items``, a set-aside one is not."""
+    item_id = namespaced(source_id, raw.id)
+    if raw.declined_by(plan.attendees):
+        plan.declined.add(item_id)
+        return
     item = raw.for_local(zone)
-    item_id = namespaced(source_id, item.id)
     if horizon is not None:
         plan.feed_items[item_id] = item
     starts, expires = item.starts, item.expires
@@ -187,6 +197,7 @@ PLANNED_FROM = (
     "tz_name",
     "last_tz_offset_seconds",
     "quiet_hours",
+    "attendees",
     "created_at",
     "registered_at",
 )
@@ -275,6 +286,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | No
         return "source_removed"
     if row["source_id"] not in plan.ok_sources:
         return "rule_removed" if row["rule"] not in plan.rules and not plan.uses_alarms else None
+    if row["item_id"] in plan.declined:
+        return "declined"
     if row["rule"] not in plan.rules:
         return "rule_removed"
     if (row["item_id"], row["rule"]) in plan.wanted:

@@ -111,6 +111,9 @@ devices = _table(
     # key matches plans only what the horizon has moved over since (``build``, "unchanged").
     Column("planned_key", Text),
     Column("planned_until", IsoTime),
+    # From 0013: the device's attendee addresses, space-separated (``feed.address_of``); an
+    # invitation one of them declined queues nothing.
+    Column("attendees", Text, nullable=False, server_default=text("''")),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),

@@ -57,6 +57,7 @@ def compose_feed(
         record_reads(db, fresh, now, settings)
         reads.update(fresh)
     zone = zone_of(record)
+    attendees = frozenset(record.attendees)
     items = [
         {
             "id": namespaced(read.source_id, item.id),
@@ -64,6 +65,7 @@ def compose_feed(
             "body": item.body,
             "startsAt": item.starts_at,
             "expiresAt": item.expires_at,
+            "declined": item.declined_by(attendees),
         }
         for read in reads.values()
         if read.feed is not None

@@ -26,6 +26,7 @@ from reminders_pipeline.sender import Notification, SenderFactory, SendResult, f
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"
+ATTENDEE = "ann@model.test"  # the person some devices name (``Device.attendee``)
 
 # What a read can meet on its way (the model chooses): every one of them is a failed or partial read.
 FAULTS = ("timeout", "http_500", "http_503", "http_404", "http_403", "malformed", "partial", "dropped")
@@ -65,6 +66,7 @@ class Event:
     cancelled: bool = False
     alarm_lead: int | None = None  # a VALARM this many seconds before the start
     alarm_repeat: tuple[int, int] = (0, 0)  # its REPEAT and DURATION (seconds), when it repeats
+    declined: bool | None = None  # an invitation to ATTENDEE: True, declined; False, accepted; None, no invitation
 
 
 def alarm_leads(e: Event) -> tuple[str, ...]:
@@ -89,6 +91,7 @@ class Occurrence:
     cancelled: bool
     alarms: tuple[str, ...]
     series: bool = False  # an instance of the feed's recurring series
+    declined: bool = False  # ATTENDEE declined it
 
     def instant(self, wall_or_unix: int, tz: str | None) -> int:
         """The instant of one of this item's times on a device in ``tz`` (RFC 5545: fold 0)."""
@@ -140,7 +143,9 @@ class Feed:
         out: dict[str, Occurrence] = {}
         for e in self.events.values():
             item_id = e.uid if self.url == JSON_URL else _occurrence_id(e.uid, _ics_value(e.start, e.kind))
-            out[item_id] = Occurrence(item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm_leads(e))
+            out[item_id] = Occurrence(
+                item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm_leads(e), declined=bool(e.declined)
+            )
         if self.series is not None and not self.series.runaway:  # a flood is dropped alone: its read is partial
             s = self.series
             moved = {o[0]: o for o in s.overrides}
@@ -184,6 +189,8 @@ def ics_body(feed: Feed) -> str:
         lines += [_ics_time("DTEND", e.end, e.kind), f"SUMMARY:{e.title}"]
         if e.cancelled:
             lines.append("STATUS:CANCELLED")
+        if e.declined is not None:
+            lines.append(f"ATTENDEE;PARTSTAT={'DECLINED' if e.declined else 'ACCEPTED'}:mailto:{ATTENDEE}")
         if e.alarm_lead is not None:
             lines += [
                 "BEGIN:VALARM",

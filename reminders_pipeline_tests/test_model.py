@@ -65,6 +65,7 @@ from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
 from .model_support import (
     ANSWERS,
+    ATTENDEE,
     FAULTS,
     ICS_URL,
     JSON_URL,
@@ -113,6 +114,8 @@ EVENT_CHOICES = {
     # A VALARM's trigger (seconds before the start), and (trigger, REPEAT, DURATION) for one that
     # repeats: until the start, and past MAX_ALARM_REPEATS with its last repetitions dropped.
     "alarm": st.sampled_from((None, None, 0, 1500, (1500, 2, 600), (0, 3, 300), (900, 20, 60))),
+    # An invitation to ATTENDEE (calendars only): none, accepted, or declined.
+    "invited": st.sampled_from((None, None, False, True)),
 }
 DEVICE_CHOICES = {
     "lead": st.sampled_from(LEADS),
@@ -122,6 +125,7 @@ DEVICE_CHOICES = {
     "quiet": st.sampled_from(QUIET),
     "alarms": st.booleans(),
     "urls": st.sampled_from(((JSON_URL, ICS_URL), (JSON_URL, ICS_URL), (ICS_URL,), (JSON_URL,))),
+    "attendee": st.booleans(),
 }
 SETTLED_OUTCOMES = {"sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours"}
 NEEDS_DETAIL = {"failed", "voided"}
@@ -143,10 +147,17 @@ class Device:
     quiet: str | None = None
     alarms: bool = False
     urls: tuple[str, ...] = (JSON_URL, ICS_URL)
+    attendee: bool = False  # names ATTENDEE as its person's address
+
+    @property
+    def attendees(self) -> tuple[str, ...]:
+        return (ATTENDEE,) if self.attendee else ()
 
     def rules_for(self, occ: Occurrence) -> set[str]:
-        """The rules the device wants for this item: its own alarms when it uses them, else its
-        day rules (all-day items) or lead rules (timed ones)."""
+        """The rules the device wants for this item: none for an invitation its person declined;
+        its own alarms when it uses them, else its day rules (all-day items) or lead rules (timed ones)."""
+        if self.attendee and occ.declined:
+            return set()
         if self.alarms and occ.alarms:
             return {parse_rule(r).name for r in occ.alarms}
         if occ.kind == "all_day":
@@ -300,6 +311,7 @@ class ReminderMachine(RuleBasedStateMachine):
         day: int,
         duration: int,
         alarm: int | tuple[int, int, int] | None,
+        invited: bool | None,
     ) -> None:
         feed = self.feeds[ICS_URL if ics else JSON_URL]
         if len(feed.events) >= MAX_EVENTS:
@@ -314,13 +326,21 @@ class ReminderMachine(RuleBasedStateMachine):
                 start + duration,
                 alarm_lead=lead if ics else None,
                 alarm_repeat=repeat,
+                declined=invited if ics else None,
             )
         else:
             midnight = (int(self.now) // 86400 + day) * 86400
             start = midnight if kind == "all_day" else midnight + wall * 60
             end = start + 86400 if kind == "all_day" else start + duration
             event = Event(
-                self._uid("e"), f"Plan {self.next_uid}", start, end, kind, alarm_lead=lead, alarm_repeat=repeat
+                self._uid("e"),
+                f"Plan {self.next_uid}",
+                start,
+                end,
+                kind,
+                alarm_lead=lead,
+                alarm_repeat=repeat,
+                declined=invited,
             )
         feed.events[event.uid] = event
 
@@ -361,6 +381,11 @@ class ReminderMachine(RuleBasedStateMachine):
     def cancel(self, which: int) -> None:
         """``STATUS:CANCELLED`` (the JSON protocol has no cancellation: there, delete is it)."""
         self._edit(True, which, lambda e: replace(e, cancelled=True))
+
+    @rule(which=st.integers(0, MAX_EVENTS - 1), declined=st.sampled_from((True, True, False)))
+    def respond(self, which: int, declined: bool) -> None:
+        """ATTENDEE declines the invitation, or accepts it (again)."""
+        self._edit(True, which, lambda e: replace(e, declined=declined))
 
     def _edit(self, ics: bool, which: int, change: Any) -> None:
         feed = self.feeds[ICS_URL if ics else JSON_URL]
@@ -416,7 +441,7 @@ class ReminderMachine(RuleBasedStateMachine):
         feed = self.feeds[JSON_URL]
         before = set(feed.events)
         offset = self.settings.horizon_seconds + ahead + max(LEADS)
-        self.add_event(False, "utc", offset, WALL_TIMES[0], 0, 1800, None)
+        self.add_event(False, "utc", offset, WALL_TIMES[0], 0, 1800, None, None)
         self.build()
         self.advance(step)
         self.build()
@@ -440,7 +465,7 @@ class ReminderMachine(RuleBasedStateMachine):
         elif edit == "delete":
             self.delete(ics, which)
         elif edit == "add":
-            self.add_event(ics, "utc", 2 * 3600 + which * 60, WALL_TIMES[0], 0, 1800, None)
+            self.add_event(ics, "utc", 2 * 3600 + which * 60, WALL_TIMES[0], 0, 1800, None, None)
         else:
             self.move(ics, which, 600 if edit == "later" else -600)
         self.build()
@@ -456,18 +481,18 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @rule(which=st.sampled_from(DEVICES), **DEVICE_CHOICES)
     def put(self, which: str, lead: int, extra: tuple[str, ...], day_rules: tuple[str, ...], tz: str | None,
-            quiet: str | None, alarms: bool, urls: tuple[str, ...]) -> None:  # fmt: skip
-        """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources)."""
+            quiet: str | None, alarms: bool, urls: tuple[str, ...], attendee: bool) -> None:  # fmt: skip
+        """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources, whose invitations)."""
         generation = self.generations.setdefault(which, 0)
         token = token_of(DEVICES.index(which), generation)
         old = self.devices.get(which)
         if tz is None and old is not None:
             tz = old.tz  # an omitted zone keeps the stored one
-        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls)
+        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls, attendee)
         put_device(
             self.db,
             self.settings,
-            DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms),
+            DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms, device.attendees),
             now=self.iso,
         )
         self.devices[which] = device
@@ -505,7 +530,9 @@ class ReminderMachine(RuleBasedStateMachine):
         device_id = sorted(self.devices)[which % len(self.devices)]
         self.generations[device_id] += 1
         d = replace(self.devices[device_id], token=token_of(DEVICES.index(device_id), self.generations[device_id]))
-        spec = DeviceSpec(device_id, d.token, d.lead, d.extra, d.urls, d.tz, d.day_rules, d.quiet, d.alarms)
+        spec = DeviceSpec(
+            device_id, d.token, d.lead, d.extra, d.urls, d.tz, d.day_rules, d.quiet, d.alarms, d.attendees
+        )
         put_device(self.db, self.settings, spec, now=self.iso)
         self.devices[device_id] = d
 
@@ -637,8 +664,15 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _check_voids(self, rows: dict[int, dict[str, Any]]) -> None:
         """An item voided ``left_feed`` is gone from its feed as last read, or cut by the item cap,
-        which keeps the soonest items not yet over."""
+        which keeps the soonest items not yet over; one voided ``declined`` the device's attendee declined."""
         for r in rows.values():
+            if r["outcome"] == "voided" and r["outcome_detail"] == "declined" and r["settled_at"] == self.iso:
+                found = self._occurrence(r["device_id"], r["item_id"])
+                if found is None or found[1] is None or not (found[0].attendee and found[1].declined):
+                    raise PromiseBroken(
+                        f"VOIDED_NOT_DECLINED: {r['item_id']} {r['rule']} voided declined at {self.iso}, but the "
+                        f"last read shows no decline by {r['device_id']}'s attendee"
+                    )
             if r["outcome"] != "voided" or r["outcome_detail"] != "left_feed" or r["settled_at"] != self.iso:
                 continue
             found = self._occurrence(r["device_id"], r["item_id"])

@@ -196,6 +196,7 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
         all_day,
         body.quiet_hours,
         bool(body.alarms),
+        tuple(body.attendees or ()),
     )
 
 

@@ -36,7 +36,16 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
-from ..devices import APNS_TOKEN_PATTERN, DEVICE_ID_PATTERN, MAX_DEVICE_ID, MAX_EXTRA_RULES, MAX_SOURCES, MAX_URL_LENGTH
+from ..devices import (
+    APNS_TOKEN_PATTERN,
+    DEVICE_ID_PATTERN,
+    MAX_ATTENDEES,
+    MAX_DEVICE_ID,
+    MAX_EXTRA_RULES,
+    MAX_SOURCES,
+    MAX_URL_LENGTH,
+)
+from ..feed import ADDRESS_TEXT_LENGTH
 from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
@@ -169,6 +178,13 @@ class DeviceRegistration(Request):
     alarms: bool | None = Field(
         None, description="Use each calendar event's own alarms (VALARM) as its rules; default false."
     )
+    attendees: list[Annotated[str, Field(max_length=ADDRESS_TEXT_LENGTH)]] | None = Field(
+        None,
+        max_length=MAX_ATTENDEES,
+        description="The person's own addresses (`ann@example.org`, `mailto:` optional): an invitation one of "
+        "them declined (`PARTSTAT=DECLINED`) alerts nothing, and a decline after the build voids its "
+        "pending reminders (`declined`) at the next read.",
+    )
 
 
 # ---------------------------------------------------------------- response bodies
@@ -255,6 +271,7 @@ class Device(BaseModel):
     all_day_rules: list[str] = []
     quiet_hours: str | None = None
     use_alarms: bool = False
+    attendees: list[str] = []
     reminders_built_at: StoredTime = None
     token_invalid_at: StoredTime = None
     token_invalid_reason: str | None = None
@@ -283,6 +300,9 @@ class FeedItem(BaseModel):
     body: str | None = None
     startsAt: int = Field(description="Unix seconds.")
     expiresAt: int = Field(description="Unix seconds.")
+    declined: bool = Field(
+        False, description="An invitation one of the device's attendee addresses declined: it alerts nothing."
+    )
 
 
 class Feed(BaseModel):

@@ -51,12 +51,13 @@ class DeviceRecord:
     all_day_rules: tuple[str, ...] = ("day:0@09:00",)
     quiet_hours: str | None = None
     use_alarms: bool = False
+    attendees: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """As the CLI and the HTTP routes show it: lists, and each time as its stored text."""
         d = {k: v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
-        d["all_day_rules"] = list(self.all_day_rules)
+        d["all_day_rules"], d["attendees"] = list(self.all_day_rules), list(self.attendees)
         return d
 
 
@@ -105,6 +106,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: Instant) -> 
             "all_day_rules": ins.excluded.all_day_rules,
             "quiet_hours": ins.excluded.quiet_hours,
             "use_alarms": ins.excluded.use_alarms,
+            "attendees": ins.excluded.attendees,
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
@@ -162,6 +164,7 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             all_day_rules=tuple(r["all_day_rules"].split()),
             quiet_hours=r["quiet_hours"],
             use_alarms=bool(r["use_alarms"]),
+            attendees=tuple(r["attendees"].split()),
         )
         for r in rows
     ]
@@ -203,6 +206,7 @@ def select_build_devices(
             devices.c.all_day_rules,
             devices.c.quiet_hours,
             devices.c.use_alarms,
+            devices.c.attendees,
             devices.c.reminders_built_at,
             devices.c.chunk,
             devices.c.created_at,
