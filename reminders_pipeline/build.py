@@ -37,6 +37,7 @@ from .rules import expiry_anchored
 from .settings import Settings
 from .source_reads import covers, make_reader, record_reads, source_state, source_windows, summarize_reads
 from .sources import SourceRead, SourceReader, distinct_sources, shown_url
+from .subscription import CalendarSettings
 from .summary import BuildResult
 from .times import Instant
 
@@ -71,7 +72,10 @@ def build(
     with db.read() as conn:
         devices = ledger.select_build_devices(conn, device_ids=device_ids, chunks=chunks, limit=limit)
         subs = ledger.subscriptions(conn, [d["id"] for d in devices])
+        calendars = ledger.calendar_settings(conn, [d["id"] for d in devices])
         states = {sid: source_state(s) for sid, s in ledger.sources_by_id(conn, distinct_sources(subs)).items()}
+    for d in devices:
+        d["calendars"] = {sid: CalendarSettings.of_columns(c) for sid, c in sorted(calendars[d["id"]].items())}
     if progress:
         progress(0, len(devices))
 

@@ -27,11 +27,13 @@ from .db import Database
 from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
 from .drain import drain as run_drain
 from .notification import as_shown
+from .phrases import CLOCKS
 from .rules import DEFAULT_ALL_DAY_RULES
 from .schema import OUTCOMES, STATUSES
 from .sender import default_sender_factory
 from .settings import Settings, SettingsError
 from .sources import shown_url
+from .subscription import LEVELS, CalendarSettings, SubscriptionError, checked
 from .times import Instant
 
 T = TypeVar("T")
@@ -150,6 +152,29 @@ def device() -> None:
     """Register, list and remove devices."""
 
 
+def _calendars(
+    rules: tuple[tuple[str, str], ...],
+    levels: tuple[tuple[str, str], ...],
+    breakthrough: tuple[str, ...],
+    muted: tuple[str, ...],
+) -> dict[str, CalendarSettings]:
+    """The ``--calendar-*`` options as settings per source URL."""
+    urls = dict.fromkeys([u for u, _ in rules] + [u for u, _ in levels] + list(breakthrough) + list(muted))
+    out = {}
+    for url in urls:
+        own = [r for u, r in rules if u == url]
+        level = [lv for u, lv in levels if u == url]
+        if len(level) > 1:
+            raise click.BadParameter(
+                f"one level per source, got {len(level)} for {shown_url(url)}", param_hint="--calendar-level"
+            )
+        try:
+            out[url] = checked(own or None, level[0] if level else None, url in breakthrough, url in muted)
+        except SubscriptionError as exc:
+            raise click.BadParameter(str(exc), param_hint="--calendar-rule") from None
+    return out
+
+
 @device.command("put")
 @click.argument("device_id")
 @click.option("--apns-token", required=True, help="Hex APNs device token.")
@@ -174,6 +199,29 @@ def device() -> None:
     multiple=True,
     help="The person's own address, e.g. ann@example.org: invitations it declined alert nothing. Repeatable.",
 )
+@click.option("--locale", default=None, help="The alerts' language, e.g. de-DE (default: keep the stored one).")
+@click.option("--clock", type=click.Choice(CLOCKS), default=None, help="12h or 24h (default: the locale's own).")
+@click.option(
+    "--calendar-rule",
+    "calendar_rules",
+    type=(str, str),
+    multiple=True,
+    metavar="URL RULE",
+    help="A rule of that source's own, e.g. --calendar-rule URL lead:600: its items take these instead of "
+    "the device's rules of that kind. Repeatable.",
+)
+@click.option(
+    "--calendar-level",
+    "calendar_levels",
+    type=(str, click.Choice(LEVELS)),
+    multiple=True,
+    metavar="URL LEVEL",
+    help="That source's interruption level: passive, active or time-sensitive. Repeatable.",
+)
+@click.option(
+    "--calendar-breakthrough", multiple=True, metavar="URL", help="That source's reminders break through quiet hours."
+)
+@click.option("--calendar-muted", multiple=True, metavar="URL", help="That source alerts nothing. Repeatable.")
 @pass_ctx
 def device_put(
     ctx: Ctx,
@@ -188,6 +236,12 @@ def device_put(
     quiet_hours: str | None,
     alarms: bool,
     attendees: tuple[str, ...],
+    locale: str | None,
+    clock: str | None,
+    calendar_rules: tuple[tuple[str, str], ...],
+    calendar_levels: tuple[tuple[str, str], ...],
+    calendar_breakthrough: tuple[str, ...],
+    calendar_muted: tuple[str, ...],
 ) -> None:
     """Create or replace a device: exactly these rules and sources.
 
@@ -198,7 +252,19 @@ def device_put(
     day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
     lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
     spec = DeviceSpec(
-        device_id, apns_token, lead_seconds, rules, sources, tz_name, day_rules, quiet_hours, alarms, attendees
+        device_id,
+        apns_token,
+        lead_seconds,
+        rules,
+        sources,
+        tz_name,
+        day_rules,
+        quiet_hours,
+        alarms,
+        attendees,
+        locale,
+        clock,
+        _calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted),
     )
     try:
         registration = put_device(ctx.db, ctx.settings, spec)

@@ -11,16 +11,18 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 from . import ledger
 from .db import Database
 from .feed import address_of
+from .phrases import LocaleError, canonical_locale, valid_clock
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
 from .settings import Settings
 from .sources import shown_url
+from .subscription import CalendarSettings, SubscriptionError, checked
 from .times import Instant
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
@@ -57,6 +59,9 @@ class DeviceSpec:
     quiet_hours: str | None = None  # "22:00-07:00" in the device's zone
     alarms: bool = False  # a calendar event's own alarms (VALARM) replace the device's rules for it
     attendees: Sequence[str] = field(default_factory=tuple)  # its person's addresses: what they declined alerts nothing
+    locale: str | None = None  # BCP 47 (de-DE): the alert's language; None keeps the stored one
+    clock: str | None = None  # "12h" or "24h"; None: the locale's own
+    calendars: Mapping[str, CalendarSettings] = field(default_factory=dict)  # by source URL, each among source_urls
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,37 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
         quiet.text if quiet else None,
         bool(spec.alarms),
         _attendees(spec.attendees),
+        *_language(spec.locale, spec.clock),
+        _calendars(spec.calendars, spec.source_urls),
     )
+
+
+def _calendars(calendars: Mapping[str, CalendarSettings], urls: Sequence[str]) -> dict[str, CalendarSettings]:
+    """Each calendar's settings checked again (``subscription.checked``), for a subscribed URL only."""
+    out = {}
+    for url, given in calendars.items():
+        if url not in urls:
+            shown = shown_url(url) if isinstance(url, str) else type(url).__name__
+            raise DeviceError("calendars", f"{shown} is not among the device's sources")
+        try:
+            settings = checked(given.rules, given.interruption_level, given.breakthrough, given.muted)
+        except SubscriptionError as exc:
+            raise DeviceError("calendars", f"{shown_url(url)}: {exc}") from None
+        if not settings.default:
+            out[url] = settings
+    return out
+
+
+def _language(locale: str | None, clock: str | None) -> tuple[str | None, str | None]:
+    """The stored locale tag (``de-DE``) and clock, each checked on its own field."""
+    try:
+        tag = None if locale is None else canonical_locale(locale)
+    except LocaleError as exc:
+        raise DeviceError("locale", str(exc)) from None
+    try:
+        return tag, valid_clock(clock)
+    except LocaleError as exc:
+        raise DeviceError("clock", str(exc)) from None
 
 
 def _attendees(texts: Sequence[str]) -> tuple[str, ...]:
@@ -186,12 +221,17 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
         "tz_name": spec.tz_name,
         "use_alarms": 1 if spec.alarms else 0,
         "attendees": " ".join(spec.attendees),
+        "locale": spec.locale,
+        "clock": spec.clock,
         "chunk": chunk_of(spec.id, settings.chunk_count),
     }
     with db.write() as conn:
         before = ledger.get_device(conn, spec.id)
         ledger.upsert_device(conn, values, now)
-        ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now)
+        calendars = {url: settings.columns() for url, settings in spec.calendars.items()}
+        ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now, calendars)
+        muted = [url for url, settings in spec.calendars.items() if settings.muted]
+        ledger.void_pending_of_urls(conn, spec.id, muted, "muted", now)
         issued = ledger.set_device_credential(conn, spec.id, digest, only_if_missing=True)
         record = ledger.get_device(conn, spec.id)
         assert record is not None

@@ -3,6 +3,7 @@
 A row carries the item's whole window, so composing needs no source read. Clock times are shown in
 the device's IANA zone (DST exact), else its last seen UTC offset, else UTC marked as such. An
 all-day reminder says which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight.
+A device that names a locale reads them in its language and clock (``phrases``).
 
 What a row records of its send (``record_of_send``, read back by ``sent_payload``): the whole payload
 is ~300 bytes, most of a settled row, and all of it but the alert body follows from the row's own
@@ -18,9 +19,11 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
 
-from .rules import parse_rule
+from . import phrases
+from .rules import Rule, parse_rule
 from .sender import Notification
 from .times import Instant
 from .zones import zone_of
@@ -29,10 +32,38 @@ MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
 DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
+# What a kept ``sent_body`` re-renders as (``notification_queue.sent_format``): 2, ``thread-id``
+# per calendar; NULL, a row sent before, per item. Bumped with any change to what compose gives.
+SENT_FORMAT = 2
 
 
 def _day_text(days: int) -> str:
     return "Today" if days == 0 else "Tomorrow" if days == 1 else f"In {days} days"
+
+
+def _spoken(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
+    """The body in the device's language and clock (``phrases``), its times seen from the row's
+    ``send_after``; on UTC's clock, marked as such, when the device's zone is not known."""
+    speaker = phrases.speaker(row["locale"], phrases.valid_clock(row.get("clock")))
+    if rule.anchor == "day":
+        return speaker.day(rule.days)
+    zone = zone_of(row)
+    known = zone.tz_name is not None or zone.offset_seconds is not None
+    at = starts if rule.anchor == "start" else ends
+    when = speaker.when(_wall(zone.to_wall(at)), _wall(zone.to_wall(row["send_after"])))
+    words = speaker.words.starts if rule.anchor == "start" else speaker.words.ends
+    return words.format(when=when if known else f"{when} UTC")
+
+
+def _wall(seconds: float) -> datetime:
+    return datetime(1970, 1, 1) + timedelta(seconds=int(seconds))
+
+
+def thread_id(row: Mapping[str, Any]) -> str:
+    """Per calendar, so iOS groups a calendar's alerts together: its source id, which no change of
+    URL text or title moves."""
+    source_id = row.get("source_id")
+    return f"calendar-{source_id}" if source_id is not None else str(row["item_id"])[:64]
 
 
 def collapse_id(device_id: str, item_id: str) -> str:
@@ -56,14 +87,21 @@ def _fit(note: Notification) -> Notification:
 
 
 def compose(
-    row: Mapping[str, Any], interruption_level: str = DEFAULT_INTERRUPTION_LEVEL, sound: str = DEFAULT_SOUND
+    row: Mapping[str, Any],
+    interruption_level: str = DEFAULT_INTERRUPTION_LEVEL,
+    sound: str = DEFAULT_SOUND,
+    sent_format: int | None = SENT_FORMAT,
 ) -> Notification:
-    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``)."""
+    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``).
+    ``sent_format``: what a re-render of a settled row gives back (``SENT_FORMAT``, or None for a
+    row sent before it)."""
     rule = parse_rule(row["rule"])
     starts: Instant = row["event_at"]
     ends: Instant = row["expires_at"]
     if row.get("body"):
         body = row["body"]
+    elif row.get("locale"):
+        body = _spoken(row, rule, starts, ends)
     elif rule.anchor == "day":
         body = _day_text(rule.days)
     elif rule.anchor == "expiry":
@@ -75,7 +113,7 @@ def compose(
             "alert": {"title": row["title"], "body": body},
             "sound": sound,
             "interruption-level": interruption_level,
-            "thread-id": str(row["item_id"])[:64],
+            "thread-id": thread_id(row) if sent_format == SENT_FORMAT else str(row["item_id"])[:64],
         },
         "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": starts.whole_seconds},
     }
@@ -115,8 +153,8 @@ def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str 
         and aps["interruption-level"] == DEFAULT_INTERRUPTION_LEVEL
         and aps["sound"] == DEFAULT_SOUND
     ):
-        return {"payload": None, "sent_body": body}
-    return {"payload": stored_payload(note), "sent_body": None}
+        return {"payload": None, "sent_body": body, "sent_format": SENT_FORMAT}
+    return {"payload": stored_payload(note), "sent_body": None, "sent_format": None}
 
 
 def sent_payload(row: Mapping[str, Any]) -> str | None:
@@ -138,4 +176,4 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
-    return stored_payload(compose({**row, "body": body, "apns_token": ""}))
+    return stored_payload(compose({**row, "body": body, "apns_token": ""}, sent_format=row.get("sent_format")))

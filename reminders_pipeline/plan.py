@@ -19,6 +19,7 @@ from .feed import Item, ParsedFeed
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
 from .sources import SourceRead
+from .subscription import CalendarSettings, calendar_rules
 from .times import Instant
 from .zones import MAX_TZ_OFFSET_SECONDS, QuietHours, Zone, parse_quiet_hours, zone_of
 
@@ -43,6 +44,8 @@ class DevicePlan:
     make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
     made: set[str] = field(default_factory=set, repr=False)  # set-aside items whose rows are made: once each
     attendees: frozenset[str] = frozenset()  # the device's addresses (``devices.attendees``)
+    source_rules: dict[int, set[str]] = field(default_factory=dict)  # the rules each calendar's items take
+    muted: set[int] = field(default_factory=set)  # calendars the device muted: no row, pending ones voided
     declined: set[str] = field(default_factory=set)  # items one of them declined: no row, pending ones voided
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
@@ -88,14 +91,23 @@ def plan_device(
     Only rows due later are made, and an item with none due between then and the horizon is not
     resolved; what the plan knows of the feed (``feed_items``) is then partial, so it decides no
     void but for ``replan``: items that changed since that plan (own ids by source), made in full."""
-    rules = {r.name: r for r in rules_of(device)}
+    own_rules = {r.name: r for r in rules_of(device)}
     use_alarms = bool(device.get("use_alarms"))
     zone = zone_of(device)
     quiet = parse_quiet_hours(device.get("quiet_hours"))
-    plan = DevicePlan({}, {}, set(), set(subscribed), dict(rules), uses_alarms=use_alarms)
+    calendars: Mapping[int, CalendarSettings] = device.get("calendars") or {}
+    plan = DevicePlan({}, {}, set(), set(subscribed), dict(own_rules), uses_alarms=use_alarms)
     plan.attendees = frozenset((device.get("attendees") or "").split())
-    beyond = (now + horizon).whole_seconds + max((r.reach_seconds for r in rules.values()), default=0) + 1
+    per_source: dict[int, tuple[dict[str, Rule], QuietHours | None]] = {}
     for source_id in plan.subscribed:
+        calendar = calendars.get(source_id)
+        if calendar is not None and calendar.muted:
+            plan.muted.add(source_id)
+            continue
+        rules = calendar_rules(own_rules, calendar)
+        plan.rules.update(rules)
+        plan.source_rules[source_id] = set(rules)
+        per_source[source_id] = rules, None if calendar is not None and calendar.breakthrough else quiet
         read = reads.get(source_id)
         feed = read.feed if read is not None else None
         if feed is None:
@@ -103,16 +115,17 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         again = replan.get(source_id, frozenset()) if replan else frozenset()
+        beyond = (now + horizon).whole_seconds + max((r.reach_seconds for r in rules.values()), default=0) + 1
         for raw in feed.items:
             since = None if raw.id in again else after
             if since is not None and _left_to_other_steps(raw, since, beyond):
                 continue
             for row, begun in _rows_for(
-                plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, horizon, since
+                plan, device, source_id, raw, rules, use_alarms, zone, per_source[source_id][1], now, horizon, since
             ):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
     plan.make_rows = lambda source_id, raw: _rows_for(
-        plan, device, source_id, raw, rules, use_alarms, zone, quiet, now, None
+        plan, device, source_id, raw, per_source[source_id][0], use_alarms, zone, per_source[source_id][1], now, None
     )
     return plan
 
@@ -198,6 +211,7 @@ PLANNED_FROM = (
     "last_tz_offset_seconds",
     "quiet_hours",
     "attendees",
+    "calendars",
     "created_at",
     "registered_at",
 )
@@ -284,11 +298,14 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | No
     """
     if row["source_id"] not in plan.subscribed:
         return "source_removed"
+    if row["source_id"] in plan.muted:
+        return "muted"
+    its_rules = plan.source_rules[row["source_id"]]
     if row["source_id"] not in plan.ok_sources:
-        return "rule_removed" if row["rule"] not in plan.rules and not plan.uses_alarms else None
+        return "rule_removed" if row["rule"] not in its_rules and not plan.uses_alarms else None
     if row["item_id"] in plan.declined:
         return "declined"
-    if row["rule"] not in plan.rules:
+    if row["rule"] not in plan.rules or (row["rule"] not in its_rules and row["item_id"] not in plan.item_rules):
         return "rule_removed"
     if (row["item_id"], row["rule"]) in plan.wanted:
         return None

@@ -46,7 +46,7 @@ def decide(row: Mapping[str, Any], now: Instant, settings: Settings) -> Decision
         return "event_started" if rule.anchor == "start" else "event_expired"
     if now - lateness_base(row) > settings.max_lateness_seconds:
         return "too_late"
-    if not rule.breakthrough and _in_quiet_hours(row, now):
+    if not _breaks_through(row, rule) and _in_quiet_hours(row, now):
         return "held" if quiet_end(row, now) is not None else "quiet_hours"
     if not settings.enabled:
         return "disabled"
@@ -69,10 +69,15 @@ def quiet_end(row: Mapping[str, Any], now: Instant) -> Instant | None:
     row cannot wait (not in quiet hours, a ``!`` rule, or the event would have begun)."""
     rule = parse_rule(row["rule"])
     quiet, zone = _quiet_hours(row), zone_of(row)
-    if rule.breakthrough or quiet is None or not quiet.contains(now, zone):
+    if _breaks_through(row, rule) or quiet is None or not quiet.contains(now, zone):
         return None
     end = quiet.end_after(now, zone)
     return end if end < rule.anchor_time(row["event_at"], row["expires_at"]) else None
+
+
+def _breaks_through(row: Mapping[str, Any], rule: Rule) -> bool:
+    """A ``!`` rule, or a calendar the device lets through quiet hours (``calendar_breakthrough``)."""
+    return rule.breakthrough or bool(row.get("calendar_breakthrough"))
 
 
 def _in_quiet_hours(row: Mapping[str, Any], now: Instant) -> bool:

@@ -114,6 +114,10 @@ devices = _table(
     # From 0013: the device's attendee addresses, space-separated (``feed.address_of``); an
     # invitation one of them declined queues nothing.
     Column("attendees", Text, nullable=False, server_default=text("''")),
+    # From 0014: the alert's language (BCP 47, ``de-DE``) and clock (``12h``/``24h``, NULL: the
+    # locale's own), ``phrases``. NULL locale: English, 24 hours.
+    Column("locale", Text),
+    Column("clock", Text),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),
@@ -148,6 +152,11 @@ device_sources = _table(
     "device_sources",
     Column("device_id", Text, ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
     Column("source_id", RowId, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False),
+    # From 0015: the device's settings for this calendar (``subscription.CalendarSettings``).
+    Column("rules", Text),  # space-separated rules; NULL: the device's
+    Column("interruption_level", Text),  # passive, active, time-sensitive; NULL: the deployment's
+    Column("breakthrough", Integer, nullable=False, server_default=text("0")),
+    Column("muted", Integer, nullable=False, server_default=text("0")),
     PrimaryKeyConstraint("device_id", "source_id"),
     Index("ix_device_sources_source", "source_id"),
 )
@@ -194,6 +203,9 @@ notification_queue = _table(
     # (``policy.lateness_base``). A retry's backoff leaves it; a change of the device's zone or
     # quiet hours, or a rewrite of the row, ends it. NULL: never held.
     Column("held_until", IsoTime),
+    # From 0015: how ``sent_body`` re-renders (``notification.SENT_FORMAT``): NULL, as sent before
+    # 0015 (``thread-id`` per item); 2, ``thread-id`` per calendar.
+    Column("sent_format", Integer),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(

@@ -17,6 +17,7 @@ from .plan import rules_of
 from .rules import Rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
+from .subscription import calendar_rules
 from .summary import BuildResult
 from .times import Instant
 
@@ -55,9 +56,11 @@ def source_windows(
     so one device with a year-long lead makes only its own calendars expand over a year."""
     windows: dict[int, Window] = {}
     for device in devices:
-        start, end = read_window(rules_of(device), now, horizon)
-        window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
+        own = {r.name: r for r in rules_of(device)}
+        calendars = device.get("calendars") or {}
         for sid in subs.get(device["id"], ()):
+            start, end = read_window(calendar_rules(own, calendars.get(sid)).values(), now, horizon)
+            window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
             windows[sid] = max(windows.get(sid, window), window)
     return windows
 

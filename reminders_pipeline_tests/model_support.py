@@ -92,6 +92,7 @@ class Occurrence:
     alarms: tuple[str, ...]
     series: bool = False  # an instance of the feed's recurring series
     declined: bool = False  # ATTENDEE declined it
+    url: str = ""  # the source it came from
 
     def instant(self, wall_or_unix: int, tz: str | None) -> int:
         """The instant of one of this item's times on a device in ``tz`` (RFC 5545: fold 0)."""
@@ -144,7 +145,15 @@ class Feed:
         for e in self.events.values():
             item_id = e.uid if self.url == JSON_URL else _occurrence_id(e.uid, _ics_value(e.start, e.kind))
             out[item_id] = Occurrence(
-                item_id, e.title, e.start, e.end, e.kind, e.cancelled, alarm_leads(e), declined=bool(e.declined)
+                item_id,
+                e.title,
+                e.start,
+                e.end,
+                e.kind,
+                e.cancelled,
+                alarm_leads(e),
+                declined=bool(e.declined),
+                url=self.url,
             )
         if self.series is not None and not self.series.runaway:  # a flood is dropped alone: its read is partial
             s = self.series
@@ -154,7 +163,9 @@ class Feed:
                     continue
                 _, start, title, cancelled = moved.get(original, (original, original, s.title, False))
                 item_id = _occurrence_id(s.uid, _ics_value(original, "utc"))
-                out[item_id] = Occurrence(item_id, title, start, start + s.duration, "utc", cancelled, (), series=True)
+                out[item_id] = Occurrence(
+                    item_id, title, start, start + s.duration, "utc", cancelled, (), series=True, url=self.url
+                )
         return out
 
     def body(self) -> tuple[bytes, str]:

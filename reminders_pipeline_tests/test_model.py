@@ -59,6 +59,7 @@ from reminders_pipeline.schema import devices as devices_t
 from reminders_pipeline.schema import notification_queue as queue_t
 from reminders_pipeline.schema import sources as sources_t
 from reminders_pipeline.settings import Settings
+from reminders_pipeline.subscription import CalendarSettings
 from reminders_pipeline.times import Instant
 
 from .conftest import LEDGER_TABLES
@@ -100,6 +101,7 @@ LEADS = (0, 300, 1800, 3600)
 EXTRA = ((), ("lead:600",), ("lead:0@expiry",), ("lead:900!",))
 DAY_RULES = (("day:0@09:00",), ("day:1@20:00",), ("day:0@02:30",))
 DEVICES = ("d0", "d1", "d2")
+CALENDAR_RULES = ("lead:1500", "day:0@07:00")  # a calendar's own rules (``Device.calendar == "rules"``)
 WALL_TIMES = (90, 135, 165, 195, 420, 540, 720, 1350)  # minutes after local midnight: 01:30, 02:15, ...
 MAX_EVENTS = 5
 ITEM_CAP = 4
@@ -126,6 +128,7 @@ DEVICE_CHOICES = {
     "alarms": st.booleans(),
     "urls": st.sampled_from(((JSON_URL, ICS_URL), (JSON_URL, ICS_URL), (ICS_URL,), (JSON_URL,))),
     "attendee": st.booleans(),
+    "calendar": st.sampled_from((None, None, "rules", "muted", "breakthrough")),
 }
 SETTLED_OUTCOMES = {"sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours"}
 NEEDS_DETAIL = {"failed", "voided"}
@@ -148,6 +151,23 @@ class Device:
     alarms: bool = False
     urls: tuple[str, ...] = (JSON_URL, ICS_URL)
     attendee: bool = False  # names ATTENDEE as its person's address
+    calendar: str | None = None  # its settings for ICS_URL: "rules" (CALENDAR_RULES), "muted" or "breakthrough"
+
+    @property
+    def calendars(self) -> dict[str, CalendarSettings]:
+        if self.calendar is None or ICS_URL not in self.urls:
+            return {}
+        rules = CALENDAR_RULES if self.calendar == "rules" else None
+        return {ICS_URL: CalendarSettings(rules, None, self.calendar == "breakthrough", self.calendar == "muted")}
+
+    def spec(self, device_id: str) -> DeviceSpec:
+        return DeviceSpec(
+            device_id, self.token, self.lead, self.extra, self.urls, self.tz, self.day_rules, self.quiet,
+            self.alarms, self.attendees, calendars=self.calendars,
+        )  # fmt: skip
+
+    def breaks_through(self, occ: Occurrence) -> bool:
+        return occ.url in self.calendars and self.calendars[occ.url].breakthrough
 
     @property
     def attendees(self) -> tuple[str, ...]:
@@ -156,10 +176,15 @@ class Device:
     def rules_for(self, occ: Occurrence) -> set[str]:
         """The rules the device wants for this item: none for an invitation its person declined;
         its own alarms when it uses them, else its day rules (all-day items) or lead rules (timed ones)."""
-        if self.attendee and occ.declined:
+        calendar = self.calendars.get(occ.url)
+        if (self.attendee and occ.declined) or (calendar is not None and calendar.muted):
             return set()
         if self.alarms and occ.alarms:
             return {parse_rule(r).name for r in occ.alarms}
+        own = [parse_rule(r) for r in calendar.rules] if calendar is not None and calendar.rules else []
+        kind = [r.name for r in own if r.all_day == (occ.kind == "all_day")]
+        if kind:
+            return set(kind)
         if occ.kind == "all_day":
             return {parse_rule(r).name for r in self.day_rules}
         return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra)}
@@ -481,20 +506,17 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @rule(which=st.sampled_from(DEVICES), **DEVICE_CHOICES)
     def put(self, which: str, lead: int, extra: tuple[str, ...], day_rules: tuple[str, ...], tz: str | None,
-            quiet: str | None, alarms: bool, urls: tuple[str, ...], attendee: bool) -> None:  # fmt: skip
-        """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources, whose invitations)."""
+            quiet: str | None, alarms: bool, urls: tuple[str, ...], attendee: bool,
+            calendar: str | None) -> None:  # fmt: skip
+        """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources, whose
+        invitations, its settings for the calendar)."""
         generation = self.generations.setdefault(which, 0)
         token = token_of(DEVICES.index(which), generation)
         old = self.devices.get(which)
         if tz is None and old is not None:
             tz = old.tz  # an omitted zone keeps the stored one
-        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls, attendee)
-        put_device(
-            self.db,
-            self.settings,
-            DeviceSpec(which, token, lead, extra, urls, tz, day_rules, quiet, alarms, device.attendees),
-            now=self.iso,
-        )
+        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls, attendee, calendar)
+        put_device(self.db, self.settings, device.spec(which), now=self.iso)
         self.devices[which] = device
         self._refresh_sources()
         if old is not None and (old.tz, old.quiet) != (tz, quiet):
@@ -530,10 +552,7 @@ class ReminderMachine(RuleBasedStateMachine):
         device_id = sorted(self.devices)[which % len(self.devices)]
         self.generations[device_id] += 1
         d = replace(self.devices[device_id], token=token_of(DEVICES.index(device_id), self.generations[device_id]))
-        spec = DeviceSpec(
-            device_id, d.token, d.lead, d.extra, d.urls, d.tz, d.day_rules, d.quiet, d.alarms, d.attendees
-        )
-        put_device(self.db, self.settings, spec, now=self.iso)
+        put_device(self.db, self.settings, d.spec(device_id), now=self.iso)
         self.devices[device_id] = d
 
     @precondition(lambda self: bool(self.devices))
@@ -827,6 +846,7 @@ class ReminderMachine(RuleBasedStateMachine):
         if (
             current is not None
             and not parse_rule(s.rule).breakthrough
+            and not current.breaks_through(occ)
             and in_quiet_hours(current.quiet, s.at, current.tz)
         ):
             raise PromiseBroken(f"QUIET_HOURS: {where}: inside the device's quiet hours {current.quiet} ({current.tz})")

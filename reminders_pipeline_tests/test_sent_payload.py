@@ -76,7 +76,7 @@ def test_a_title_cut_to_fit_is_stored_whole():
     note = compose(row)
     assert note.payload["aps"]["alert"]["title"].endswith("…")
     record = record_of_send(row, note)
-    assert record == {"payload": stored_payload(note), "sent_body": None}
+    assert record == {"payload": stored_payload(note), "sent_body": None, "sent_format": None}
     assert sent_payload({**row, **record}) == stored_payload(note)
 
 
@@ -135,7 +135,7 @@ def test_a_send_without_a_body_to_keep_is_stored_whole(body):
     }
     note = compose(row)
     note.payload["aps"]["alert"]["body"] = body
-    assert record_of_send(row, note) == {"payload": stored_payload(note), "sent_body": None}
+    assert record_of_send(row, note) == {"payload": stored_payload(note), "sent_body": None, "sent_format": None}
 
 
 MATRIX_ROW = {

@@ -52,11 +52,13 @@ from ..devices import (
     stored_credential_hash,
 )
 from ..drain import drain as run_drain
+from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
 from ..quiet import first_line
 from ..rules import DEFAULT_ALL_DAY_RULES
 from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory, default_sender_factory
 from ..settings import Settings
+from ..subscription import CalendarSettings
 from ..widget_feed import ComposedFeed, compose_feed
 from ..zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from .contract import (
@@ -197,7 +199,17 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
         body.quiet_hours,
         bool(body.alarms),
         tuple(body.attendees or ()),
+        body.locale,
+        body.clock,
+        {
+            c.url: CalendarSettings(_tuple(c.rules), c.interruption_level, c.breakthrough, c.muted)
+            for c in body.calendars or ()
+        },
     )
+
+
+def _tuple(rules: list[str] | None) -> tuple[str, ...] | None:
+    return None if rules is None else tuple(rules)
 
 
 def parse_row_id(request: Request, from_body: int | None) -> int | None:
@@ -230,6 +242,21 @@ def parse_tz(request: Request) -> Zone | None:
         return Zone(valid_zone_name(texts[0]))
     except ZoneError:
         raise invalid("tz", message) from None
+
+
+def parse_locale(request: Request) -> str | None:
+    """The locale a widget reports as ``locale`` (``de-DE``), as stored; None when it sends none,
+    or one CLDR does not know (the feed answers all the same, and the stored locale stays)."""
+    texts = request.query_params.getlist("locale")
+    message = f"a BCP 47 tag like de-DE, at most {MAX_LOCALE_LENGTH} characters"
+    if not texts:
+        return None
+    if len(texts) > 1 or len(texts[0]) > MAX_LOCALE_LENGTH or not re.fullmatch(LOCALE_SHAPE, texts[0]):
+        raise invalid("locale", message)
+    try:
+        return canonical_locale(texts[0])
+    except LocaleError:
+        return None
 
 
 def _stored_already(reported: Zone, record: ledger.DeviceRecord) -> bool:
@@ -459,21 +486,35 @@ class Api:
     async def feed(self, request: Request) -> Response:
         """The composed feed, item bounds in Unix seconds (the wire contract), soonest first."""
         device_id = request.path_params["device_id"]
-        reported = parse_tz(request)
-        composed = await run_in_threadpool(self._feed, device_id, reported) if valid_device_id(device_id) else None
+        reported, locale = parse_tz(request), parse_locale(request)
+        composed = (
+            await run_in_threadpool(self._feed, device_id, reported, locale) if valid_device_id(device_id) else None
+        )
         if composed is None:
             raise no_device(device_id)
         return JSONResponse(
             {"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed}
         )
 
-    def _feed(self, device_id: str, reported: Zone | None) -> ComposedFeed | None:
+    def _feed(self, device_id: str, reported: Zone | None, locale: str | None) -> ComposedFeed | None:
         record = self._device(device_id)
         if record is None:
             return None
         if reported is not None and not _stored_already(reported, record):
             self._store_zone(device_id, reported)  # before composing: floating calendar times use the zone
+        if locale is not None and locale != record.locale:
+            self._store_locale(device_id, locale)
         return compose_feed(self.db, self.settings, device_id)
+
+    def _store_locale(self, device_id: str, locale: str) -> None:
+        """Conditional and best-effort, as ``_store_zone``: a locale can never fail a feed request."""
+        try:
+            with self.db.write() as conn:
+                ledger.store_locale(conn, device_id, locale)
+        except Exception as exc:  # noqa: BLE001
+            log.warning(
+                "could not store the locale %s for %s: %s: %s", locale, device_id, type(exc).__name__, first_line(exc)
+            )
 
     def _store_zone(self, device_id: str, reported: Zone) -> None:
         """Conditional (only a changed zone or offset reaches here, and the UPDATE re-checks) and best-effort."""

@@ -46,10 +46,12 @@ from ..devices import (
     MAX_URL_LENGTH,
 )
 from ..feed import ADDRESS_TEXT_LENGTH
+from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
 from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
 from ..sources import shown_url
+from ..subscription import MAX_CALENDAR_RULES
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
@@ -104,6 +106,7 @@ DeviceId = Annotated[str, Field(pattern=anchored(DEVICE_ID_PATTERN), max_length=
 RowId = Annotated[int, Field(ge=1, le=MAX_ROW_ID), INTEGRAL]
 TzOffset = Annotated[int, Field(ge=-MAX_TZ_OFFSET_SECONDS, le=MAX_TZ_OFFSET_SECONDS), INTEGRAL]
 LeadSeconds = Annotated[int, Field(ge=0, le=MAX_LEAD_SECONDS), INTEGRAL]
+LocaleTag = Annotated[str, Field(pattern=anchored(LOCALE_SHAPE), max_length=MAX_LOCALE_LENGTH)]
 ZoneName = Annotated[str, Field(pattern=anchored(ZONE_NAME_PATTERN), max_length=MAX_ZONE_NAME)]
 SourceUrl = Annotated[
     str,
@@ -149,6 +152,24 @@ class DrainRequest(Request):
     id: RowId | None = Field(None, description="Same as `?id=`.")
 
 
+class Calendar(Request):
+    """A subscribed source's own settings (its URL among `source_urls`); omitted fields are the defaults."""
+
+    url: SourceUrl
+    rules: list[Annotated[str, Field(description="`lead:N`, `lead:N@expiry` or `day:N@HH:MM`")]] | None = Field(
+        None,
+        max_length=MAX_CALENDAR_RULES,
+        description="Its items take these instead of the device's rules, kind by kind (lead rules for timed "
+        "items, day rules for all-day ones); null: the device's. An event's own alarms, for a device that uses "
+        "them, come first.",
+    )
+    interruption_level: Literal["passive", "active", "time-sensitive"] | None = Field(
+        None, description="Its alerts' `interruption-level`; null: the deployment's (`REMINDERS_INTERRUPTION_LEVEL`)."
+    )
+    breakthrough: bool = Field(False, description="Its reminders are sent during the device's quiet hours.")
+    muted: bool = Field(False, description="It alerts nothing; muting voids its pending reminders (`muted`).")
+
+
 class DeviceRegistration(Request):
     """Replaces the device: exactly these rules and sources. Omitted optional fields take their defaults."""
 
@@ -185,6 +206,16 @@ class DeviceRegistration(Request):
         "them declined (`PARTSTAT=DECLINED`) alerts nothing, and a decline after the build voids its "
         "pending reminders (`declined`) at the next read.",
     )
+    locale: LocaleTag | None = Field(
+        None,
+        description="The alerts' language and clock convention, a BCP 47 tag (`de-DE`): times and relative phrases "
+        "from CLDR; words in en, de, fr, es and ja, English for other languages. Omitted or null keeps the stored "
+        "one (the widget reports it too); never set: English, 24-hour clock.",
+    )
+    clock: Literal["12h", "24h"] | None = Field(
+        None, description="Overrides the locale's clock; null: the locale's own."
+    )
+    calendars: list[Calendar] | None = Field(None, max_length=MAX_SOURCES, description="Settings per source.")
 
 
 # ---------------------------------------------------------------- response bodies
@@ -259,6 +290,14 @@ class DrainSummary(BaseModel):
     duration_seconds: float = 0.0
 
 
+class CalendarShown(BaseModel):
+    url: str
+    rules: list[str] | None = None
+    interruption_level: str | None = None
+    breakthrough: bool = False
+    muted: bool = False
+
+
 class Device(BaseModel):
     id: str
     apns_token: str
@@ -272,6 +311,9 @@ class Device(BaseModel):
     quiet_hours: str | None = None
     use_alarms: bool = False
     attendees: list[str] = []
+    locale: str | None = None
+    clock: str | None = None
+    calendars: list[CalendarShown] = Field([], description="The subscriptions with settings of their own.")
     reminders_built_at: StoredTime = None
     token_invalid_at: StoredTime = None
     token_invalid_reason: str | None = None
@@ -498,6 +540,12 @@ FEED = Operation(
             "tz",
             ZoneName | TzOffset,
             "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
+        ),
+        Query(
+            "locale",
+            LocaleTag,
+            "The widget's locale (`de-DE`): the language and clock of the device's alerts, stored only when it "
+            "changed; one CLDR does not know is ignored.",
         ),
     ),
 )

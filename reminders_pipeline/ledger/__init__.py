@@ -54,6 +54,7 @@ from .devices import (
     stale_per_chunk,
     stalest_chunks,
     stamp_built,
+    store_locale,
     store_tz_name,
     store_tz_offset,
     swap_device_credential,
@@ -79,6 +80,7 @@ from .queue import (
     rearm_bounds,
     upsert_rows,
     void_pending_of_device,
+    void_pending_of_urls,
     void_rows,
 )
 from .reports import (
@@ -99,6 +101,7 @@ from .retention import (
     prune_settled,
 )
 from .sources import (
+    calendar_settings,
     claim_source_alerts,
     list_sources,
     record_source_failure,
@@ -109,6 +112,7 @@ from .sources import (
 )
 
 __all__ = [
+    "calendar_settings",
     "CLAIMED",
     "COUNT_CAP",
     "DUE_CHANNEL",
@@ -177,6 +181,7 @@ __all__ = [
     "stale_per_chunk",
     "stalest_chunks",
     "stamp_built",
+    "store_locale",
     "store_tz_name",
     "store_tz_offset",
     "subscriptions",
@@ -184,5 +189,6 @@ __all__ = [
     "upsert_device",
     "upsert_rows",
     "void_pending_of_device",
+    "void_pending_of_urls",
     "void_rows",
 ]

@@ -7,10 +7,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Text, any_, bindparam, delete, exists, or_, select, update
+from sqlalchemy import BigInteger, Connection, Text, and_, any_, bindparam, delete, exists, or_, select, update
 from sqlalchemy.dialects import postgresql
 
-from ..schema import IsoTime, devices, drain_halts
+from ..schema import IsoTime, device_sources, devices, drain_halts
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import CLAIMED, PENDING, insert_on_conflict, now_param, rows_json, rows_text
@@ -114,7 +114,23 @@ def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) ->
         for r in conn.execute(select(devices.c.id, *_CLAIM_DEVICE_COLUMNS).where(devices.c.id.in_(dev_ids))).mappings()
     }
     empty = {c.name: None for c in _CLAIM_DEVICE_COLUMNS}
-    return [{**r, **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty)} for r in claimed]
+    calendar = {
+        (r["device_id"], r["source_id"]): r
+        for r in conn.execute(
+            select(device_sources.c.device_id, device_sources.c.source_id, *_CLAIM_CALENDAR_COLUMNS).where(
+                device_sources.c.device_id.in_(dev_ids)
+            )
+        ).mappings()
+    }
+    no_calendar = {c.name: None for c in _CLAIM_CALENDAR_COLUMNS}
+    return [
+        {
+            **r,
+            **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty),
+            **{k: calendar.get((r["device_id"], r["source_id"]), no_calendar)[k] for k in no_calendar},
+        }
+        for r in claimed
+    ]
 
 
 _CLAIM_DEVICE_COLUMNS = (
@@ -123,6 +139,13 @@ _CLAIM_DEVICE_COLUMNS = (
     devices.c.token_invalid_at,
     devices.c.tz_name,
     devices.c.quiet_hours,
+    devices.c.locale,
+    devices.c.clock,
+)
+# What the row's calendar subscription says of its send (``subscription.CalendarSettings``).
+_CLAIM_CALENDAR_COLUMNS = (
+    device_sources.c.interruption_level,
+    device_sources.c.breakthrough.label("calendar_breakthrough"),
 )
 
 
@@ -155,16 +178,23 @@ def _claim_statement(dialect: str) -> Any:
     )
     stmt = update(q).where(q.c.id == target.c.id, *_due(target, now)).values(**values).returning(*q.c)
     claimed = stmt.cte("claimed")  # one round trip: the UPDATE as a CTE joined to devices
-    return select(claimed, *_CLAIM_DEVICE_COLUMNS).outerjoin(devices, devices.c.id == claimed.c.device_id)
+    calendar = and_(
+        device_sources.c.device_id == claimed.c.device_id, device_sources.c.source_id == claimed.c.source_id
+    )
+    return (
+        select(claimed, *_CLAIM_DEVICE_COLUMNS, *_CLAIM_CALENDAR_COLUMNS)
+        .outerjoin(devices, devices.c.id == claimed.c.device_id)
+        .outerjoin(device_sources, calendar)
+    )
 
 
-SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "sent_body", "apns_id", "sent_at")
+SETTLE_FIELDS = ("id", "outcome", "outcome_detail", "payload", "sent_body", "sent_format", "apns_id", "sent_at")
 
 
 _SETTLE_ROWS_SOURCE = {
     "postgresql": (
         "SELECT r.* FROM json_to_recordset(CAST(:rows AS json)) AS r(id bigint, outcome text, "
-        "outcome_detail text, payload text, sent_body text, apns_id text, sent_at text)"
+        "outcome_detail text, payload text, sent_body text, sent_format int, apns_id text, sent_at text)"
     ),
     "sqlite": "SELECT "
     + ", ".join(f"json_extract(value, '$.{c}') AS {c}" for c in SETTLE_FIELDS)
@@ -174,7 +204,8 @@ _SETTLE_ROWS_SOURCE = {
 
 _SETTLE = """
 UPDATE notification_queue AS q SET status = 'settled', outcome = r.outcome, outcome_detail = r.outcome_detail,
-    payload = r.payload, sent_body = r.sent_body, apns_id = r.apns_id, sent_at = r.sent_at, settled_at = :now, updated_at = :now
+    payload = r.payload, sent_body = r.sent_body, sent_format = r.sent_format, apns_id = r.apns_id, sent_at = r.sent_at,
+    settled_at = :now, updated_at = :now
 FROM ({rows}) AS r
 WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 """
@@ -183,8 +214,8 @@ WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: Instant) -> int:
     """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
 
-    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, sent_body, apns_id, sent_at``
-    (``payload``/``sent_body`` as ``notification.record_of_send`` makes them).
+    Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, sent_body, sent_format,
+    apns_id, sent_at`` (``payload``/``sent_body``/``sent_format`` as ``notification.record_of_send`` makes them).
     """
     if not settlements:
         return 0

@@ -30,6 +30,7 @@ from ..schema import IsoTime, device_sources, devices, sources
 from ..times import Instant
 from ._common import batches, insert_on_conflict, unix_of
 from .queue import end_holds, void_pending_of_device
+from .sources import HAS_CALENDAR_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,16 @@ class DeviceRecord:
     quiet_hours: str | None = None
     use_alarms: bool = False
     attendees: tuple[str, ...] = ()
+    locale: str | None = None
+    clock: str | None = None
+    calendars: tuple[dict[str, Any], ...] = ()  # subscriptions with settings of their own, as shown
 
     def as_dict(self) -> dict[str, Any]:
         """As the CLI and the HTTP routes show it: lists, and each time as its stored text."""
         d = {k: v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
         d["all_day_rules"], d["attendees"] = list(self.all_day_rules), list(self.attendees)
+        d["calendars"] = [dict(c) for c in self.calendars]
         return d
 
 
@@ -107,6 +112,8 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: Instant) -> 
             "quiet_hours": ins.excluded.quiet_hours,
             "use_alarms": ins.excluded.use_alarms,
             "attendees": ins.excluded.attendees,
+            "locale": func.coalesce(ins.excluded.locale, devices.c.locale),  # omitted: the widget's last
+            "clock": ins.excluded.clock,
             "tz_name": func.coalesce(ins.excluded.tz_name, devices.c.tz_name),  # omitted: the widget's last
             "chunk": ins.excluded.chunk,
             "updated_at": ins.excluded.updated_at,
@@ -135,16 +142,19 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
         stmt = stmt.where(where)
     rows = conn.execute(stmt).mappings().all()
     urls: dict[str, list[str]] = {r["id"]: [] for r in rows}
+    calendars: dict[str, list[dict[str, Any]]] = {r["id"]: [] for r in rows}
     if rows:
         for ids in batches(list(urls)):
             sub = (
-                select(device_sources.c.device_id, sources.c.url)
+                select(device_sources, sources.c.url, HAS_CALENDAR_SETTINGS.label("own"))
                 .join(sources, sources.c.id == device_sources.c.source_id)
                 .where(device_sources.c.device_id.in_(ids))
                 .order_by(sources.c.url)
             )
-            for dev, url in conn.execute(sub):
-                urls[dev].append(url)
+            for s in conn.execute(sub).mappings():
+                urls[s["device_id"]].append(s["url"])
+                if s["own"]:
+                    calendars[s["device_id"]].append(_shown_calendar(dict(s)))
     return [
         DeviceRecord(
             id=r["id"],
@@ -165,9 +175,23 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             quiet_hours=r["quiet_hours"],
             use_alarms=bool(r["use_alarms"]),
             attendees=tuple(r["attendees"].split()),
+            locale=r["locale"],
+            clock=r["clock"],
+            calendars=tuple(calendars[r["id"]]),
         )
         for r in rows
     ]
+
+
+def _shown_calendar(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A subscription's own settings as the CLI and the device API show them."""
+    return {
+        "url": row["url"],
+        "rules": None if row["rules"] is None else row["rules"].split(),
+        "interruption_level": row["interruption_level"],
+        "breakthrough": bool(row["breakthrough"]),
+        "muted": bool(row["muted"]),
+    }
 
 
 def get_device(conn: Connection, device_id: str) -> DeviceRecord | None:
@@ -304,6 +328,16 @@ def store_tz_name(conn: Connection, device_id: str, tz_name: str, now: Instant |
         .values(tz_name=tz_name)
     )
     return _zone_changed(conn, stmt, device_id, now)
+
+
+def store_locale(conn: Connection, device_id: str, locale: str) -> bool:
+    """Conditional like ``store_tz_name``: the widget's locale, written only when it changed."""
+    stmt = (
+        update(devices)
+        .where(devices.c.id == device_id, devices.c.locale.is_distinct_from(locale))
+        .values(locale=locale)
+    )
+    return conn.execute(stmt).rowcount == 1
 
 
 def _zone_changed(conn: Connection, stmt: Any, device_id: str, now: Instant | None) -> bool:

@@ -7,12 +7,12 @@ voids beside them are what undo a plan; split, the agreement would cross modules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, case, func, select, update
 
-from ..schema import devices, notification_history
+from ..schema import devices, notification_history, sources
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import PENDING, batches, rows_json, rows_text
@@ -106,7 +106,7 @@ ON CONFLICT (device_id, item_id, rule) DO UPDATE SET
     source_id = excluded.source_id, send_after = excluded.send_after, event_at = excluded.event_at,
     expires_at = excluded.expires_at, title = excluded.title, body = excluded.body, item_at = excluded.item_at, status = 'pending',
     outcome = NULL, outcome_detail = CASE WHEN q.status = 'pending' THEN q.outcome_detail END,
-    payload = NULL, sent_body = NULL, apns_id = NULL, claimed_by = NULL,
+    payload = NULL, sent_body = NULL, sent_format = NULL, apns_id = NULL, claimed_by = NULL,
     attempts = q.attempts,
     not_before = CASE WHEN q.status <> 'pending' THEN NULL
         WHEN q.held_until > :now AND q.not_before = q.held_until THEN NULL ELSE q.not_before END,
@@ -157,7 +157,8 @@ _REARM = (
 UPDATE notification_queue AS q SET
     source_id = r.source_id, send_after = r.send_after, event_at = r.event_at, expires_at = r.expires_at,
     title = r.title, body = r.body, item_at = r.item_at, status = 'pending', outcome = NULL, outcome_detail = NULL, payload = NULL,
-    sent_body = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL, sent_at = NULL, attempts = 0,
+    sent_body = NULL, sent_format = NULL, apns_id = NULL, claimed_by = NULL, claimed_at = NULL, settled_at = NULL,
+    sent_at = NULL, attempts = 0,
     not_before = NULL, held_until = NULL, updated_at = :now
 FROM ({rows}) AS r
 WHERE """
@@ -339,6 +340,19 @@ def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: I
     return conn.execute(
         update(q)
         .where(q.c.device_id == device_id, q.c.status == PENDING)
+        .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
+    ).rowcount
+
+
+def void_pending_of_urls(conn: Connection, device_id: str, urls: Iterable[str], detail: str, now: Instant) -> int:
+    """Void a device's pending rows of the sources at these URLs (the device muted them)."""
+    wanted = sorted(set(urls))
+    if not wanted:
+        return 0
+    of_urls = select(sources.c.id).where(sources.c.url.in_(wanted))
+    return conn.execute(
+        update(q)
+        .where(q.c.device_id == device_id, q.c.source_id.in_(of_urls), q.c.status == PENDING)
         .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
     ).rowcount
 

@@ -5,15 +5,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Text, bindparam, case, delete, func, literal, select, update
+from sqlalchemy import Connection, Text, bindparam, case, delete, func, literal, or_, select, update
 
 from ..schema import IsoTime, device_sources, sources
 from ..times import Instant
 from ._common import batches, insert_on_conflict
 
 
-def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now: Instant) -> None:
-    """Make the device subscribe to exactly ``urls``, creating sources on first use."""
+def set_subscriptions(
+    conn: Connection,
+    device_id: str,
+    urls: Sequence[str],
+    now: Instant,
+    calendars: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """Make the device subscribe to exactly ``urls``, creating sources on first use, each with its
+    ``calendars`` settings as columns (``subscription.CalendarSettings.columns``; a URL not named
+    there: ``CALENDAR_DEFAULTS``)."""
     if urls:
         ins = insert_on_conflict(conn)(sources)
         # In sorted order: two registrations inserting the same new URLs in opposite orders would
@@ -31,6 +39,40 @@ def set_subscriptions(conn: Connection, device_id: str, urls: Sequence[str], now
             select(literal(device_id).label("device_id"), sources.c.id).where(sources.c.url.in_(list(urls))),
         )
         conn.execute(ins.on_conflict_do_nothing())
+        _set_calendar_settings(conn, device_id, urls, calendars or {})
+
+
+def _set_calendar_settings(
+    conn: Connection, device_id: str, urls: Sequence[str], calendars: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """One statement for every subscription of the device, each url's settings or the defaults."""
+    source_id = select(sources.c.id).where(sources.c.url == bindparam("b_url")).scalar_subquery()
+    stmt = (
+        update(device_sources)
+        .where(device_sources.c.device_id == device_id, device_sources.c.source_id == source_id)
+        .values({c: bindparam(f"b_{c}") for c in CALENDAR_DEFAULTS})
+    )
+    rows = [{f"b_{c}": v for c, v in {**CALENDAR_DEFAULTS, **calendars.get(u, {})}.items()} for u in urls]
+    conn.execute(stmt, [{"b_url": u, **row} for u, row in zip(urls, rows, strict=True)])
+
+
+CALENDAR_DEFAULTS: dict[str, Any] = {"rules": None, "interruption_level": None, "breakthrough": 0, "muted": 0}
+HAS_CALENDAR_SETTINGS = or_(
+    device_sources.c.rules.is_not(None),
+    device_sources.c.interruption_level.is_not(None),
+    device_sources.c.breakthrough != 0,
+    device_sources.c.muted != 0,
+)
+
+
+def calendar_settings(conn: Connection, device_ids: Sequence[str]) -> dict[str, dict[int, dict[str, Any]]]:
+    """The subscriptions of these devices with settings of their own, as columns, by device and source."""
+    out: dict[str, dict[int, dict[str, Any]]] = {d: {} for d in device_ids}
+    for ids in batches(list(device_ids)):
+        stmt = select(device_sources).where(device_sources.c.device_id.in_(ids), HAS_CALENDAR_SETTINGS)
+        for row in conn.execute(stmt).mappings():
+            out[row["device_id"]][row["source_id"]] = {c: row[c] for c in CALENDAR_DEFAULTS}
+    return out
 
 
 def subscriptions(conn: Connection, device_ids: Sequence[str]) -> dict[str, list[int]]:

@@ -1,0 +1,130 @@
+"""An alert's text in the person's language: its clock time, date and relative phrases ("in 15
+minutes", "morgen um 9:00") from CLDR through Babel, in the locale's 12- or 24-hour clock unless
+the device names one.
+
+Babel's CLDR data has no words for "starts", "ends", "today" and "tomorrow" and no "{day} at
+{time}" pattern, so those few come from ``WORDS``, written for each language it lists. A locale
+of another language is shown in English with its own clock (``pt-BR``: 24 hours). Titles are never
+translated: they are the calendar's own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Literal
+
+import babel
+from babel.dates import format_skeleton, format_timedelta
+
+from .rules import MAX_DAYS
+
+Clock = Literal["12h", "24h"]
+CLOCKS: tuple[Clock, ...] = ("12h", "24h")
+MAX_LOCALE_LENGTH = 35  # BCP 47 tags in practice; longer ones are refused before Babel parses them
+LOCALE_SHAPE = r"[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*"  # a BCP 47 tag's shape, whether CLDR knows it or not
+FALLBACK = "en"
+
+
+@dataclass(frozen=True)
+class Words:
+    starts: str  # "{when}" is the time phrase
+    ends: str
+    today: str
+    tomorrow: str
+    now: str
+    at: str  # "{day}" and "{time}"
+
+
+WORDS = {
+    "en": Words("Starts {when}", "Ends {when}", "today", "tomorrow", "now", "{day} at {time}"),
+    "de": Words("Beginnt {when}", "Endet {when}", "heute", "morgen", "jetzt", "{day} um {time}"),
+    "fr": Words("Commence {when}", "Se termine {when}", "aujourd’hui", "demain", "maintenant", "{day} à {time}"),
+    "es": Words("Empieza {when}", "Termina {when}", "hoy", "mañana", "ahora", "{day} a las {time}"),
+    "ja": Words("{when}に開始", "{when}に終了", "今日", "明日", "今すぐ", "{day} {time}"),
+}
+
+
+class LocaleError(ValueError):
+    """A locale Babel does not know, or a clock other than ``12h``/``24h``."""
+
+
+def canonical_locale(text: str) -> str:
+    """A BCP 47 tag as stored (``de-DE``), or ``LocaleError`` for one CLDR does not know."""
+    if not isinstance(text, str) or len(text) > MAX_LOCALE_LENGTH or not re.fullmatch(LOCALE_SHAPE, text):
+        raise LocaleError(f"a locale is a BCP 47 tag like 'de-DE' of at most {MAX_LOCALE_LENGTH} characters")
+    unknown = LocaleError(f"unknown locale {text!r}: expected a tag like 'de-DE'")
+    tag = text.strip().replace("_", "-")
+    if tag.split("-")[0].lower() in ("root", "und"):
+        raise unknown
+    try:
+        parsed = babel.Locale.parse(tag, sep="-")
+    except (ValueError, TypeError, babel.UnknownLocaleError):
+        raise unknown from None
+    return str(parsed).replace("_", "-")
+
+
+def valid_clock(text: str | None) -> Clock | None:
+    if text is None:
+        return None
+    for clock in CLOCKS:
+        if text == clock:
+            return clock
+    raise LocaleError(f"clock must be '12h' or '24h', got {str(text)[:16]!r}")
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """How one device's alerts are worded: a Babel locale, its words, and its clock."""
+
+    locale: babel.Locale
+    words: Words
+    clock: Clock
+
+    def time(self, wall: datetime) -> str:
+        return format_skeleton("hm" if self.clock == "12h" else "Hm", wall, locale=self.locale)
+
+    def when(self, at: datetime, sent: datetime) -> str:
+        """The time phrase of ``at`` seen from ``sent`` (both local wall times): "in 15 minutes ·
+        2:30 PM" the same day, "tomorrow at 9:00 AM" the next, "Thu, Dec 10 at 9:00 AM" later."""
+        days = (at.date() - sent.date()).days
+        time = self.time(at)
+        if days <= 0:
+            ahead = at - sent
+            relative = (
+                self.words.now
+                if ahead < timedelta(minutes=1)
+                else format_timedelta(ahead, add_direction=True, threshold=2, locale=self.locale)
+            )
+            return f"{relative} · {time}"
+        day = self.words.tomorrow if days == 1 else format_skeleton("MMMEd", at, locale=self.locale)
+        return self.words.at.format(day=day, time=time)
+
+    def day(self, days: int) -> str:
+        """An all-day reminder's day: "Today", "Tomorrow", "In 3 days"."""
+        if days == 0:
+            text = self.words.today
+        elif days == 1:
+            text = self.words.tomorrow
+        else:
+            text = format_timedelta(
+                timedelta(days=days),
+                granularity="day",
+                threshold=MAX_DAYS + 1,  # in days, never months
+                add_direction=True,
+                locale=self.locale,
+            )
+        return text[:1].upper() + text[1:]
+
+
+@lru_cache(maxsize=256)
+def speaker(locale: str, clock: Clock | None = None) -> Speaker:
+    """The ``Speaker`` of a stored locale (cached: a drain words many alerts for few locales).
+    A language ``WORDS`` lacks speaks English, keeping its own clock."""
+    asked = babel.Locale.parse(locale, sep="-")
+    own = asked if asked.language in WORDS else babel.Locale.parse(FALLBACK)
+    pattern = asked.time_formats["short"].pattern
+    hours = clock or ("12h" if "h" in pattern or "K" in pattern else "24h")
+    return Speaker(own, WORDS[own.language], hours)
