@@ -28,7 +28,7 @@ from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rec
 from .drain import drain as run_drain
 from .notification import as_shown
 from .phrases import CLOCKS
-from .rules import DEFAULT_ALL_DAY_RULES
+from .rules import DEFAULT_ALL_DAY_RULES, MAX_TRAVEL_SECONDS
 from .schema import OUTCOMES, STATUSES
 from .sender import default_sender_factory
 from .settings import Settings, SettingsError
@@ -157,9 +157,12 @@ def _calendars(
     levels: tuple[tuple[str, str], ...],
     breakthrough: tuple[str, ...],
     muted: tuple[str, ...],
+    travel: tuple[tuple[str, int], ...],
 ) -> dict[str, CalendarSettings]:
     """The ``--calendar-*`` options as settings per source URL."""
-    urls = dict.fromkeys([u for u, _ in rules] + [u for u, _ in levels] + list(breakthrough) + list(muted))
+    urls = dict.fromkeys(
+        [u for u, _ in rules] + [u for u, _ in levels] + list(breakthrough) + list(muted) + [u for u, _ in travel]
+    )
     out = {}
     for url in urls:
         own = [r for u, r in rules if u == url]
@@ -169,7 +172,14 @@ def _calendars(
                 f"one level per source, got {len(level)} for {shown_url(url)}", param_hint="--calendar-level"
             )
         try:
-            out[url] = checked(own or None, level[0] if level else None, url in breakthrough, url in muted)
+            seconds = [t for u, t in travel if u == url]
+            out[url] = checked(
+                own or None,
+                level[0] if level else None,
+                url in breakthrough,
+                url in muted,
+                seconds[-1] if seconds else None,
+            )
         except SubscriptionError as exc:
             raise click.BadParameter(str(exc), param_hint="--calendar-rule") from None
     return out
@@ -222,6 +232,14 @@ def _calendars(
     "--calendar-breakthrough", multiple=True, metavar="URL", help="That source's reminders break through quiet hours."
 )
 @click.option("--calendar-muted", multiple=True, metavar="URL", help="That source alerts nothing. Repeatable.")
+@click.option(
+    "--calendar-travel",
+    "calendar_travel",
+    type=(str, click.IntRange(1, MAX_TRAVEL_SECONDS)),
+    multiple=True,
+    metavar="URL SECONDS",
+    help="A `leave` reminder that long before each timed item of that source without its own travel time.",
+)
 @pass_ctx
 def device_put(
     ctx: Ctx,
@@ -242,6 +260,7 @@ def device_put(
     calendar_levels: tuple[tuple[str, str], ...],
     calendar_breakthrough: tuple[str, ...],
     calendar_muted: tuple[str, ...],
+    calendar_travel: tuple[tuple[str, int], ...],
 ) -> None:
     """Create or replace a device: exactly these rules and sources.
 
@@ -264,7 +283,7 @@ def device_put(
         attendees,
         locale,
         clock,
-        _calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted),
+        _calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted, calendar_travel),
     )
     try:
         registration = put_device(ctx.db, ctx.settings, spec)

@@ -153,7 +153,9 @@ def _calendars(calendars: Mapping[str, CalendarSettings], urls: Sequence[str]) -
             shown = shown_url(url) if isinstance(url, str) else type(url).__name__
             raise DeviceError("calendars", f"{shown} is not among the device's sources")
         try:
-            settings = checked(given.rules, given.interruption_level, given.breakthrough, given.muted)
+            settings = checked(
+                given.rules, given.interruption_level, given.breakthrough, given.muted, given.travel_seconds
+            )
         except SubscriptionError as exc:
             raise DeviceError("calendars", f"{shown_url(url)}: {exc}") from None
         if not settings.default:

@@ -34,6 +34,7 @@ class Item:
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
     alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
     declined: tuple[str, ...] = ()  # attendee addresses that declined (``PARTSTAT=DECLINED``), lowercase, sorted
+    travel_seconds: int = 0  # the calendar's travel time to it (``X-APPLE-TRAVEL-DURATION``): a ``leave`` reminder
 
     def declined_by(self, addresses: frozenset[str]) -> bool:
         """Whether one of a device's attendee addresses declined this invitation."""
@@ -78,11 +79,12 @@ class Item:
             self.tail_seconds,
             list(self.alarms),
             list(self.declined),
+            self.travel_seconds,
         ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> Item:
-        return cls(*data[:8], *(tuple(marks) for marks in data[8:10]))
+        return cls(*data[:8], *(tuple(marks) for marks in data[8:10]), *data[10:11])
 
 
 ASIDE_CAPS = 10  # past the cap, items are set aside whole (calendars: counted at all) up to this many caps

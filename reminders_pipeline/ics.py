@@ -76,7 +76,7 @@ from .feed import (
     address_of,
     checked_item,
 )
-from .rules import MAX_LEAD_SECONDS
+from .rules import MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
 FALLBACK_TITLE = "Untitled event"
@@ -224,10 +224,18 @@ def _raw_item(event: Any, durations: dict[tuple[str, str], timedelta]) -> dict[s
         "tail_seconds": tail if floating else 0,
         "alarms": alarm_rules(event, start),
         "declined": declined(event),
+        "travel_seconds": 0 if isinstance(start, date) and not isinstance(start, datetime) else travel_seconds(event),
     }
 
 
-MARKS = ("floating", "all_day", "tail_seconds", "alarms", "declined")  # ``_raw_item``'s keys that are no wire field
+MARKS = (
+    "floating",
+    "all_day",
+    "tail_seconds",
+    "alarms",
+    "declined",
+    "travel_seconds",
+)  # ``_raw_item``'s keys that are no wire field
 MAX_DECLINED = 64  # declined attendees kept per event, in the calendar's order: each is stored with every occurrence
 
 
@@ -243,6 +251,22 @@ def declined(event: Any) -> tuple[str, ...]:
         if str(params.get("PARTSTAT", "")).upper() == "DECLINED" and len(attendee) <= ADDRESS_TEXT_LENGTH:
             out.add(address_of(str(attendee)))
     return tuple(sorted(out))
+
+
+def travel_seconds(event: Any) -> int:
+    """Apple Calendar's travel time to the event (``X-APPLE-TRAVEL-DURATION``, a DURATION), in
+    seconds; 0 when absent, unreadable, not positive or longer than ``MAX_TRAVEL_SECONDS``."""
+    value = event.get("X-APPLE-TRAVEL-DURATION")
+    if value is None:
+        return 0
+    duration = getattr(value, "dt", None)  # typed by VALUE=DURATION
+    if not isinstance(duration, timedelta):
+        try:
+            duration = icalendar.vDuration.from_ical(value.to_ical().decode())  # type: ignore[no-untyped-call]
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+            return 0
+    seconds = int(duration.total_seconds()) if isinstance(duration, timedelta) else 0
+    return seconds if 0 < seconds <= MAX_TRAVEL_SECONDS else 0
 
 
 def _marks(raw: dict[str, Any]) -> dict[str, Any]:

@@ -55,6 +55,18 @@ def _spoken(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) 
     return words.format(when=when if known else f"{when} UTC")
 
 
+def _leave_text(row: Mapping[str, Any], starts: Instant) -> str:
+    """Time to leave: "Leave now for <title>", with its start and the item's own body (a place)."""
+    if row.get("locale"):
+        speaker = phrases.speaker(row["locale"], phrases.valid_clock(row.get("clock")))
+        zone = zone_of(row)
+        text = speaker.words.leave.format(title=row["title"])
+        text += f" · {speaker.time(_wall(zone.to_wall(starts)))}"
+    else:
+        text = f"Leave now for {row['title']} · Starts at {zone_of(row).clock(starts)}"
+    return f"{text} · {row['body']}" if row.get("body") else text
+
+
 def _wall(seconds: float) -> datetime:
     return datetime(1970, 1, 1) + timedelta(seconds=int(seconds))
 
@@ -98,7 +110,9 @@ def compose(
     rule = parse_rule(row["rule"])
     starts: Instant = row["event_at"]
     ends: Instant = row["expires_at"]
-    if row.get("body"):
+    if rule.leave:
+        body = _leave_text(row, starts)
+    elif row.get("body"):
         body = row["body"]
     elif row.get("locale"):
         body = _spoken(row, rule, starts, ends)

@@ -36,14 +36,27 @@ class Words:
     tomorrow: str
     now: str
     at: str  # "{day}" and "{time}"
+    leave: str  # "{title}": time to leave
 
 
 WORDS = {
-    "en": Words("Starts {when}", "Ends {when}", "today", "tomorrow", "now", "{day} at {time}"),
-    "de": Words("Beginnt {when}", "Endet {when}", "heute", "morgen", "jetzt", "{day} um {time}"),
-    "fr": Words("Commence {when}", "Se termine {when}", "aujourd’hui", "demain", "maintenant", "{day} à {time}"),
-    "es": Words("Empieza {when}", "Termina {when}", "hoy", "mañana", "ahora", "{day} a las {time}"),
-    "ja": Words("{when}に開始", "{when}に終了", "今日", "明日", "今すぐ", "{day} {time}"),
+    "en": Words("Starts {when}", "Ends {when}", "today", "tomorrow", "now", "{day} at {time}", "Leave now for {title}"),
+    "de": Words(
+        "Beginnt {when}", "Endet {when}", "heute", "morgen", "jetzt", "{day} um {time}", "Jetzt aufbrechen zu {title}"
+    ),
+    "fr": Words(
+        "Commence {when}",
+        "Se termine {when}",
+        "aujourd’hui",
+        "demain",
+        "maintenant",
+        "{day} à {time}",
+        "Partez maintenant pour {title}",
+    ),
+    "es": Words(
+        "Empieza {when}", "Termina {when}", "hoy", "mañana", "ahora", "{day} a las {time}", "Sal ya hacia {title}"
+    ),
+    "ja": Words("{when}に開始", "{when}に終了", "今日", "明日", "今すぐ", "{day} {time}", "{title}に出発する時間です"),
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from . import ledger
 from .feed import Item, ParsedFeed
 from .policy import held_send_after
-from .rules import DEFAULT_ALL_DAY_RULES, Rule, device_rules, expiry_anchored, parse_rule
+from .rules import DEFAULT_ALL_DAY_RULES, LEAVE, Rule, device_rules, expiry_anchored, parse_rule
 from .sources import SourceRead
 from .subscription import CalendarSettings, calendar_rules
 from .times import Instant
@@ -46,6 +46,7 @@ class DevicePlan:
     attendees: frozenset[str] = frozenset()  # the device's addresses (``devices.attendees``)
     source_rules: dict[int, set[str]] = field(default_factory=dict)  # the rules each calendar's items take
     muted: set[int] = field(default_factory=set)  # calendars the device muted: no row, pending ones voided
+    leaving: set[str] = field(default_factory=set)  # items with a travel time: a ``leave`` row
     declined: set[str] = field(default_factory=set)  # items one of them declined: no row, pending ones voided
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
@@ -98,7 +99,8 @@ def plan_device(
     calendars: Mapping[int, CalendarSettings] = device.get("calendars") or {}
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(own_rules), uses_alarms=use_alarms)
     plan.attendees = frozenset((device.get("attendees") or "").split())
-    per_source: dict[int, tuple[dict[str, Rule], QuietHours | None]] = {}
+    plan.rules[LEAVE_RULE.name] = LEAVE_RULE
+    per_source: dict[int, _Calendar] = {}
     for source_id in plan.subscribed:
         calendar = calendars.get(source_id)
         if calendar is not None and calendar.muted:
@@ -106,8 +108,12 @@ def plan_device(
             continue
         rules = calendar_rules(own_rules, calendar)
         plan.rules.update(rules)
-        plan.source_rules[source_id] = set(rules)
-        per_source[source_id] = rules, None if calendar is not None and calendar.breakthrough else quiet
+        plan.source_rules[source_id] = {*rules, LEAVE_RULE.name}
+        per_source[source_id] = _Calendar(
+            rules,
+            None if calendar is not None and calendar.breakthrough else quiet,
+            (calendar.travel_seconds if calendar is not None else None) or 0,
+        )
         read = reads.get(source_id)
         feed = read.feed if read is not None else None
         if feed is None:
@@ -115,19 +121,32 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         again = replan.get(source_id, frozenset()) if replan else frozenset()
-        beyond = (now + horizon).whole_seconds + max((r.reach_seconds for r in rules.values()), default=0) + 1
+        reach = max((r.reach_seconds for r in (*rules.values(), LEAVE_RULE)), default=0)
+        beyond = (now + horizon).whole_seconds + reach + 1
         for raw in feed.items:
             since = None if raw.id in again else after
             if since is not None and _left_to_other_steps(raw, since, beyond):
                 continue
             for row, begun in _rows_for(
-                plan, device, source_id, raw, rules, use_alarms, zone, per_source[source_id][1], now, horizon, since
+                plan, device, source_id, raw, per_source[source_id], use_alarms, zone, now, horizon, since
             ):
                 (plan.realign if begun else plan.wanted)[(row["item_id"], row["rule"])] = row
     plan.make_rows = lambda source_id, raw: _rows_for(
-        plan, device, source_id, raw, per_source[source_id][0], use_alarms, zone, per_source[source_id][1], now, None
+        plan, device, source_id, raw, per_source[source_id], use_alarms, zone, now, None
     )
     return plan
+
+
+LEAVE_RULE = parse_rule(LEAVE)
+
+
+@dataclass(frozen=True)
+class _Calendar:
+    """What one subscribed calendar's items are planned with."""
+
+    rules: dict[str, Rule]  # the device's, or the calendar's own (``subscription.calendar_rules``)
+    quiet: QuietHours | None  # None when the calendar breaks through them
+    travel_seconds: int  # the subscription's travel time, for items that state none (0: none)
 
 
 def _left_to_other_steps(raw: Item, after: Instant, beyond: int) -> bool:
@@ -146,10 +165,9 @@ def _rows_for(
     device: dict[str, Any],
     source_id: int,
     raw: Item,
-    rules: dict[str, Rule],
+    calendar: _Calendar,
     use_alarms: bool,
     zone: Zone,
-    quiet: QuietHours | None,
     now: Instant,
     horizon: int | None,
     after: Instant | None = None,
@@ -165,8 +183,13 @@ def _rows_for(
     if horizon is not None:
         plan.feed_items[item_id] = item
     starts, expires = item.starts, item.expires
-    for rule in _item_rules(plan, item_id, raw, rules, use_alarms):
-        send_after = _send_after(rule, raw, starts, expires, zone)
+    travel = 0 if raw.all_day else raw.travel_seconds or calendar.travel_seconds
+    rules = _item_rules(plan, item_id, raw, calendar.rules, use_alarms)
+    if travel:
+        plan.leaving.add(item_id)
+        rules.append(LEAVE_RULE)
+    for rule in rules:
+        send_after = starts - travel if rule.leave else _send_after(rule, raw, starts, expires, zone)
         if horizon is not None and send_after > now + horizon:
             continue
         if after is not None and send_after <= after:
@@ -178,7 +201,7 @@ def _rows_for(
                 "source_id": source_id,
                 "item_id": item_id,
                 "rule": rule.name,
-                "send_after": held_send_after(send_after, rule, anchor, quiet, zone),
+                "send_after": held_send_after(send_after, rule, anchor, calendar.quiet, zone),
                 "event_at": starts,
                 "expires_at": expires,
                 "title": item.title,
@@ -195,7 +218,7 @@ def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule
     if use_alarms and raw.alarms:
         own = [parse_rule(name) for name in raw.alarms]
         plan.rules.update((r.name, r) for r in own)
-        plan.item_rules[item_id] = {r.name for r in own}
+        plan.item_rules[item_id] = {r.name for r in own} | {LEAVE_RULE.name}
         return own
     return [r for r in rules.values() if r.all_day == raw.all_day]
 
@@ -315,6 +338,8 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | No
         return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
     if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
         return "rule_removed"  # the calendar dropped that alarm
+    if row["rule"] == LEAVE_RULE.name and row["item_id"] not in plan.leaving:
+        return "rule_removed"  # the travel time is gone
     if plan.rules[row["rule"]].anchor_time(item.starts, item.expires) <= now:
         return None
     return "out_of_horizon"

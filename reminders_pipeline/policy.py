@@ -42,7 +42,7 @@ def decide(row: Mapping[str, Any], now: Instant, settings: Settings) -> Decision
     starts, expires = row["event_at"], row["expires_at"]
     if rule.anchor in ("start", "day") and now >= expires:
         return "event_expired"
-    if rule.anchor != "day" and rule.lead_seconds > 0 and now >= rule.anchor_time(starts, expires):
+    if rule.anchor != "day" and rule.before_start and now >= rule.anchor_time(starts, expires):
         return "event_started" if rule.anchor == "start" else "event_expired"
     if now - lateness_base(row) > settings.max_lateness_seconds:
         return "too_late"

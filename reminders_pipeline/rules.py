@@ -1,6 +1,9 @@
 """Reminder rules: ``lead:N`` (N seconds before the start), ``lead:N@expiry`` (before expiresAt) and,
 for all-day items, ``day:N@HH:MM`` (N days before the day, at that local time).
 
+``leave`` is time to leave: at the start less the item's travel time (``X-APPLE-TRAVEL-DURATION``,
+or the calendar subscription's travel time), added to every timed item that has one.
+
 A trailing ``!`` (``lead:0!``, ``day:0@09:00!``) lets the rule's reminders break through the
 device's quiet hours.
 
@@ -25,6 +28,8 @@ _RULE = re.compile(r"^lead:(?P<lead>[^@!]*)(?:@(?P<anchor>[^!]*))?(?P<bang>!?)$"
 _DAY_RULE = re.compile(r"^day:(?P<days>[^@!]*)@(?P<hh>\d{2}):(?P<mm>\d{2})(?P<bang>!?)$")
 MAX_LEAD_SECONDS = 366 * 86400
 MAX_DAYS = 366
+LEAVE = "leave"
+MAX_TRAVEL_SECONDS = 3 * 3600  # a longer travel time asks for no leave reminder: every read reaches this far
 DEFAULT_ALL_DAY_RULES = ("day:0@09:00",)
 
 
@@ -38,11 +43,19 @@ class Rule:
     anchor: Anchor = "start"
     at_minutes: int = 0  # day rules: the local time of day, minutes after midnight
     breakthrough: bool = False  # sent during quiet hours
+    leave: bool = False  # time to leave: its lead is the item's travel time
+
+    @property
+    def before_start(self) -> bool:
+        """Sent before its anchor, never after it (a ``lead:0`` may still go within lateness)."""
+        return self.lead_seconds > 0 or self.leave
 
     @property
     def name(self) -> str:
         """The canonical text stored in ``notification_queue.rule``."""
         bang = "!" if self.breakthrough else ""
+        if self.leave:
+            return LEAVE + bang
         if self.anchor == "day":
             hours, minutes = divmod(self.at_minutes, 60)
             return f"day:{self.days}@{hours:02d}:{minutes:02d}{bang}"
@@ -61,6 +74,8 @@ class Rule:
     @property
     def reach_seconds(self) -> int:
         """How far before an item's start its reminder can fall: what a source read must cover."""
+        if self.leave:
+            return MAX_TRAVEL_SECONDS
         return self.lead_seconds + 86400 if self.anchor == "day" else self.lead_seconds
 
     def anchor_time(self, starts_at: Instant, expires_at: Instant) -> Instant:
@@ -80,6 +95,8 @@ def parse_rule(text: str) -> Rule:
     if not isinstance(text, str):
         raise RuleError(f"rule must be text like 'lead:3600', got {text!r}")
     text = text.strip()
+    if text in (LEAVE, LEAVE + "!"):
+        return Rule(0, "start", breakthrough=text.endswith("!"), leave=True)
     if text.startswith("day:"):
         return _parse_day_rule(text)
     match = _RULE.match(text)

@@ -157,6 +157,7 @@ device_sources = _table(
     Column("interruption_level", Text),  # passive, active, time-sensitive; NULL: the deployment's
     Column("breakthrough", Integer, nullable=False, server_default=text("0")),
     Column("muted", Integer, nullable=False, server_default=text("0")),
+    Column("travel_seconds", Integer),  # from 0016: a ``leave`` reminder this long before each timed item
     PrimaryKeyConstraint("device_id", "source_id"),
     Index("ix_device_sources_source", "source_id"),
 )

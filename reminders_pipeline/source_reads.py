@@ -14,7 +14,7 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .plan import rules_of
-from .rules import Rule
+from .rules import LEAVE, Rule, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
 from .subscription import calendar_rules
@@ -59,7 +59,8 @@ def source_windows(
         own = {r.name: r for r in rules_of(device)}
         calendars = device.get("calendars") or {}
         for sid in subs.get(device["id"], ()):
-            start, end = read_window(calendar_rules(own, calendars.get(sid)).values(), now, horizon)
+            rules = (*calendar_rules(own, calendars.get(sid)).values(), parse_rule(LEAVE))  # a travel time may lead
+            start, end = read_window(rules, now, horizon)
             window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
             windows[sid] = max(windows.get(sid, window), window)
     return windows

@@ -1,5 +1,5 @@
 """A device's settings for one calendar it subscribes to (``device_sources``): its own rules, the
-alert's interruption level, breaking through quiet hours, muted.
+alert's interruption level, breaking through quiet hours, muted, a travel time (``leave``).
 
 Precedence for an item: the event's own alarms (when the device uses them), then the calendar's
 rules, then the device's. The calendar's rules replace the device's kind by kind: its lead rules
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .rules import Rule, RuleError, parse_rule
+from .rules import MAX_TRAVEL_SECONDS, Rule, RuleError, parse_rule
 
 Level = Literal["passive", "active", "time-sensitive"]
 LEVELS: tuple[Level, ...] = ("passive", "active", "time-sensitive")
@@ -30,6 +30,7 @@ class CalendarSettings:
     interruption_level: Level | None = None  # None: the deployment's (REMINDERS_INTERRUPTION_LEVEL)
     breakthrough: bool = False  # its reminders are sent during the device's quiet hours
     muted: bool = False
+    travel_seconds: int | None = None  # a ``leave`` reminder this long before each timed item without its own
 
     @property
     def default(self) -> bool:
@@ -42,6 +43,7 @@ class CalendarSettings:
             "interruption_level": self.interruption_level,
             "breakthrough": int(self.breakthrough),
             "muted": int(self.muted),
+            "travel_seconds": self.travel_seconds,
         }
 
     @classmethod
@@ -52,6 +54,7 @@ class CalendarSettings:
             row["interruption_level"],
             bool(row["breakthrough"]),
             bool(row["muted"]),
+            row.get("travel_seconds"),
         )
 
 
@@ -60,6 +63,7 @@ def checked(
     interruption_level: str | None = None,
     breakthrough: bool = False,
     muted: bool = False,
+    travel_seconds: int | None = None,
 ) -> CalendarSettings:
     """Settings as given by a person (the CLI, the device API), canonical, or ``SubscriptionError``."""
     names = None
@@ -73,7 +77,13 @@ def checked(
             raise SubscriptionError(str(exc)) from None
     if interruption_level is not None and interruption_level not in LEVELS:
         raise SubscriptionError(f"interruption level must be one of {', '.join(LEVELS)}, got {interruption_level!r}")
-    return CalendarSettings(names, interruption_level, bool(breakthrough), bool(muted))
+    if travel_seconds is not None and (
+        isinstance(travel_seconds, bool)
+        or not isinstance(travel_seconds, int)
+        or not 0 < travel_seconds <= MAX_TRAVEL_SECONDS
+    ):
+        raise SubscriptionError(f"travel time must be a whole number of seconds from 1 to {MAX_TRAVEL_SECONDS}")
+    return CalendarSettings(names, interruption_level, bool(breakthrough), bool(muted), travel_seconds)
 
 
 def calendar_rules(device_rules: Mapping[str, Rule], settings: CalendarSettings | None) -> dict[str, Rule]:

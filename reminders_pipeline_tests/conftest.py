@@ -12,15 +12,17 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from reminders_pipeline import migrate
+from reminders_pipeline.cli import main
 from reminders_pipeline.db import Database
 from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
 from reminders_pipeline_testing.mock_apns import MockApns
@@ -186,6 +188,21 @@ def fresh_mock(mock: MockApns) -> Iterator[MockApns]:
     mock.min_token_refresh_seconds = None
     mock.goaway_after = None
     mock.refuse(None)
+
+
+@pytest.fixture
+def cli(db_url: str, fresh_mock: MockApns) -> Callable[..., Result]:
+    """``reminders`` on this test's database, sending live to the module's mock APNs: ``cli(*args,
+    code=0)`` runs it and checks its exit code. test_cli.py has its own, a dry run."""
+    runner = CliRunner()
+    env = {"REMINDERS_DATABASE_URL": db_url, "REMINDERS_ENABLED": "true", **fresh_mock.env()}
+
+    def run(*args: str, code: int = 0) -> Result:
+        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return run
 
 
 @pytest.fixture(autouse=True)

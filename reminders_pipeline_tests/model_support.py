@@ -67,6 +67,7 @@ class Event:
     alarm_lead: int | None = None  # a VALARM this many seconds before the start
     alarm_repeat: tuple[int, int] = (0, 0)  # its REPEAT and DURATION (seconds), when it repeats
     declined: bool | None = None  # an invitation to ATTENDEE: True, declined; False, accepted; None, no invitation
+    travel: int | None = None  # X-APPLE-TRAVEL-DURATION, seconds: a ``leave`` reminder at start - travel
 
 
 def alarm_leads(e: Event) -> tuple[str, ...]:
@@ -93,6 +94,7 @@ class Occurrence:
     series: bool = False  # an instance of the feed's recurring series
     declined: bool = False  # ATTENDEE declined it
     url: str = ""  # the source it came from
+    travel: int = 0  # its travel time (timed items only): a ``leave`` reminder
 
     def instant(self, wall_or_unix: int, tz: str | None) -> int:
         """The instant of one of this item's times on a device in ``tz`` (RFC 5545: fold 0)."""
@@ -154,6 +156,7 @@ class Feed:
                 alarm_leads(e),
                 declined=bool(e.declined),
                 url=self.url,
+                travel=(e.travel or 0) if e.kind != "all_day" else 0,
             )
         if self.series is not None and not self.series.runaway:  # a flood is dropped alone: its read is partial
             s = self.series
@@ -200,6 +203,8 @@ def ics_body(feed: Feed) -> str:
         lines += [_ics_time("DTEND", e.end, e.kind), f"SUMMARY:{e.title}"]
         if e.cancelled:
             lines.append("STATUS:CANCELLED")
+        if e.travel:
+            lines.append(f"X-APPLE-TRAVEL-DURATION;VALUE=DURATION:PT{e.travel}S")
         if e.declined is not None:
             lines.append(f"ATTENDEE;PARTSTAT={'DECLINED' if e.declined else 'ACCEPTED'}:mailto:{ATTENDEE}")
         if e.alarm_lead is not None:

@@ -10,28 +10,13 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from click.testing import CliRunner
 
-from reminders_pipeline.cli import main
 from reminders_pipeline.notification import sent_payload
 from reminders_pipeline.times import Instant
 
 from .support import TOKEN, rows
 
 pytestmark = pytest.mark.usefixtures("fresh_mock")
-
-
-@pytest.fixture
-def cli(db_url, mock):
-    runner = CliRunner()
-    env = {"REMINDERS_DATABASE_URL": db_url, "REMINDERS_ENABLED": "true", **mock.env()}
-
-    def run(*args: str, code: int = 0):
-        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == code, result.output
-        return result
-
-    return run
 
 
 def items(prefix: str, starts: int, n: int = 2) -> list[dict]:

@@ -11,9 +11,7 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from click.testing import CliRunner
 
-from reminders_pipeline.cli import main
 from reminders_pipeline.devices import MAX_ATTENDEES, DeviceError, DeviceSpec, put_device
 from reminders_pipeline.feed import ParsedFeed
 from reminders_pipeline.ics import MAX_DECLINED, parse_ics_feed
@@ -61,19 +59,6 @@ def calendar(starts: int, *, standup: str = "ACCEPTED", review: str = "DECLINED"
         + skipped
         + "END:VCALENDAR\r\n"
     )
-
-
-@pytest.fixture
-def cli(db_url, mock):
-    runner = CliRunner()
-    env = {"REMINDERS_DATABASE_URL": db_url, "REMINDERS_ENABLED": "true", **mock.env()}
-
-    def run(*args: str, code: int = 0):
-        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == code, result.output
-        return result
-
-    return run
 
 
 def titled(db, device_id: str, title: str) -> list[dict]:

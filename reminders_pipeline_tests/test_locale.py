@@ -12,10 +12,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from babel.dates import format_skeleton, format_timedelta
-from click.testing import CliRunner
 
 from reminders_pipeline.build import build
-from reminders_pipeline.cli import main
 from reminders_pipeline.drain import drain
 from reminders_pipeline.notification import compose
 from reminders_pipeline.phrases import LocaleError, canonical_locale, speaker
@@ -107,19 +105,6 @@ def test_a_device_without_a_known_zone_reads_utc_marked():
 
 
 # ---------------------------------------------------------------- end to end
-
-
-@pytest.fixture
-def cli(db_url, mock):
-    runner = CliRunner()
-    env = {"REMINDERS_DATABASE_URL": db_url, "REMINDERS_ENABLED": "true", **mock.env()}
-
-    def run(*args: str, code: int = 0):
-        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
-        assert result.exit_code == code, result.output
-        return result
-
-    return run
 
 
 def expected_body(starts: int, lead: int, tz: str, babel_locale: str, pattern: str, words: tuple[str, str, str]) -> str:

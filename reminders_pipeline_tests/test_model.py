@@ -118,6 +118,8 @@ EVENT_CHOICES = {
     "alarm": st.sampled_from((None, None, 0, 1500, (1500, 2, 600), (0, 3, 300), (900, 20, 60))),
     # An invitation to ATTENDEE (calendars only): none, accepted, or declined.
     "invited": st.sampled_from((None, None, False, True)),
+    # Its travel time (calendars only): a ``leave`` reminder at start - travel.
+    "travel": st.sampled_from((None, None, 600, 2400)),
 }
 DEVICE_CHOICES = {
     "lead": st.sampled_from(LEADS),
@@ -179,21 +181,24 @@ class Device:
         calendar = self.calendars.get(occ.url)
         if (self.attendee and occ.declined) or (calendar is not None and calendar.muted):
             return set()
+        leave = {"leave"} if occ.travel else set()
         if self.alarms and occ.alarms:
-            return {parse_rule(r).name for r in occ.alarms}
+            return {parse_rule(r).name for r in occ.alarms} | leave
         own = [parse_rule(r) for r in calendar.rules] if calendar is not None and calendar.rules else []
         kind = [r.name for r in own if r.all_day == (occ.kind == "all_day")]
         if kind:
-            return set(kind)
+            return set(kind) | leave
         if occ.kind == "all_day":
             return {parse_rule(r).name for r in self.day_rules}
-        return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra)}
+        return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra)} | leave
 
 
 def rule_instant(rule_name: str, occ: Occurrence, tz: str | None) -> int:
     """The rule's time for this item on a device in ``tz``: its anchor less its lead; a day rule
     names a local time N days before the item's day."""
     r = parse_rule(rule_name)
+    if r.leave:
+        return occ.instant(occ.start, tz) - occ.travel
     if r.anchor == "day":
         return occ.instant(occ.start - r.lead_seconds + r.at_minutes * 60, tz)
     anchor = occ.instant(occ.end if r.anchor == "expiry" else occ.start, tz)
@@ -337,6 +342,7 @@ class ReminderMachine(RuleBasedStateMachine):
         duration: int,
         alarm: int | tuple[int, int, int] | None,
         invited: bool | None,
+        travel: int | None,
     ) -> None:
         feed = self.feeds[ICS_URL if ics else JSON_URL]
         if len(feed.events) >= MAX_EVENTS:
@@ -352,6 +358,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 alarm_lead=lead if ics else None,
                 alarm_repeat=repeat,
                 declined=invited if ics else None,
+                travel=travel if ics else None,
             )
         else:
             midnight = (int(self.now) // 86400 + day) * 86400
@@ -366,6 +373,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 alarm_lead=lead,
                 alarm_repeat=repeat,
                 declined=invited,
+                travel=travel,
             )
         feed.events[event.uid] = event
 
@@ -406,6 +414,11 @@ class ReminderMachine(RuleBasedStateMachine):
     def cancel(self, which: int) -> None:
         """``STATUS:CANCELLED`` (the JSON protocol has no cancellation: there, delete is it)."""
         self._edit(True, which, lambda e: replace(e, cancelled=True))
+
+    @rule(which=st.integers(0, MAX_EVENTS - 1), travel=st.sampled_from((None, 300, 1200, 2400)))
+    def retravel(self, which: int, travel: int | None) -> None:
+        """The calendar's travel time to an event changes, appears or goes."""
+        self._edit(True, which, lambda e: replace(e, travel=travel))
 
     @rule(which=st.integers(0, MAX_EVENTS - 1), declined=st.sampled_from((True, True, False)))
     def respond(self, which: int, declined: bool) -> None:
@@ -466,7 +479,7 @@ class ReminderMachine(RuleBasedStateMachine):
         feed = self.feeds[JSON_URL]
         before = set(feed.events)
         offset = self.settings.horizon_seconds + ahead + max(LEADS)
-        self.add_event(False, "utc", offset, WALL_TIMES[0], 0, 1800, None, None)
+        self.add_event(False, "utc", offset, WALL_TIMES[0], 0, 1800, None, None, None)
         self.build()
         self.advance(step)
         self.build()
@@ -490,7 +503,7 @@ class ReminderMachine(RuleBasedStateMachine):
         elif edit == "delete":
             self.delete(ics, which)
         elif edit == "add":
-            self.add_event(ics, "utc", 2 * 3600 + which * 60, WALL_TIMES[0], 0, 1800, None, None)
+            self.add_event(ics, "utc", 2 * 3600 + which * 60, WALL_TIMES[0], 0, 1800, None, None, None)
         else:
             self.move(ics, which, 600 if edit == "later" else -600)
         self.build()

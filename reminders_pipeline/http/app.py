@@ -202,7 +202,7 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
         body.locale,
         body.clock,
         {
-            c.url: CalendarSettings(_tuple(c.rules), c.interruption_level, c.breakthrough, c.muted)
+            c.url: CalendarSettings(_tuple(c.rules), c.interruption_level, c.breakthrough, c.muted, c.travel_seconds)
             for c in body.calendars or ()
         },
     )

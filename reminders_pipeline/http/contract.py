@@ -47,7 +47,7 @@ from ..devices import (
 )
 from ..feed import ADDRESS_TEXT_LENGTH
 from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
-from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS
+from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
 from ..sources import shown_url
@@ -168,6 +168,13 @@ class Calendar(Request):
     )
     breakthrough: bool = Field(False, description="Its reminders are sent during the device's quiet hours.")
     muted: bool = Field(False, description="It alerts nothing; muting voids its pending reminders (`muted`).")
+    travel_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TRAVEL_SECONDS,
+        description='Each timed item gets a `leave` reminder ("Leave now for …") this long before its start, '
+        "unless the event states its own travel time (`X-APPLE-TRAVEL-DURATION`); null: none.",
+    )
 
 
 class DeviceRegistration(Request):
@@ -296,6 +303,7 @@ class CalendarShown(BaseModel):
     interruption_level: str | None = None
     breakthrough: bool = False
     muted: bool = False
+    travel_seconds: int | None = None
 
 
 class Device(BaseModel):

@@ -191,6 +191,7 @@ def _shown_calendar(row: Mapping[str, Any]) -> dict[str, Any]:
         "interruption_level": row["interruption_level"],
         "breakthrough": bool(row["breakthrough"]),
         "muted": bool(row["muted"]),
+        "travel_seconds": row["travel_seconds"],
     }
 
 

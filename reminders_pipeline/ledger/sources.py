@@ -56,12 +56,19 @@ def _set_calendar_settings(
     conn.execute(stmt, [{"b_url": u, **row} for u, row in zip(urls, rows, strict=True)])
 
 
-CALENDAR_DEFAULTS: dict[str, Any] = {"rules": None, "interruption_level": None, "breakthrough": 0, "muted": 0}
+CALENDAR_DEFAULTS: dict[str, Any] = {
+    "rules": None,
+    "interruption_level": None,
+    "breakthrough": 0,
+    "muted": 0,
+    "travel_seconds": None,
+}
 HAS_CALENDAR_SETTINGS = or_(
     device_sources.c.rules.is_not(None),
     device_sources.c.interruption_level.is_not(None),
     device_sources.c.breakthrough != 0,
     device_sources.c.muted != 0,
+    device_sources.c.travel_seconds.is_not(None),
 )
 
 
