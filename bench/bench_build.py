@@ -4,11 +4,14 @@ Shared case: 10,000 devices subscribing to 3 sources each, drawn from 500 shared
 JSON, half iCalendar) served locally by ``bench/feed_server.py`` in another process. Own-source
 case: 2,000 devices with one source each. Zoned case: 2,000 devices with their own iCalendar
 source each (weekly series with exceptions, a floating stand-up, an all-day item; six zones), with
-the cost of resolving floating and all-day times in each device's zone measured apart. Baseline: the naive build every peer starts with, each
+the cost of resolving floating and all-day times in each device's zone measured apart. Settings
+case: the zoned calendars built for plain devices and then for devices with every calendar feature
+(the calendar's own rules and level, a travel time, the event's alarms, quiet hours, attendees, a
+locale), against a bound of 1.3 plain devices each. Baseline: the naive build every peer starts with, each
 device reading its own sources one by one (measured on a sample and reported per device).
 
 Usage: ``.venv/bin/python bench/bench_build.py [--devices 10000] [--backend sqlite|postgresql|both]
-[--cases shared,own,zoned]``
+[--cases shared,own,zoned,settings]``
 
 ``--latency`` instead measures one build process against calendar providers' latency: 5,000 devices
 each with its own iCalendar source, every read answered after 150 ms, 2% of sources after 3 s and 1%
@@ -197,7 +200,25 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
         instant.kill()
 
 
-def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones: dict[str, str] | None = None) -> None:
+# A device as people who use the calendar features keep it (the "settings" case): the calendar's
+# own rules, its interruption level, a travel time, the event's own alarms, quiet hours, attendee
+# addresses and a locale.
+RICH_DEVICE = {
+    "use_alarms": 1,
+    "quiet_hours": "22:00-07:00",
+    "attendees": "ann@example.org",
+    "locale": "de-DE",
+}
+RICH_CALENDAR = {"rules": "lead:600 lead:1800 day:1@18:00", "interruption_level": "active", "travel_seconds": 900}
+
+
+def register(
+    db,
+    settings: Settings,
+    subscriptions: dict[str, list[str]],
+    zones: dict[str, str] | None = None,
+    rich: bool = False,
+) -> None:
     """Bulk registration through the ledger (put_device per device would measure registration, not build)."""
     now = Instant.now()
     urls = sorted({u for us in subscriptions.values() for u in us})
@@ -212,6 +233,7 @@ def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones:
                     "extra_rules": "",
                     "chunk": chunk_of(d, 16),
                 }
+                values |= RICH_DEVICE if rich else {}
                 ledger.upsert_device(conn, {**values, "tz_name": (zones or {}).get(d)}, now)
         from reminders_pipeline.ledger._common import insert_on_conflict  # noqa: PLC0415
         from reminders_pipeline.schema import device_sources, sources
@@ -222,7 +244,11 @@ def register(db, settings: Settings, subscriptions: dict[str, list[str]], zones:
         ids = dict(conn.execute(sources.select().with_only_columns(sources.c.url, sources.c.id)).all())
         conn.execute(
             device_sources.insert(),
-            [{"device_id": d, "source_id": ids[u]} for d, us in subscriptions.items() for u in us],
+            [
+                {"device_id": d, "source_id": ids[u], **(RICH_CALENDAR if rich else {})}
+                for d, us in subscriptions.items()
+                for u in us
+            ],
         )
 
 
@@ -258,13 +284,18 @@ def zone_resolution_seconds(subscriptions: dict[str, list[str]], zones: dict[str
 
 
 def run_case(
-    kind: str, subscriptions: dict[str, list[str]], t0: int, base: str, zones: dict[str, str] | None = None
+    kind: str,
+    subscriptions: dict[str, list[str]],
+    t0: int,
+    base: str,
+    zones: dict[str, str] | None = None,
+    rich: bool = False,
 ) -> dict:
     db, close = fresh(kind)
     httpx.get(f"{base}/_mode?validators=1")
     try:
         settings = Settings(database_url=db.url, source_allow_networks=LOOPBACK_NETWORKS)
-        register(db, settings, subscriptions, zones)
+        register(db, settings, subscriptions, zones, rich)
         now = Instant.from_unix(t0)
         t = time.perf_counter()
         first = build(db, settings, now=now)
@@ -312,6 +343,24 @@ def _later_ticks(db, settings: Settings, t0: int, base: str, n: int) -> dict:  #
         out[f"{name}_devices_items_replanned"] = getattr(summary, "devices_items_replanned", None)
         out[f"{name}_rows_written"] = summary.rows_inserted + summary.rows_updated
     httpx.get(f"{base}/_mode?validators=1")
+    return out
+
+
+SETTINGS_BAR = 1.3  # issue 23: a device with the calendar features costs at most this many plain devices
+
+
+def settings_case(kind: str, zoned: dict[str, list[str]], t0: int, base: str, zones: dict[str, str]) -> dict:
+    """The zoned calendars built for plain devices, then for devices with every calendar feature
+    (``RICH_DEVICE``, ``RICH_CALENDAR``), in the same run: how many plain devices one costs."""
+    plain = run_case(kind, zoned, t0, base, zones)
+    rich = run_case(kind, zoned, t0, base, zones, rich=True)
+    out: dict = {"plain": plain, "rich": rich}
+    for tick in ("first_build", "next_tick", "edited_5pct"):
+        cost = plain[f"{tick}_devices_per_s"] / rich[f"{tick}_devices_per_s"]
+        out[f"{tick}_cost"] = round(cost, 2)
+        out[f"{tick}_bar"] = (
+            f"{'met' if cost <= SETTINGS_BAR else 'missed'}: {cost:.2f}x a plain device (bound {SETTINGS_BAR}x)"
+        )
     return out
 
 
@@ -390,6 +439,8 @@ def main() -> None:
                 zoned_case = run_case(kind, zoned, t0, base, zones)
                 zoned_case["bars"] = tick_verdicts(zoned_case, results["naive_zoned_devices_per_s"])
                 results[kind]["zoned_own_calendars"] = zoned_case
+            if "settings" in cases:
+                results[kind]["settings"] = settings_case(kind, zoned, t0, base, zones)
         print(json.dumps(results, indent=2))
     finally:
         proc.kill()

@@ -197,6 +197,8 @@ def _rules(texts: Sequence[str], field: str, *, all_day: bool) -> list[str]:
             rule = parse_rule(text)
         except RuleError as exc:
             raise DeviceError(field, str(exc)) from None
+        if rule.leave:
+            raise DeviceError(field, f"{text!r}: time to leave comes from a travel time, not a rule")
         if rule.all_day != all_day:
             want = "day:N@HH:MM rules" if all_day else "lead rules (day:N@HH:MM rules go in all_day_rules)"
             raise DeviceError(field, f"{text!r}: only {want} here")
@@ -242,9 +244,11 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
     return Registration(record, secret if issued else None)
 
 
-def _quiet_terms(record: ledger.DeviceRecord) -> tuple[str | None, str | None]:
-    """What a quiet-hours hold was decided on: a change of either ends the device's holds."""
-    return record.tz_name, record.quiet_hours
+def _quiet_terms(record: ledger.DeviceRecord) -> tuple[object, ...]:
+    """What a quiet-hours hold was decided on: a change of any ends the device's holds (a calendar
+    that now breaks through them among them)."""
+    breaking = sorted(c["url"] for c in record.calendars if c["breakthrough"])
+    return record.tz_name, record.quiet_hours, tuple(breaking)
 
 
 class CredentialChanged(Exception):

@@ -7,6 +7,7 @@ keep the wire's seconds (they are cached as the feed read them); ``Item.starts``
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Mapping
@@ -33,11 +34,11 @@ class Item:
     all_day: bool = False  # an iCalendar DATE: day rules apply, not lead rules
     tail_seconds: int = 0  # floating only: the exact (hours, minutes, seconds) part of a DURATION, in expires_at
     alarms: tuple[str, ...] = ()  # the calendar's own alarms as rule names (VALARM), for devices that use them
-    declined: tuple[str, ...] = ()  # attendee addresses that declined (``PARTSTAT=DECLINED``), lowercase, sorted
+    declined: tuple[str, ...] = ()  # ``address_digest`` of each attendee that declined (``PARTSTAT=DECLINED``), sorted
     travel_seconds: int = 0  # the calendar's travel time to it (``X-APPLE-TRAVEL-DURATION``): a ``leave`` reminder
 
     def declined_by(self, addresses: frozenset[str]) -> bool:
-        """Whether one of a device's attendee addresses declined this invitation."""
+        """Whether one of a device's attendee addresses (as ``address_digest``) declined this invitation."""
         return bool(addresses) and not addresses.isdisjoint(self.declined)
 
     @property
@@ -221,7 +222,13 @@ ADDRESS_TEXT_LENGTH = MAX_ADDRESS_LENGTH + len("mailto:")
 def address_of(text: str) -> str:
     """A calendar user address compared as its mailbox: ``MAILTO:Ann@X.org`` is ``ann@x.org``."""
     text = text.strip().lower()
-    return text[7:] if text.startswith("mailto:") else text
+    return (text[7:] if text.startswith("mailto:") else text).strip()
+
+
+def address_digest(address: str) -> str:
+    """What an item keeps of a declined address (``Item.declined``) and a plan compares a device's
+    against: 48 bits of its hash, so a calendar listing long addresses costs its cache little."""
+    return hashlib.blake2b(address_of(address).encode(), digest_size=6).hexdigest()
 
 
 def series_key(item_id: str) -> str:

@@ -73,7 +73,7 @@ from .feed import (
     MAX_TITLE_LENGTH,
     FeedError,
     ParsedFeed,
-    address_of,
+    address_digest,
     checked_item,
 )
 from .rules import MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
@@ -236,12 +236,12 @@ MARKS = (
     "declined",
     "travel_seconds",
 )  # ``_raw_item``'s keys that are no wire field
-MAX_DECLINED = 64  # declined attendees kept per event, in the calendar's order: each is stored with every occurrence
+MAX_DECLINED = 32  # declined attendees kept per event, in the calendar's order: each is stored with every occurrence
 
 
 def declined(event: Any) -> tuple[str, ...]:
     """The attendee addresses that declined this event (``PARTSTAT=DECLINED``, RFC 5545 3.2.12), as
-    ``feed.address_of`` writes a device's own: lowercase, without ``mailto:``."""
+    ``feed.address_digest`` of ``feed.address_of``: how a plan compares a device's own."""
     attendees = event.get("ATTENDEE", [])
     out: set[str] = set()
     for attendee in attendees if isinstance(attendees, list) else [attendees]:
@@ -249,22 +249,22 @@ def declined(event: Any) -> tuple[str, ...]:
             break
         params = getattr(attendee, "params", {})
         if str(params.get("PARTSTAT", "")).upper() == "DECLINED" and len(attendee) <= ADDRESS_TEXT_LENGTH:
-            out.add(address_of(str(attendee)))
+            out.add(address_digest(str(attendee)))
     return tuple(sorted(out))
 
 
 def travel_seconds(event: Any) -> int:
     """Apple Calendar's travel time to the event (``X-APPLE-TRAVEL-DURATION``, a DURATION), in
     seconds; 0 when absent, unreadable, not positive or longer than ``MAX_TRAVEL_SECONDS``."""
-    value = event.get("X-APPLE-TRAVEL-DURATION")
-    if value is None:
-        return 0
-    duration = getattr(value, "dt", None)  # typed by VALUE=DURATION
-    if not isinstance(duration, timedelta):
-        try:
-            duration = icalendar.vDuration.from_ical(value.to_ical().decode())  # type: ignore[no-untyped-call]
-        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+    try:
+        value = event.get("X-APPLE-TRAVEL-DURATION")
+        if value is None:
             return 0
+        duration = getattr(value, "dt", None)  # typed by VALUE=DURATION
+        if not isinstance(duration, timedelta):
+            duration = icalendar.vDuration.from_ical(value.to_ical().decode())  # type: ignore[no-untyped-call]
+    except Exception:  # noqa: BLE001 - an unreadable travel time (icalendar raises its own kinds) is none
+        return 0
     seconds = int(duration.total_seconds()) if isinstance(duration, timedelta) else 0
     return seconds if 0 < seconds <= MAX_TRAVEL_SECONDS else 0
 
@@ -576,7 +576,10 @@ def _note_cut(feed: ParsedFeed, occurrence: Any, durations: dict[tuple[str, str]
     a kept one is (at most ``ASIDE_CAPS`` caps of them), so a row queued for
     it before is brought in line when it moves, though no new row is queued for it."""
     view = _OccurrenceEvent(occurrence)
-    raw = _raw_item(view, durations)
+    try:
+        raw = _raw_item(view, durations)
+    except (AttributeError, TypeError, ValueError, KeyError, OverflowError):  # as ``_fill`` rejects it
+        raw = "malformed_event"
     if raw == "cancelled":
         return 0
     if isinstance(raw, str):

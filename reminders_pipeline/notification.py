@@ -41,6 +41,22 @@ def _day_text(days: int) -> str:
     return "Today" if days == 0 else "Tomorrow" if days == 1 else f"In {days} days"
 
 
+def _body(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
+    """The alert's body: time to leave, else the item's own body, else its time, in the device's
+    language when it names one."""
+    if rule.leave:
+        return _leave_text(row, starts)
+    if row.get("body"):
+        return str(row["body"])
+    if row.get("locale"):
+        return _spoken(row, rule, starts, ends)
+    if rule.anchor == "day":
+        return _day_text(rule.days)
+    if rule.anchor == "expiry":
+        return f"Ends at {zone_of(row).clock(ends)}"
+    return f"Starts at {zone_of(row).clock(starts)}"
+
+
 def _spoken(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
     """The body in the device's language and clock (``phrases``), its times seen from the row's
     ``send_after``; on UTC's clock, marked as such, when the device's zone is not known."""
@@ -103,25 +119,16 @@ def compose(
     interruption_level: str = DEFAULT_INTERRUPTION_LEVEL,
     sound: str = DEFAULT_SOUND,
     sent_format: int | None = SENT_FORMAT,
+    body: str | None = None,
 ) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``).
-    ``sent_format``: what a re-render of a settled row gives back (``SENT_FORMAT``, or None for a
-    row sent before it)."""
+    ``sent_format`` and ``body``: a re-render of a settled row, with the format it was sent in
+    (``SENT_FORMAT``, or None for a row sent before it) and the alert body it kept."""
     rule = parse_rule(row["rule"])
     starts: Instant = row["event_at"]
     ends: Instant = row["expires_at"]
-    if rule.leave:
-        body = _leave_text(row, starts)
-    elif row.get("body"):
-        body = row["body"]
-    elif row.get("locale"):
-        body = _spoken(row, rule, starts, ends)
-    elif rule.anchor == "day":
-        body = _day_text(rule.days)
-    elif rule.anchor == "expiry":
-        body = f"Ends at {zone_of(row).clock(ends)}"
-    else:
-        body = f"Starts at {zone_of(row).clock(starts)}"
+    if body is None:
+        body = _body(row, rule, starts, ends)
     payload = {
         "aps": {
             "alert": {"title": row["title"], "body": body},
@@ -190,4 +197,4 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
-    return stored_payload(compose({**row, "body": body, "apns_token": ""}, sent_format=row.get("sent_format")))
+    return stored_payload(compose({**row, "apns_token": ""}, sent_format=row.get("sent_format"), body=body))

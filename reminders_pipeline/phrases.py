@@ -138,6 +138,6 @@ def speaker(locale: str, clock: Clock | None = None) -> Speaker:
     A language ``WORDS`` lacks speaks English, keeping its own clock."""
     asked = babel.Locale.parse(locale, sep="-")
     own = asked if asked.language in WORDS else babel.Locale.parse(FALLBACK)
-    pattern = asked.time_formats["short"].pattern
+    pattern = re.sub(r"'[^']*'", "", asked.time_formats["short"].pattern)  # quoted text is no field
     hours = clock or ("12h" if "h" in pattern or "K" in pattern else "24h")
     return Speaker(own, WORDS[own.language], hours)

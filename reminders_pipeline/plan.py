@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ledger
-from .feed import Item, ParsedFeed
+from .feed import Item, ParsedFeed, address_digest
 from .policy import held_send_after
 from .rules import DEFAULT_ALL_DAY_RULES, LEAVE, Rule, device_rules, expiry_anchored, parse_rule
 from .sources import SourceRead
@@ -98,7 +98,7 @@ def plan_device(
     quiet = parse_quiet_hours(device.get("quiet_hours"))
     calendars: Mapping[int, CalendarSettings] = device.get("calendars") or {}
     plan = DevicePlan({}, {}, set(), set(subscribed), dict(own_rules), uses_alarms=use_alarms)
-    plan.attendees = frozenset((device.get("attendees") or "").split())
+    plan.attendees = frozenset(address_digest(a) for a in (device.get("attendees") or "").split())
     plan.rules[LEAVE_RULE.name] = LEAVE_RULE
     per_source: dict[int, _Calendar] = {}
     for source_id in plan.subscribed:

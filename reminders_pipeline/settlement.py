@@ -56,6 +56,9 @@ class Settlement:
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
+        if row.get("calendar_muted"):  # muted after a build read the device, which queued it again
+            plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "muted"})
+            continue
         decision = decide(row, now, settings)
         if decision == "held":
             end = quiet_end(row, now)

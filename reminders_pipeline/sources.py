@@ -120,16 +120,21 @@ class SourceRead:
         return self.feed is not None and self.feed.whole
 
 
+# Bumped whenever a parse keeps more of an item (declines, travel times): a cached parse made by an
+# earlier version is read and parsed again, not reused on a 304 or an identical body.
+PARSE_VERSION = 2
+
+
 def content_hash(body: bytes, max_items: int | None, kind: str = "cache") -> str:
-    """What a parse is made of: the item cap it was parsed under (``cap=N/``, read back by
-    ``parsed_under``, so a cached parse is not reused once the cap has changed), the format it was
-    parsed as, and the body."""
-    return f"cap={max_items}/{kind}/{hashlib.sha256(body).hexdigest()}"
+    """What a parse is made of: the parser's version and the item cap it was parsed under
+    (``p=V/cap=N/``, read back by ``parsed_under``, so a cached parse is not reused once either has
+    changed), the format it was parsed as, and the body."""
+    return f"p={PARSE_VERSION}/cap={max_items}/{kind}/{hashlib.sha256(body).hexdigest()}"
 
 
 def parsed_under(digest: str | None, max_items: int | None) -> bool:
-    """A cached parse whose ``content_hash`` says it was made under this item cap (or says nothing)."""
-    return digest is None or digest.startswith(f"cap={max_items}/")
+    """A cached parse whose ``content_hash`` says this parser made it under this item cap."""
+    return digest is not None and digest.startswith(f"p={PARSE_VERSION}/cap={max_items}/")
 
 
 def shown_url(url: str) -> str:

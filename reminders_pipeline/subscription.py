@@ -72,9 +72,12 @@ def checked(
         if len(texts) > MAX_CALENDAR_RULES:
             raise SubscriptionError(f"at most {MAX_CALENDAR_RULES} rules per calendar")
         try:
-            names = tuple(dict.fromkeys(parse_rule(t).name for t in texts))
+            parsed = [parse_rule(t) for t in texts]
         except RuleError as exc:
             raise SubscriptionError(str(exc)) from None
+        if any(r.leave for r in parsed):
+            raise SubscriptionError("time to leave comes from a travel time (travel_seconds), not a rule")
+        names = tuple(dict.fromkeys(r.name for r in parsed))
     if interruption_level is not None and interruption_level not in LEVELS:
         raise SubscriptionError(f"interruption level must be one of {', '.join(LEVELS)}, got {interruption_level!r}")
     if travel_seconds is not None and (

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import ledger
 from .db import Database
-from .feed import ParsedFeed
+from .feed import ParsedFeed, address_digest
 from .plan import namespaced
 from .rules import device_rules
 from .settings import Settings
@@ -57,7 +57,7 @@ def compose_feed(
         record_reads(db, fresh, now, settings)
         reads.update(fresh)
     zone = zone_of(record)
-    attendees = frozenset(record.attendees)
+    attendees = frozenset(address_digest(a) for a in record.attendees)
     items = [
         {
             "id": namespaced(read.source_id, item.id),

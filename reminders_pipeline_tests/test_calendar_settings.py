@@ -85,6 +85,22 @@ def test_muting_a_calendar_voids_its_pending_reminders_at_once_and_unmuting_queu
     assert {r["status"] for r in rows(db, device_id="phone")} == {"pending"}
 
 
+def test_a_row_queued_again_as_its_calendar_was_muted_is_voided_at_the_claim(db, cli, feeds, mock):
+    from sqlalchemy import update
+
+    from reminders_pipeline.schema import device_sources
+
+    starts = Instant.now().whole_seconds + 600
+    work = feeds.items("/work.json", items("work", starts, 1))
+    cli("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", work)
+    cli("build", "--all")
+    with db.write() as conn:  # muted without the registration's voiding: a build that read the device before
+        conn.execute(update(device_sources).values(muted=1))
+    assert json.loads(cli("drain").output)["outcomes"] == {"voided": 1}
+    (row,) = rows(db, device_id="phone")
+    assert row["outcome_detail"] == "muted" and mock.requests == []
+
+
 def _quiet_around_now() -> str:
     now = datetime.now(UTC)
     start, end = (now.hour - 1) % 24, (now.hour + 2) % 24
@@ -167,6 +183,7 @@ def test_the_device_api_takes_and_shows_calendar_settings(served, feeds):
             "interruption_level": "active",
             "breakthrough": True,
             "muted": False,
+            "travel_seconds": None,
         }
     ]
     for bad in (

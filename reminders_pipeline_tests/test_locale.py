@@ -59,6 +59,7 @@ def test_the_device_clock_overrides_the_locales():
         "hm", datetime(2026, 1, 1, 21, 5), locale="de_DE"
     )
     assert "PM" not in speaker("en-US", "24h").time(datetime(2026, 1, 1, 21, 5))
+    assert speaker("fr-CA").clock == "24h"  # its pattern "HH 'h' mm" quotes an h: text, not a 12-hour field
     assert speaker("en-US", "24h").time(datetime(2026, 1, 1, 21, 5)) == "21:05"
 
 

@@ -160,7 +160,7 @@ def test_calendar_304_is_reused_only_while_its_expansion_covers_the_window(feeds
     reader = SourceReader(timeout=5, allow_networks=LOOPBACK)
     first = reader.read_all({1: url}, (NOW, NOW + DAYS))[1]
     assert first.ok and first.cache_until == Instant.from_unix(NOW_S + 2 * DAYS)
-    state = SourceState(url, first.etag, None, first.feed.to_json(), first.cache_until)
+    state = SourceState(url, first.etag, None, first.feed.to_json(), first.cache_until, first.content_hash)
     assert reader.read_all({1: state}, (NOW, NOW + DAYS))[1].not_modified
     beyond = reader.read_all({1: state}, (NOW, NOW + 3 * DAYS))[1]
     assert beyond.ok and not beyond.not_modified  # the cache ends too early: read in full
@@ -291,7 +291,10 @@ def test_a_304_leaves_its_connection_open_for_the_next_read(feeds, monkeypatch):
     first = reader.read_all({i: SourceState(u) for i, u in urls.items()})
     assert len(connects) <= 4
     connects.clear()
-    states = {i: SourceState(u, etag='"v1"', feed_cache=first[i].feed.to_json()) for i, u in urls.items()}
+    states = {
+        i: SourceState(u, etag='"v1"', feed_cache=first[i].feed.to_json(), content_hash=first[i].content_hash)
+        for i, u in urls.items()
+    }
     again = reader.read_all(states)
     assert all(r.not_modified for r in again.values()) and sum(feeds.not_modified.values()) == 40
     assert len(connects) <= 4
@@ -313,3 +316,14 @@ def test_a_cookie_one_source_sets_goes_with_no_other_read(feeds):
     assert feeds.hits["/alice-token.json"] == feeds.hits["/bob-token.json"] == feeds.hits["/after-login.json"] == 1
     sent = [h for path in ("/bob-token.json", "/after-login.json") for h in feeds.request_headers[path]]
     assert sent and not any("Cookie" in h or "cookie" in h for h in sent), sent
+
+
+def test_a_parse_cached_by_an_earlier_parser_is_read_again_not_reused():
+    from reminders_pipeline.sources import PARSE_VERSION, content_hash, parsed_under
+
+    current = content_hash(b"body", 2000, "ics")
+    assert parsed_under(current, 2000) and not parsed_under(current, 100)
+    earlier = current.replace(f"p={PARSE_VERSION}/", f"p={PARSE_VERSION - 1}/")
+    assert (
+        not parsed_under(earlier, 2000) and not parsed_under("cap=2000/ics/abc", 2000) and not parsed_under(None, 2000)
+    )

@@ -62,6 +62,13 @@ def test_the_events_travel_time_adds_a_leave_reminder_with_its_own_text(db, cli,
     clock = datetime.fromtimestamp(starts, UTC).strftime("%H:%M")
     assert bodies == [f"Leave now for Dentist · Starts at {clock} · Main St 5"]
     assert {r.payload["reminder"]["rule"] for r in sent} == {"leave", "lead:900"}
+    for row in [r for r in rows(db, device_id="phone") if r["outcome"] == "sent"]:  # shown as sent
+        (request,) = [
+            r
+            for r in sent
+            if (r.payload["reminder"]["item_id"], r.payload["reminder"]["rule"]) == (row["item_id"], row["rule"])
+        ]
+        assert json.loads(row["payload"])["payload"] == request.payload
 
 
 def test_the_subscriptions_travel_time_serves_items_without_their_own(db, cli, feeds):
@@ -113,6 +120,19 @@ def test_time_to_leave_keeps_quiet_hours(db, cli, feeds, mock):
     assert mock.requests == []
 
 
+@pytest.mark.parametrize("value", ["PT1.5H", "garbage", "-PT10M", ""])
+def test_an_unreadable_travel_time_is_none_and_the_event_is_still_queued(value):
+    start = int(datetime(2026, 12, 20, tzinfo=UTC).timestamp())
+    events = "".join(
+        event(f"e{i}", f"E{i}", start + 86400 + i * 3600).replace(
+            "END:VEVENT", f"X-APPLE-TRAVEL-DURATION;VALUE=DURATION:{value}\r\nEND:VEVENT"
+        )
+        for i in range(3)
+    )
+    feed = parse_ics_feed(calendar(events).encode(), start, start + 30 * 86400, max_items=2)  # one past the cap
+    assert [i.travel_seconds for i in feed.items] == [0, 0] and feed.rejected == {"over_item_cap": 1}
+
+
 def test_an_all_day_event_gets_no_leave_reminder():
     body = (
         b"BEGIN:VCALENDAR\r\nVERSION:2.0\r\nBEGIN:VEVENT\r\nUID:d\r\nDTSTART;VALUE=DATE:20270101\r\n"
@@ -128,6 +148,14 @@ def test_a_leave_reminder_claimed_after_the_start_is_never_sent(settings):
     row = {"rule": "leave", "event_at": starts, "expires_at": starts + 1800, "send_after": starts - 600}
     assert decide(row, starts + 1, settings.with_(enabled=True)) == "event_started"
     assert decide(row, starts - 1, settings.with_(enabled=True)) == "send"
+
+
+@pytest.mark.parametrize("extra", [["--rule", "leave"], ["--rule", "leave!"], ["--calendar-rule", "{url}", "leave"]])
+def test_leave_is_no_rule_a_person_can_give(cli, feeds, extra):
+    url = feeds.items("/a.json", [])
+    out = cli("device", "put", "p", "--apns-token", TOKEN, "--source", url, *[a.format(url=url) for a in extra], code=2)
+    assert "travel time" in out.output
+    assert json.loads(cli("device", "list").output) == []
 
 
 @pytest.mark.parametrize("seconds", ["0", str(MAX_TRAVEL_SECONDS + 1), "ten"])

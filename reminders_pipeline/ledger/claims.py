@@ -146,6 +146,7 @@ _CLAIM_DEVICE_COLUMNS = (
 _CLAIM_CALENDAR_COLUMNS = (
     device_sources.c.interruption_level,
     device_sources.c.breakthrough.label("calendar_breakthrough"),
+    device_sources.c.muted.label("calendar_muted"),
 )
 
 
