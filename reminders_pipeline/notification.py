@@ -19,14 +19,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
 from typing import Any
 
 from . import phrases
 from .rules import Rule, parse_rule
 from .sender import Notification
 from .times import Instant
-from .zones import zone_of
+from .zones import wall_datetime, zone_of
 
 MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
@@ -66,7 +65,7 @@ def _spoken(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) 
     zone = zone_of(row)
     known = zone.tz_name is not None or zone.offset_seconds is not None
     at = starts if rule.anchor == "start" else ends
-    when = speaker.when(_wall(zone.to_wall(at)), _wall(zone.to_wall(row["send_after"])))
+    when = speaker.when(wall_datetime(zone.to_wall(at)), wall_datetime(zone.to_wall(row["send_after"])))
     words = speaker.words.starts if rule.anchor == "start" else speaker.words.ends
     return words.format(when=when if known else f"{when} UTC")
 
@@ -77,14 +76,10 @@ def _leave_text(row: Mapping[str, Any], starts: Instant) -> str:
         speaker = phrases.speaker(row["locale"], phrases.valid_clock(row.get("clock")))
         zone = zone_of(row)
         text = speaker.words.leave.format(title=row["title"])
-        text += f" · {speaker.time(_wall(zone.to_wall(starts)))}"
+        text += f" · {speaker.time(wall_datetime(zone.to_wall(starts)))}"
     else:
         text = f"Leave now for {row['title']} · Starts at {zone_of(row).clock(starts)}"
     return f"{text} · {row['body']}" if row.get("body") else text
-
-
-def _wall(seconds: float) -> datetime:
-    return datetime(1970, 1, 1) + timedelta(seconds=int(seconds))
 
 
 def thread_id(row: Mapping[str, Any]) -> str:

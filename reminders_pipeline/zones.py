@@ -98,7 +98,7 @@ class Zone:
         """
         if not self.tz_name:
             return wall - (self.offset_seconds or 0)
-        naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
+        naive = wall_datetime(wall)
         both = sorted(int(naive.replace(tzinfo=zone_info(self.tz_name), fold=f).timestamp()) for f in (0, 1))
         exact = [t for t in both if t > after and self.to_wall(t) == wall]
         if exact:
@@ -129,8 +129,12 @@ def _hh_mm(wall: float) -> str:
 @lru_cache(maxsize=1 << 16)
 def _wall_to_unix(wall: int, tz_name: str) -> int:
     """Cached: a build resolves the same floating times for every device in one zone."""
-    naive = datetime(1970, 1, 1) + timedelta(seconds=wall)
-    return int(naive.replace(tzinfo=zone_info(tz_name)).timestamp())
+    return int(wall_datetime(wall).replace(tzinfo=zone_info(tz_name)).timestamp())
+
+
+def wall_datetime(wall: float) -> datetime:
+    """Wall-clock seconds (a local time read as UTC) as the naive datetime a clock shows."""
+    return datetime(1970, 1, 1) + timedelta(seconds=int(wall))
 
 
 def zone_of(device: object) -> Zone:
