@@ -7,7 +7,7 @@ source each (weekly series with exceptions, a floating stand-up, an all-day item
 the cost of resolving floating and all-day times in each device's zone measured apart. Settings
 case: the zoned calendars built for plain devices and then for devices with every calendar feature
 (the calendar's own rules and level, a travel time, the event's alarms, quiet hours, attendees, a
-locale), against a bound of 1.3 plain devices each. Baseline: the naive build every peer starts with, each
+locale, a morning agenda), against a bound of 1.3 plain devices each. Baseline: the naive build every peer starts with, each
 device reading its own sources one by one (measured on a sample and reported per device).
 
 Usage: ``.venv/bin/python bench/bench_build.py [--devices 10000] [--backend sqlite|postgresql|both]
@@ -202,9 +202,10 @@ def latency_case(devices: int, concurrencies: list[int], per_host: int, slow_sou
 
 # A device as people who use the calendar features keep it (the "settings" case): the calendar's
 # own rules, its interruption level, a travel time, the event's own alarms, quiet hours, attendee
-# addresses and a locale.
+# addresses, a locale and a morning agenda.
 RICH_DEVICE = {
     "use_alarms": 1,
+    "extra_rules": "agenda@07:00",
     "quiet_hours": "22:00-07:00",
     "attendees": "ann@example.org",
     "locale": "de-DE",

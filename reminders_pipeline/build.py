@@ -33,7 +33,7 @@ from .plan import (
     unchanged,
     void_reason,
 )
-from .rules import expiry_anchored
+from .rules import agenda_rule, expiry_anchored
 from .settings import Settings
 from .source_reads import covers, make_reader, record_reads, source_state, source_windows, summarize_reads
 from .sources import SourceRead, SourceReader, distinct_sources, shown_url
@@ -143,7 +143,8 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
     subscribed = tick.subs.get(device["id"], ())
     key = plan_key(device, subscribed, tick.reads, tick.now)
     step = _planned_already(key, state, tick.until)
-    replan = None if step or key is None else _replan(device, subscribed, state, tick)
+    # An agenda lists a whole day's items: a device with one plans changed feeds in full.
+    replan = None if step or key is None or has_agenda(device) else _replan(device, subscribed, state, tick)
     if replan is not None and not replan:  # the bodies changed, none of their items did
         step, replan = True, None
     after = state[1] if step or replan is not None else None
@@ -157,6 +158,10 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
         replan=replan,
     )
     return _Planned(device, state, key, step, plan, replan)
+
+
+def has_agenda(device: dict[str, Any]) -> bool:
+    return agenda_rule(device["extra_rules"].split()) is not None
 
 
 def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> Replan | None:

@@ -19,7 +19,7 @@ from . import ledger
 from .db import Database
 from .feed import address_of
 from .phrases import LocaleError, canonical_locale, valid_clock
-from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, parse_rule
+from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, is_agenda, parse_rule
 from .settings import Settings
 from .sources import shown_url
 from .subscription import CalendarSettings, SubscriptionError, checked
@@ -197,12 +197,16 @@ def _rules(texts: Sequence[str], field: str, *, all_day: bool) -> list[str]:
             rule = parse_rule(text)
         except RuleError as exc:
             raise DeviceError(field, str(exc)) from None
-        if rule.leave:
-            raise DeviceError(field, f"{text!r}: time to leave comes from a travel time, not a rule")
+        if rule.derived:
+            raise DeviceError(field, f"{text!r}: {rule.derived}")
+        if rule.agenda and rule.name != text.strip():
+            raise DeviceError(field, f"{text!r}: an agenda names its time, e.g. 'agenda@07:00'")
         if rule.all_day != all_day:
             want = "day:N@HH:MM rules" if all_day else "lead rules (day:N@HH:MM rules go in all_day_rules)"
             raise DeviceError(field, f"{text!r}: only {want} here")
         out.append(rule.name)
+    if sum(1 for name in out if is_agenda(name)) > 1:
+        raise DeviceError(field, "at most one agenda@HH:MM rule")
     return out
 
 

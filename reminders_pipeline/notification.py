@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from . import phrases
+from .actions import CATEGORY, action_token
 from .rules import Rule, parse_rule
 from .sender import Notification
 from .times import Instant
@@ -31,9 +32,11 @@ MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
 DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
-# What a kept ``sent_body`` re-renders as (``notification_queue.sent_format``): 2, ``thread-id``
-# per calendar; NULL, a row sent before, per item. Bumped with any change to what compose gives.
-SENT_FORMAT = 2
+# What a kept ``sent_body`` re-renders as (``notification_queue.sent_format``): 3, with the
+# ``REMINDER`` category and the row's id; 2, ``thread-id`` per calendar; NULL, a row sent before,
+# per item. Bumped with any change to what compose gives.
+SENT_FORMAT = 3
+ACTIONS_FORMAT = 3  # the first format with Snooze and Done
 
 
 def _day_text(days: int) -> str:
@@ -42,7 +45,9 @@ def _day_text(days: int) -> str:
 
 def _body(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
     """The alert's body: time to leave, else the item's own body, else its time, in the device's
-    language when it names one."""
+    language when it names one. A snooze reads as a ``lead:0`` reminder: when the item starts."""
+    if rule.snooze:
+        rule = Rule(0)
     if rule.leave:
         return _leave_text(row, starts)
     if row.get("body"):
@@ -116,7 +121,8 @@ def compose(
     sent_format: int | None = SENT_FORMAT,
     body: str | None = None,
 ) -> Notification:
-    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``).
+    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``,
+    ``credential_hash``: the key of the alert's action token, ``actions``).
     ``sent_format`` and ``body``: a re-render of a settled row, with the format it was sent in
     (``SENT_FORMAT``, or None for a row sent before it) and the alert body it kept."""
     rule = parse_rule(row["rule"])
@@ -124,15 +130,19 @@ def compose(
     ends: Instant = row["expires_at"]
     if body is None:
         body = _body(row, rule, starts, ends)
-    payload = {
-        "aps": {
-            "alert": {"title": row["title"], "body": body},
-            "sound": sound,
-            "interruption-level": interruption_level,
-            "thread-id": thread_id(row) if sent_format == SENT_FORMAT else str(row["item_id"])[:64],
-        },
-        "reminder": {"item_id": row["item_id"], "rule": row["rule"], "starts_at": starts.whole_seconds},
+    aps: dict[str, Any] = {
+        "alert": {"title": row["title"], "body": body},
+        "sound": sound,
+        "interruption-level": interruption_level,
+        "thread-id": thread_id(row) if sent_format is not None else str(row["item_id"])[:64],
     }
+    reminder: dict[str, Any] = {"item_id": row["item_id"], "rule": row["rule"], "starts_at": starts.whole_seconds}
+    if sent_format is not None and sent_format >= ACTIONS_FORMAT:
+        aps["category"] = CATEGORY
+        reminder["id"] = int(row["id"])
+        if row.get("credential_hash"):  # last: the record of the send leaves it out (``stored_payload``)
+            reminder["token"] = action_token(row["credential_hash"], row["device_id"], int(row["id"]))
+    payload = {"aps": aps, "reminder": reminder}
     return _fit(
         Notification(
             row_id=int(row["id"]),
@@ -146,8 +156,13 @@ def compose(
 
 
 def stored_payload(note: Notification) -> str:
-    """The record of an alert: the body exactly as sent (serialised once), and its headers."""
-    return f'{{"payload":{note.body.decode()},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
+    """The record of an alert: the body exactly as sent (serialised once) but for its action token,
+    a credential the ledger never shows, and its headers."""
+    sent = note.body.decode()
+    token = note.payload["reminder"].get("token")
+    if token is not None:
+        sent = sent.replace(f',"token":"{token}"', "", 1)
+    return f'{{"payload":{sent},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
 
 
 def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str | None]:

@@ -37,12 +37,29 @@ class Words:
     now: str
     at: str  # "{day}" and "{time}"
     leave: str  # "{title}": time to leave
+    agenda: tuple[str, str]  # the agenda's title for one event and for another count ("{count}")
 
 
 WORDS = {
-    "en": Words("Starts {when}", "Ends {when}", "today", "tomorrow", "now", "{day} at {time}", "Leave now for {title}"),
+    "en": Words(
+        "Starts {when}",
+        "Ends {when}",
+        "today",
+        "tomorrow",
+        "now",
+        "{day} at {time}",
+        "Leave now for {title}",
+        ("Today: {count} event", "Today: {count} events"),
+    ),
     "de": Words(
-        "Beginnt {when}", "Endet {when}", "heute", "morgen", "jetzt", "{day} um {time}", "Jetzt aufbrechen zu {title}"
+        "Beginnt {when}",
+        "Endet {when}",
+        "heute",
+        "morgen",
+        "jetzt",
+        "{day} um {time}",
+        "Jetzt aufbrechen zu {title}",
+        ("Heute: {count} Termin", "Heute: {count} Termine"),
     ),
     "fr": Words(
         "Commence {when}",
@@ -52,11 +69,28 @@ WORDS = {
         "maintenant",
         "{day} à {time}",
         "Partez maintenant pour {title}",
+        ("Aujourd’hui : {count} événement", "Aujourd’hui : {count} événements"),
     ),
     "es": Words(
-        "Empieza {when}", "Termina {when}", "hoy", "mañana", "ahora", "{day} a las {time}", "Sal ya hacia {title}"
+        "Empieza {when}",
+        "Termina {when}",
+        "hoy",
+        "mañana",
+        "ahora",
+        "{day} a las {time}",
+        "Sal ya hacia {title}",
+        ("Hoy: {count} evento", "Hoy: {count} eventos"),
     ),
-    "ja": Words("{when}に開始", "{when}に終了", "今日", "明日", "今すぐ", "{day} {time}", "{title}に出発する時間です"),
+    "ja": Words(
+        "{when}に開始",
+        "{when}に終了",
+        "今日",
+        "明日",
+        "今すぐ",
+        "{day} {time}",
+        "{title}に出発する時間です",
+        ("今日の予定: {count}件", "今日の予定: {count}件"),
+    ),
 }
 
 
@@ -114,6 +148,11 @@ class Speaker:
             return f"{relative} · {time}"
         day = self.words.tomorrow if days == 1 else format_skeleton("MMMEd", at, locale=self.locale)
         return self.words.at.format(day=day, time=time)
+
+    def agenda(self, count: int) -> str:
+        """The agenda's title: how many events the day holds, in the language's plural form."""
+        one, other = self.words.agenda
+        return (one if self.locale.plural_form(count) == "one" else other).format(count=count)
 
     def day(self, days: int) -> str:
         """An all-day reminder's day: "Today", "Tomorrow", "In 3 days"."""

@@ -15,9 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import ledger
+from .agenda import ITEM_PREFIX as AGENDA_ITEM
+from .agenda import agenda_days, agenda_item_id, agenda_row
 from .feed import Item, ParsedFeed, address_digest
 from .policy import held_send_after
-from .rules import DEFAULT_ALL_DAY_RULES, LEAVE, Rule, device_rules, expiry_anchored, parse_rule
+from .rules import (
+    AGENDA,
+    DEFAULT_ALL_DAY_RULES,
+    LEAVE,
+    Rule,
+    agenda_rule,
+    device_rules,
+    expiry_anchored,
+    is_agenda,
+    is_snooze,
+    parse_rule,
+)
 from .sources import SourceRead
 from .subscription import CalendarSettings, calendar_rules
 from .times import Instant
@@ -48,6 +61,9 @@ class DevicePlan:
     muted: set[int] = field(default_factory=set)  # calendars the device muted: no row, pending ones voided
     leaving: set[str] = field(default_factory=set)  # items with a travel time: a ``leave`` row
     declined: set[str] = field(default_factory=set)  # items one of them declined: no row, pending ones voided
+    agenda: Rule | None = None  # the device's ``agenda@HH:MM``
+    agenda_days: set[str] = field(default_factory=set)  # the days whose agenda this plan decided (item ids)
+    agenda_complete: bool = False  # every calendar was read: the plan decides the agenda
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
@@ -134,7 +150,39 @@ def plan_device(
     plan.make_rows = lambda source_id, raw: _rows_for(
         plan, device, source_id, raw, per_source[source_id], use_alarms, zone, now, None
     )
+    plan.agenda = agenda_rule(device["extra_rules"].split())
+    plan.agenda_complete = plan.agenda is not None and plan.ok_sources >= per_source.keys()
+    if plan.agenda is not None and plan.agenda_complete:
+        _plan_agenda(plan, device, plan.agenda, zone, quiet, now, horizon, after)
     return plan
+
+
+def _plan_agenda(
+    plan: DevicePlan,
+    device: dict[str, Any],
+    rule: Rule,
+    zone: Zone,
+    quiet: QuietHours | None,
+    now: Instant,
+    horizon: int,
+    after: Instant | None,
+) -> None:
+    """The agenda of each day whose time the horizon reaches (past ``after``), from every item of
+    the device's calendars but those it declined; made only when every calendar was read."""
+    days = list(agenda_days(rule, zone, now, horizon, after))
+    if not days:
+        return
+    items = [
+        raw.for_local(zone)
+        for source_id in plan.ok_sources - plan.muted
+        for raw in plan.feeds[source_id].items
+        if not raw.declined_by(plan.attendees)
+    ]
+    for day in days:
+        row = agenda_row(device, rule, day, items, zone, quiet)
+        plan.agenda_days.add(row["item_id"] if row else agenda_item_id(day))
+        if row is not None:
+            plan.wanted[(row["item_id"], row["rule"])] = row
 
 
 LEAVE_RULE = parse_rule(LEAVE)
@@ -234,6 +282,8 @@ PLANNED_FROM = (
     "last_tz_offset_seconds",
     "quiet_hours",
     "attendees",
+    "locale",  # an agenda's words
+    "clock",
     "calendars",
     "created_at",
     "registered_at",
@@ -319,10 +369,14 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | No
     the drain, which settles it with the true reason. Nor does an item the feed holds without
     carrying it void (``ParsedFeed.holds``): one the item cap cut, or one of a rejected series.
     """
+    if row["item_id"].startswith(AGENDA_ITEM):
+        return _agenda_void(row, plan, now)
     if row["source_id"] not in plan.subscribed:
         return "source_removed"
     if row["source_id"] in plan.muted:
         return "muted"
+    if is_snooze(row["rule"]):
+        return _snooze_void(row, plan)
     its_rules = plan.source_rules[row["source_id"]]
     if row["source_id"] not in plan.ok_sources:
         return "rule_removed" if row["rule"] not in its_rules and not plan.uses_alarms else None
@@ -345,7 +399,42 @@ def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | No
     return "out_of_horizon"
 
 
+def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | None:
+    """An agenda (or a snooze of one) stands while the device keeps the rule and its day holds an
+    event, as far as a plan that read every calendar can tell. One no longer wanted whose time is
+    ahead left the horizon (a new zone moved it): made again once the horizon reaches it."""
+    if plan.agenda is None:
+        return "rule_removed"
+    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted:
+        return None
+    if row["item_id"] in plan.agenda_days:
+        return "empty_day"
+    return "out_of_horizon" if is_agenda(row["rule"]) and row["send_after"] > now else None
+
+
+def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
+    """A snooze is no rule of the device's: it stands while its item is in the feed, whatever the
+    item's new time or title (``_snooze_realigned`` brings it in line). Only a successful read can
+    say the item went."""
+    if row["source_id"] not in plan.ok_sources:
+        return None
+    if row["item_id"] in plan.declined:
+        return "declined"
+    if row["item_id"] in plan.feed_items:
+        return None
+    own_id = row["item_id"].split(":", 1)[1]
+    return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
+
+
 _ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
+
+
+def _snooze_realigned(row: dict[str, Any], plan: DevicePlan) -> dict[str, Any] | None:
+    """A pending snooze as its item now reads (moved, retitled), at the time the person asked for."""
+    item = plan.feed_items.get(row["item_id"])
+    if item is None:
+        return None
+    return {**row, "event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
 
 
 def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
@@ -359,9 +448,10 @@ def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Devi
     """
     out = []
     for row in existing:
-        if row["status"] != "pending":
-            continue
-        now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
+        if row["status"] != "pending" or is_agenda(row["rule"]):
+            continue  # an agenda is planned whole, never realigned
+        plan = plans[row["device_id"]]
+        now_is = _snooze_realigned(row, plan) if is_snooze(row["rule"]) else plan.realigned(row["item_id"], row["rule"])
         if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
             out.append(now_is)
     return out

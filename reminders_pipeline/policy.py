@@ -3,8 +3,9 @@ and the build's quiet-hours hold that decides which ``send_after`` a row gets.
 
 ``decide`` checks in this order (the policy table in docs/guide.md):
 
-1. ``event_expired``: a start-anchored or all-day (``day:``) reminder once the event is over
-   (``now >= expires_at``; an all-day event ends with its last day).
+1. ``event_expired``: a start-anchored, all-day (``day:``), snoozed (``snooze:N``) or agenda
+   (``agenda@HH:MM``) reminder once the event is over (``now >= expires_at``; an all-day event
+   ends with its last day, an agenda with its local day).
 2. ``event_started`` / ``event_expired``: a reminder with a lead once its anchor has passed; a
    "starts in 10 minutes" alert after the start is noise. A zero lead (``lead:0``,
    ``lead:0@expiry``) is *about* the anchor itself, so it is bounded by lateness alone: otherwise
@@ -40,7 +41,7 @@ def decide(row: Mapping[str, Any], now: Instant, settings: Settings) -> Decision
     """``row``: a claimed queue row joined with its device (``tz_name``, ``quiet_hours``, offset)."""
     rule = parse_rule(row["rule"])
     starts, expires = row["event_at"], row["expires_at"]
-    if rule.anchor in ("start", "day") and now >= expires:
+    if rule.ends_with_item and now >= expires:
         return "event_expired"
     if rule.anchor != "day" and rule.before_start and now >= rule.anchor_time(starts, expires):
         return "event_started" if rule.anchor == "start" else "event_expired"

@@ -60,7 +60,9 @@ RowId = BigInteger().with_variant(Integer(), "sqlite")
 MAX_ROW_ID = 2**63 - 1  # BIGINT on PostgreSQL, INTEGER on SQLite: no larger id can exist
 
 STATUSES = ("pending", "claimed", "settled")
-OUTCOMES = ("sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours")
+OUTCOMES = (
+    "sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours", "acknowledged",
+)  # fmt: skip
 
 
 def iso_check(column: str, nullable: bool = True) -> CheckConstraint:
@@ -207,11 +209,14 @@ notification_queue = _table(
     # From 0015: how ``sent_body`` re-renders (``notification.SENT_FORMAT``): NULL, as sent before
     # 0015 (``thread-id`` per item); 2, ``thread-id`` per calendar.
     Column("sent_format", Integer),
+    # From 0017: a ``snooze:N`` row's origin, the sent row the person snoozed (``actions``); NULL
+    # for every row a build queues.
+    Column("snoozed_from", RowId),
     UniqueConstraint("device_id", "item_id", "rule", name="uq_queue_device_item_rule"),
     CheckConstraint("status IN ('pending', 'claimed', 'settled')", name="ck_queue_status"),
     CheckConstraint(
         "outcome IS NULL OR outcome IN ('sent', 'failed', 'voided', 'disabled', "
-        "'event_started', 'event_expired', 'too_late', 'quiet_hours')",
+        "'event_started', 'event_expired', 'too_late', 'quiet_hours', 'acknowledged')",
         name="ck_queue_outcome",
     ),
     CheckConstraint("(status = 'settled') = (outcome IS NOT NULL)", name="ck_queue_settled_has_outcome"),
@@ -221,6 +226,14 @@ notification_queue = _table(
     _partial_index("ix_queue_not_before", "not_before", where="status = 'pending' AND not_before IS NOT NULL"),
     _partial_index("ix_queue_claimed", "claimed_at", where="status = 'claimed'"),
     _partial_index("ix_queue_settled", "settled_at", where="status = 'settled'"),
+    # One snooze per snoozed alert: a repeated Snooze request inserts nothing.
+    Index(
+        "uq_queue_snoozed_from",
+        "snoozed_from",
+        unique=True,
+        sqlite_where=text("snoozed_from IS NOT NULL"),
+        postgresql_where=text("snoozed_from IS NOT NULL"),
+    ),
 )
 
 

@@ -22,6 +22,7 @@ from .db import Database
 from .notification import compose, record_of_send
 from .policy import decide, quiet_end
 from .quiet import first_line
+from .rules import rule_kind
 from .sender import Notification, SendResult
 from .settings import Settings
 from .summary import DrainResult
@@ -41,6 +42,7 @@ class SlicePlan:
     ]  # per row id: what its settlement records of the alert (``record_of_send``)
     held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
     dry_run_lateness: list[float] = field(default_factory=list)  # a dry run's rows: how late they would have gone
+    kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind (``rules.rule_kind``)
 
 
 @dataclass
@@ -51,11 +53,13 @@ class Settlement:
     rows: list[dict[str, Any]]
     dead_tokens: list[tuple[dict[str, Any], SendResult]]
     returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
+    kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind, for the counts
 
 
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
+        plan.kinds[row["id"]] = rule_kind(row["rule"])
         if row.get("calendar_muted"):  # muted after a build read the device, which queued it again
             plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "muted"})
             continue
@@ -102,7 +106,7 @@ def settlement_of(
     """The settlement of a sent slice: ``plan``'s own settlements, then one row per answer in ``results``
     (those missing fail ``no_result``). Counts lateness and halts on a configuration fault in ``summary``."""
     by_id = {r["id"]: r for r in rows}
-    out = Settlement(done, list(plan.settlements), [], list(plan.held))
+    out = Settlement(done, list(plan.settlements), [], list(plan.held), plan.kinds)
     answered = set()
     for res in results:
         answered.add(res.row_id)
@@ -229,6 +233,7 @@ def count_settlements(settlements: Sequence[Settlement], written: list[tuple[int
         summary.tokens_invalidated += invalidated
         for r in s.rows:
             summary.outcomes[r["outcome"]] += 1
+            summary.kinds[f"{s.kinds.get(r['id'], 'lead')}:{r['outcome']}"] += 1
             if r.get("outcome_detail"):
                 summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
         summary.returned_to_pending += len(s.returned)

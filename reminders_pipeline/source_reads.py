@@ -14,7 +14,7 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .plan import rules_of
-from .rules import LEAVE, Rule, parse_rule
+from .rules import LEAVE, Rule, agenda_rule, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
 from .subscription import calendar_rules
@@ -58,8 +58,10 @@ def source_windows(
     for device in devices:
         own = {r.name: r for r in rules_of(device)}
         calendars = device.get("calendars") or {}
+        agenda = agenda_rule(device["extra_rules"].split())  # lists the whole of a day the horizon reaches
         for sid in subs.get(device["id"], ()):
             rules = (*calendar_rules(own, calendars.get(sid)).values(), parse_rule(LEAVE))  # a travel time may lead
+            rules += (agenda,) if agenda else ()
             start, end = read_window(rules, now, horizon)
             window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
             windows[sid] = max(windows.get(sid, window), window)

@@ -75,8 +75,13 @@ def checked(
             parsed = [parse_rule(t) for t in texts]
         except RuleError as exc:
             raise SubscriptionError(str(exc)) from None
-        if any(r.leave for r in parsed):
-            raise SubscriptionError("time to leave comes from a travel time (travel_seconds), not a rule")
+        for rule in parsed:
+            if rule.leave:
+                raise SubscriptionError("time to leave comes from a travel time (travel_seconds), not a rule")
+            if rule.derived:
+                raise SubscriptionError(rule.derived)
+            if rule.agenda:
+                raise SubscriptionError("an agenda lists all the device's calendars: it is a device rule")
         names = tuple(dict.fromkeys(r.name for r in parsed))
     if interruption_level is not None and interruption_level not in LEVELS:
         raise SubscriptionError(f"interruption level must be one of {', '.join(LEVELS)}, got {interruption_level!r}")

@@ -49,6 +49,7 @@ class DrainResult:
     claimed: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     details: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)  # ``kind:outcome``: settled rows by rule kind
     lateness_seconds: list[float] = field(default_factory=list)
     tokens_invalidated: int = 0
     voided_by_token: int = 0
@@ -61,6 +62,7 @@ class DrainResult:
         self.claimed += other.claimed
         self.outcomes.update(other.outcomes)
         self.details.update(other.details)
+        self.kinds.update(other.kinds)
         self.lateness_seconds.extend(other.lateness_seconds)
         self.tokens_invalidated += other.tokens_invalidated
         self.voided_by_token += other.voided_by_token
@@ -83,6 +85,7 @@ class DrainResult:
             **_fields_of(self),
             "outcomes": dict(self.outcomes),
             "details": dict(self.details),
+            "kinds": dict(self.kinds),
             "lateness_seconds": self.lateness_percentiles(),
             "duration_seconds": round(self.duration_seconds, 3),
         }

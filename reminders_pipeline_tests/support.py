@@ -55,3 +55,8 @@ def by_key(db: Database) -> dict[tuple[str, str], dict[str, Any]]:
 
 def at(offset: int) -> Instant:
     return Instant.from_unix(NOW_S + offset)
+
+
+def recorded(payload: dict[str, Any]) -> dict[str, Any]:
+    """A payload as the ledger records it: without the alert's action token, a credential."""
+    return {**payload, "reminder": {k: v for k, v in payload["reminder"].items() if k != "token"}}

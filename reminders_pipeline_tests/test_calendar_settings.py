@@ -14,7 +14,7 @@ import pytest
 from reminders_pipeline.notification import sent_payload
 from reminders_pipeline.times import Instant
 
-from .support import TOKEN, rows
+from .support import TOKEN, recorded, rows
 
 pytestmark = pytest.mark.usefixtures("fresh_mock")
 
@@ -66,7 +66,7 @@ def test_each_calendar_alerts_with_its_own_rules_level_and_thread(db, cli, feeds
     # What the ledger shows was sent is what was sent, byte for byte, for either kind of record.
     for row in rows(db, device_id="phone"):
         request = next(r for r in sent if r.payload["aps"]["alert"]["title"] == row["title"])
-        assert json.loads(row["payload"])["payload"] == request.payload
+        assert json.loads(row["payload"])["payload"] == recorded(request.payload)
 
 
 def test_muting_a_calendar_voids_its_pending_reminders_at_once_and_unmuting_queues_them_again(db, cli, feeds, mock):

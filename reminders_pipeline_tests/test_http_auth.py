@@ -22,6 +22,8 @@ PROTECTED = [
     ("DELETE", "/v1/devices/dev-1", None),
     ("GET", "/v1/devices/dev-1/feed?tz=3600", None),
     ("POST", "/v1/devices/dev-1/credential", None),
+    ("POST", "/v1/devices/dev-1/reminders/1/snooze", {"token": "0" * 32, "seconds": 60}),
+    ("POST", "/v1/devices/dev-1/reminders/1/done", {"token": "0" * 32}),
 ]
 
 
@@ -124,7 +126,10 @@ def test_openapi_document_lists_exactly_the_routes(served):
         for m, op in ops.items()
         if m != "parameters" and op.get("security")
     }
-    assert protected == {(p.split("?")[0].replace("dev-1", "{device_id}"), m) for m, p, _ in PROTECTED}
+    templated = {
+        (p.split("?")[0].replace("dev-1", "{device_id}").replace("/1/", "/{row_id}/"), m) for m, p, _ in PROTECTED
+    }
+    assert protected == templated
 
 
 def test_unknown_route_and_wrong_method_answer_json(served):

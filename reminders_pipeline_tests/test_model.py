@@ -46,15 +46,15 @@ from hypothesis.stateful import (
 from sqlalchemy import select, text
 from sqlalchemy.exc import OperationalError
 
+from reminders_pipeline import actions, ledger, retention, widget_feed
 from reminders_pipeline import build as build_mod
 from reminders_pipeline import drain as drain_mod
-from reminders_pipeline import ledger, retention, widget_feed
 from reminders_pipeline import settlement as settle_mod
 from reminders_pipeline import sources as sources_mod
 from reminders_pipeline.db import Database
 from reminders_pipeline.devices import DeviceSpec, put_device, remove_device
 from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.rules import parse_rule
+from reminders_pipeline.rules import Rule, agenda_rule, is_agenda, parse_rule
 from reminders_pipeline.schema import devices as devices_t
 from reminders_pipeline.schema import notification_queue as queue_t
 from reminders_pipeline.schema import sources as sources_t
@@ -81,6 +81,7 @@ from .model_support import (
     Sent,
     Series,
     unix_to_wall,
+    wall_to_unix,
 )
 
 EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
@@ -98,7 +99,9 @@ STARTS = (
 ZONES = (None, "Europe/Berlin", "America/New_York")
 QUIET = (None, "22:00-07:30", "22:00-02:30", "01:00-03:00", "23:00-06:00")
 LEADS = (0, 300, 1800, 3600)
-EXTRA = ((), ("lead:600",), ("lead:0@expiry",), ("lead:900!",))
+# With a morning agenda at 07:00, and at 02:30, which a spring-forward night skips and a fall-back night repeats.
+AGENDA_ITEM = "agenda:"
+EXTRA = ((), ("lead:600",), ("lead:0@expiry",), ("lead:900!",), ("agenda@07:00",), ("lead:600", "agenda@02:30"))
 DAY_RULES = (("day:0@09:00",), ("day:1@20:00",), ("day:0@02:30",))
 DEVICES = ("d0", "d1", "d2")
 CALENDAR_RULES = ("lead:1500", "day:0@07:00")  # a calendar's own rules (``Device.calendar == "rules"``)
@@ -132,7 +135,17 @@ DEVICE_CHOICES = {
     "attendee": st.booleans(),
     "calendar": st.sampled_from((None, None, "rules", "muted", "breakthrough")),
 }
-SETTLED_OUTCOMES = {"sent", "failed", "voided", "disabled", "event_started", "event_expired", "too_late", "quiet_hours"}
+SETTLED_OUTCOMES = {
+    "sent",
+    "failed",
+    "voided",
+    "disabled",
+    "event_started",
+    "event_expired",
+    "too_late",
+    "quiet_hours",
+    "acknowledged",
+}
 NEEDS_DETAIL = {"failed", "voided"}
 
 
@@ -190,7 +203,11 @@ class Device:
             return set(kind) | leave
         if occ.kind == "all_day":
             return {parse_rule(r).name for r in self.day_rules}
-        return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra)} | leave
+        return {parse_rule(r).name for r in (f"lead:{self.lead}", *self.extra) if not is_agenda(r)} | leave
+
+    @property
+    def agenda(self) -> Rule | None:
+        return agenda_rule(self.extra)
 
 
 def rule_instant(rule_name: str, occ: Occurrence, tz: str | None) -> int:
@@ -256,6 +273,11 @@ class ReminderMachine(RuleBasedStateMachine):
         self.source_ids: dict[str, int] = {}
         self.checked = 0
         self.next_uid = 0
+        self.snoozed: dict[int, float] = {}  # a snooze row's id: the time it was asked for
+        self.acknowledged: dict[int, int] = {}  # a row Done settled: its item's start as it then read
+        # Per device with an agenda: the device and its unmuted calendars' occurrences at the last
+        # build that read every one of them, which is what its agenda rows were made from.
+        self.agenda_basis: dict[str, tuple[Device, dict[int, dict[str, Occurrence]]]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -281,6 +303,8 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _occurrence(self, device_id: str, item_id: str) -> tuple[Device, Occurrence | None] | None:
         sid, raw = item_id.split(":", 1)
+        if not sid.isdigit():
+            return None  # an agenda's day: no item of a source
         basis = self.basis.get((device_id, int(sid)))
         if basis is None:
             return None
@@ -617,8 +641,58 @@ class ReminderMachine(RuleBasedStateMachine):
                 sid = self.source_ids[url]
                 if sid in ok:
                     self.basis[(device_id, sid)] = (device, self._read_as(device_id, url, sid, snapshot[sid]))
+        self._note_agenda_reads(ok, invalid)
         self._check_voids(rows)
         self._check_queued(rows, ok, invalid)
+
+    def _note_agenda_reads(self, ok: set[int], invalid: set[str]) -> None:
+        """A build that read all of a device's unmuted calendars made its agenda from them."""
+        for device_id, device in self.devices.items():
+            if device_id in invalid or device.agenda is None:
+                continue
+            muted = {u for u, c in device.calendars.items() if c.muted}
+            wanted = {self.source_ids[u] for u in device.urls if u not in muted}
+            if wanted <= ok:
+                self.agenda_basis[device_id] = (device, {sid: self.basis[(device_id, sid)][1] for sid in wanted})
+
+    def _agenda_day(self, device_id: str, item_id: str) -> tuple[Device, int, int, int] | None:
+        """The agenda of that day as its rows were made: the device, its time, the day's bounds."""
+        basis = self.agenda_basis.get(device_id)
+        if basis is None or basis[0].agenda is None:
+            return None
+        config, rule = basis[0], basis[0].agenda
+        midnight = int(Instant.from_stored(item_id.split(":", 1)[1] + "T00:00:00.000Z").unix)
+        due = wall_to_unix(midnight + rule.at_minutes * 60, config.tz)
+        return config, due, wall_to_unix(midnight, config.tz), wall_to_unix(midnight + 86400, config.tz)
+
+    def _check_agenda_send(self, s: Sent) -> None:
+        """An agenda goes at its local time (a snooze of it at the time asked), within its day, for
+        a day with an event, once."""
+        where = f"{s.device_id} {s.item_id} {s.rule} at {Instant.from_unix(s.at)} (answer {s.answer})"
+        day = self._agenda_day(s.device_id, s.item_id)
+        if day is None:
+            raise PromiseBroken(f"AGENDA_NO_READ: {where}: no build read all of the device's calendars")
+        config, due, starts, ends = day
+        if parse_rule(s.rule).snooze:
+            self._check_snooze(s, where, ends)
+            due = int(self.snoozed[s.row_id])
+        if s.at < due:
+            raise PromiseBroken(f"EARLY: {where}: the agenda's time is {Instant.from_unix(due)}")
+        if s.at >= ends:
+            raise PromiseBroken(f"AGENDA_AFTER_DAY: {where}: the day ended at {Instant.from_unix(ends)}")
+        muted = {u for u, c in config.calendars.items() if c.muted}
+        live = [
+            o
+            for occs in self.agenda_basis[s.device_id][1].values()
+            for o in occs.values()
+            if not o.cancelled and not (config.attendee and o.declined) and o.url not in muted
+            and o.instant(o.start, config.tz) < ends and o.instant(o.end, config.tz) > starts
+        ]  # fmt: skip
+        if not live:
+            raise PromiseBroken(f"AGENDA_EMPTY_DAY: {where}: the calendars as read hold no event that day")
+        STATS["agendas_sent"] = STATS.get("agendas_sent", 0) + 1
+        if s.answer in MAY_HAVE_DELIVERED:
+            self._delivered((s.device_id, s.item_id, parse_rule(s.rule).name), None, where)
 
     def _read_as(self, device_id: str, url: str, sid: int, occs: dict[str, Occurrence]) -> dict[str, Occurrence]:
         """What a successful read told the build: a flooding series is dropped alone, so its
@@ -723,6 +797,85 @@ class ReminderMachine(RuleBasedStateMachine):
                     f"VOIDED_ITEM_STILL_IN_FEED: {r['item_id']} {r['rule']} voided left_feed at {self.iso}, "
                     f"but the last read has it among the {ITEM_CAP} soonest items: {sorted(kept)}"
                 )
+
+    # -- a person's actions on a sent alert ------------------------------------------------------
+
+    def _sent_rows(self) -> list[dict[str, Any]]:
+        return sorted((r for r in self._rows() if r["outcome"] == "sent"), key=lambda r: r["id"])
+
+    @rule(which=st.integers(0, 20), seconds=st.sampled_from((1, 60, 300, 900, 3600)), repeat=st.booleans())
+    def snooze(self, which: int, seconds: int, repeat: bool) -> None:
+        """Snooze on a sent alert: one row, however often asked, or a refusal that changes nothing."""
+        sent = self._sent_rows()
+        if not sent:
+            return
+        row = sent[which % len(sent)]
+        before = self._rows()
+        try:
+            made = actions.snooze(self.db, row["device_id"], row["id"], None, seconds=seconds, now=self.iso)
+        except actions.ActionError as exc:
+            if exc.code == "no_reminder" and row["device_id"] not in self.devices:
+                return  # removed: its rows stay in the ledger and act on nothing
+            if self._rows() != before:
+                raise PromiseBroken(f"REFUSED_ACTION_CHANGED_ROWS: snooze of row {row['id']} ({exc.code})") from None
+            expected = self._snooze_refusal(row, seconds)
+            if expected is not None and exc.code != expected:
+                raise PromiseBroken(
+                    f"SNOOZE_REFUSED: row {row['id']} at {self.iso}: {exc.code} {exc.message} (expected {expected})"
+                ) from None
+            return
+        if made.created:
+            self.snoozed[made.snooze_id] = self.now + seconds
+            STATS["snoozes_made"] = STATS.get("snoozes_made", 0) + 1
+        elif made.snooze_id not in self.snoozed:
+            raise PromiseBroken(f"SNOOZE_NOT_MADE: row {row['id']} answered with a snooze {made.snooze_id} never made")
+        if repeat:
+            again = actions.snooze(self.db, row["device_id"], row["id"], None, seconds=seconds, now=self.iso)
+            if again.created or again.snooze_id != made.snooze_id:
+                raise PromiseBroken(f"SNOOZE_TWICE: a repeated snooze of row {row['id']} made a second row")
+
+    def _snooze_refusal(self, row: dict[str, Any], seconds: int) -> str | None:
+        """Why a snooze of this sent row must be refused, as the event was last read; None when
+        the model cannot say (a device with a dead token is not read for)."""
+        if row["device_id"] in self._invalid_devices():
+            return None
+        if self.now >= row["expires_at"].unix:
+            return "event_ended"
+        ends = row["expires_at"].unix
+        if not row["item_id"].startswith(AGENDA_ITEM):
+            found, device = self._occurrence(row["device_id"], row["item_id"]), self.devices[row["device_id"]]
+            occ = found[1] if found else None
+            muted = occ is not None and occ.url in device.calendars and device.calendars[occ.url].muted
+            if occ is None or occ.cancelled or (device.attendee and occ.declined) or muted:
+                return "event_changed"
+            ends = occ.instant(occ.end, device.tz)  # the zone the device has now, as the action reads it
+        if self.now >= ends:
+            return "event_ended"
+        return "invalid" if self.now + seconds >= ends else "snooze_limit"
+
+    @rule(which=st.integers(0, 20))
+    def done(self, which: int) -> None:
+        """Done on a sent alert: the item's other pending reminders on the device go unsent."""
+        sent = self._sent_rows()
+        if not sent:
+            return
+        row = sent[which % len(sent)]
+        pending = [
+            r for r in self._rows()
+            if (r["device_id"], r["item_id"], r["status"]) == (row["device_id"], row["item_id"], "pending")
+        ]  # fmt: skip
+        try:
+            settled = actions.done(self.db, row["device_id"], row["id"], None, now=self.iso)
+        except actions.ActionError as exc:
+            if exc.code == "no_reminder" and row["device_id"] not in self.devices:
+                return
+            if exc.code != "event_ended" or self.now < row["expires_at"].unix:
+                raise PromiseBroken(f"DONE_REFUSED: row {row['id']} at {self.iso}: {exc.code}") from None
+            return
+        if settled != len(pending):
+            raise PromiseBroken(f"DONE_MISSED: {len(pending)} pending rows of {row['item_id']}, {settled} settled")
+        for r in pending:
+            self.acknowledged[r["id"]] = r["event_at"].unix
 
     # -- drains ---------------------------------------------------------------------------------
 
@@ -832,6 +985,15 @@ class ReminderMachine(RuleBasedStateMachine):
     def _check_send(self, s: Sent) -> None:
         """Never stale, never early, never inside quiet hours, never twice."""
         self.checked += 1
+        acknowledged = self.acknowledged.get(s.row_id)
+        if acknowledged is not None and abs(s.starts_at - acknowledged) < self.settings.rearm_threshold_seconds:
+            raise PromiseBroken(
+                f"SENT_AFTER_DONE: {s.device_id} {s.item_id} {s.rule} at {Instant.from_unix(s.at)}: Done settled "
+                "this reminder, and its item has not moved"
+            )
+        if s.item_id.startswith(AGENDA_ITEM):
+            self._check_agenda_send(s)
+            return
         found = self._occurrence(s.device_id, s.item_id)
         where = f"{s.device_id} {s.item_id} {s.rule} at {Instant.from_unix(s.at)} (answer {s.answer})"
         if found is None:
@@ -848,11 +1010,13 @@ class ReminderMachine(RuleBasedStateMachine):
             )
         if s.title != occ.title:
             raise PromiseBroken(f"STALE_TITLE: {where}: sent {s.title!r}, the item as last read says {occ.title!r}")
-        if parse_rule(s.rule).name not in config.rules_for(occ):
+        if parse_rule(s.rule).snooze:
+            self._check_snooze(s, where, occ.instant(occ.end, config.tz))
+        elif parse_rule(s.rule).name not in config.rules_for(occ):
             raise PromiseBroken(
                 f"STALE_RULE: {where}: the device's rules as last built are {sorted(config.rules_for(occ))}"
             )
-        due = rule_instant(s.rule, occ, config.tz)
+        due = self.snoozed.get(s.row_id, 0) if parse_rule(s.rule).snooze else rule_instant(s.rule, occ, config.tz)
         if s.at < due:
             raise PromiseBroken(f"EARLY: {where}: the rule's time is {Instant.from_unix(due)}")
         current = self.devices.get(s.device_id)
@@ -865,6 +1029,13 @@ class ReminderMachine(RuleBasedStateMachine):
             raise PromiseBroken(f"QUIET_HOURS: {where}: inside the device's quiet hours {current.quiet} ({current.tz})")
         if s.answer in MAY_HAVE_DELIVERED:
             self._delivered((s.device_id, s.item_id, parse_rule(s.rule).name), feed_anchor(s.rule, occ), where)
+
+    def _check_snooze(self, s: Sent, where: str, ends: int) -> None:
+        """A snooze goes only as asked, and never once its item is over."""
+        if s.row_id not in self.snoozed:
+            raise PromiseBroken(f"SNOOZE_UNASKED: {where}: no snooze made this row")
+        if s.at >= ends:
+            raise PromiseBroken(f"SNOOZE_AFTER_END: {where}: the item ended at {Instant.from_unix(ends)}")
 
     def _delivered(self, key: tuple[str, str, str], anchor: int | None, where: str) -> None:
         if key in self.delivered:
@@ -1071,12 +1242,19 @@ class ReminderMachine(RuleBasedStateMachine):
                     late = r["sent_at"].unix - (max(r["send_after"], r["held_until"] or r["send_after"])).unix
                     if late > self.settings.max_lateness_seconds:
                         raise PromiseBroken(f"LATE: {where} sent {late:.0f}s after its send_after (or its hold's end)")
+            elif r["status"] == "pending" and is_agenda(r["rule"]):
+                day = self._agenda_day(r["device_id"], r["item_id"])
+                if day is not None and r["send_after"].unix < day[1]:
+                    raise PromiseBroken(
+                        f"EARLY_ROW: {where} pending at {r['send_after']}, before its time {Instant.from_unix(day[1])}"
+                    )
             elif r["status"] == "pending":
                 found = self._occurrence(r["device_id"], r["item_id"])
                 if found is None or found[1] is None:
                     continue
                 config, occ = found
-                due = rule_instant(r["rule"], occ, config.tz)
+                snoozed = parse_rule(r["rule"]).snooze
+                due = self.snoozed[r["id"]] if snoozed else rule_instant(r["rule"], occ, config.tz)
                 if r["send_after"].unix < due:
                     raise PromiseBroken(
                         f"EARLY_ROW: {where} pending at {r['send_after']}, before its rule's time {Instant.from_unix(due)}"

@@ -218,8 +218,9 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     )
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
     device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
-    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}))  # "Starts at 12:00"
-    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active"))  # another level
+    # As an earlier release sent them (``sent_format`` None): "Starts at 12:00", and another level.
+    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}, sent_format=None))
+    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active", sent_format=None))
     rows[2]["payload"] = "{}"  # not a payload this release writes
     columns = ", ".join(rows[0])
     try:
@@ -483,3 +484,49 @@ def _upgrading(db: Database, **options: Any) -> tuple[threading.Thread, list[Bas
     upgrading = threading.Thread(target=run)
     upgrading.start()
     return upgrading, outcome
+
+
+def test_migration_0017_adds_acknowledged_and_a_downgrade_leaves_what_0016_reads(db):
+    """Up: ``acknowledged`` is an outcome and a snooze names its origin, once (the SQLite CHECK
+    by copying the table, its indexes kept). Down: snooze and agenda rows and agenda rules go, and
+    an acknowledged row stays settled (``event_expired``), so the release before queues nothing again."""
+    from sqlalchemy import select, update
+
+    from reminders_pipeline import migrate
+    from reminders_pipeline.schema import devices
+
+    q = notification_queue
+    device = dict(
+        id="d", apns_token="ab" * 32, chunk=0, created_at=NOW, updated_at=NOW, extra_rules="lead:600 agenda@07:00"
+    )
+    with db.write() as conn:
+        conn.execute(insert(devices).values(**device))
+        conn.execute(insert(q).values(**_queue_row(status="settled", outcome="sent")))
+        conn.execute(insert(q).values(**_queue_row(rule="lead:30", status="settled", outcome="acknowledged")))
+        conn.execute(insert(q).values(**_queue_row(rule="snooze:1", snoozed_from=1)))
+        conn.execute(insert(q).values(**_queue_row(item_id="agenda:2026-09-10", rule="agenda")))
+    with pytest.raises(IntegrityError):
+        with db.write() as conn:
+            conn.execute(insert(q).values(**_queue_row(rule="snooze:2", snoozed_from=1)))
+    try:
+        migrate.downgrade(db, "0016")
+        with db.read() as conn:
+            assert conn.execute(
+                text("SELECT rule, outcome, outcome_detail FROM notification_queue ORDER BY id")
+            ).all() == [
+                ("lead:60", "sent", None),
+                ("lead:30", "event_expired", "acknowledged"),
+            ]
+            assert conn.execute(text("SELECT extra_rules FROM devices")).scalar_one() == "lead:600"
+        with pytest.raises(IntegrityError):
+            with db.write() as conn:
+                conn.execute(text("UPDATE notification_queue SET outcome = 'acknowledged' WHERE rule = 'lead:30'"))
+    finally:
+        migrate.upgrade(db)
+    with db.write() as conn:
+        conn.execute(update(q).where(q.c.rule == "lead:30").values(outcome="acknowledged"))
+        assert conn.execute(select(q.c.rule, q.c.outcome).order_by(q.c.id)).all() == [
+            ("lead:60", "sent"),
+            ("lead:30", "acknowledged"),
+        ]
+    test_the_due_query_uses_the_partial_index(db)

@@ -15,7 +15,7 @@ from reminders_pipeline.policy import decide
 from reminders_pipeline.rules import MAX_TRAVEL_SECONDS
 from reminders_pipeline.times import Instant
 
-from .support import TOKEN, rows
+from .support import TOKEN, recorded, rows
 
 pytestmark = pytest.mark.usefixtures("fresh_mock")
 STAMP = "%Y%m%dT%H%M%SZ"
@@ -68,7 +68,7 @@ def test_the_events_travel_time_adds_a_leave_reminder_with_its_own_text(db, cli,
             for r in sent
             if (r.payload["reminder"]["item_id"], r.payload["reminder"]["rule"]) == (row["item_id"], row["rule"])
         ]
-        assert json.loads(row["payload"])["payload"] == request.payload
+        assert json.loads(row["payload"])["payload"] == recorded(request.payload)
 
 
 def test_the_subscriptions_travel_time_serves_items_without_their_own(db, cli, feeds):

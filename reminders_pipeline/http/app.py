@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import ledger, migrate
+from .. import actions, ledger, migrate
 from ..build import build as run_build
 from ..db import Database
 from ..devices import (
@@ -59,11 +59,13 @@ from ..schema import MAX_ROW_ID
 from ..sender import SenderFactory, default_sender_factory
 from ..settings import Settings
 from ..subscription import CalendarSettings
+from ..times import Instant
 from ..widget_feed import ComposedFeed, compose_feed
 from ..zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from .contract import (
     BUILD,
     DELETE_DEVICE,
+    DONE,
     DRAIN,
     FEED,
     GET_DEVICE,
@@ -73,12 +75,15 @@ from .contract import (
     OPENAPI,
     PUT_DEVICE,
     ROTATE_CREDENTIAL,
+    SNOOZE,
     TAKES_NOW,
     BuildRequest,
     Contract,
     DeviceRegistration,
+    DoneRequest,
     DrainRequest,
     Operation,
+    SnoozeRequest,
     document,
 )
 from .metrics import Metrics
@@ -225,6 +230,14 @@ def parse_row_id(request: Request, from_body: int | None) -> int | None:
     if from_query is not None and from_body is not None and from_query != from_body:
         raise invalid("id", "the query and the body name different rows")
     return from_query if from_query is not None else from_body
+
+
+def path_row_id(request: Request) -> int:
+    """The reminder a device's action names (``{row_id}``)."""
+    text = request.path_params["row_id"]
+    if not ROW_ID_TEXT.fullmatch(text) or not 1 <= int(text) <= MAX_ROW_ID:
+        raise invalid("row_id", f"a queue row id: a whole number from 1 to {MAX_ROW_ID}")
+    return int(text)
 
 
 def parse_tz(request: Request) -> Zone | None:
@@ -481,6 +494,30 @@ class Api:
             raise no_device(device_id)
         return JSONResponse({"device_id": device_id, "credential": credential})
 
+    # -- a person's actions on an alert
+
+    async def snooze(self, request: Request, body: SnoozeRequest) -> Response:
+        device_id, row_id = request.path_params["device_id"], path_row_id(request)
+        until = None if body.until is None else Instant.from_unix(body.until)
+        now = getattr(body, "now", None)
+        snoozed = await self._act(
+            lambda: actions.snooze(self.db, device_id, row_id, body.token, seconds=body.seconds, until=until, now=now)
+        )
+        return JSONResponse({"device_id": device_id, **snoozed.as_dict()})
+
+    async def done(self, request: Request, body: DoneRequest) -> Response:
+        device_id, row_id = request.path_params["device_id"], path_row_id(request)
+        now = getattr(body, "now", None)
+        settled = await self._act(lambda: actions.done(self.db, device_id, row_id, body.token, now=now))
+        return JSONResponse({"device_id": device_id, "row_id": row_id, "acknowledged": settled})
+
+    @staticmethod
+    async def _act(act: Callable[[], Any]) -> Any:
+        try:
+            return await run_in_threadpool(act)
+        except actions.ActionError as exc:
+            raise ApiError(exc.status, exc.code, exc.message, exc.field) from None
+
     # -- the widget's feed
 
     async def feed(self, request: Request) -> Response:
@@ -549,6 +586,8 @@ class Api:
             (DELETE_DEVICE, self.delete_device),
             (ROTATE_CREDENTIAL, self.rotate_device_credential),
             (FEED, self.feed),
+            (SNOOZE, self.snooze),
+            (DONE, self.done),
         ]
         by_path: dict[str, list[tuple[Operation, Endpoint]]] = {}
         for op, endpoint in table:

@@ -36,6 +36,7 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
+from ..actions import MAX_SNOOZE_SECONDS
 from ..devices import (
     APNS_TOKEN_PATTERN,
     DEVICE_ID_PATTERN,
@@ -152,6 +153,24 @@ class DrainRequest(Request):
     id: RowId | None = Field(None, description="Same as `?id=`.")
 
 
+ACTION_TOKEN = Field(
+    min_length=1, max_length=64, description="The alert's `reminder.token`: proves the action names an alert sent here."
+)
+
+
+class SnoozeRequest(Request):
+    """`seconds` from now, or at `until` (Unix seconds): not both, and before the event's end."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["seconds"]}, {"required": ["until"]}]})
+    token: Annotated[str, ACTION_TOKEN]
+    seconds: Annotated[int, Field(ge=1, le=MAX_SNOOZE_SECONDS), INTEGRAL] | None = None
+    until: Annotated[int, Field(ge=MIN_NOW_UNIX, le=MAX_NOW_UNIX), INTEGRAL] | None = None
+
+
+class DoneRequest(Request):
+    token: Annotated[str, ACTION_TOKEN]
+
+
 class Calendar(Request):
     """A subscribed source's own settings (its URL among `source_urls`); omitted fields are the defaults."""
 
@@ -182,8 +201,8 @@ class DeviceRegistration(Request):
 
     apns_token: str = Field(pattern=anchored(APNS_TOKEN_PATTERN), description="Hex APNs device token.")
     reminder_lead_seconds: LeadSeconds | None = Field(None, description="The lead of rule `lead:N`.")
-    extra_rules: list[Annotated[str, Field(description="`lead:N` or `lead:N@expiry`")]] | None = Field(
-        None, max_length=MAX_EXTRA_RULES
+    extra_rules: list[Annotated[str, Field(description="`lead:N`, `lead:N@expiry`, or one `agenda@HH:MM`")]] | None = (
+        Field(None, max_length=MAX_EXTRA_RULES)
     )
     source_urls: list[SourceUrl] | None = Field(None, max_length=MAX_SOURCES)
     all_day_rules: (
@@ -285,6 +304,10 @@ class DrainSummary(BaseModel):
     claimed: int = Field(description="Rows this call's compare-and-swap won.")
     outcomes: Counts = Field(description="Settled rows by outcome: sent, failed, disabled, too_late, ...")
     details: Counts = Field(description="`outcome:detail` counts, e.g. `failed:BadDeviceToken`.")
+    kinds: Counts = Field(
+        default_factory=dict,
+        description="`kind:outcome` counts by rule kind (lead, expiry, day, leave, snooze, agenda), e.g. `snooze:sent`.",
+    )
     lateness_seconds: Lateness
     tokens_invalidated: int = 0
     voided_by_token: int = 0
@@ -339,6 +362,25 @@ class Credential(BaseModel):
     credential: str = Field(description=CREDENTIAL)
 
 
+class SnoozeRow(BaseModel):
+    id: int = Field(description="The snooze's own queue row.")
+    rule: str = Field(description="`snooze:N`: the event's N-th snooze on this device (at most 12).")
+    send_after: int = Field(description="Unix seconds.")
+
+
+class Snoozed(BaseModel):
+    device_id: str
+    row_id: int = Field(description="The snoozed alert's row.")
+    snooze: SnoozeRow
+    created: bool = Field(description="False: a repeated request, answered with the row the first one made.")
+
+
+class Acknowledged(BaseModel):
+    device_id: str
+    row_id: int
+    acknowledged: int = Field(description="The event's pending reminders on this device settled `acknowledged`.")
+
+
 class Removed(BaseModel):
     device_id: str
     rows_voided: int
@@ -363,7 +405,12 @@ class Feed(BaseModel):
 
 # ---------------------------------------------------------------- per deployment
 
-TAKES_NOW = (BuildRequest, DrainRequest)  # the bodies that may carry ``now``, where a deployment accepts it
+TAKES_NOW = (
+    BuildRequest,
+    DrainRequest,
+    SnoozeRequest,
+    DoneRequest,
+)  # the bodies that may carry ``now``, where a deployment accepts it
 
 
 class Contract:
@@ -376,6 +423,8 @@ class Contract:
         self.models: dict[type[Request], type[Request]] = {
             BuildRequest: create_model("BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, **build),
             DrainRequest: create_model("DrainRequest", __base__=DrainRequest, **now),
+            SnoozeRequest: create_model("SnoozeRequest", __base__=SnoozeRequest, __doc__=SnoozeRequest.__doc__, **now),
+            DoneRequest: create_model("DoneRequest", __base__=DoneRequest, **now),
             DeviceRegistration: DeviceRegistration,
         }
         self.default_lead_seconds = settings.default_lead_seconds
@@ -399,7 +448,7 @@ SECURITY: dict[Auth, list[dict[str, list[str]]]] = {
     "internal": [{"bearer": []}],
     "device": [{"deviceCredential": []}, {"bearer": []}],
 }
-PATH_PARAMETERS: dict[str, Any] = {"device_id": DeviceId}
+PATH_PARAMETERS: dict[str, Any] = {"device_id": DeviceId, "row_id": RowId}
 
 
 @dataclass(frozen=True)
@@ -556,6 +605,37 @@ FEED = Operation(
             "changed; one CLDR does not know is ignored.",
         ),
     ),
+)
+ACTION_ANSWERS = {
+    404: Answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),
+    409: Answer(
+        "`not_sent` (the row sent no alert), `event_ended`, `snooze_limit` (12 snoozes already) or `busy` "
+        "(try again). Nothing was changed."
+    ),
+}
+ACTION_UNAUTHORIZED = Answer(
+    "`unauthorized`: not this device's own credential (nor the internal token); `wrong_action_token`: "
+    "not the token of this reminder's alert."
+)
+SNOOZE = Operation(
+    "POST",
+    "/v1/devices/{device_id}/reminders/{row_id}/snooze",
+    "snoozeReminder",
+    "device",
+    {200: Answer("The snooze's row.", Snoozed), 401: ACTION_UNAUTHORIZED, **ACTION_ANSWERS},
+    summary="Snooze a sent alert: one `snooze:N` row, however often asked, sent at its time with the same guards.",
+    body=SnoozeRequest,
+    body_required=True,
+)
+DONE = Operation(
+    "POST",
+    "/v1/devices/{device_id}/reminders/{row_id}/done",
+    "doneReminder",
+    "device",
+    {200: Answer("How many pending reminders were settled.", Acknowledged), 401: ACTION_UNAUTHORIZED, **ACTION_ANSWERS},
+    summary="Done on a sent alert: the event's other pending reminders on this device are settled `acknowledged`.",
+    body=DoneRequest,
+    body_required=True,
 )
 
 

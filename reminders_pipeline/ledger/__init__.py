@@ -10,6 +10,7 @@ One module per table or concern:
 - ``devices``: registration, credentials, the build's selection and locks, zones, dead tokens;
 - ``sources``: subscriptions and each feed's last read;
 - ``queue``: the build's upserts, re-arms and voids, and the NOTIFY that wakes dispatchers;
+- ``actions``: a person's Snooze and Done on a sent alert;
 - ``claims``: due ids, the claim, settle, return to pending, abandoned claims, drain halts;
 - ``heartbeats``: exact-time dispatchers' heartbeats;
 - ``reports``: reads for people and the bounded reads of /metrics;
@@ -21,6 +22,13 @@ Callers use the package (``ledger.claim(conn, ...)``); the modules are how it is
 from __future__ import annotations
 
 from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED
+from .actions import (
+    acknowledge,
+    acted_on,
+    count_snoozes,
+    insert_snooze,
+    snooze_of,
+)
 from .claims import (
     SETTLE_FIELDS,
     claim,
@@ -112,6 +120,11 @@ from .sources import (
 )
 
 __all__ = [
+    "acknowledge",
+    "acted_on",
+    "count_snoozes",
+    "insert_snooze",
+    "snooze_of",
     "calendar_settings",
     "CLAIMED",
     "COUNT_CAP",

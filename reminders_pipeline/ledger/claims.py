@@ -141,6 +141,7 @@ _CLAIM_DEVICE_COLUMNS = (
     devices.c.quiet_hours,
     devices.c.locale,
     devices.c.clock,
+    devices.c.credential_hash,  # the key of the alert's action token (``actions``)
 )
 # What the row's calendar subscription says of its send (``subscription.CalendarSettings``).
 _CLAIM_CALENDAR_COLUMNS = (

@@ -232,6 +232,8 @@ def select_build_devices(
             devices.c.quiet_hours,
             devices.c.use_alarms,
             devices.c.attendees,
+            devices.c.locale,  # an agenda's text is made at the build (``agenda``)
+            devices.c.clock,
             devices.c.reminders_built_at,
             devices.c.chunk,
             devices.c.created_at,

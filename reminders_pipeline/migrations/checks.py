@@ -33,3 +33,26 @@ def add_iso_column(table: str, column: str) -> None:
 def replace_check(table: str, name: str, condition: str) -> None:
     """PostgreSQL only: swap a CHECK for another of the same name in one ALTER, the new one NOT VALID."""
     op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}, ADD CONSTRAINT {name} CHECK ({condition}) NOT VALID")
+
+
+def sqlite_replace_check(table: str, old: str, new: str) -> None:
+    """SQLite only: a CHECK changed the one way SQLite allows, by copying the table. The copy is made
+    from the table's own stored DDL with ``old`` (a constraint's exact text there) swapped for
+    ``new``, so every other column and constraint stays exactly as earlier revisions left it; its
+    indexes are made again from their own DDL. Foreign keys are off while a migration runs."""
+    bind = op.get_bind()
+    ddl = bind.exec_driver_sql(f"SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{table}'").scalar_one()
+    indexes = bind.exec_driver_sql(
+        f"SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}' AND sql IS NOT NULL"
+    ).scalars()
+    if ddl.count(old) != 1:
+        raise RuntimeError(f"{table}: the constraint to replace is not in its DDL exactly once")
+    rest = ddl.split("(", 1)[1]
+    copy = f"{table}_copy"
+    op.execute(f"CREATE TABLE {copy} ({rest.replace(old, new)}")
+    op.execute(f"INSERT INTO {copy} SELECT * FROM {table}")
+    kept = list(indexes)
+    op.execute(f"DROP TABLE {table}")
+    op.execute(f"ALTER TABLE {copy} RENAME TO {table}")
+    for index in kept:
+        op.execute(index)

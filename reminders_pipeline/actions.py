@@ -1,0 +1,160 @@
+"""Snooze and Done: what a person does with a sent alert (the app's ``REMINDER`` category).
+
+Each alert carries its row's id and an action token (``action_token``): an HMAC of the device
+and row keyed by the device's credential hash. The app posts the action back with the device's
+credential and the token, so a row id alone acts on nothing; the token is never recorded, though
+whoever holds the credential can compute it. A new credential (``credential rotate``) ends the
+tokens of alerts sent before it.
+
+Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
+``MAX_SNOOZES``), of the item as its calendar was last read (a sent row keeps it as sent; one
+since cancelled or declined is refused), sent at the time asked with the same guards as any
+reminder (claimed once, quiet hours, never after the item's end). A repeated Snooze of one
+alert makes no second row: the row it made is the answer (``uq_queue_snoozed_from``). Done settles
+the item's other pending reminders on the device ``acknowledged`` (repeats, snoozes, later leads);
+one already claimed is on its way and goes. Both refuse a late or foreign action and change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from . import ledger
+from .db import Database
+from .feed import ParsedFeed, address_digest
+from .rules import MAX_SNOOZES, Rule
+from .times import Instant
+from .zones import zone_of
+
+CATEGORY = "REMINDER"  # the app registers it with the actions below
+ACTIONS = ("SNOOZE", "DONE")  # UNNotificationAction identifiers
+TOKEN_BYTES = 16
+MAX_SNOOZE_SECONDS = 7 * 86400
+_ATTEMPTS = 3  # a concurrent snooze of another alert of the item may take the next rule name first
+
+
+class ActionError(Exception):
+    """An action refused: ``status`` is the HTTP status, ``code`` the error's name."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+@dataclass(frozen=True)
+class Snoozed:
+    row_id: int  # the snoozed alert's row
+    snooze_id: int
+    rule: str
+    send_after: Instant
+    created: bool  # False: a repeated request, answered with the row the first one made
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "row_id": self.row_id,
+            "snooze": {"id": self.snooze_id, "rule": self.rule, "send_after": self.send_after.whole_seconds},
+            "created": self.created,
+        }
+
+
+def action_token(credential_hash: str, device_id: str, row_id: int) -> str:
+    """The alert's action token: keyed by what the ledger keeps of the device's credential."""
+    message = f"reminder-action\x00{device_id}\x00{row_id}".encode()
+    return hmac.new(credential_hash.encode(), message, hashlib.sha256).hexdigest()[: TOKEN_BYTES * 2]
+
+
+def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: Instant) -> dict[str, Any]:
+    """The sent alert an action names, or ``ActionError``: 404 for a row of no alert of this
+    device, 401 for a wrong token, 409 for a row that sent nothing or an item already over.
+    ``token`` None: an operator's action (the CLI), which needs none."""
+    row = ledger.acted_on(conn, row_id)
+    if row is None or row["device_id"] != device_id or not row["registered"]:
+        raise ActionError(404, "no_reminder", f"device {device_id!r} has no reminder {row_id}")
+    if token is not None:
+        expected = action_token(row["credential_hash"] or "", device_id, row_id)
+        if not row["credential_hash"] or not hmac.compare_digest(token.encode(), expected.encode()):
+            raise ActionError(401, "wrong_action_token", "the action token is not this reminder's")
+    if row["outcome"] != "sent":
+        raise ActionError(409, "not_sent", f"reminder {row_id} sent no alert: nothing to act on")
+    if now >= row["expires_at"]:
+        raise ActionError(409, "event_ended", f"the event of reminder {row_id} is over")
+    return row
+
+
+def _as_last_read(row: dict[str, Any], now: Instant) -> dict[str, Any]:
+    """The row's item as its calendar was last read (``sources.feed_cache``), fixed in the device's
+    zone: a sent row keeps the item as it was sent, and the item may since have moved a little (too
+    little to be sent again), been retitled, cancelled or declined. ``ActionError`` (409) for an item
+    no longer to remind of. An agenda is its row (its build made it)."""
+    if row["source_id"] is None:
+        return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
+    feed = ParsedFeed.from_json(row["feed_cache"]) if row["feed_cache"] else None
+    own = str(row["item_id"]).split(":", 1)[1]
+    raw = None if feed is None else next((i for i in feed.items if i.id == own), None) or feed.set_aside_item(own)
+    attendees = frozenset(address_digest(a) for a in (row["attendees"] or "").split())
+    if raw is None or row["calendar_muted"] or raw.declined_by(attendees):
+        raise ActionError(409, "event_changed", "the event is no longer in its calendar (cancelled, declined or muted)")
+    item = raw.for_local(zone_of(row))
+    if now >= item.expires:
+        raise ActionError(409, "event_ended", f"the event of reminder {row['id']} is over")
+    return {"event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
+
+
+def snooze(
+    db: Database,
+    device_id: str,
+    row_id: int,
+    token: str | None,
+    *,
+    seconds: int | None = None,
+    until: Instant | None = None,
+    now: Instant | None = None,
+) -> Snoozed:
+    """Queue the alert again ``seconds`` from now, or at ``until``; one row however often asked."""
+    now = now or Instant.now()
+    with db.write() as conn:
+        origin = _acted_on(conn, device_id, row_id, token, now)
+        at = _snooze_time(now, seconds, until)
+        item = _as_last_read(origin, now)
+        for _ in range(_ATTEMPTS):
+            made = ledger.snooze_of(conn, row_id)
+            if made is not None:
+                return Snoozed(row_id, made["id"], made["rule"], made["send_after"], created=False)
+            if at >= item["expires_at"]:
+                raise ActionError(422, "invalid", "that is after the event's end", field=_field(seconds))
+            count = ledger.count_snoozes(conn, device_id, origin["item_id"])
+            if count >= MAX_SNOOZES:
+                raise ActionError(409, "snooze_limit", f"this reminder was snoozed {MAX_SNOOZES} times already")
+            rule = Rule(0, "expiry", snooze=count + 1).name
+            snooze_id = ledger.insert_snooze(conn, row_id, rule, at, item, now)
+            if snooze_id is not None:
+                return Snoozed(row_id, snooze_id, rule, at, created=True)
+    raise ActionError(409, "busy", "other snoozes of this event were being made: try again")
+
+
+def _snooze_time(now: Instant, seconds: int | None, until: Instant | None) -> Instant:
+    """When the snooze asked for goes, or ``ActionError`` (422) for a time that cannot be one."""
+    if (seconds is None) == (until is None):
+        raise ActionError(422, "invalid", "give seconds or until, not both", field="seconds")
+    if seconds is not None and not 0 < seconds <= MAX_SNOOZE_SECONDS:
+        raise ActionError(422, "invalid", f"seconds must be 1 to {MAX_SNOOZE_SECONDS}", field="seconds")
+    at = now + seconds if seconds is not None else until
+    assert at is not None
+    if at <= now:
+        raise ActionError(422, "invalid", "until must be in the future", field="until")
+    return at
+
+
+def _field(seconds: int | None) -> str:
+    return "seconds" if seconds is not None else "until"
+
+
+def done(db: Database, device_id: str, row_id: int, token: str | None, now: Instant | None = None) -> int:
+    """Settle the item's other pending reminders on this device ``acknowledged``; how many."""
+    now = now or Instant.now()
+    with db.write() as conn:
+        origin = _acted_on(conn, device_id, row_id, token, now)
+        return ledger.acknowledge(conn, device_id, origin["item_id"], now)

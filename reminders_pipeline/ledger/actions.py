@@ -1,0 +1,97 @@
+"""What a person's Snooze and Done on a sent alert write: one snooze row per snoozed alert, and
+the item's other pending reminders settled ``acknowledged``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, literal, select, update
+
+from ..schema import device_sources, devices, sources
+from ..schema import notification_queue as q
+from ..times import Instant
+from ._common import PENDING, insert_on_conflict
+from .queue import announce_pending
+
+# The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
+# calendar subscription (muted) and that calendar as last read (``sources.feed_cache``).
+_ACTED_ON = (
+    *(q.c[c] for c in ("id", "device_id", "source_id", "item_id", "outcome", "expires_at", "title", "body")),
+    q.c.event_at,
+    devices.c.id.is_not(None).label("registered"),
+    devices.c.credential_hash,
+    devices.c.tz_name,
+    devices.c.last_tz_offset_seconds,
+    devices.c.attendees,
+    device_sources.c.muted.label("calendar_muted"),
+    sources.c.feed_cache,
+)
+
+
+def acted_on(conn: Connection, row_id: int) -> dict[str, Any] | None:
+    """The row an action names, with what deciding the action needs of its device and calendar."""
+    subscription = and_(device_sources.c.device_id == q.c.device_id, device_sources.c.source_id == q.c.source_id)
+    query = (
+        select(*_ACTED_ON)
+        .outerjoin(devices, devices.c.id == q.c.device_id)
+        .outerjoin(device_sources, subscription)
+        .outerjoin(sources, sources.c.id == q.c.source_id)
+    )
+    found = conn.execute(query.where(q.c.id == row_id)).mappings().first()
+    return dict(found) if found else None
+
+
+def snooze_of(conn: Connection, origin_id: int) -> dict[str, Any] | None:
+    """The snooze already made of this row, if any."""
+    query = select(q.c.id, q.c.rule, q.c.send_after, q.c.status, q.c.outcome).where(q.c.snoozed_from == origin_id)
+    found = conn.execute(query).mappings().first()
+    return dict(found) if found else None
+
+
+def count_snoozes(conn: Connection, device_id: str, item_id: str) -> int:
+    query = select(func.count()).where(
+        q.c.device_id == device_id, q.c.item_id == item_id, q.c.snoozed_from.is_not(None)
+    )
+    return int(conn.scalar(query) or 0)
+
+
+def insert_snooze(
+    conn: Connection, origin_id: int, rule: str, send_after: Instant, item: Mapping[str, Any], now: Instant
+) -> int | None:
+    """A pending row of the origin's device and item under ``rule``, due at ``send_after``, with the
+    item as ``item`` gives it (``event_at``, ``expires_at``, ``title``, ``body``); None when another
+    request made this row's snooze, or took ``rule``, first (unique on ``snoozed_from`` and on
+    device, item and rule)."""
+    copied = select(
+        q.c.device_id,
+        q.c.source_id,
+        q.c.item_id,
+        literal(rule).label("rule"),
+        literal(send_after, q.c.send_after.type).label("send_after"),
+        literal(item["event_at"], q.c.event_at.type).label("event_at"),
+        literal(item["expires_at"], q.c.expires_at.type).label("expires_at"),
+        literal(item["title"], q.c.title.type).label("title"),
+        literal(item["body"], q.c.body.type).label("body"),
+        literal("pending").label("status"),
+        literal(now, q.c.created_at.type).label("created_at"),
+        literal(now, q.c.updated_at.type).label("updated_at"),
+        q.c.id.label("snoozed_from"),
+    ).where(q.c.id == origin_id)
+    columns = [c.name for c in copied.selected_columns]
+    stmt = insert_on_conflict(conn)(q).from_select(columns, copied).on_conflict_do_nothing().returning(q.c.id)
+    made = conn.scalar(stmt)
+    if made is not None:
+        announce_pending(conn, send_after)
+    return None if made is None else int(made)
+
+
+def acknowledge(conn: Connection, device_id: str, item_id: str, now: Instant) -> int:
+    """Settle the item's pending reminders on this device ``acknowledged``; a claimed one is in
+    flight and goes. Returns how many."""
+    stmt = (
+        update(q)
+        .where(q.c.device_id == device_id, q.c.item_id == item_id, q.c.status == PENDING)
+        .values(status="settled", outcome="acknowledged", outcome_detail="done", settled_at=now, updated_at=now)
+    )
+    return int(conn.execute(stmt).rowcount or 0)

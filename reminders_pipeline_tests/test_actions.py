@@ -1,0 +1,258 @@
+"""Snooze and Done on a sent alert, end to end on SQLite and PostgreSQL: the device API registers
+and acts with the device's own credential, the CLI builds and drains to the mock APNs over HTTP/2,
+and the test reads the payloads the mock received and the rows."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from reminders_pipeline.actions import CATEGORY, action_token
+from reminders_pipeline.rules import MAX_SNOOZES
+from reminders_pipeline.times import Instant
+
+from .support import recorded, rows
+from .test_http_support import APNS_TOKEN, http_settings
+
+pytestmark = pytest.mark.usefixtures("fresh_mock")
+
+
+@pytest.fixture
+def phone(serve, settings, feeds):
+    """A registered device whose item starts in 10 minutes and whose ``lead:1800`` is due now; the
+    served app and the device's own client."""
+    served = serve(http_settings(settings))
+    starts = Instant.now().whole_seconds + 600
+    url = feeds.items(
+        "/a.json", [{"id": "standup", "title": "Standup", "startsAt": starts, "expiresAt": starts + 1800}]
+    )
+    body = {"apns_token": APNS_TOKEN, "source_urls": [url], "reminder_lead_seconds": 1800, "extra_rules": ["lead:300"]}
+    registered = served.api.put("/v1/devices/phone", json=body)
+    assert registered.status_code == 200, registered.text
+    served.url_of_feed = url
+    served.starts = starts
+    served.device = served.as_device(registered.json()["credential"])
+    return served
+
+
+def sent_alert(cli, mock, count: int = 1):
+    """Build, drain, and the last alert the mock received (``count`` in all so far)."""
+    cli("build", "--all")
+    cli("drain")
+    received = mock.wait_for_requests(count)
+    assert len(received) == count, [r.payload for r in received]
+    return received[-1].payload
+
+
+def act(phone, row_id: int, action: str, **body):
+    return phone.device.post(f"/v1/devices/phone/reminders/{row_id}/{action}", json=body)
+
+
+def row_of(db, rule: str) -> dict:
+    (row,) = [r for r in rows(db, device_id="phone") if r["rule"] == rule]
+    return row
+
+
+def test_an_alert_carries_the_category_its_row_and_a_token_the_ledger_never_shows(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    sent = row_of(db, "lead:1800")
+    assert payload["aps"]["category"] == CATEGORY == "REMINDER"
+    assert payload["reminder"]["id"] == sent["id"] and sent["outcome"] == "sent"
+    token = payload["reminder"]["token"]
+    assert len(token) == 32 and token != action_token("", "phone", sent["id"])
+    shown = json.loads(sent["payload"])["payload"]
+    assert "token" not in shown["reminder"] and token not in sent["payload"]
+    assert "token" not in recorded(payload)["reminder"] and shown == recorded(payload)
+
+
+def test_snooze_queues_one_row_sent_at_its_time_and_snoozing_it_again_makes_the_next(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    r = act(phone, row_id, "snooze", token=token, seconds=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["created"] is True and answer["snooze"]["rule"] == "snooze:1"
+    snoozed = row_of(db, "snooze:1")
+    assert snoozed["status"] == "pending" and snoozed["id"] == answer["snooze"]["id"]
+    assert abs(snoozed["send_after"].whole_seconds - (Instant.now().whole_seconds + 120)) <= 5
+    assert answer["snooze"]["send_after"] == snoozed["send_after"].whole_seconds
+
+    cli("drain")  # not due yet: nothing goes before its time
+    assert row_of(db, "snooze:1")["status"] == "pending" and len(mock.requests) == 1
+    later = (snoozed["send_after"] + 1).stored
+    assert json.loads(cli("drain", "--now", later).output)["kinds"] == {"snooze:sent": 1}
+    (first, again) = mock.wait_for_requests(2)
+    assert again.payload["reminder"]["rule"] == "snooze:1" and again.payload["aps"]["category"] == CATEGORY
+    assert again.payload["aps"]["alert"]["title"] == "Standup"
+    assert again.headers["apns-collapse-id"] == first.headers["apns-collapse-id"]  # it replaces the first alert
+    assert row_of(db, "snooze:1")["outcome"] == "sent"
+
+    r = act(phone, again.payload["reminder"]["id"], "snooze", token=again.payload["reminder"]["token"], seconds=60)
+    assert r.status_code == 200 and r.json()["snooze"]["rule"] == "snooze:2", r.text
+
+
+def test_ten_concurrent_identical_snoozes_make_one_row(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(lambda _: act(phone, row_id, "snooze", token=token, seconds=300), range(10)))
+    assert [a.status_code for a in answers] == [200] * 10, [a.text for a in answers]
+    assert sorted(a.json()["created"] for a in answers) == [False] * 9 + [True]
+    assert len({a.json()["snooze"]["id"] for a in answers}) == 1
+    assert len([r for r in rows(db, device_id="phone") if r["rule"].startswith("snooze:")]) == 1
+
+
+def test_done_settles_the_events_other_pending_reminders_and_a_rebuild_keeps_them_settled(db, cli, mock, phone, feeds):
+    payload = sent_alert(cli, mock)
+    assert row_of(db, "lead:300")["status"] == "pending"
+    r = act(phone, payload["reminder"]["id"], "done", token=payload["reminder"]["token"])
+    assert r.status_code == 200 and r.json()["acknowledged"] == 1, r.text
+    later = row_of(db, "lead:300")
+    assert (later["status"], later["outcome"]) == ("settled", "acknowledged")
+    cli("build", "--all")
+    assert row_of(db, "lead:300")["outcome"] == "acknowledged"  # not queued again
+    cli("drain", "--now", (later["send_after"] + 1).stored)
+    assert len(mock.requests) == 1
+
+    # Moved by an hour, the event is another appointment: its reminders come back.
+    starts = phone.starts + 3600
+    feeds.items("/a.json", [{"id": "standup", "title": "Standup", "startsAt": starts, "expiresAt": starts + 1800}])
+    cli("build", "--all")
+    assert row_of(db, "lead:300")["status"] == "pending"
+
+
+def test_done_racing_the_send_of_the_same_reminder_makes_at_most_one_alert(db, cli, mock, phone, feeds):
+    """The ``lead:300`` row is made due and drained while Done on the sent ``lead:1800`` alert
+    settles it: whichever wins, it reaches the phone at most once and ends settled."""
+    payload = sent_alert(cli, mock)
+    pending = row_of(db, "lead:300")
+    due = (pending["send_after"] + 1).stored
+    with ThreadPoolExecutor(2) as pool:
+        drained = pool.submit(cli, "drain", "--now", due)
+        done = pool.submit(act, phone, payload["reminder"]["id"], "done", token=payload["reminder"]["token"])
+        drained.result()
+        assert done.result().status_code == 200
+    settled = row_of(db, "lead:300")
+    mock.wait_for_requests(2, timeout=1)
+    alerts = [r for r in mock.requests if r.payload["reminder"]["rule"] == "lead:300"]
+    assert settled["outcome"] in ("sent", "acknowledged")
+    assert len(alerts) == (1 if settled["outcome"] == "sent" else 0)
+    assert done.result().json()["acknowledged"] == (0 if settled["outcome"] == "sent" else 1)
+
+
+def test_another_devices_row_is_404_a_wrong_token_401_and_nothing_changes(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    other = phone.api.put("/v1/devices/tablet", json={"apns_token": APNS_TOKEN, "source_urls": [phone.url_of_feed]})
+    tablet = phone.as_device(other.json()["credential"])
+    before = rows(db)
+    for action, body in (("snooze", {"token": token, "seconds": 60}), ("done", {"token": token})):
+        r = tablet.post(f"/v1/devices/tablet/reminders/{row_id}/{action}", json=body)
+        assert (r.status_code, r.json()["error"]) == (404, "no_reminder"), r.text
+        r = tablet.post(f"/v1/devices/phone/reminders/{row_id}/{action}", json=body)  # the tablet's credential
+        assert (r.status_code, r.json()["error"]) == (401, "unauthorized"), r.text
+        r = act(phone, row_id, action, **{**body, "token": "0" * 32})
+        assert (r.status_code, r.json()["error"]) == (401, "wrong_action_token"), r.text
+        r = act(phone, 999_999, action, **body)
+        assert (r.status_code, r.json()["error"]) == (404, "no_reminder"), r.text
+        r = act(phone, row_of(db, "lead:300")["id"], action, **body)  # not sent, and not its token
+        assert r.status_code == 401, r.text
+        r = phone.device.post(f"/v1/devices/phone/reminders/x1/{action}", json=body)
+        assert (r.status_code, r.json()["field"]) == (422, "row_id"), r.text
+        r = act(phone, row_id, action)
+        assert (r.status_code, r.json()["field"]) == (422, "token"), r.text
+    assert rows(db) == before
+
+
+def test_a_late_action_or_a_snooze_past_the_end_is_refused_and_changes_nothing(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    before = rows(db)
+    ends = phone.starts + 1800
+    for body in ({"seconds": 3600}, {"until": ends}, {"until": ends - 7200}, {"seconds": 60, "until": ends - 60}):
+        r = act(phone, row_id, "snooze", token=token, **body)
+        assert r.status_code == 422, r.text
+    r = act(phone, row_id, "snooze", token=token, seconds=60, now=ends)
+    assert (r.status_code, r.json()["error"]) == (409, "event_ended"), r.text
+    r = act(phone, row_id, "done", token=token, now=ends + 60)
+    assert (r.status_code, r.json()["error"]) == (409, "event_ended"), r.text
+    assert rows(db) == before
+    r = act(phone, row_id, "snooze", token=token, until=ends - 60)
+    assert r.status_code == 200 and r.json()["snooze"]["send_after"] == ends - 60, r.text
+
+
+def test_at_most_twelve_snoozes_per_reminder(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    for n in range(1, MAX_SNOOZES + 1):
+        reminder = payload["reminder"]
+        r = act(phone, reminder["id"], "snooze", token=reminder["token"], seconds=1)
+        assert r.status_code == 200 and r.json()["snooze"]["rule"] == f"snooze:{n}", r.text
+        cli("drain", "--now", (Instant.now() + 2).stored)
+        payload = mock.wait_for_requests(n + 1)[-1].payload
+        assert payload["reminder"]["rule"] == f"snooze:{n}"
+    r = act(phone, payload["reminder"]["id"], "snooze", token=payload["reminder"]["token"], seconds=1)
+    assert (r.status_code, r.json()["error"]) == (409, "snooze_limit"), r.text
+
+
+def standup(feeds, starts: int, title: str = "Standup") -> None:
+    feeds.items("/a.json", [{"id": "standup", "title": title, "startsAt": starts, "expiresAt": starts + 1800}])
+
+
+def test_a_pending_snooze_follows_its_event_and_goes_when_the_event_does(db, cli, mock, phone, feeds):
+    payload = sent_alert(cli, mock)
+    act(phone, payload["reminder"]["id"], "snooze", token=payload["reminder"]["token"], seconds=120)
+    cli("build", "--all")
+    assert row_of(db, "snooze:1")["status"] == "pending"
+    standup(feeds, phone.starts + 60, "Standup (room 4)")  # moved a minute and retitled: the snooze follows
+    cli("build", "--all")
+    moved = row_of(db, "snooze:1")
+    assert (moved["status"], moved["title"]) == ("pending", "Standup (room 4)")
+    assert moved["event_at"].whole_seconds == phone.starts + 60
+    feeds.items("/a.json", [])  # cancelled
+    cli("build", "--all")
+    gone = row_of(db, "snooze:1")
+    assert (gone["outcome"], gone["outcome_detail"]) == ("voided", "left_feed")
+
+
+def test_a_snooze_is_made_from_the_event_as_last_read(db, cli, mock, phone, feeds):
+    """A sent row keeps the event as it was sent: a snooze made later takes the event as its
+    calendar now reads, and refuses one that is gone."""
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    standup(feeds, phone.starts + 120, "Standup moved")  # under the re-arm threshold: the sent row stays
+    cli("build", "--all")
+    r = act(phone, row_id, "snooze", token=token, seconds=60)
+    assert r.status_code == 200, r.text
+    made = row_of(db, "snooze:1")
+    assert (made["title"], made["event_at"].whole_seconds) == ("Standup moved", phone.starts + 120)
+    assert row_of(db, "lead:1800")["title"] == "Standup"  # what was sent stays as sent
+
+
+def test_a_snooze_of_a_cancelled_event_is_refused_and_changes_nothing(db, cli, mock, phone, feeds):
+    payload = sent_alert(cli, mock)
+    feeds.items("/a.json", [])  # cancelled after the alert went
+    cli("build", "--all")
+    before = rows(db)
+    r = act(phone, payload["reminder"]["id"], "snooze", token=payload["reminder"]["token"], seconds=60)
+    assert (r.status_code, r.json()["error"]) == (409, "event_changed"), r.text
+    assert rows(db) == before
+    cli("drain", "--now", (Instant.now() + 120).stored)
+    assert len(mock.requests) == 1
+
+
+def test_the_cli_snoozes_and_marks_done_as_an_operator(db, cli, mock, phone):
+    payload = sent_alert(cli, mock)
+    row_id = str(payload["reminder"]["id"])
+    out = json.loads(cli("queue", "snooze", "phone", row_id, "--seconds", "60").output)
+    assert out["created"] is True and out["snooze"]["rule"] == "snooze:1"
+    assert json.loads(cli("queue", "done", "phone", row_id).output)["acknowledged"] == 2  # lead:300, snooze:1
+    assert {r["rule"]: r["outcome"] for r in rows(db, device_id="phone")} == {
+        "lead:1800": "sent", "lead:300": "acknowledged", "snooze:1": "acknowledged",
+    }  # fmt: skip
+    assert "no reminder" in cli("queue", "done", "tablet", row_id, code=1).output
+    assert "--seconds" in cli("queue", "snooze", "phone", row_id, "--seconds", "0", code=2).output
+    assert "--until" in cli("queue", "snooze", "phone", row_id, "--until", "2000-01-01T00:00:00Z", code=2).output
+    cli("device", "remove", "phone")  # its rows stay in the ledger, and act on nothing
+    assert "no reminder" in cli("queue", "snooze", "phone", row_id, "--seconds", "60", code=1).output
