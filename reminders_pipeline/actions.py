@@ -115,10 +115,11 @@ def snooze(
 ) -> Snoozed:
     """Queue the alert again ``seconds`` from now, or at ``until``; one row however often asked."""
     now = now or Instant.now()
-    with db.write() as conn:
+    with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
         at = _snooze_time(now, seconds, until)
         item = _as_last_read(origin, now)
+    with db.write() as conn:
         for _ in range(_ATTEMPTS):
             made = ledger.snooze_of(conn, row_id)
             if made is not None:
@@ -155,6 +156,7 @@ def _field(seconds: int | None) -> str:
 def done(db: Database, device_id: str, row_id: int, token: str | None, now: Instant | None = None) -> int:
     """Settle the item's other pending reminders on this device ``acknowledged``; how many."""
     now = now or Instant.now()
-    with db.write() as conn:
+    with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
+    with db.write() as conn:
         return ledger.acknowledge(conn, device_id, origin["item_id"], now)

@@ -12,6 +12,7 @@ from ..schema import device_sources, devices, sources
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import PENDING, insert_on_conflict
+from .claims import lock_rows
 from .queue import announce_pending
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
@@ -88,10 +89,16 @@ def insert_snooze(
 
 def acknowledge(conn: Connection, device_id: str, item_id: str, now: Instant) -> int:
     """Settle the item's pending reminders on this device ``acknowledged``; a claimed one is in
-    flight and goes. Returns how many."""
+    flight and goes. Returns how many. Locked in id order first, as a build and a drain lock the
+    rows they write (``lock_rows``), so none of them deadlocks with another."""
+    pending = (q.c.device_id == device_id, q.c.item_id == item_id, q.c.status == PENDING)
+    ids = list(conn.scalars(select(q.c.id).where(*pending).order_by(q.c.id)))
+    if not ids:
+        return 0
+    lock_rows(conn, ids)
     stmt = (
         update(q)
-        .where(q.c.device_id == device_id, q.c.item_id == item_id, q.c.status == PENDING)
+        .where(q.c.id.in_(ids), *pending)
         .values(status="settled", outcome="acknowledged", outcome_detail="done", settled_at=now, updated_at=now)
     )
     return int(conn.execute(stmt).rowcount or 0)
