@@ -83,15 +83,24 @@ def add_devices(db: Database, settings: Settings, prefix: str, count: int, url: 
 
 
 def snapshot(db: Database, prefix: str = "") -> dict[tuple[str, str, str], tuple[Any, ...]]:
-    """The queue as the outcome sees it: every column but ids, claimers and wall-clock stamps."""
+    """The queue as the outcome sees it: every column but ids, claimers and wall-clock stamps (and
+    the row's id the payload carries for Snooze and Done)."""
     with db.read() as conn:
         rows = [as_shown(r) for r in ledger.list_queue(conn)]
     return {
-        (r["device_id"], r["item_id"], r["rule"]): tuple(r[c] for c in STABLE)
+        (r["device_id"], r["item_id"], r["rule"]): tuple(_without_row_id(r) if c == "payload" else r[c] for c in STABLE)
         + (r["sent_at"] is not None, r["apns_id"] is not None)
         for r in rows
         if r["device_id"].startswith(prefix)
     }
+
+
+def _without_row_id(row: dict[str, Any]) -> Any:
+    if row["payload"] is None:
+        return None
+    shown = json.loads(row["payload"])
+    assert shown["payload"]["reminder"].pop("id") == row["id"]
+    return shown
 
 
 def apns_keys(mock: MockApns) -> Counter:
