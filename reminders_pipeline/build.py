@@ -33,7 +33,7 @@ from .plan import (
     unchanged,
     void_reason,
 )
-from .rules import agenda_rule, expiry_anchored
+from .rules import expiry_anchored
 from .settings import Settings
 from .source_reads import covers, make_reader, record_reads, source_state, source_windows, summarize_reads
 from .sources import SourceRead, SourceReader, distinct_sources, shown_url
@@ -143,8 +143,7 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
     subscribed = tick.subs.get(device["id"], ())
     key = plan_key(device, subscribed, tick.reads, tick.now)
     step = _planned_already(key, state, tick.until)
-    # An agenda lists a whole day's items: a device with one plans changed feeds in full.
-    replan = None if step or key is None or has_agenda(device) else _replan(device, subscribed, state, tick)
+    replan = None if step or key is None else _replan(device, subscribed, state, tick)
     if replan is not None and not replan:  # the bodies changed, none of their items did
         step, replan = True, None
     after = state[1] if step or replan is not None else None
@@ -158,10 +157,6 @@ def _plan(device: dict[str, Any], state: PlanState, tick: _Tick) -> _Planned:
         replan=replan,
     )
     return _Planned(device, state, key, step, plan, replan)
-
-
-def has_agenda(device: dict[str, Any]) -> bool:
-    return agenda_rule(device["extra_rules"].split()) is not None
 
 
 def _replan(device: dict[str, Any], subscribed: Sequence[int], state: PlanState, tick: _Tick) -> Replan | None:
@@ -282,19 +277,25 @@ def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> 
 
 
 def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str, Any]]:
-    """Every row of the devices planned in full; of those that replan some items, those items' rows."""
+    """Every row of the devices planned in full; of those that replan some items, those items'
+    rows and their agendas' (``DevicePlan.agenda_days``: every day a changed item may be on)."""
     full = [p.device["id"] for p in batch if p.replan is None]
     rows = ledger.existing_rows(conn, full) if full else []
-    some = {p.device["id"]: p.replan for p in batch if p.replan is not None}
+    some = {p.device["id"]: p for p in batch if p.replan is not None}
     if some:
-        changed = {sid: ids for replan in some.values() for sid, ids in replan.items()}  # one set per source
-        count = sum(map(len, changed.values()))
-        items = (
-            [namespaced(sid, own) for sid, ids in changed.items() for own in ids] if count <= ITEM_LOOKUP_MAX else None
-        )
-        found = ledger.existing_rows(conn, list(some), items)
-        rows += (r for r in found if r["item_id"].split(":", 1)[1] in some[r["device_id"]].get(r["source_id"], ()))
+        changed = {sid: ids for p in some.values() for sid, ids in (p.replan or {}).items()}  # one set per source
+        days = {day for p in some.values() for day in p.plan.agenda_days}
+        ids = [namespaced(sid, own) for sid, own_ids in changed.items() for own in own_ids] + sorted(days)
+        found = ledger.existing_rows(conn, list(some), ids if len(ids) <= ITEM_LOOKUP_MAX else None)
+        rows += (r for r in found if _replanned(r, some[r["device_id"]]))
     return rows
+
+
+def _replanned(row: dict[str, Any], planned: _Planned) -> bool:
+    """A row a re-plan by item decides: of a changed item, or one of the device's agendas it made."""
+    if row["source_id"] is None:
+        return row["item_id"] in planned.plan.agenda_days
+    return row["item_id"].split(":", 1)[1] in (planned.replan or {}).get(row["source_id"], ())
 
 
 def queue_rows(

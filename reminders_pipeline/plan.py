@@ -21,14 +21,17 @@ from .feed import Item, ParsedFeed, address_digest
 from .policy import held_send_after
 from .rules import (
     AGENDA,
+    ALARM_REACH_SECONDS,
     DEFAULT_ALL_DAY_RULES,
     LEAVE,
+    MAX_TRAVEL_SECONDS,
     Rule,
     agenda_rule,
     device_rules,
     expiry_anchored,
     is_agenda,
     is_snooze,
+    known_rule,
     parse_rule,
 )
 from .sources import SourceRead
@@ -138,11 +141,15 @@ def plan_device(
         plan.feeds[source_id] = feed
         again = replan.get(source_id, frozenset()) if replan else frozenset()
         reach = max((r.reach_seconds for r in (*rules.values(), LEAVE_RULE)), default=0)
-        beyond = (now + horizon).whole_seconds + reach + 1
+        until = (now + horizon).whole_seconds
         for raw in feed.items:
             since = None if raw.id in again else after
-            if since is not None and _left_to_other_steps(raw, since, beyond):
-                continue
+            if since is not None:
+                alarmed = use_alarms and bool(raw.alarms)
+                if _left_to_other_steps(raw, since, until + 1 + (_alarm_reach(raw) if alarmed else reach)):
+                    continue
+                if alarmed and _maybe_new_to_the_read(raw, since):
+                    since = None
             for row, begun in _rows_for(
                 plan, device, source_id, raw, per_source[source_id], use_alarms, zone, now, horizon, since
             ):
@@ -153,7 +160,8 @@ def plan_device(
     plan.agenda = agenda_rule(device["extra_rules"].split())
     plan.agenda_complete = plan.agenda is not None and plan.ok_sources >= per_source.keys()
     if plan.agenda is not None and plan.agenda_complete:
-        _plan_agenda(plan, device, plan.agenda, zone, quiet, now, horizon, after)
+        # A changed item may be on any day the horizon holds: a re-plan by item decides them all.
+        _plan_agenda(plan, device, plan.agenda, zone, quiet, now, horizon, after if replan is None else None)
     return plan
 
 
@@ -206,6 +214,21 @@ def _left_to_other_steps(raw: Item, after: Instant, beyond: int) -> bool:
     shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
     latest = max(raw.starts_at, raw.expires_at) + (86400 if raw.all_day else 0) + shift
     return latest <= after.unix or raw.starts_at - shift >= beyond
+
+
+def _alarm_reach(raw: Item) -> int:
+    """How far before its start an item's own alarms (or its time to leave) can fall."""
+    return max(MAX_TRAVEL_SECONDS, *(known_rule(name).reach_seconds for name in raw.alarms))
+
+
+def _maybe_new_to_the_read(raw: Item, after: Instant) -> bool:
+    """Whether a calendar item may lie past the occurrences the last plan's read yielded. For a
+    device that uses alarms that read reached at least ``ALARM_REACH_SECONDS`` past ``after`` (its
+    ``planned_until``; ``source_reads.source_windows``), so an item starting by then was planned
+    then. One starting later may be new to this read, and an alarm of it leading by more than that
+    may fall before ``after``: such an item is planned in full, as a full plan would."""
+    shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
+    return raw.starts_at + shift > after.whole_seconds + ALARM_REACH_SECONDS
 
 
 def _rows_for(
@@ -264,7 +287,7 @@ def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule
     """The calendar's alarms when the device uses them and the item has any; else the device's
     rules of the item's kind (day rules for all-day items, lead rules for timed ones)."""
     if use_alarms and raw.alarms:
-        own = [parse_rule(name) for name in raw.alarms]
+        own = [known_rule(name) for name in raw.alarms]
         plan.rules.update((r.name, r) for r in own)
         plan.item_rules[item_id] = {r.name for r in own} | {LEAVE_RULE.name}
         return own
@@ -307,14 +330,12 @@ def plan_key(
     """What the device's plan is made from: its planning columns, each subscribed source's
     content, and the day (``FULL_PLAN_SECONDS``). Two builds with the same key plan the same rows,
     except those the horizon has moved over. None when a source was not read whole (failed, cut by
-    the item cap, a series dropped): the build plans in full, and so does the next. None too for a
-    device that uses calendar alarms: an alarm may lead by more than the calendar is expanded
-    ahead (``source_reads.ALARM_REACH_SECONDS``), so an unchanged calendar can still bring in a row due
-    before ``planned_until``.
+    the item cap, a series dropped): the build plans in full, and so does the next. A device that
+    uses calendar alarms steps too: an alarm may lead by more than the calendar is expanded ahead,
+    so a step plans in full the items its last plan's read may not have yielded
+    (``_maybe_new_to_the_read``).
 
     ``before_changes``: the key from the parses the reads replaced (``SourceRead.changes``)."""
-    if device.get("use_alarms"):
-        return None
     contents = []
     for source_id in sorted(set(subscribed)):
         read = reads.get(source_id)

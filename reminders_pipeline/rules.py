@@ -38,6 +38,7 @@ MAX_LEAD_SECONDS = 366 * 86400
 MAX_DAYS = 366
 LEAVE = "leave"
 MAX_TRAVEL_SECONDS = 3 * 3600  # a longer travel time asks for no leave reminder: every read reaches this far
+ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 DEFAULT_ALL_DAY_RULES = ("day:0@09:00",)
 SNOOZE_PREFIX = "snooze:"
 AGENDA = "agenda"  # an agenda row's rule (``Rule.row_rule``)
@@ -158,6 +159,13 @@ def parse_rule(text: str) -> Rule:
     if anchor not in (None, "start", "expiry"):
         raise RuleError(f"rule {text!r}: unknown anchor {anchor!r} (use 'expiry' or leave it out)")
     return Rule(lead, "expiry" if anchor == "expiry" else "start", breakthrough=bool(match.group("bang")))
+
+
+@lru_cache(maxsize=4096)
+def known_rule(text: str) -> Rule:
+    """``parse_rule`` of a rule known to parse (a calendar alarm's, a stored one), cached: a build
+    asks per item and device."""
+    return parse_rule(text)
 
 
 @lru_cache(maxsize=4096)

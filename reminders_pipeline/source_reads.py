@@ -14,14 +14,12 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .plan import rules_of
-from .rules import LEAVE, Rule, agenda_rule, parse_rule
+from .rules import ALARM_REACH_SECONDS, LEAVE, Rule, agenda_rule, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
 from .subscription import calendar_rules
 from .summary import BuildResult
 from .times import Instant
-
-ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
 
 
 def make_reader(settings: Settings) -> SourceReader:

@@ -87,6 +87,32 @@ def test_no_agenda_on_an_empty_day_and_one_whose_day_empties_is_voided(db, cli, 
     assert (emptied["outcome"], emptied["outcome_detail"]) == ("voided", "empty_day")
 
 
+def test_a_feed_changed_in_one_event_replans_that_event_and_every_agenda_in_the_horizon(db, cli, feeds):
+    """A re-plan by item reads only the changed event's rows and the device's agendas, and decides
+    each day again: here the event is retitled, then moved off its day (that day's agenda is
+    voided, the new day's made), as a full plan from the same feed would."""
+    work = feeds.items("/work.json", [event("standup", DAY + 9 * 3600), event("lunch", DAY + 12 * 3600)])
+    other = feeds.items("/other.json", [event("gym", DAY + 18 * 3600)])
+    put(cli, "--source", work, "--source", other, "--rule", "agenda@07:00", "--tz", "UTC")
+    cli("build", "--all", "--now", "2026-09-10T06:00:00Z")
+    assert agendas(db)["agenda:2026-09-10"]["body"] == "09:00 Standup · 12:00 Lunch · 18:00 Gym"
+
+    feeds.items("/other.json", [event("gym", DAY + 18 * 3600, title="Swim")])
+    changed = json.loads(cli("build", "--all", "--now", "2026-09-10T06:15:00Z").output)
+    assert (changed["devices_items_replanned"], changed["rows_updated"]) == (1, 2)  # the event's and the agenda
+    assert agendas(db)["agenda:2026-09-10"]["body"] == "09:00 Standup · 12:00 Lunch · 18:00 Swim"
+
+    feeds.items("/work.json", [event("standup", DAY + 86400 + 9 * 3600)])  # lunch gone, standup tomorrow
+    feeds.items("/other.json", [event("gym", DAY + 2 * 86400 + 18 * 3600, title="Swim")])
+    moved = json.loads(cli("build", "--all", "--now", "2026-09-10T06:50:00Z").output)
+    assert moved["devices_items_replanned"] == 1
+    assert moved["rows_voided"] == {"left_feed": 1, "out_of_horizon": 2, "empty_day": 1}
+    assert agendas(db)["agenda:2026-09-10"]["outcome_detail"] == "empty_day"
+    step = json.loads(cli("build", "--all", "--now", "2026-09-10T07:05:00Z").output)
+    assert step["devices_unchanged"] == 1
+    assert agendas(db)["agenda:2026-09-11"]["body"] == "09:00 Standup"
+
+
 def test_the_agenda_follows_the_zone_through_dst_nights(db, cli, feeds):
     # New York falls back on 2026-11-01 (01:30 happens twice) and springs forward on 2027-03-14
     # (02:30 never happens): one row per day, at the first 01:30 and at the jump past 02:30.

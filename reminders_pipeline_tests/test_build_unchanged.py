@@ -206,13 +206,33 @@ def test_a_read_that_reused_the_cache_never_relabels_a_newer_parse(db, settings)
     assert (stored["etag"], stored["content_hash"], stored["feed_cache"]) == ('"v2"', "h2", '{"items": []}')
 
 
-def test_a_device_that_uses_calendar_alarms_plans_in_full(db, settings, feeds):
-    """An alarm may lead by more than the calendar is expanded ahead, so an unchanged calendar can
-    bring in a row already due before the last plan's reach."""
-    url = feeds.items("/a.json", [item("e1", 2 * HOUR)])
-    put_device(db, settings, DeviceSpec("dev-1", TOKEN, HOUR, (), (url,), alarms=True), now=NOW)
-    build(db, settings, now=NOW)
-    assert build(db, settings, now=at(900)).devices_unchanged == 0
+def test_a_device_that_uses_calendar_alarms_steps_and_queues_an_early_alarm_its_last_read_missed(db, settings, feeds):
+    """A calendar is read a week past its subscribers' reach for a device that uses alarms. An
+    event past that, whose alarm leads by more, enters a later read of the same body (here widened
+    by another subscriber's ten-day lead) with its alarm already inside the last plan's reach: the
+    step queues it, as a full plan would."""
+    far = """BEGIN:VEVENT
+UID:far@example.org
+DTSTART:20260920T080000Z
+DURATION:PT1H
+RRULE:FREQ=DAILY;COUNT=2
+SUMMARY:Far off
+BEGIN:VALARM
+ACTION:DISPLAY
+TRIGGER:-P10DT20H
+END:VALARM
+END:VEVENT"""
+    url = feeds.calendar("/a.ics", calendar(far))
+    put_device(db, settings, DeviceSpec("alarms", TOKEN, HOUR, (), (url,), alarms=True), now=NOW)
+    put_device(db, settings, DeviceSpec("ten-days", TOKEN, 10 * 86400, (), (url,)), now=NOW)
+    second = ("far@example.org/20260921T080000Z", "lead:936000")  # its alarm: NOW + 4 h
+    build(db, settings, device_ids=["alarms"], now=NOW)
+    assert second not in by_key(db) and ("far@example.org/20260920T080000Z", "lead:936000") in by_key(db)
+
+    step = build(db, settings, now=at(900))
+    assert step.devices_unchanged == 1  # "alarms"; "ten-days" is planned for the first time
+    got = by_key(db)
+    assert (got[second]["send_after"], got[second]["status"]) == (at(4 * HOUR), "pending")
 
 
 def test_each_write_transaction_holds_about_the_row_budget(db, settings, feeds, monkeypatch):

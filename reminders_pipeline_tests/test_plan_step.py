@@ -66,3 +66,50 @@ def test_a_step_makes_the_same_rows_with_or_without_the_items_it_skips(device, f
         mp.setattr(plan_mod, "_left_to_other_steps", lambda *args: False)
         resolved = _step(device, feed, now, after)
     assert skipped == resolved
+
+
+alarmed_items = st.builds(
+    lambda item, alarms: Item(
+        item.id,
+        item.title,
+        None,
+        item.starts_at,
+        item.expires_at,
+        floating=item.floating,
+        all_day=item.all_day,
+        alarms=tuple(alarms),
+    ),
+    st.builds(
+        lambda n, start, kind: Item(f"e{n}", f"Event {n}", None, start, start + 1800, floating=kind != "fixed"),
+        st.integers(0, 10**6),
+        st.integers(NOW - DAY, NOW + 12 * DAY),
+        st.sampled_from(("fixed", "fixed", "floating")),
+    ),
+    st.lists(
+        st.sampled_from(("lead:0", "lead:900", "lead:600@expiry", f"lead:{2 * DAY}", f"lead:{9 * DAY}")), max_size=2
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    devices.map(lambda d: {**d, "use_alarms": True}),
+    st.lists(alarmed_items, max_size=12, unique_by=lambda i: i.id),
+    st.integers(0, DAY),
+)
+def test_a_step_of_a_device_using_alarms_makes_every_row_its_last_plan_could_not(device, feed_items, back):
+    """The last plan (a full one, at ``now - back``) was made from a read that reached
+    ``ALARM_REACH_SECONDS`` past its horizon and no further; this read reaches further. Whatever
+    a full plan now wants, the last plan made or this step makes, however early its alarm."""
+    now = NOW + back
+    after = NOW + DAY  # the last plan's planned_until
+    reach = after + plan_mod.ALARM_REACH_SECONDS
+    seen = [i for i in feed_items if i.starts_at + (plan_mod.MAX_TZ_OFFSET_SECONDS if i.floating else 0) <= reach]
+
+    def plan(feed: list[Item], at: int, since: int | None) -> set[Any]:
+        read = SourceRead(1, "https://example.com/a.ics", feed=ParsedFeed(feed), content_hash="h")
+        step = Instant.from_unix(since) if since is not None else None
+        return set(plan_device(device, [1], {1: read}, Instant.from_unix(at), DAY, after=step).wanted)
+
+    made = plan(seen, NOW, None) | plan(list(feed_items), now, after)
+    assert plan(list(feed_items), now, None) <= made
