@@ -140,13 +140,13 @@ def plan_device(
         plan.ok_sources.add(source_id)
         plan.feeds[source_id] = feed
         again = replan.get(source_id, frozenset()) if replan else frozenset()
-        reach = max((r.reach_seconds for r in (*rules.values(), LEAVE_RULE)), default=0)
         until = (now + horizon).whole_seconds
+        reach = {kind: _reach(r for r in (*rules.values(), LEAVE_RULE) if r.all_day == kind) for kind in (False, True)}
         for raw in feed.items:
             since = None if raw.id in again else after
             if since is not None:
                 alarmed = use_alarms and bool(raw.alarms)
-                if _left_to_other_steps(raw, since, until + 1 + (_alarm_reach(raw) if alarmed else reach)):
+                if _left_to_other_steps(raw, since, until + 1 + (_alarm_reach(raw) if alarmed else reach[raw.all_day])):
                     continue
                 if alarmed and _maybe_new_to_the_read(raw, since):
                     since = None
@@ -214,6 +214,12 @@ def _left_to_other_steps(raw: Item, after: Instant, beyond: int) -> bool:
     shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
     latest = max(raw.starts_at, raw.expires_at) + (86400 if raw.all_day else 0) + shift
     return latest <= after.unix or raw.starts_at - shift >= beyond
+
+
+def _reach(rules: Iterable[Rule]) -> int:
+    """How far before an item's start the rules it takes can fall (lead rules a timed item's, day
+    rules an all-day one's)."""
+    return max((r.reach_seconds for r in rules), default=0)
 
 
 def _alarm_reach(raw: Item) -> int:

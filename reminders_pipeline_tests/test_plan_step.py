@@ -55,7 +55,7 @@ def _step(device: dict[str, Any], feed: ParsedFeed, now: int, after: int) -> dic
     return plan.wanted
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(devices, st.lists(items, max_size=12, unique_by=lambda i: i.id), st.integers(-DAY, 0), st.integers(0, DAY))
 def test_a_step_makes_the_same_rows_with_or_without_the_items_it_skips(device, feed_items, since, moved):
     feed = ParsedFeed(list(feed_items))
@@ -91,7 +91,7 @@ alarmed_items = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(
     devices.map(lambda d: {**d, "use_alarms": True}),
     st.lists(alarmed_items, max_size=12, unique_by=lambda i: i.id),
