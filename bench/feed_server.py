@@ -128,9 +128,10 @@ def zoned_body(n: int, t0: int) -> bytes:
 
 
 def edit_one(body: bytes) -> bytes:
-    """The body with one event retitled: its second JSON title or iCalendar SUMMARY, the first
-    that a tick an hour after the first build still has ahead."""
-    for marker in (b'"title": "', b"SUMMARY:"):
+    """The body with one event retitled: its second JSON title or iCalendar SUMMARY (a person's
+    calendar: its second one-off event), the first that a tick an hour after the first build
+    still has ahead."""
+    for marker in (b'"title": "', b"SUMMARY:One-off", b"SUMMARY:"):
         at = body.find(marker, body.find(marker) + 1)
         if at >= 0:
             return body[: at + len(marker)] + b"Edited " + body[at + len(marker) :]

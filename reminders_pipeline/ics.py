@@ -76,7 +76,7 @@ from .feed import (
     address_digest,
     checked_item,
 )
-from .rules import MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
+from .rules import ALARM_REACH_SECONDS, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
 from .zones import MAX_OFFSET_SECONDS
 
 FALLBACK_TITLE = "Untitled event"
@@ -307,6 +307,24 @@ def alarm_rules(event: Any, start: date | datetime) -> tuple[str, ...]:
     return tuple(dict.fromkeys(rules))[:MAX_ALARM_RULES]
 
 
+def alarm_reaches(calendar: icalendar.Calendar) -> dict[str, int]:
+    """How much further than its subscribers' window each series with alarms (by UID) is read:
+    its DISPLAY and AUDIO alarms' longest lead, at most ``ALARM_REACH_SECONDS`` (for an absolute
+    trigger, whose lead differs per occurrence, that bound), so the occurrences whose alarms fall
+    inside the window are in the read, and a series without alarms costs nothing more."""
+    out: dict[str, int] = {}
+    for event in calendar.walk("VEVENT"):
+        for alarm in event.walk("VALARM"):
+            trigger = alarm.get("TRIGGER")
+            if str(alarm.get("ACTION", "")).upper() not in ("DISPLAY", "AUDIO") or trigger is None:
+                continue
+            value = getattr(trigger, "dt", None)
+            lead = -int(value.total_seconds()) if isinstance(value, timedelta) else ALARM_REACH_SECONDS
+            uid = str(event.get("UID"))
+            out[uid] = max(out.get(uid, 0), min(max(lead, 0), ALARM_REACH_SECONDS))
+    return out
+
+
 def _repeats(alarm: Any) -> tuple[int, int]:
     """An alarm's repetitions after its first trigger and the seconds between them, or (0, 0)
     where ``REPEAT`` and a positive ``DURATION`` do not both hold: the first trigger still counts."""
@@ -487,7 +505,7 @@ def parse_ics_feed(
 ) -> ParsedFeed:
     """Occurrences overlapping [window_start, window_end] (Unix seconds, widened by 14 h each side
     for floating times); cancelled ones excluded; bounded as the module docstring says."""
-    body = preselect(body, window_start, window_end)
+    body = preselect(body, window_start, window_end + ALARM_REACH_SECONDS)
     _check(deadline)
     try:
         calendar = icalendar.Calendar.from_ical(body)
@@ -498,6 +516,7 @@ def parse_ics_feed(
     hi = window_end + MAX_OFFSET_SECONDS
     synthesize_uids(calendar)
     durations = _durations(calendar)
+    reaches = alarm_reaches(calendar)
     meter = ExpansionMeter(max_items, series_seconds, deadline, cancel)
     try:
         query = recurring_ical_events.of(
@@ -513,7 +532,7 @@ def parse_ics_feed(
         try:
             _fill(
                 feed,
-                _occurrences(query, lo, hi, meter, feed, dropped, replay),
+                _occurrences(query, lo, hi, reaches, meter, feed, dropped, replay),
                 durations,
                 window_start,
                 max_items,
@@ -596,6 +615,7 @@ def _occurrences(
     query: Any,
     lo: datetime,
     hi: int,
+    reaches: dict[str, int],
     meter: ExpansionMeter,
     feed: ParsedFeed,
     dropped: list[tuple[Any, str]],
@@ -606,7 +626,8 @@ def _occurrences(
     is expanded on its own, so one that runs away or overflows is dropped and counted alone; the
     series in ``dropped`` (with their reasons) are left out from the start, and one dropped after
     it yielded raises ``_Replay`` where ``replay`` allows, so none of its occurrences holds a place
-    under the cap (after ``MAX_REPLAYS`` such series, the yielded ones keep theirs).
+    under the cap (after ``MAX_REPLAYS`` such series, the yielded ones keep theirs). A series with
+    alarms runs on past ``hi`` by their reach (``reaches``).
     (recurring-ical-events' own ``after`` re-expands each series from its start and is far slower.)
     An occurrence is yielded in the slice where it starts; the first slice also yields those
     already under way. Occurrences are yielded as the library's ``Occurrence``, read as items only
@@ -617,11 +638,15 @@ def _occurrences(
         feed.rejected[dropped_reason] += 1
         feed.partial_series |= _series_keys(str(series.uid))
     live = [s for s in query.series if all(s is not d for d, _ in dropped)]
+    last = {id(s): hi + reaches.get(str(s.uid), 0) for s in live}
     yielded: set[int] = set()
-    while start <= hi and live:
-        end = min(start + size, hi + 1)
+    while live:
         batch = []
         for series in list(live):
+            if start > last[id(series)]:
+                live.remove(series)
+                continue
+            end = min(start + size, last[id(series)] + 1)
             found, reason = _expand(series, start, end, meter)
             if reason is not None:
                 if replay and id(series) in yielded:
@@ -629,13 +654,13 @@ def _occurrences(
                 live.remove(series)
                 feed.rejected[reason] += 1
                 feed.partial_series |= _series_keys(str(series.uid))
-            batch += [(o, id(series)) for o in found]
-        batch.sort(key=lambda pair: _occurrence_start(pair[0]))
-        for occurrence, series_id in batch:
+            batch += [(o, id(series), end) for o in found]
+        batch.sort(key=lambda entry: _occurrence_start(entry[0]))
+        for occurrence, series_id, end in batch:
             if (first or _occurrence_start(occurrence) >= start) and _occurrence_start(occurrence) < end:
                 yielded.add(series_id)
                 yield occurrence  # each occurrence once, whichever slices overlap it
-        start, size, first = end, size * 2, False
+        start, size, first = start + size, size * 2, False
 
 
 def _expand(series: Any, start: int, end: int, meter: ExpansionMeter) -> tuple[list[Any], str | None]:

@@ -228,11 +228,12 @@ def _alarm_reach(raw: Item) -> int:
 
 
 def _maybe_new_to_the_read(raw: Item, after: Instant) -> bool:
-    """Whether a calendar item may lie past the occurrences the last plan's read yielded. For a
-    device that uses alarms that read reached at least ``ALARM_REACH_SECONDS`` past ``after`` (its
-    ``planned_until``; ``source_reads.source_windows``), so an item starting by then was planned
-    then. One starting later may be new to this read, and an alarm of it leading by more than that
-    may fall before ``after``: such an item is planned in full, as a full plan would."""
+    """Whether an alarmed calendar item may lie past the occurrences the last plan's read yielded,
+    with an alarm early enough to fall by ``after`` (its ``planned_until``). That read yielded each
+    series with alarms up to its longest lead past ``after``, but no more than
+    ``ALARM_REACH_SECONDS`` (``ics.alarm_reaches``): an item starting within that bound was in it,
+    and one past it has such an alarm only if it leads by more. Such an item is planned in full,
+    as a full plan would."""
     shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
     return raw.starts_at + shift > after.whole_seconds + ALARM_REACH_SECONDS
 

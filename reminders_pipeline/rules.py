@@ -38,7 +38,9 @@ MAX_LEAD_SECONDS = 366 * 86400
 MAX_DAYS = 366
 LEAVE = "leave"
 MAX_TRAVEL_SECONDS = 3 * 3600  # a longer travel time asks for no leave reminder: every read reaches this far
-ALARM_REACH_SECONDS = 7 * 86400  # a device using calendar alarms reads a week further: alarms are rarely earlier
+ALARM_REACH_SECONDS = (
+    7 * 86400
+)  # a calendar series with alarms is read up to this much further: alarms are rarely earlier
 DEFAULT_ALL_DAY_RULES = ("day:0@09:00",)
 SNOOZE_PREFIX = "snooze:"
 AGENDA = "agenda"  # an agenda row's rule (``Rule.row_rule``)

@@ -14,7 +14,7 @@ from .alerts import raise_alert
 from .db import Database
 from .egress import parse_networks
 from .plan import rules_of
-from .rules import ALARM_REACH_SECONDS, LEAVE, Rule, agenda_rule, parse_rule
+from .rules import LEAVE, Rule, agenda_rule, parse_rule
 from .settings import Settings
 from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
 from .subscription import calendar_rules
@@ -51,7 +51,8 @@ def source_windows(
     devices: Sequence[dict[str, Any]], subs: dict[str, list[int]], now: Instant, horizon: int
 ) -> dict[int, Window]:
     """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
-    so one device with a year-long lead makes only its own calendars expand over a year."""
+    so one device with a year-long lead makes only its own calendars expand over a year. A series
+    with alarms is read further by the parser itself, by its own alarms' reach (``ics.alarm_reaches``)."""
     windows: dict[int, Window] = {}
     for device in devices:
         own = {r.name: r for r in rules_of(device)}
@@ -60,8 +61,7 @@ def source_windows(
         for sid in subs.get(device["id"], ()):
             rules = (*calendar_rules(own, calendars.get(sid)).values(), parse_rule(LEAVE))  # a travel time may lead
             rules += (agenda,) if agenda else ()
-            start, end = read_window(rules, now, horizon)
-            window = (start, end + ALARM_REACH_SECONDS if device.get("use_alarms") else end)
+            window = read_window(rules, now, horizon)
             windows[sid] = max(windows.get(sid, window), window)
     return windows
 

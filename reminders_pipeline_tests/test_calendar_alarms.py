@@ -16,8 +16,10 @@ from icalendar.alarms import Alarms
 
 from reminders_pipeline.build import build
 from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules
+from reminders_pipeline.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules, parse_ics_feed
+from reminders_pipeline.rules import ALARM_REACH_SECONDS
 from reminders_pipeline.times import Instant
+from reminders_pipeline.zones import MAX_OFFSET_SECONDS
 
 from .support import TOKEN, rows
 
@@ -194,3 +196,33 @@ REPEATING = "\r\n".join(
         "",
     ]
 )
+
+
+def _daily(uid: str, alarm: str | None) -> str:
+    valarm = f"BEGIN:VALARM\r\nACTION:DISPLAY\r\nTRIGGER{alarm}\r\nEND:VALARM\r\n" if alarm else ""
+    return (
+        f"BEGIN:VEVENT\r\nUID:{uid}\r\nDTSTART:20260910T120000Z\r\nDURATION:PT30M\r\n"
+        f"RRULE:FREQ=DAILY;COUNT=60\r\nSUMMARY:{uid}\r\n{valarm}END:VEVENT\r\n"
+    )
+
+
+def test_a_series_with_alarms_is_read_further_by_its_longest_lead_and_no_more_than_a_week():
+    """The read window is what the subscribers' rules need; a series with alarms runs on by its
+    alarms' reach (an absolute trigger's, which differs per occurrence, and one over a week: a
+    week), so each occurrence whose alarm falls in the window is read, and nothing more."""
+    body = "BEGIN:VCALENDAR\r\nVERSION:2.0\r\nPRODID:-//t//EN\r\n"
+    body += _daily("plain", None) + _daily("two-days", ":-P2D") + _daily("end", ";RELATED=END:-PT5H")
+    body += _daily("month", ":-P30D") + _daily("absolute", ";VALUE=DATE-TIME:20260901T000000Z")
+    body += "END:VCALENDAR\r\n"
+    start = Instant.from_stored("2026-09-10T00:00:00.000Z").whole_seconds
+    feed = parse_ics_feed(body.encode(), start, start + 86400)
+
+    def last_day(uid: str) -> int:
+        return max(i.starts_at for i in feed.items if i.id.startswith(uid + "/")) // 86400 - start // 86400
+
+    # The window ends 2026-09-11 00:00Z, and every read runs 14 h further (floating times): 14:00.
+    assert MAX_OFFSET_SECONDS == 14 * 3600
+    assert last_day("plain") == 1  # 09-11 12:00
+    assert last_day("end") == 1  # 5 h more, to 19:00: no further occurrence
+    assert last_day("two-days") == 3  # to 09-13 14:00
+    assert last_day("month") == last_day("absolute") == ALARM_REACH_SECONDS // 86400 + 1  # to 09-18 14:00
