@@ -16,6 +16,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -35,6 +36,7 @@ from .settings import Settings, SettingsError
 from .sources import shown_url
 from .subscription import LEVELS, CalendarSettings, SubscriptionError, checked
 from .times import Instant
+from .webpush import generate_key
 
 T = TypeVar("T")
 
@@ -148,6 +150,30 @@ def db_upgrade(ctx: Ctx) -> None:
 
 
 @main.group()
+def vapid() -> None:
+    """The VAPID key pair every Web Push request is signed with."""
+
+
+@vapid.command("generate")
+@click.option(
+    "--out",
+    "path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the private key (PEM); it must not exist yet.",
+)
+def vapid_generate(path: Path) -> None:
+    """Write a new VAPID private key (readable by its owner only) and print its public key, the
+    browser's applicationServerKey. Set REMINDERS_VAPID_PRIVATE_KEY_FILE to the file."""
+    if path.exists():
+        raise click.BadParameter(
+            f"{path} exists: a new key means every browser must subscribe again; remove it first", param_hint="--out"
+        )
+    public = generate_key(str(path))
+    _emit({"private_key_file": str(path), "public_key": public})
+
+
+@main.group()
 def device() -> None:
     """Register, list and remove devices."""
 
@@ -187,7 +213,15 @@ def _calendars(
 
 @device.command("put")
 @click.argument("device_id")
-@click.option("--apns-token", required=True, help="Hex APNs device token.")
+@click.option("--apns-token", default=None, help="Hex APNs device token (or --webpush-subscription, --fcm-token).")
+@click.option(
+    "--webpush-subscription",
+    "webpush_file",
+    type=click.File("r", encoding="utf-8"),
+    default=None,
+    help="A file holding the browser's PushSubscription JSON (endpoint and keys): deliver by Web Push.",
+)
+@click.option("--fcm-token", default=None, help="An FCM registration token: deliver by Firebase Cloud Messaging.")
 @click.option("--lead", type=click.IntRange(min=0), default=None, help="reminder_lead_seconds (default 3600).")
 @click.option("--rule", "rules", multiple=True, help="Extra rule, e.g. lead:0@expiry. Repeatable.")
 @click.option("--source", "sources", multiple=True, help="Source URL (JSON feed). Repeatable.")
@@ -244,7 +278,9 @@ def _calendars(
 def device_put(
     ctx: Ctx,
     device_id: str,
-    apns_token: str,
+    apns_token: str | None,
+    webpush_file: Any,
+    fcm_token: str | None,
     lead: int | None,
     rules: tuple[str, ...],
     sources: tuple[str, ...],
@@ -272,7 +308,7 @@ def device_put(
     lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
     spec = DeviceSpec(
         device_id,
-        apns_token,
+        apns_token or "",
         lead_seconds,
         rules,
         sources,
@@ -284,12 +320,27 @@ def device_put(
         locale,
         clock,
         _calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted, calendar_travel),
+        webpush=_subscription_json(webpush_file),
+        fcm_token=fcm_token,
     )
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:
         raise click.BadParameter(exc.message, param_hint=exc.field) from None
     _emit(registration.as_dict())
+
+
+def _subscription_json(file: Any) -> dict[str, Any] | None:
+    """The browser's PushSubscription JSON from ``--webpush-subscription``, or None."""
+    if file is None:
+        return None
+    try:
+        data = json.loads(file.read(64 * 1024))
+    except ValueError:
+        raise click.BadParameter("not JSON", param_hint="--webpush-subscription") from None
+    if not isinstance(data, dict):
+        raise click.BadParameter("a JSON object with endpoint and keys", param_hint="--webpush-subscription")
+    return data
 
 
 @device.command("rotate-credential")

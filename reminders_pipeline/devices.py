@@ -13,10 +13,12 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlparse
 
 from . import ledger
 from .db import Database
+from .egress import parse_networks
 from .feed import address_of
 from .phrases import LocaleError, canonical_locale, valid_clock
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, is_agenda, parse_rule
@@ -24,9 +26,11 @@ from .settings import Settings
 from .sources import shown_url
 from .subscription import CalendarSettings, SubscriptionError, checked
 from .times import Instant
+from .webpush import PushSubscriptionError, Subscription, check_reachable, parse_subscription
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
+FCM_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_:-]{32,4096}")
 MAX_DEVICE_ID = 128
 DEVICE_ID_PATTERN = re.compile(rf"[A-Za-z0-9._:@-]{{1,{MAX_DEVICE_ID}}}")
 DEVICE_ID_SHAPE = f"1-{MAX_DEVICE_ID} characters of letters, digits and . _ : @ -"
@@ -62,6 +66,11 @@ class DeviceSpec:
     locale: str | None = None  # BCP 47 (de-DE): the alert's language; None keeps the stored one
     clock: str | None = None  # "12h" or "24h"; None: the locale's own
     calendars: Mapping[str, CalendarSettings] = field(default_factory=dict)  # by source URL, each among source_urls
+    # The delivery target instead of ``apns_token`` (then ""): exactly one of the three. A Web Push
+    # subscription is the browser's ``PushSubscription`` JSON; an FCM registration token, text.
+    webpush: Mapping[str, Any] | None = None
+    fcm_token: str | None = None
+    provider: str = "apns"  # set by ``validate`` from the target given; ``apns_token`` then holds it
 
 
 @dataclass(frozen=True)
@@ -108,8 +117,7 @@ def _is_source_url(url: object) -> bool:
 def validate(spec: DeviceSpec) -> DeviceSpec:
     if not isinstance(spec.id, str) or not DEVICE_ID_PATTERN.fullmatch(spec.id):
         raise DeviceError("id", DEVICE_ID_SHAPE)
-    if not isinstance(spec.apns_token, str) or not APNS_TOKEN_PATTERN.fullmatch(spec.apns_token):
-        raise DeviceError("apns_token", "hex string of 64 to 200 characters")
+    provider, token = _target(spec)
     lead = spec.reminder_lead_seconds
     if isinstance(lead, bool) or not isinstance(lead, int) or not 0 <= lead <= MAX_LEAD_SECONDS:
         raise DeviceError("reminder_lead_seconds", f"a whole number of seconds from 0 to {MAX_LEAD_SECONDS}")
@@ -131,7 +139,7 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
             raise DeviceError("sources", f"not an http(s) or webcal URL: {shown}")
     return DeviceSpec(
         spec.id,
-        spec.apns_token.lower(),
+        token,
         lead,
         tuple(dict.fromkeys(rules)),
         tuple(dict.fromkeys(spec.source_urls)),
@@ -142,7 +150,30 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
         _attendees(spec.attendees),
         *_language(spec.locale, spec.clock),
         _calendars(spec.calendars, spec.source_urls),
+        provider=provider,
     )
+
+
+def _target(spec: DeviceSpec) -> tuple[str, str]:
+    """The device's one delivery target as (provider, what ``devices.apns_token`` keeps)."""
+    given = [name for name, value in (("apns_token", spec.apns_token), ("webpush", spec.webpush),
+                                       ("fcm_token", spec.fcm_token)) if value]  # fmt: skip
+    if not given:
+        raise DeviceError("apns_token", "hex string of 64 to 200 characters (or webpush_subscription, or fcm_token)")
+    if len(given) > 1:
+        raise DeviceError("target", f"exactly one of apns_token, webpush_subscription or fcm_token, not {given}")
+    if spec.webpush:
+        try:
+            return "webpush", parse_subscription(spec.webpush).canonical
+        except PushSubscriptionError as exc:
+            raise DeviceError("webpush_subscription", str(exc)) from None
+    if spec.fcm_token:
+        if not isinstance(spec.fcm_token, str) or not FCM_TOKEN_PATTERN.fullmatch(spec.fcm_token):
+            raise DeviceError("fcm_token", "an FCM registration token: 32 to 4096 letters, digits, - _ :")
+        return "fcm", spec.fcm_token
+    if not isinstance(spec.apns_token, str) or not APNS_TOKEN_PATTERN.fullmatch(spec.apns_token):
+        raise DeviceError("apns_token", "hex string of 64 to 200 characters")
+    return "apns", spec.apns_token.lower()
 
 
 def _calendars(calendars: Mapping[str, CalendarSettings], urls: Sequence[str]) -> dict[str, CalendarSettings]:
@@ -217,11 +248,19 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
     issued one; replacing a device keeps its credential, so the phone's copy stays valid.
     """
     spec = validate(spec)
+    if spec.provider == "webpush":
+        try:
+            check_reachable(
+                Subscription.stored(spec.apns_token).endpoint, parse_networks(settings.webpush_allow_networks)
+            )
+        except PushSubscriptionError as exc:
+            raise DeviceError("webpush_subscription", str(exc)) from None
     secret, digest = _new_credential()
     now = now or Instant.now()
     values = {
         "id": spec.id,
         "apns_token": spec.apns_token,
+        "provider": spec.provider,
         "reminder_lead_seconds": spec.reminder_lead_seconds,
         "extra_rules": " ".join(spec.extra_rules),
         "all_day_rules": " ".join(spec.all_day_rules),

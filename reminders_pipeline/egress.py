@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import typing
 from collections.abc import AsyncIterator, Iterable, Sequence
 
@@ -175,10 +176,17 @@ class GuardedTransport(httpx.AsyncBaseTransport):
     to httpcore and its answer back (both public API).
     """
 
-    def __init__(self, allow: Sequence[Network] = (), limits: httpx.Limits | None = None) -> None:
+    def __init__(
+        self,
+        allow: Sequence[Network] = (),
+        limits: httpx.Limits | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        http2: bool = False,
+    ) -> None:
         limits = limits or httpx.Limits()
         self.pool = httpcore.AsyncConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
+            ssl_context=ssl_context or httpx.create_ssl_context(),
+            http2=http2,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,

@@ -82,10 +82,12 @@ def return_undelivered(
     attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
     unreached = {r.row_id for r in results if r.retry and r.status is None and not not_written(r)}
     again = unreached | {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
+    waits = {r.row_id: r.retry_after for r in results if r.retry_after}  # the provider's Retry-After
     if again:
         out.returned.extend(
             {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": r["id"] not in unreached,
-             "not_before": retry_not_before(out.at, 1 if r["id"] in unreached else attempts[r["id"]] + 1, settings)}
+             "not_before": max(retry_not_before(out.at, 1 if r["id"] in unreached else attempts[r["id"]] + 1, settings),
+                               out.at + waits.get(r["id"], 0))}
             for r in out.rows if r["id"] in again
         )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]

@@ -148,6 +148,7 @@ def compose(
             row_id=int(row["id"]),
             device_id=row["device_id"],
             device_token=row["apns_token"],
+            provider=row.get("provider") or "apns",
             payload=payload,
             collapse_id=collapse_id(row["device_id"], row["item_id"]),
             expiration=(starts if rule.anchor == "start" else ends).whole_seconds,  # day rules: the end of the last day

@@ -120,6 +120,9 @@ devices = _table(
     # locale's own), ``phrases``. NULL locale: English, 24 hours.
     Column("locale", Text),
     Column("clock", Text),
+    # From 0018: who delivers: ``apns``, ``webpush`` or ``fcm``; ``apns_token`` is that provider's
+    # target (an APNs token, a Web Push subscription as ``webpush.canonical`` JSON, an FCM token).
+    Column("provider", Text, nullable=False, server_default=text("'apns'")),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),
     Index("ix_devices_chunk_built", "chunk", "reminders_built_at"),
     Index("ix_devices_built", "reminders_built_at"),

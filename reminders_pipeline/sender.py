@@ -7,6 +7,7 @@ the drain sends: no request leaves after its claim's fence (``drain.fence_deadli
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -34,6 +35,7 @@ class Notification:
     expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
     priority: int = 10
     push_type: str = "alert"
+    provider: str = "apns"  # who delivers it (``devices.provider``): apns, webpush or fcm
     # time.monotonic() after which the request must not leave: the claim's fence (drain.fence_deadline).
     send_by: float | None = None
 
@@ -73,6 +75,7 @@ class SendResult:
     # time.monotonic() when the answer arrived: the row's sent_at. Not part of what the answer *is*.
     answered_at: float | None = field(default=None, compare=False)
     retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
+    retry_after: float | None = None  # the provider's Retry-After, seconds: the row waits at least this long
 
 
 class Sender(Protocol):
@@ -135,16 +138,69 @@ class RecordingSender:
 
 
 def default_sender_factory(settings: Settings) -> SenderFactory:
-    """APNs when enabled (credentials checked now, before any claim); no sender at all in a dry run."""
+    """Each configured provider's sender, credentials checked now, before any claim; no sender at
+    all in a dry run. APNs alone (or nothing configured, which APNs' check then refuses) is its own
+    sender; with Web Push or FCM configured too, a ``RoutingSender`` hands each notification to
+    its device's provider."""
     if not settings.enabled:
 
         def refuse() -> Sender:
             raise RuntimeError("REMINDERS_ENABLED is not 'true': a dry run never connects to APNs")
 
         return refuse
-    from .apns import apns_sender_factory
+    factories: dict[str, SenderFactory] = {}
+    if settings.vapid_private_key_file or settings.vapid_subject:
+        from .webpush import WebPushSender, signing_key  # noqa: PLC0415
 
-    return apns_sender_factory(settings)
+        signing_key(settings)
+        factories["webpush"] = lambda: WebPushSender(settings)
+    if settings.fcm_credentials_file:
+        from .fcm import FcmSender, load_credentials  # noqa: PLC0415
+
+        load_credentials(settings)
+        factories["fcm"] = lambda: FcmSender(settings)
+    if not factories or any(getattr(settings, name) for name in APNS_SETTINGS):
+        from .apns import apns_sender_factory  # noqa: PLC0415
+
+        factories["apns"] = apns_sender_factory(settings)
+    if list(factories) == ["apns"]:
+        return factories["apns"]
+    return lambda: RoutingSender(factories)
+
+
+APNS_SETTINGS = ("apns_key_file", "apns_key_id", "apns_team_id", "apns_topic")
+PROVIDERS = ("apns", "webpush", "fcm")
+NOT_CONFIGURED = "not-sent:provider_not_configured"
+
+
+@dataclass
+class RoutingSender:
+    """Hands each notification to its device's provider (``Notification.provider``), each
+    provider's sender made on first use inside the running loop. A notification for a provider
+    this deployment has no credentials for is certainly not sent: it goes back to pending, and the
+    run stops claiming, as on a configuration fault."""
+
+    factories: dict[str, SenderFactory]
+    senders: dict[str, Sender] = field(default_factory=dict)
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        groups: dict[str, list[Notification]] = {}
+        for n in notifications:
+            groups.setdefault(n.provider, []).append(n)
+        answers = await asyncio.gather(*(self._send(provider, notes) for provider, notes in groups.items()))
+        return [r for part in answers for r in part]
+
+    async def _send(self, provider: str, notes: list[Notification]) -> list[SendResult]:
+        if provider not in self.factories:
+            reason = f"{NOT_CONFIGURED}:{provider}"
+            return [SendResult(n.row_id, False, reason=reason, retry=True, config_fault=True) for n in notes]
+        if provider not in self.senders:
+            self.senders[provider] = self.factories[provider]()
+        return await self.senders[provider].send_many(notes)
+
+    async def aclose(self) -> None:
+        for sender in self.senders.values():
+            await sender.aclose()
 
 
 async def send_fenced(

@@ -305,6 +305,35 @@ class Settings(BaseSettings):
     )
     apns_ca_file: str | None = Field(None, description="the CA bundle that signs `REMINDERS_APNS_URL`'s certificate")
     apns_concurrency: Whole = Field(200, ge=1, description="sends in flight per drain process")
+    vapid_private_key_file: str | None = Field(
+        None,
+        description="the VAPID key (EC P-256 PEM, `reminders vapid generate`) Web Push requests are signed with; "
+        "required to send to a Web Push device",
+    )
+    vapid_subject: str | None = Field(
+        None,
+        pattern=r"^(mailto:|https:)\S+$",
+        description="the VAPID `sub`: a `mailto:` or `https:` contact a push service may reach",
+    )
+    webpush_allow_networks: Networks = Field(
+        (), description="CIDR networks a Web Push endpoint may reach besides globally routable addresses (as sources)"
+    )
+    webpush_ca_file: str | None = Field(None, description="a CA bundle for Web Push endpoints (a local mock)")
+    webpush_per_host: Whole = Field(50, ge=1, description="Web Push requests in flight per push service host")
+    webpush_concurrency: Whole = Field(200, ge=1, description="Web Push connections open at most per drain process")
+    webpush_timeout_seconds: Seconds = Field(10.0, gt=0.0, description="a Web Push request's connect and answer time")
+    fcm_credentials_file: str | None = Field(
+        None,
+        description="a Google service-account key (JSON) for FCM HTTP v1; its `project_id` names the project; "
+        "required to send to an FCM device",
+    )
+    fcm_url: str = Field(
+        "https://fcm.googleapis.com", description="`https://host:port` of FCM (another endpoint: a proxy, a local mock)"
+    )
+    fcm_ca_file: str | None = Field(
+        None, description="a CA bundle for `REMINDERS_FCM_URL` and the key's token endpoint (a local mock)"
+    )
+    fcm_concurrency: Whole = Field(200, ge=1, description="FCM requests in flight per drain process")
     interruption_level: Literal["passive", "active", "time-sensitive", "critical"] = Field(
         "time-sensitive", description="the notifications' `interruption-level`"
     )

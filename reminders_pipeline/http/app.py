@@ -24,6 +24,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -60,6 +61,7 @@ from ..sender import SenderFactory, default_sender_factory
 from ..settings import Settings
 from ..subscription import CalendarSettings
 from ..times import Instant
+from ..webpush import load_key, public_key_text
 from ..widget_feed import ComposedFeed, compose_feed
 from ..zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from .contract import (
@@ -77,6 +79,7 @@ from .contract import (
     ROTATE_CREDENTIAL,
     SNOOZE,
     TAKES_NOW,
+    VAPID_PUBLIC_KEY,
     BuildRequest,
     Contract,
     DeviceRegistration,
@@ -195,7 +198,7 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
     all_day = DEFAULT_ALL_DAY_RULES if body.all_day_rules is None else tuple(body.all_day_rules)
     return DeviceSpec(
         device_id,
-        body.apns_token,
+        body.apns_token or "",
         lead,
         tuple(body.extra_rules or ()),
         tuple(body.source_urls or ()),
@@ -210,6 +213,8 @@ def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) ->
             c.url: CalendarSettings(_tuple(c.rules), c.interruption_level, c.breakthrough, c.muted, c.travel_seconds)
             for c in body.calendars or ()
         },
+        webpush=body.webpush_subscription.model_dump() if body.webpush_subscription else None,
+        fcm_token=body.fcm_token,
     )
 
 
@@ -530,8 +535,30 @@ class Api:
         if composed is None:
             raise no_device(device_id)
         return JSONResponse(
-            {"device_id": device_id, "items": composed.items, "sources_failed": composed.sources_failed}
+            {
+                "device_id": device_id,
+                "items": composed.items,
+                "sources_failed": composed.sources_failed,
+                "vapid_public_key": self.vapid_key,
+            }
         )
+
+    async def vapid_public_key(self, request: Request) -> Response:
+        if self.vapid_key is None:
+            raise ApiError(404, "webpush_not_configured", "this deployment sends no Web Push")
+        return JSONResponse({"public_key": self.vapid_key})
+
+    @cached_property
+    def vapid_key(self) -> str | None:
+        """The VAPID public key, when Web Push is configured and its key reads (read once: a new key
+        needs a restart; one that does not read is logged, and no web client can subscribe)."""
+        if not self.settings.vapid_private_key_file:
+            return None
+        try:
+            return public_key_text(load_key(self.settings))
+        except RuntimeError as exc:
+            log.error("no VAPID public key to serve: %s", exc)
+            return None
 
     def _feed(self, device_id: str, reported: Zone | None, locale: str | None) -> ComposedFeed | None:
         record = self._device(device_id)
@@ -588,6 +615,7 @@ class Api:
             (FEED, self.feed),
             (SNOOZE, self.snooze),
             (DONE, self.done),
+            (VAPID_PUBLIC_KEY, self.vapid_public_key),
         ]
         by_path: dict[str, list[tuple[Operation, Endpoint]]] = {}
         for op, endpoint in table:

@@ -40,6 +40,7 @@ from ..actions import MAX_SNOOZE_SECONDS
 from ..devices import (
     APNS_TOKEN_PATTERN,
     DEVICE_ID_PATTERN,
+    FCM_TOKEN_PATTERN,
     MAX_ATTENDEES,
     MAX_DEVICE_ID,
     MAX_EXTRA_RULES,
@@ -54,6 +55,7 @@ from ..settings import Settings
 from ..sources import shown_url
 from ..subscription import MAX_CALENDAR_RULES
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
+from ..webpush import MAX_ENDPOINT_LENGTH
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
 # The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
@@ -196,10 +198,34 @@ class Calendar(Request):
     )
 
 
-class DeviceRegistration(Request):
-    """Replaces the device: exactly these rules and sources. Omitted optional fields take their defaults."""
+class PushKeys(Request):
+    p256dh: str = Field(max_length=128, description="The browser's P-256 public key, base64url.")
+    auth: str = Field(max_length=64, description="Its 16-byte authentication secret, base64url.")
 
-    apns_token: str = Field(pattern=anchored(APNS_TOKEN_PATTERN), description="Hex APNs device token.")
+
+class WebPushSubscription(Request):
+    """The browser's `PushSubscription.toJSON()`."""
+
+    endpoint: str = Field(max_length=MAX_ENDPOINT_LENGTH, description="The push service's https URL for this browser.")
+    expirationTime: int | None = Field(None, description="Ignored; as the browser sends it.")  # noqa: N815
+    keys: PushKeys
+
+
+class DeviceRegistration(Request):
+    """Replaces the device: exactly these rules and sources. Omitted optional fields take their
+    defaults. Exactly one delivery target: `apns_token`, `webpush_subscription` or `fcm_token`."""
+
+    apns_token: str | None = Field(
+        None, pattern=anchored(APNS_TOKEN_PATTERN), description="Hex APNs device token: deliver by APNs."
+    )
+    webpush_subscription: WebPushSubscription | None = Field(
+        None,
+        description="The browser's PushSubscription: deliver by Web Push (its endpoint must not be an internal "
+        "address). `GET /v1/vapid-public-key` gives the key to subscribe with.",
+    )
+    fcm_token: str | None = Field(
+        None, pattern=anchored(FCM_TOKEN_PATTERN), description="An FCM registration token: deliver by FCM."
+    )
     reminder_lead_seconds: LeadSeconds | None = Field(None, description="The lead of rule `lead:N`.")
     extra_rules: list[Annotated[str, Field(description="`lead:N`, `lead:N@expiry`, or one `agenda@HH:MM`")]] | None = (
         Field(None, max_length=MAX_EXTRA_RULES)
@@ -331,7 +357,12 @@ class CalendarShown(BaseModel):
 
 class Device(BaseModel):
     id: str
-    apns_token: str
+    provider: Literal["apns", "webpush", "fcm"] = Field("apns", description="Who delivers its alerts.")
+    apns_token: str | None = Field(None, description="An APNs device's token.")
+    fcm_token: str | None = Field(None, description="An FCM device's registration token.")
+    webpush_endpoint: str | None = Field(
+        None, description="A Web Push device's push service, by its origin (the endpoint's path is its secret)."
+    )
     reminder_lead_seconds: int
     extra_rules: list[str]
     source_urls: list[str]
@@ -381,6 +412,10 @@ class Acknowledged(BaseModel):
     acknowledged: int = Field(description="The event's pending reminders on this device settled `acknowledged`.")
 
 
+class VapidPublicKey(BaseModel):
+    public_key: str = Field(description="The `applicationServerKey` to pass to `PushManager.subscribe`, base64url.")
+
+
 class Removed(BaseModel):
     device_id: str
     rows_voided: int
@@ -401,6 +436,9 @@ class Feed(BaseModel):
     device_id: str
     items: list[FeedItem]
     sources_failed: list[SourceFailure]
+    vapid_public_key: str | None = Field(
+        None, description="The key a web client subscribes to Web Push with; null where Web Push is not configured."
+    )
 
 
 # ---------------------------------------------------------------- per deployment
@@ -605,6 +643,18 @@ FEED = Operation(
             "changed; one CLDR does not know is ignored.",
         ),
     ),
+)
+VAPID_PUBLIC_KEY = Operation(
+    "GET",
+    "/v1/vapid-public-key",
+    "vapidPublicKey",
+    "open",
+    {
+        200: Answer("The deployment's VAPID public key.", VapidPublicKey),
+        404: Answer("`webpush_not_configured`: this deployment sends no Web Push."),
+    },
+    summary="Open. The `applicationServerKey` a web client passes to `PushManager.subscribe`.",
+    reads_ledger=False,
 )
 ACTION_ANSWERS = {
     404: Answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),

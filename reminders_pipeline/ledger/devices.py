@@ -7,9 +7,11 @@ chunk reports.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlalchemy import (
     ColumnElement,
@@ -56,10 +58,20 @@ class DeviceRecord:
     locale: str | None = None
     clock: str | None = None
     calendars: tuple[dict[str, Any], ...] = ()  # subscriptions with settings of their own, as shown
+    provider: str = "apns"  # who delivers: apns, webpush (``apns_token`` holds the subscription) or fcm
 
     def as_dict(self) -> dict[str, Any]:
-        """As the CLI and the HTTP routes show it: lists, and each time as its stored text."""
+        """As the CLI and the HTTP routes show it: lists, and each time as its stored text. The
+        target by its provider: an APNs or FCM token as it is, a Web Push subscription by its
+        push service's origin alone (the endpoint's path is the subscription's capability)."""
         d = {k: v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
+        if self.provider != "apns":
+            d["apns_token"] = None
+            if self.provider == "fcm":
+                d["fcm_token"] = self.apns_token
+            else:
+                parts = urlsplit(json.loads(self.apns_token)["endpoint"])
+                d["webpush_endpoint"] = f"{parts.scheme}://{parts.netloc}/…"
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
         d["all_day_rules"], d["attendees"] = list(self.all_day_rules), list(self.attendees)
         d["calendars"] = [dict(c) for c in self.calendars]
@@ -106,6 +118,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: Instant) -> 
         index_elements=[devices.c.id],
         set_={
             "apns_token": ins.excluded.apns_token,
+            "provider": ins.excluded.provider,
             "reminder_lead_seconds": ins.excluded.reminder_lead_seconds,
             "extra_rules": ins.excluded.extra_rules,
             "all_day_rules": ins.excluded.all_day_rules,
@@ -178,6 +191,7 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
             locale=r["locale"],
             clock=r["clock"],
             calendars=tuple(calendars[r["id"]]),
+            provider=r["provider"],
         )
         for r in rows
     ]

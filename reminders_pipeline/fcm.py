@@ -1,0 +1,173 @@
+"""Firebase Cloud Messaging HTTP v1 as a ``Sender``: one POST per alert to
+``/v1/projects/{project}/messages:send`` over one shared HTTP/2 client, authorised by an OAuth2
+access token that google-auth makes from a service-account key and that is refreshed before it
+expires (the refresh, a blocking call, runs in a thread, one at a time).
+
+The message carries a notification (the alert's title and body), the row as data (FCM's data
+values are strings), ``android.ttl`` the seconds to the event's start (or end), so a phone offline
+until then never shows it, and ``android.collapse_key`` one per item.
+
+Answers: 200 sent; ``UNREGISTERED`` (404) and ``SENDER_ID_MISMATCH`` (403) mark the device, as
+APNs' ``Unregistered`` does (by FCM's ``errorCode``: a 404 without one is a wrong URL, not a dead
+token); ``INVALID_ARGUMENT`` (400) fails the row; ``QUOTA_EXCEEDED`` (429), ``UNAVAILABLE`` (503)
+and ``INTERNAL`` (500) back off, honouring ``Retry-After``; any other 401 or 403 (our credentials
+or project refused) is a configuration fault for every device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import requests
+from google.auth.exceptions import GoogleAuthError
+from google.auth.transport.requests import Request
+from google.oauth2 import service_account
+
+from .sender import Notification, SendResult, fence_expired
+from .settings import Settings
+from .webpush import retry_after
+
+SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
+TOKEN_INVALID = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})  # FcmError codes: the token, not us
+MAX_TTL_SECONDS = 28 * 86400  # FCM refuses a longer android.ttl
+BACK_OFF = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL", "RESOURCE_EXHAUSTED"})
+
+
+def load_credentials(settings: Settings) -> tuple[service_account.Credentials, str]:
+    """The service account's credentials and its project, checked before any claim."""
+    if not settings.fcm_credentials_file:
+        raise RuntimeError("FCM needs REMINDERS_FCM_CREDENTIALS_FILE (a service-account key)")
+    try:
+        with open(settings.fcm_credentials_file, encoding="utf-8") as f:
+            info = json.load(f)
+        credentials = service_account.Credentials.from_service_account_info(info, scopes=SCOPES)  # type: ignore[no-untyped-call]
+    except (OSError, ValueError, KeyError) as exc:
+        raise RuntimeError(
+            f"REMINDERS_FCM_CREDENTIALS_FILE is not a service-account key ({type(exc).__name__})"
+        ) from None
+    project = info.get("project_id")
+    if not isinstance(project, str) or not project:
+        raise RuntimeError("REMINDERS_FCM_CREDENTIALS_FILE names no project_id")
+    return credentials, project
+
+
+def message(note: Notification, now: float) -> dict[str, Any]:
+    """The FCM v1 message for one alert."""
+    aps = note.payload["aps"]
+    data = {"reminder": json.dumps(note.payload["reminder"], separators=(",", ":")), "tag": note.collapse_id}
+    if aps.get("category"):
+        data["category"] = aps["category"]
+    return {
+        "message": {
+            "token": note.device_token,
+            "notification": {"title": aps["alert"]["title"], "body": aps["alert"]["body"]},
+            "data": data,
+            "android": {
+                "ttl": f"{min(MAX_TTL_SECONDS, max(0, note.expiration - int(now)))}s",
+                "collapse_key": note.collapse_id,
+                "priority": "HIGH",
+            },
+        }
+    }
+
+
+class FcmSender:
+    """Sends each notification once, never retried here; one ``SendResult`` per notification."""
+
+    def __init__(self, settings: Settings, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.credentials, project = load_credentials(settings)
+        self.url = f"{settings.fcm_url.rstrip('/')}/v1/projects/{project}/messages:send"
+        self.monotonic = monotonic
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=settings.fcm_ca_file) if settings.fcm_ca_file else True
+        )
+        limits = httpx.Limits(max_connections=settings.fcm_concurrency)
+        self.client = httpx.AsyncClient(http2=True, verify=verify, limits=limits, timeout=10.0, trust_env=False)
+        self.session = requests.Session()  # google-auth's token requests
+        self.session.verify = settings.fcm_ca_file or True
+        self.session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides ``verify``, and proxy variables apply
+        self.slots = asyncio.Semaphore(settings.fcm_concurrency)
+        self.refreshing = asyncio.Lock()
+
+    async def _token(self) -> str | None:
+        """A valid access token, refreshed (once, whoever asks meanwhile) when it is near its end."""
+        async with self.refreshing:
+            if not self.credentials.valid:
+                try:
+                    await asyncio.to_thread(self.credentials.refresh, Request(self.session))
+                except (GoogleAuthError, requests.RequestException):
+                    return None
+        token = self.credentials.token
+        return token if isinstance(token, str) else None
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        token = await self._token()
+        if token is None:  # nothing sent: back to pending, and the run stops claiming
+            return [
+                SendResult(n.row_id, False, reason="not-sent:fcm_token_refresh", retry=True, config_fault=True)
+                for n in notifications
+            ]
+        return list(await asyncio.gather(*(self._one(n, token) for n in notifications)))
+
+    async def _one(self, note: Notification, token: str) -> SendResult:
+        async with self.slots:
+            if note.past_deadline(self.monotonic()):
+                return fence_expired(note.row_id)
+            try:
+                response = await self.client.post(
+                    self.url, json=message(note, time.time()), headers={"Authorization": f"Bearer {token}"}
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+                return SendResult(note.row_id, False, reason="not-sent:connect_failed", retry=True)
+            except httpx.TimeoutException:
+                return SendResult(note.row_id, False, reason="timeout")  # written: it may be delivered, once
+            except httpx.HTTPError as exc:
+                return SendResult(note.row_id, False, reason=f"transport:{type(exc).__name__}")
+        result = answer(note.row_id, response, self.monotonic())
+        if result.config_fault:
+            self.credentials.token = None  # refused: the next send refreshes it first
+        return result
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        self.session.close()
+
+
+def error_code(response: httpx.Response) -> str:
+    """FCM's ``errorCode`` from the error's details, else its status (``NOT_FOUND``), else ''."""
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    for detail in error.get("details") or ():
+        if isinstance(detail, dict) and detail.get("errorCode"):
+            return str(detail["errorCode"])
+    return str(error.get("status") or "")
+
+
+def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendResult:
+    """FCM's answer as a ``SendResult`` (see the module docstring)."""
+    status = response.status_code
+    if status == 200:
+        name = response.json().get("name") if response.content else None
+        return SendResult(
+            row_id, True, status=status, apns_id=str(name)[-64:] if name else None, answered_at=answered_at
+        )
+    code = error_code(response)
+    reason = code or f"http_{status}"
+    if code in TOKEN_INVALID:
+        return SendResult(row_id, False, reason=reason, status=status, token_invalid=True, answered_at=answered_at)
+    if status in (401, 403) or code == "THIRD_PARTY_AUTH_ERROR":  # our credentials or project refused
+        return SendResult(row_id, False, reason=reason, status=status, config_fault=True, answered_at=answered_at)
+    if code in BACK_OFF or status == 429 or status >= 500:
+        wait = retry_after(response.headers.get("retry-after"), time.time())
+        return SendResult(
+            row_id, False, reason=reason, status=status, retry=True, retry_after=wait, answered_at=answered_at
+        )
+    return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)

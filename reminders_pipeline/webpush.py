@@ -1,0 +1,292 @@
+"""Web Push as a ``Sender``: RFC 8030 delivery, RFC 8291 payload encryption (``aes128gcm``) and
+RFC 8292 VAPID, through http-ece and py-vapid, over one shared HTTP/2-capable httpx client.
+
+A device's target is the browser's ``PushSubscription``: an endpoint URL on its push service and
+two keys (``p256dh``, ``auth``). The endpoint comes from a user, so it passes the egress guard
+twice: at registration (``check_reachable``, from ``devices.put_device``) and at every connection
+(``egress.GuardedBackend``).
+Requests to one push service are bounded per host (``REMINDERS_WEBPUSH_PER_HOST``).
+
+Each alert is encrypted to the subscription's key with a fresh sender key, so the push service
+sees nothing but its size; the browser's service worker reads ``{"title", "body", "tag",
+"category", "reminder"}`` (``web_payload``). Headers: ``TTL`` the seconds to the event's start (or
+end), so a browser offline until then never shows it; ``Topic`` one per item (a later alert
+replaces an earlier undelivered one); ``Urgency: high``.
+
+Answers: 201 sent; 404 and 410 the subscription is gone (the device is marked, as for APNs'
+``Unregistered``); 413 too large; 429 and 5xx back off (429's ``Retry-After`` honoured); 400
+and 403 fail the row; 401 (our VAPID key refused) is a configuration fault for every device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from urllib.parse import urlsplit
+
+import http_ece
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from py_vapid import Vapid02
+
+from .egress import AddressRefused, GuardedTransport, Network, is_allowed, parse_networks
+from .sender import Notification, SendResult, fence_expired
+from .settings import Settings
+
+MAX_ENDPOINT_LENGTH = 2048
+MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts at most
+VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
+TIMEOUT = "timeout"
+GONE = "subscription_gone"
+
+
+class PushSubscriptionError(ValueError):
+    """A Web Push subscription that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A browser's push subscription, as it registered: its endpoint and its two keys."""
+
+    endpoint: str
+    p256dh: str  # base64url of the browser's P-256 public key, uncompressed (65 bytes)
+    auth: str  # base64url of its 16-byte authentication secret
+
+    @property
+    def canonical(self) -> str:
+        """How the ledger keeps it (``devices.apns_token`` of a ``webpush`` device): compact JSON."""
+        return json.dumps({"endpoint": self.endpoint, "p256dh": self.p256dh, "auth": self.auth}, separators=(",", ":"))
+
+    @classmethod
+    def stored(cls, text: str) -> Subscription:
+        data = json.loads(text)
+        return cls(data["endpoint"], data["p256dh"], data["auth"])
+
+    @property
+    def audience(self) -> str:
+        """The VAPID ``aud``: the endpoint's origin."""
+        parts = urlsplit(self.endpoint)
+        return f"{parts.scheme}://{parts.netloc}"
+
+
+def _b64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _b64_text(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def parse_subscription(data: object) -> Subscription:
+    """The browser's ``PushSubscription.toJSON()`` (``{"endpoint", "keys": {"p256dh", "auth"}}``)
+    checked for shape: an https endpoint, a P-256 point and a 16-byte secret."""
+    if not isinstance(data, Mapping):
+        raise PushSubscriptionError("a JSON object with endpoint and keys (the browser's PushSubscription)")
+    endpoint, keys = data.get("endpoint"), data.get("keys")
+    if not isinstance(endpoint, str) or len(endpoint) > MAX_ENDPOINT_LENGTH or any(ord(c) < 33 for c in endpoint):
+        raise PushSubscriptionError(f"endpoint: an https URL of at most {MAX_ENDPOINT_LENGTH} characters")
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise PushSubscriptionError("endpoint: not a URL") from None
+    if parts.scheme != "https" or not parts.hostname or parts.username or parts.password:
+        raise PushSubscriptionError("endpoint: an https URL without user or password")
+    if (
+        not isinstance(keys, Mapping)
+        or not isinstance(keys.get("p256dh"), str)
+        or not isinstance(keys.get("auth"), str)
+    ):
+        raise PushSubscriptionError("keys: p256dh and auth, base64url text")
+    try:
+        point = _b64(keys["p256dh"])
+        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point)
+        secret = _b64(keys["auth"])
+    except (ValueError, TypeError):
+        raise PushSubscriptionError("keys.p256dh: not a P-256 public key") from None
+    if len(point) != 65 or len(secret) != 16:
+        raise PushSubscriptionError("keys: p256dh an uncompressed P-256 point (65 bytes), auth 16 bytes")
+    return Subscription(endpoint, _b64_text(point), _b64_text(secret))
+
+
+def check_reachable(endpoint: str, allow: Sequence[Network]) -> None:
+    """Refuse an endpoint whose host resolves only to internal addresses (the egress guard, at
+    registration; it checks again at every connection, so a later DNS answer cannot slip by)."""
+    parts = urlsplit(endpoint)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        raise PushSubscriptionError("endpoint: its host does not resolve") from None
+    addresses = {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos}
+    if not any(is_allowed(a, allow) for a in addresses):
+        raise PushSubscriptionError("endpoint: its host is not reachable from here (internal address)")
+
+
+def generate_key(path: str) -> str:
+    """Write a new VAPID key pair's private key (PEM) to ``path``; returns the public key as the
+    browser's ``applicationServerKey`` (base64url of the uncompressed point)."""
+    vapid = Vapid02()
+    vapid.generate_keys()
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # its owner's alone, from the start
+    vapid.save_key(path)
+    return public_key_text(vapid)
+
+
+def public_key_text(vapid: Vapid02) -> str:
+    raw = vapid.public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    return _b64_text(raw)
+
+
+def load_key(settings: Settings) -> Vapid02:
+    """The VAPID key; ``RuntimeError`` saying what is wrong when it cannot be read."""
+    if not settings.vapid_private_key_file:
+        raise RuntimeError("Web Push needs REMINDERS_VAPID_PRIVATE_KEY_FILE (reminders vapid generate)")
+    try:
+        return Vapid02.from_file(settings.vapid_private_key_file)
+    except Exception as exc:  # py-vapid raises its own kinds, and OSError, for a file it cannot use
+        raise RuntimeError(
+            f"REMINDERS_VAPID_PRIVATE_KEY_FILE is not a readable VAPID key ({type(exc).__name__})"
+        ) from None
+
+
+def signing_key(settings: Settings) -> tuple[Vapid02, str]:
+    """The VAPID key and subject a sender signs with, checked before any claim."""
+    if not settings.vapid_subject:
+        raise RuntimeError("Web Push needs REMINDERS_VAPID_SUBJECT (a mailto: or https: contact)")
+    return load_key(settings), settings.vapid_subject
+
+
+def web_payload(note: Notification) -> bytes:
+    """What the browser's service worker reads: the alert, its tag (one per item) and the row."""
+    aps = note.payload["aps"]
+    out = {
+        "title": aps["alert"]["title"],
+        "body": aps["alert"]["body"],
+        "tag": note.collapse_id,
+        "category": aps.get("category"),
+        "reminder": note.payload["reminder"],
+    }
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def topic(collapse_id: str) -> str:
+    """RFC 8030's Topic: at most 32 characters of base64url, one per item."""
+    return _b64_text(hashlib.sha256(collapse_id.encode()).digest()[:24])
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta seconds or an HTTP date."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError):
+        return None
+
+
+class WebPushSender:
+    """Sends each notification once, never retried here; one ``SendResult`` per notification."""
+
+    def __init__(self, settings: Settings, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.vapid, self.subject = signing_key(settings)
+        self.timeout = settings.webpush_timeout_seconds
+        self.monotonic = monotonic
+        context = ssl.create_default_context(cafile=settings.webpush_ca_file) if settings.webpush_ca_file else None
+        limits = httpx.Limits(max_connections=settings.webpush_concurrency)
+        transport = GuardedTransport(
+            parse_networks(settings.webpush_allow_networks), limits, ssl_context=context, http2=True
+        )
+        self.client = httpx.AsyncClient(transport=transport, timeout=self.timeout, trust_env=False)
+        self.per_host = settings.webpush_per_host
+        self.hosts: dict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(self.per_host))
+        self.tokens: dict[str, tuple[float, str]] = {}  # audience -> (expiry, Authorization header)
+
+    def _authorization(self, audience: str) -> str:
+        """One VAPID JWT per push service, signed again an hour before it expires."""
+        now = time.time()
+        cached = self.tokens.get(audience)
+        if cached is None or cached[0] - now < 3600:
+            exp = int(now) + VAPID_SECONDS
+            header = self.vapid.sign({"aud": audience, "exp": exp, "sub": self.subject})["Authorization"]
+            self.tokens[audience] = cached = (exp, header)
+        return cached[1]
+
+    async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
+        return list(await asyncio.gather(*(self._one(n) for n in notifications)))
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def _one(self, note: Notification) -> SendResult:
+        try:
+            subscription = Subscription.stored(note.device_token)
+            body = http_ece.encrypt(
+                web_payload(note),
+                private_key=ec.generate_private_key(ec.SECP256R1()),
+                dh=_b64(subscription.p256dh),
+                auth_secret=_b64(subscription.auth),
+                version="aes128gcm",
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            return SendResult(note.row_id, False, reason=f"invalid:{type(exc).__name__}")
+        if len(body) > MAX_PAYLOAD_BYTES:
+            return SendResult(note.row_id, False, reason="PayloadTooLarge")
+        headers = {
+            "TTL": str(max(0, note.expiration - int(time.time()))),
+            "Topic": topic(note.collapse_id),
+            "Urgency": "high",
+            "Content-Encoding": "aes128gcm",
+            "Content-Type": "application/octet-stream",
+            "Authorization": self._authorization(subscription.audience),
+        }
+        async with self.hosts[urlsplit(subscription.endpoint).netloc]:
+            if note.past_deadline(self.monotonic()):
+                return fence_expired(note.row_id)
+            return await self._post(note, subscription.endpoint, headers, body)
+
+    async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
+        try:
+            response = await self.client.post(endpoint, headers=headers, content=body)
+        except AddressRefused:
+            return SendResult(note.row_id, False, reason="address_refused")
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+            return SendResult(note.row_id, False, reason="not-sent:connect_failed", retry=True)
+        except httpx.TimeoutException:
+            return SendResult(note.row_id, False, reason=TIMEOUT)  # written: it may be delivered, once
+        except httpx.HTTPError as exc:
+            return SendResult(note.row_id, False, reason=f"transport:{type(exc).__name__}")
+        return answer(note.row_id, response.status_code, response.headers, self.monotonic())
+
+
+def answer(row_id: int, status: int, headers: Mapping[str, str], answered_at: float) -> SendResult:
+    """A push service's answer as a ``SendResult`` (see the module docstring)."""
+    if status in (200, 201, 202):
+        return SendResult(row_id, True, status=status, answered_at=answered_at)
+    if status in (404, 410):
+        return SendResult(row_id, False, reason=GONE, status=status, token_invalid=True, answered_at=answered_at)
+    if status == 413:
+        return SendResult(row_id, False, reason="PayloadTooLarge", status=status, answered_at=answered_at)
+    if status == 429 or status >= 500:
+        wait = retry_after(headers.get("retry-after"), time.time())
+        return SendResult(
+            row_id, False, reason=f"http_{status}", status=status, retry=True, retry_after=wait, answered_at=answered_at
+        )
+    if status == 401:  # our VAPID key or claims refused: the same for every subscription
+        return SendResult(
+            row_id, False, reason="vapid_refused", status=status, config_fault=True, answered_at=answered_at
+        )
+    return SendResult(row_id, False, reason=f"http_{status}", status=status, answered_at=answered_at)

@@ -1,0 +1,319 @@
+"""Web Push and FCM beside APNs, end to end on SQLite and PostgreSQL: the CLI registers and
+builds, the drain sends through the mock push service (which checks the VAPID JWT and decrypts
+every payload with the subscription's key, as a browser would) and the mock FCM (which checks the
+OAuth token its own token endpoint issued), both over HTTP/2 TLS, and the test reads what each
+received and the rows. Times are the real clock's: a push service reads ``TTL`` against it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from reminders_pipeline.cli import main
+from reminders_pipeline.fcm import FcmSender
+from reminders_pipeline.sender import Notification, SendResult
+from reminders_pipeline.settings import Settings
+from reminders_pipeline.times import Instant
+from reminders_pipeline.webpush import generate_key
+from reminders_pipeline_testing.mock_apns import MockApns
+from reminders_pipeline_testing.mock_fcm import Answer as FcmAnswer
+from reminders_pipeline_testing.mock_fcm import MockFcm
+from reminders_pipeline_testing.mock_webpush import Answer, MockWebPush
+
+from .support import TOKEN, rows
+from .test_http_support import error_of, http_settings
+
+FCM_TOKEN = "fcm-registration-token-" + "x" * 40
+PAYLOAD = {"aps": {"alert": {"title": "Standup", "body": "Starts at 09:00"}}, "reminder": {"id": 1}}
+
+
+@pytest.fixture(scope="module")
+def push(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockWebPush]:
+    with MockWebPush(workdir=tmp_path_factory.mktemp("mock-webpush")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fcm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockFcm]:
+    with MockFcm(workdir=tmp_path_factory.mktemp("mock-fcm")) as server:
+        yield server
+
+
+@pytest.fixture
+def env(push: MockWebPush, fcm: MockFcm, fresh_mock: MockApns, tmp_path: Path, db_url: str) -> dict[str, str]:
+    """Every provider configured, each against its mock; sending on."""
+    push.reset()
+    fcm.reset()
+    generate_key(str(tmp_path / "vapid.pem"))
+    return {
+        "REMINDERS_DATABASE_URL": db_url,
+        "REMINDERS_ENABLED": "true",
+        **fresh_mock.env(),
+        "REMINDERS_VAPID_PRIVATE_KEY_FILE": str(tmp_path / "vapid.pem"),
+        "REMINDERS_VAPID_SUBJECT": "mailto:ops@example.org",
+        "REMINDERS_WEBPUSH_CA_FILE": str(push.ca_file),
+        "REMINDERS_WEBPUSH_ALLOW_NETWORKS": "127.0.0.0/8",
+        "REMINDERS_FCM_CREDENTIALS_FILE": str(fcm.service_account_file()),
+        "REMINDERS_FCM_URL": fcm.url,
+        "REMINDERS_FCM_CA_FILE": str(fcm.ca_file),
+    }
+
+
+@pytest.fixture
+def run(env: dict[str, str]) -> Callable[..., Result]:
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int = 0, **extra: str) -> Result:
+        result = runner.invoke(main, list(args), env={**env, **extra}, catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result
+
+    return invoke
+
+
+def soon(feeds: Any, path: str = "/a.json", *titles: str) -> str:
+    """A feed whose events start in 30 minutes (a lead of 1800 s: due now) and end 30 minutes later."""
+    start = int(time.time()) + 1800
+    events = [
+        {"id": f"e{i}", "title": t, "startsAt": start + i, "expiresAt": start + i + 1800}
+        for i, t in enumerate(titles or ("Standup",))
+    ]
+    return str(feeds.items(path, events))
+
+
+def subscribed(run: Callable[..., Result], push: MockWebPush, tmp_path: Path, url: str, **answer: Any) -> dict:
+    subscription = push.subscribe(Answer(**answer) if answer else None)
+    (tmp_path / "sub.json").write_text(json.dumps(subscription))
+    out = json.loads(
+        run("device", "put", "web", "--webpush-subscription", str(tmp_path / "sub.json"), "--lead", "1800",
+            "--source", url).output
+    )  # fmt: skip
+    assert (out["provider"], out["apns_token"]) == ("webpush", None)
+    assert out["webpush_endpoint"] == f"{push.origin}/…"  # the endpoint's path is the subscription's secret
+    return subscription
+
+
+def device_of(run: Callable[..., Result], device_id: str) -> dict:
+    return next(d for d in json.loads(run("device", "list").output) if d["id"] == device_id)
+
+
+def drained(run: Callable[..., Result]) -> dict:
+    run("build", "--all")
+    return json.loads(run("drain").output)
+
+
+def test_a_web_push_reminder_is_encrypted_to_the_browser_and_read_back_as_it_would_show(run, push, feeds, tmp_path, db):
+    subscription = subscribed(run, push, tmp_path, soon(feeds, "/a.json", "Standup"))
+    summary = drained(run)
+    assert summary["outcomes"] == {"sent": 1}
+    (request,) = push.wait_for_requests(1)
+    assert request.endpoint == subscription["endpoint"] and request.status == 201
+    assert request.protocol == "h2"
+    row = rows(db, device_id="web")[0]
+    assert request.payload["title"] == "Standup" and request.payload["body"].startswith("Starts")
+    assert request.payload["category"] == "REMINDER" and request.payload["reminder"]["id"] == row["id"]
+    assert request.payload["tag"] and request.urgency == "high" and len(request.topic) <= 32
+    starts = row["event_at"].whole_seconds
+    assert starts - time.time() - 5 <= request.ttl <= starts - request.at + 1  # until the event starts
+    assert (row["status"], row["outcome"]) == ("settled", "sent")
+
+
+def test_a_gone_subscription_marks_the_device_and_voids_its_other_reminders(run, push, feeds, tmp_path, db):
+    url = soon(feeds, "/a.json", "First")
+    later = int(time.time()) + 7200
+    feeds.items(
+        "/a.json",
+        [
+            {"id": "now", "title": "First", "startsAt": later - 5400, "expiresAt": later - 3600},
+            {"id": "later", "title": "Later", "startsAt": later, "expiresAt": later + 1800},
+        ],
+    )
+    subscribed(run, push, tmp_path, url, status=410)
+    summary = drained(run)
+    assert summary["outcomes"] == {"failed": 1} and summary["tokens_invalidated"] == 1
+    assert summary["voided_by_token"] == 1
+    got = {r["item_id"].split(":", 1)[1]: r for r in rows(db, device_id="web")}
+    assert got["now"]["outcome_detail"] == "subscription_gone"
+    assert (got["later"]["outcome"], got["later"]["outcome_detail"]) == ("voided", "token_invalid")
+    assert device_of(run, "web")["token_invalid_reason"] == "subscription_gone"
+
+
+@pytest.mark.parametrize(("status", "retry_after"), [(429, 600), (503, None)])
+def test_a_throttled_or_unavailable_push_service_returns_the_row_to_pending_after_its_wait(
+    run, push, feeds, tmp_path, db, status, retry_after
+):
+    subscribed(run, push, tmp_path, soon(feeds), status=status, retry_after=retry_after)
+    before = Instant.now()
+    summary = drained(run)
+    assert summary["returned_to_pending"] == 1
+    (row,) = rows(db, device_id="web")
+    assert row["status"] == "pending" and row["outcome_detail"] == f"http_{status}"
+    if retry_after:  # Retry-After honoured, beyond the exponential backoff's first wait (seconds)
+        assert row["not_before"] - before >= retry_after
+    assert len(push.requests) == 1  # not sent again by this drain
+
+
+def test_a_payload_too_large_fails_its_row_alone(run, push, feeds, tmp_path, db):
+    subscribed(run, push, tmp_path, soon(feeds), status=413)
+    summary = drained(run)
+    assert summary["outcomes"] == {"failed": 1}
+    (row,) = rows(db, device_id="web")
+    assert row["outcome_detail"] == "PayloadTooLarge"
+    assert device_of(run, "web")["token_invalid_at"] is None
+
+
+def test_an_endpoint_inside_the_network_is_refused_at_registration_and_at_send(run, push, feeds, tmp_path, db):
+    subscription = push.subscribe()
+    (tmp_path / "sub.json").write_text(json.dumps(subscription))
+    refused = run(
+        "device", "put", "web", "--webpush-subscription", str(tmp_path / "sub.json"), "--source", soon(feeds),
+        code=2, REMINDERS_WEBPUSH_ALLOW_NETWORKS="",
+    )  # fmt: skip
+    assert "internal address" in refused.output
+    subscribed(run, push, tmp_path, soon(feeds))  # allowed while registering
+    summary = json.loads(run("build", "--all").output) and json.loads(
+        run("drain", REMINDERS_WEBPUSH_ALLOW_NETWORKS="").output
+    )
+    assert summary["outcomes"] == {"failed": 1}
+    (row,) = rows(db, device_id="web")
+    assert row["outcome_detail"] == "address_refused" and push.requests == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"endpoint": "http://push.example/x", "keys": {"p256dh": "AAAA", "auth": "AAAA"}},
+        {"endpoint": "https://push.example/x", "keys": {"p256dh": "AAAA", "auth": "AAAA"}},
+        {"endpoint": "https://push.example/x"},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_malformed_subscription_is_a_bad_argument_naming_it(run, tmp_path, feeds, body):
+    (tmp_path / "sub.json").write_text(json.dumps(body))
+    result = run("device", "put", "web", "--webpush-subscription", str(tmp_path / "sub.json"), code=2)
+    assert "--webpush-subscription" in result.output or "webpush_subscription" in result.output
+
+
+def test_an_fcm_reminder_carries_the_alert_its_ttl_and_collapse_key(run, fcm, feeds, db):
+    out = json.loads(run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source",
+                         soon(feeds, "/a.json", "Review")).output)  # fmt: skip
+    assert (out["provider"], out["fcm_token"], out["apns_token"]) == ("fcm", FCM_TOKEN, None)
+    assert drained(run)["outcomes"] == {"sent": 1}
+    (request,) = fcm.wait_for_requests(1)
+    message = request.message
+    assert message["notification"]["title"] == "Review" and message["token"] == FCM_TOKEN
+    (row,) = rows(db, device_id="droid")
+    assert json.loads(message["data"]["reminder"])["id"] == row["id"]
+    assert message["android"]["priority"] == "HIGH" and message["android"]["collapse_key"] == message["data"]["tag"]
+    ttl = int(message["android"]["ttl"].rstrip("s"))
+    assert 0 < ttl <= row["event_at"].whole_seconds - request.at + 1
+    assert row["outcome"] == "sent" and fcm.tokens_issued == 1
+
+
+def test_fcm_answers_are_mapped_per_device(run, fcm, feeds, db):
+    url = soon(feeds, "/a.json", "One")
+    tokens = {name: f"{name}-{'t' * 40}" for name in ("gone", "bad", "busy", "fine")}
+    for name, token in tokens.items():
+        run("device", "put", name, "--fcm-token", token, "--lead", "1800", "--source", url)
+    fcm.script(tokens["gone"], FcmAnswer(error_code="UNREGISTERED"))
+    fcm.script(tokens["bad"], FcmAnswer(error_code="INVALID_ARGUMENT"))
+    fcm.script(tokens["busy"], FcmAnswer(error_code="QUOTA_EXCEEDED", retry_after=900))
+    summary = drained(run)
+    assert (summary["outcomes"], summary["tokens_invalidated"], summary["returned_to_pending"]) == (
+        {"sent": 1, "failed": 2},
+        1,
+        1,
+    )
+    got = {r["device_id"]: r for r in rows(db)}
+    assert got["gone"]["outcome_detail"] == "UNREGISTERED" and device_of(run, "gone")["token_invalid_at"]
+    assert got["bad"]["outcome_detail"] == "INVALID_ARGUMENT" and not device_of(run, "bad")["token_invalid_at"]
+    assert got["busy"]["status"] == "pending" and got["busy"]["not_before"] - Instant.now() > 600
+    assert got["fine"]["outcome"] == "sent"
+
+
+def test_fcm_access_tokens_are_refreshed_across_expiry_and_after_a_refusal(fcm, env):
+    settings = Settings.from_env(env)
+    note = Notification(1, "droid", FCM_TOKEN, PAYLOAD, "collapse", int(time.time()) + 600, provider="fcm")
+
+    async def sends() -> list[list[SendResult]]:
+        sender = FcmSender(settings)
+        try:
+            fcm.token_lifetime = 1  # the mock refuses it a second later; google-auth asks anew each time
+            first = await sender.send_many([note])
+            await asyncio.sleep(1.2)
+            second = await sender.send_many([note])
+            fcm.token_lifetime = 3600
+            await sender.send_many([note])  # a long-lived token, cached
+            fcm.revoke_tokens()
+            refused = await sender.send_many([note])  # 401: a configuration fault, the token forgotten
+            again = await sender.send_many([note])
+            return [first, second, refused, again]
+        finally:
+            await sender.aclose()
+
+    issued = fcm.tokens_issued
+    first, second, refused, again = asyncio.run(sends())
+    assert [r.ok for r in first + second] == [True, True]
+    assert (refused[0].ok, refused[0].config_fault, refused[0].status) == (False, True, 401)
+    assert again[0].ok and fcm.tokens_issued - issued == 4
+
+
+def test_one_drain_sends_each_row_once_to_its_own_provider(run, push, fcm, fresh_mock, feeds, tmp_path, db):
+    url = soon(feeds, "/a.json", "Mixed")
+    subscription = subscribed(run, push, tmp_path, url)
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    summary = drained(run)
+    assert summary["outcomes"] == {"sent": 3}
+    assert [r.endpoint for r in push.wait_for_requests(1)] == [subscription["endpoint"]]
+    assert [r.token for r in fcm.wait_for_requests(1)] == [FCM_TOKEN]
+    assert [r.token for r in fresh_mock.wait_for_requests(1)] == [TOKEN]
+    assert sorted(r["device_id"] for r in rows(db) if r["outcome"] == "sent") == ["droid", "phone", "web"]
+    assert drained(run)["outcomes"] == {}  # nothing twice
+    assert (len(push.requests), len(fcm.requests), len(fresh_mock.requests)) == (1, 1, 1)
+
+
+def test_a_dry_run_settles_every_provider_disabled_and_sends_nothing(run, push, fcm, feeds, tmp_path, db):
+    url = soon(feeds)
+    subscribed(run, push, tmp_path, url)
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("build", "--all")
+    summary = json.loads(run("drain", REMINDERS_ENABLED="false").output)
+    assert summary["outcomes"] == {"disabled": 2}
+    assert push.requests == [] and fcm.requests == []
+
+
+def test_the_vapid_key_pair_is_generated_once_and_its_public_key_served(run, tmp_path, serve, settings):
+    out = json.loads(run("vapid", "generate", "--out", str(tmp_path / "k.pem")).output)
+    assert (tmp_path / "k.pem").stat().st_mode & 0o077 == 0
+    run("vapid", "generate", "--out", str(tmp_path / "k.pem"), code=2)
+    served = serve(http_settings(settings, vapid_private_key_file=str(tmp_path / "k.pem")))
+    assert served.anon.get("/v1/vapid-public-key").json() == {"public_key": out["public_key"]}
+    unconfigured = serve(http_settings(settings)).anon.get("/v1/vapid-public-key")
+    assert unconfigured.status_code == 404 and error_of(unconfigured)["error"] == "webpush_not_configured"
+
+
+def test_the_device_api_takes_a_subscription_or_an_fcm_token_and_refuses_an_internal_endpoint(
+    serve, settings, push, feeds
+):
+    served = serve(http_settings(settings, webpush_allow_networks=("127.0.0.0/8",)))
+    subscription = push.subscribe()
+    put = served.api.put("/v1/devices/web", json={"webpush_subscription": subscription, "source_urls": [soon(feeds)]})
+    assert put.status_code == 200, put.text
+    assert (put.json()["provider"], put.json()["webpush_endpoint"]) == ("webpush", f"{push.origin}/…")
+    put = served.api.put("/v1/devices/droid", json={"fcm_token": FCM_TOKEN})
+    assert (put.json()["provider"], put.json()["fcm_token"]) == ("fcm", FCM_TOKEN)
+    both = served.api.put("/v1/devices/x", json={"fcm_token": FCM_TOKEN, "apns_token": TOKEN})
+    assert both.status_code == 422 and error_of(both)["field"] == "target"
+    strict = serve(http_settings(settings))
+    inside = strict.api.put("/v1/devices/web2", json={"webpush_subscription": push.subscribe()})
+    assert inside.status_code == 422 and error_of(inside)["field"] == "webpush_subscription"
+    bad = strict.api.put("/v1/devices/web3", json={"webpush_subscription": {"endpoint": "https://x.example/1"}})
+    assert bad.status_code == 422
