@@ -43,6 +43,7 @@ class SlicePlan:
     held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
     dry_run_lateness: list[float] = field(default_factory=list)  # a dry run's rows: how late they would have gone
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind (``rules.rule_kind``)
+    providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider
 
 
 @dataclass
@@ -54,12 +55,14 @@ class Settlement:
     dead_tokens: list[tuple[dict[str, Any], SendResult]]
     returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind, for the counts
+    providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider, for the counts
 
 
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
         plan.kinds[row["id"]] = rule_kind(row["rule"])
+        plan.providers[row["id"]] = row.get("provider") or "apns"
         if row.get("calendar_muted"):  # muted after a build read the device, which queued it again
             plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "muted"})
             continue
@@ -106,7 +109,7 @@ def settlement_of(
     """The settlement of a sent slice: ``plan``'s own settlements, then one row per answer in ``results``
     (those missing fail ``no_result``). Counts lateness and halts on a configuration fault in ``summary``."""
     by_id = {r["id"]: r for r in rows}
-    out = Settlement(done, list(plan.settlements), [], list(plan.held), plan.kinds)
+    out = Settlement(done, list(plan.settlements), [], list(plan.held), plan.kinds, plan.providers)
     answered = set()
     for res in results:
         answered.add(res.row_id)
@@ -234,6 +237,7 @@ def count_settlements(settlements: Sequence[Settlement], written: list[tuple[int
         for r in s.rows:
             summary.outcomes[r["outcome"]] += 1
             summary.kinds[f"{s.kinds.get(r['id'], 'lead')}:{r['outcome']}"] += 1
+            summary.providers[f"{s.providers.get(r['id'], 'apns')}:{r['outcome']}"] += 1
             if r.get("outcome_detail"):
                 summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
         summary.returned_to_pending += len(s.returned)

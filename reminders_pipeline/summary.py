@@ -50,6 +50,7 @@ class DrainResult:
     outcomes: Counter[str] = field(default_factory=Counter)
     details: Counter[str] = field(default_factory=Counter)
     kinds: Counter[str] = field(default_factory=Counter)  # ``kind:outcome``: settled rows by rule kind
+    providers: Counter[str] = field(default_factory=Counter)  # ``provider:outcome``: settled rows by provider
     lateness_seconds: list[float] = field(default_factory=list)
     tokens_invalidated: int = 0
     voided_by_token: int = 0
@@ -63,6 +64,7 @@ class DrainResult:
         self.outcomes.update(other.outcomes)
         self.details.update(other.details)
         self.kinds.update(other.kinds)
+        self.providers.update(other.providers)
         self.lateness_seconds.extend(other.lateness_seconds)
         self.tokens_invalidated += other.tokens_invalidated
         self.voided_by_token += other.voided_by_token
@@ -86,6 +88,7 @@ class DrainResult:
             "outcomes": dict(self.outcomes),
             "details": dict(self.details),
             "kinds": dict(self.kinds),
+            "providers": dict(self.providers),
             "lateness_seconds": self.lateness_percentiles(),
             "duration_seconds": round(self.duration_seconds, 3),
         }

@@ -77,6 +77,7 @@ def test_drain_job_dry_run_settles_disabled_with_summary_metadata(db, settings, 
     entries = out_meta.event_specific_data.metadata
     assert entries["outcome_disabled"].value == 3 and entries["outcome_sent"].value == 0
     assert entries["outcomes_by_rule_kind"].value == {"lead:disabled": 3}
+    assert entries["outcomes_by_provider"].value == {"apns:disabled": 3}
     assert entries["lateness_max_seconds"].value >= 0  # what a live run would have had, from send_after to the claim
 
 

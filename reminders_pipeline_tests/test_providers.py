@@ -272,6 +272,7 @@ def test_one_drain_sends_each_row_once_to_its_own_provider(run, push, fcm, fresh
     run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
     summary = drained(run)
     assert summary["outcomes"] == {"sent": 3}
+    assert summary["providers"] == {"apns:sent": 1, "webpush:sent": 1, "fcm:sent": 1}
     assert [r.endpoint for r in push.wait_for_requests(1)] == [subscription["endpoint"]]
     assert [r.token for r in fcm.wait_for_requests(1)] == [FCM_TOKEN]
     assert [r.token for r in fresh_mock.wait_for_requests(1)] == [TOKEN]
@@ -287,6 +288,7 @@ def test_a_dry_run_settles_every_provider_disabled_and_sends_nothing(run, push, 
     run("build", "--all")
     summary = json.loads(run("drain", REMINDERS_ENABLED="false").output)
     assert summary["outcomes"] == {"disabled": 2}
+    assert summary["providers"] == {"webpush:disabled": 1, "fcm:disabled": 1}
     assert push.requests == [] and fcm.requests == []
 
 

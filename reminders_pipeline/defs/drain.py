@@ -81,6 +81,7 @@ def summary_metadata(summary: DrainResult, batches: int) -> dict[str, Any]:
         **{f"outcome_{o}": summary.outcomes.get(o, 0) for o in OUTCOMES},
         "outcome_details": dg.MetadataValue.json(dict(summary.details)),
         "outcomes_by_rule_kind": dg.MetadataValue.json(dict(summary.kinds)),
+        "outcomes_by_provider": dg.MetadataValue.json(dict(summary.providers)),
         "tokens_invalidated": summary.tokens_invalidated,
         "voided_by_token": summary.voided_by_token,
         "returned_to_pending": summary.returned_to_pending,

@@ -334,6 +334,9 @@ class DrainSummary(BaseModel):
         default_factory=dict,
         description="`kind:outcome` counts by rule kind (lead, expiry, day, leave, snooze, agenda), e.g. `snooze:sent`.",
     )
+    providers: Counts = Field(
+        default_factory=dict, description="`provider:outcome` counts by provider (apns, webpush, fcm), e.g. `fcm:sent`."
+    )
     lateness_seconds: Lateness
     tokens_invalidated: int = 0
     voided_by_token: int = 0
