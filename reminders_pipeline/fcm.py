@@ -31,7 +31,7 @@ from google.oauth2 import service_account
 
 from .sender import Notification, SendResult, fence_expired
 from .settings import Settings
-from .webpush import retry_after
+from .webpush import retry_after, transport_failure
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 TOKEN_INVALID = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})  # FcmError codes: the token, not us
@@ -123,12 +123,8 @@ class FcmSender:
                 response = await self.client.post(
                     self.url, json=message(note, time.time()), headers={"Authorization": f"Bearer {token}"}
                 )
-            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
-                return SendResult(note.row_id, False, reason="not-sent:connect_failed", retry=True)
-            except httpx.TimeoutException:
-                return SendResult(note.row_id, False, reason="timeout")  # written: it may be delivered, once
             except httpx.HTTPError as exc:
-                return SendResult(note.row_id, False, reason=f"transport:{type(exc).__name__}")
+                return transport_failure(note.row_id, exc)
         result = answer(note.row_id, response, self.monotonic())
         if result.config_fault:
             self.credentials.token = None  # refused: the next send refreshes it first

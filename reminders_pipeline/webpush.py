@@ -261,15 +261,22 @@ class WebPushSender:
     async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
         try:
             response = await self.client.post(endpoint, headers=headers, content=body)
-        except AddressRefused:
-            return SendResult(note.row_id, False, reason="address_refused")
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
-            return SendResult(note.row_id, False, reason="not-sent:connect_failed", retry=True)
-        except httpx.TimeoutException:
-            return SendResult(note.row_id, False, reason=TIMEOUT)  # written: it may be delivered, once
         except httpx.HTTPError as exc:
-            return SendResult(note.row_id, False, reason=f"transport:{type(exc).__name__}")
+            return transport_failure(note.row_id, exc)
         return answer(note.row_id, response.status_code, response.headers, self.monotonic())
+
+
+def transport_failure(row_id: int, exc: httpx.HTTPError) -> SendResult:
+    """A request that got no answer: certainly not sent when no connection was made (back to
+    pending), refused by the egress guard (failed), else written and maybe delivered (failed,
+    never sent again)."""
+    if isinstance(exc, AddressRefused):
+        return SendResult(row_id, False, reason="address_refused")
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return SendResult(row_id, False, reason="not-sent:connect_failed", retry=True)
+    if isinstance(exc, httpx.TimeoutException):
+        return SendResult(row_id, False, reason=TIMEOUT)
+    return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
 
 
 def answer(row_id: int, status: int, headers: Mapping[str, str], answered_at: float) -> SendResult:
