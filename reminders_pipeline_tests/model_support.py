@@ -7,6 +7,7 @@ edits, rendered as the wire formats (JSON items, iCalendar) a real source serves
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -19,7 +20,10 @@ from zoneinfo import ZoneInfo
 
 import httpx
 from aioapns.common import NotificationResult
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
+from reminders_pipeline import fcm, webpush
 from reminders_pipeline.apns import result_from_apns, result_from_error
 from reminders_pipeline.ics import MAX_ALARM_REPEATS, _occurrence_id
 from reminders_pipeline.sender import Notification, SenderFactory, SendResult, fence_expired
@@ -38,6 +42,47 @@ STALE_410_SECONDS = 30 * 86400
 MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
 RETRIED = frozenset({"429", "500", "503", "not_sent", "not_written"})  # certainly not delivered: back to pending
 OUTAGE = frozenset({"500", "503", "not_sent"})  # answers that may add up to an outage, which halts everyone's sends
+# Who delivers a device's alerts. Web Push and FCM answer in their own words; the double says the
+# same thing in them, through the senders' own mapping (``webpush.answer``, ``fcm.answer``). A 410
+# older than the registration is APNs' alone (the others say nothing of when a target died), and a
+# send that fails before its write for another reason than the provider is APNs' transport's.
+PROVIDERS = ("apns", "apns", "webpush", "fcm")
+_IN_OTHER_WORDS = {"410_stale": "410", "not_written": "not_sent"}
+_WEBPUSH = {"200": 201, "400": 404, "403": 401, "410": 410, "429": 429, "500": 500, "503": 503}
+_FCM = {
+    "200": (200, ""),
+    "400": (404, "UNREGISTERED"),
+    "403": (401, ""),
+    "410": (404, "UNREGISTERED"),
+    "429": (429, "QUOTA_EXCEEDED"),
+    "500": (500, "INTERNAL"),
+    "503": (503, "UNAVAILABLE"),
+}
+_BROWSER_KEY = ec.generate_private_key(ec.SECP256R1()).public_key()
+_KEYS = {
+    "p256dh": base64.urlsafe_b64encode(
+        _BROWSER_KEY.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    )
+    .decode()
+    .rstrip("="),
+    "auth": base64.urlsafe_b64encode(bytes(range(16))).decode().rstrip("="),
+}
+
+
+def target_of(provider: str, token: str) -> dict[str, Any]:
+    """``DeviceSpec``'s target for a device of ``provider`` whose model token is ``token``."""
+    if provider == "webpush":
+        return {"apns_token": "", "webpush": {"endpoint": f"https://127.0.0.1/wp/{token}", "keys": _KEYS}}
+    if provider == "fcm":
+        return {"apns_token": "", "fcm_token": token}
+    return {"apns_token": token}
+
+
+def token_in(stored: str) -> str:
+    """The model's token for a stored target (a Web Push subscription names it in its endpoint)."""
+    return str(json.loads(stored)["endpoint"]).rsplit("/", 1)[1] if stored.startswith("{") else stored
+
+
 _APNS = {
     "400": ("400", "BadDeviceToken"),
     "403": ("403", "InvalidProviderToken"),
@@ -343,12 +388,17 @@ class ApnsDouble:
     def _one(self, n: Notification) -> SendResult:
         if n.past_deadline(self.monotonic()):
             return fence_expired(n.row_id)
-        answer = "not_sent" if self.clock() < self.down_until else self.answers.get(n.device_token, "200")
+        token = token_in(n.device_token)
+        answer = "not_sent" if self.clock() < self.down_until else self.answers.get(token, "200")
+        if n.provider != "apns":
+            answer = _IN_OTHER_WORDS.get(answer, answer)
         p = n.payload
         self.sent.append(
-            Sent(n.row_id, n.device_id, n.device_token, p["reminder"]["item_id"], p["reminder"]["rule"],
+            Sent(n.row_id, n.device_id, token, p["reminder"]["item_id"], p["reminder"]["rule"],
                  p["aps"]["alert"]["title"], int(p["reminder"]["starts_at"]), self.clock(), answer)
         )  # fmt: skip
+        if n.provider != "apns":
+            return self._in_other_words(n, answer)
         if answer == "200":
             return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), "200"))
         if answer == "dropped":
@@ -362,6 +412,19 @@ class ApnsDouble:
             answer
         )
         return result_from_apns(n.row_id, NotificationResult(str(uuid.uuid4()), status, reason, stamp))
+
+    def _in_other_words(self, n: Notification, answer: str) -> SendResult:
+        """The answer as Web Push or FCM gives it, read by that sender's own mapping."""
+        if answer in ("dropped", "not_sent"):
+            failure = httpx.ReadTimeout("") if answer == "dropped" else httpx.ConnectError("")
+            return webpush.transport_failure(n.row_id, failure)
+        if n.provider == "webpush":
+            return webpush.answer(n.row_id, _WEBPUSH[answer], {}, self.monotonic())
+        status, code = _FCM[answer]
+        body = {"name": "projects/p/messages/1"} if status == 200 else {
+            "error": {"code": status, "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError",
+                                                    "errorCode": code}] if code else []}}  # fmt: skip
+        return fcm.answer(n.row_id, httpx.Response(status, json=body), self.monotonic())
 
     async def aclose(self) -> None:
         return None

@@ -72,6 +72,7 @@ from .model_support import (
     JSON_URL,
     MAY_HAVE_DELIVERED,
     OUTAGE,
+    PROVIDERS,
     RETRIED,
     ApnsDouble,
     Event,
@@ -80,6 +81,8 @@ from .model_support import (
     Occurrence,
     Sent,
     Series,
+    target_of,
+    token_in,
     unix_to_wall,
     wall_to_unix,
 )
@@ -134,6 +137,7 @@ DEVICE_CHOICES = {
     "urls": st.sampled_from(((JSON_URL, ICS_URL), (JSON_URL, ICS_URL), (ICS_URL,), (JSON_URL,))),
     "attendee": st.booleans(),
     "calendar": st.sampled_from((None, None, "rules", "muted", "breakthrough")),
+    "provider": st.sampled_from(PROVIDERS),
 }
 SETTLED_OUTCOMES = {
     "sent",
@@ -167,6 +171,7 @@ class Device:
     urls: tuple[str, ...] = (JSON_URL, ICS_URL)
     attendee: bool = False  # names ATTENDEE as its person's address
     calendar: str | None = None  # its settings for ICS_URL: "rules" (CALENDAR_RULES), "muted" or "breakthrough"
+    provider: str = "apns"  # who delivers: apns, webpush or fcm (``model_support.target_of``)
 
     @property
     def calendars(self) -> dict[str, CalendarSettings]:
@@ -176,9 +181,10 @@ class Device:
         return {ICS_URL: CalendarSettings(rules, None, self.calendar == "breakthrough", self.calendar == "muted")}
 
     def spec(self, device_id: str) -> DeviceSpec:
+        target = target_of(self.provider, self.token)
         return DeviceSpec(
-            device_id, self.token, self.lead, self.extra, self.urls, self.tz, self.day_rules, self.quiet,
-            self.alarms, self.attendees, calendars=self.calendars,
+            device_id, target.pop("apns_token"), self.lead, self.extra, self.urls, self.tz, self.day_rules,
+            self.quiet, self.alarms, self.attendees, calendars=self.calendars, **target,
         )  # fmt: skip
 
     def breaks_through(self, occ: Occurrence) -> bool:
@@ -544,7 +550,7 @@ class ReminderMachine(RuleBasedStateMachine):
     @rule(which=st.sampled_from(DEVICES), **DEVICE_CHOICES)
     def put(self, which: str, lead: int, extra: tuple[str, ...], day_rules: tuple[str, ...], tz: str | None,
             quiet: str | None, alarms: bool, urls: tuple[str, ...], attendee: bool,
-            calendar: str | None) -> None:  # fmt: skip
+            calendar: str | None, provider: str) -> None:  # fmt: skip
         """Register or replace a device (leads, rules, zone, quiet hours, alarms, sources, whose
         invitations, its settings for the calendar)."""
         generation = self.generations.setdefault(which, 0)
@@ -552,7 +558,7 @@ class ReminderMachine(RuleBasedStateMachine):
         old = self.devices.get(which)
         if tz is None and old is not None:
             tz = old.tz  # an omitted zone keeps the stored one
-        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls, attendee, calendar)
+        device = Device(token, lead, extra, day_rules, tz, quiet, alarms, urls, attendee, calendar, provider)
         put_device(self.db, self.settings, device.spec(which), now=self.iso)
         self.devices[which] = device
         self._refresh_sources()
@@ -1052,7 +1058,7 @@ class ReminderMachine(RuleBasedStateMachine):
             return  # a provider fault, or what may be an outage, halts the pass: nothing more is claimed
         unhealthy = {t for t, a in self.apns.answers.items() if a in RETRIED or a == "403"}
         with self.db.read() as conn:
-            tokens = {i: t for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
+            tokens = {i: token_in(t) for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
         for r in self._rows():
             if r["status"] != "pending" or r["send_after"].unix > due_by or (only is not None and r["id"] != only):
                 continue
@@ -1312,6 +1318,7 @@ def model_settings(db_url: str) -> Settings:
         dispatch_poll_seconds=600.0,
         dispatch_heartbeat_seconds=3600,
         retention_seconds=6 * 3600,
+        webpush_allow_networks=("127.0.0.0/8",),  # the model's subscriptions name 127.0.0.1, never reached
     )
 
 
