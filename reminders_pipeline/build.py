@@ -43,7 +43,7 @@ from .times import Instant
 
 WRITE_BATCH_DEVICES = 500  # devices whose plan states one read fetches, and the most one transaction writes
 WRITE_TRANSACTION_ROWS = 1000  # planned rows past which a transaction takes no further device
-ITEM_LOOKUP_MAX = 1000  # changed items past which a transaction reads its devices' rows whole, keeping theirs
+ITEM_LOOKUP_MAX = 1000  # changed items and agenda days past which a transaction reads its devices' rows whole
 
 
 def build(
@@ -292,7 +292,7 @@ def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str
 
 
 def _replanned(row: dict[str, Any], planned: _Planned) -> bool:
-    """A row a re-plan by item decides: of a changed item, or one of the device's agendas it made."""
+    """A row a re-plan by item decides: of a changed item, or of a day whose agenda it decided."""
     if row["source_id"] is None:
         return row["item_id"] in planned.plan.agenda_days
     return row["item_id"].split(":", 1)[1] in (planned.replan or {}).get(row["source_id"], ())

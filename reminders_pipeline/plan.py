@@ -233,7 +233,9 @@ def _maybe_new_to_the_read(raw: Item, after: Instant) -> bool:
     series with alarms up to its longest lead past ``after``, but no more than
     ``ALARM_REACH_SECONDS`` (``ics.alarm_reaches``): an item starting within that bound was in it,
     and one past it has such an alarm only if it leads by more. Such an item is planned in full,
-    as a full plan would."""
+    as a full plan would. (A parse cached by an earlier parser read no further: ``PARSE_VERSION``
+    makes every source be parsed again, and every device plan in full, once.) A floating time is
+    widened by the most any zone moves it, more than the parser's own 14 hours."""
     shift = MAX_TZ_OFFSET_SECONDS if raw.floating else 0
     return raw.starts_at + shift > after.whole_seconds + ALARM_REACH_SECONDS
 

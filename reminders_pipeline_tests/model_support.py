@@ -46,7 +46,7 @@ OUTAGE = frozenset({"500", "503", "not_sent"})  # answers that may add up to an 
 # same thing in them, through the senders' own mapping (``webpush.answer``, ``fcm.answer``). A 410
 # older than the registration is APNs' alone (the others say nothing of when a target died), and a
 # send that fails before its write for another reason than the provider is APNs' transport's.
-PROVIDERS = ("apns", "apns", "webpush", "fcm")
+PROVIDERS = ("apns", "webpush", "fcm")
 _IN_OTHER_WORDS = {"410_stale": "410", "not_written": "not_sent"}
 _WEBPUSH = {"200": 201, "400": 404, "403": 401, "410": 410, "429": 429, "500": 500, "503": 503}
 _FCM = {

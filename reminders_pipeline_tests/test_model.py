@@ -965,7 +965,15 @@ class ReminderMachine(RuleBasedStateMachine):
             self._check_send_allowed(s, before.get(s.row_id), invalid)
         self._check_stale_410(sends, invalid)
         if not stopped:
+            self._check_gone_marked(sends)
             self._check_settled_when_healthy(sends, due_by, only)
+
+    def _check_gone_marked(self, sends: list[Sent]) -> None:
+        """A target its provider called dead (APNs 400 and 410, Web Push 404 and 410, FCM
+        UNREGISTERED) is marked, whoever delivers: nothing more goes to it until it registers again."""
+        unmarked = {s.device_id for s in sends if s.answer in ("400", "410")} - self._invalid_devices()
+        if unmarked:
+            raise PromiseBroken(f"GONE_NOT_MARKED: {sorted(unmarked)} answered dead, still not marked invalid")
 
     def _check_send_allowed(self, s: Sent, row: dict[str, Any] | None, invalid: set[str]) -> None:
         """No send to a device marked dead until it registers again; no retry before its backoff ends."""
