@@ -154,6 +154,14 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
     )
 
 
+def _check_configured(provider: str, settings: Settings) -> None:
+    """A device of a provider this deployment cannot send to is refused now, not failed at each send."""
+    if provider == "webpush" and not settings.vapid_private_key_file:
+        raise DeviceError("webpush_subscription", "this deployment sends no Web Push (no VAPID key)")
+    if provider == "fcm" and not settings.fcm_credentials_file:
+        raise DeviceError("fcm_token", "this deployment sends no FCM (no service-account key)")
+
+
 def _target(spec: DeviceSpec) -> tuple[str, str]:
     """The device's one delivery target as (provider, what ``devices.apns_token`` keeps)."""
     given = [name for name, value in (("apns_token", spec.apns_token), ("webpush", spec.webpush),
@@ -248,6 +256,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
     issued one; replacing a device keeps its credential, so the phone's copy stays valid.
     """
     spec = validate(spec)
+    _check_configured(spec.provider, settings)
     if spec.provider == "webpush":
         try:
             check_reachable(

@@ -46,8 +46,8 @@ class Outage:
     def count(self, results: list[SendResult], now: Instant) -> str | None:
         """The halt reason while the outage lasts, else None."""
         for r in results:
-            if not_written(r):
-                continue  # failed before the write for another reason than reaching APNs: says nothing of it
+            if not_written(r) or not r.outage:
+                continue  # failed before the write for another reason, or a user's own endpoint: says nothing of it
             if r.retry and r.status != 429:
                 self.since = now if self.streak == 0 else self.since
                 self.streak, self.last = self.streak + 1, r.reason

@@ -88,7 +88,8 @@ class FcmSender:
             ssl.create_default_context(cafile=settings.fcm_ca_file) if settings.fcm_ca_file else True
         )
         limits = httpx.Limits(max_connections=settings.fcm_concurrency)
-        self.client = httpx.AsyncClient(http2=True, verify=verify, limits=limits, timeout=10.0, trust_env=False)
+        self.timeout = settings.send_timeout_seconds
+        self.client = httpx.AsyncClient(http2=True, verify=verify, limits=limits, timeout=self.timeout, trust_env=False)
         self.session = requests.Session()  # google-auth's token requests
         self.session.verify = settings.fcm_ca_file or True
         self.session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides ``verify``, and proxy variables apply
@@ -120,9 +121,12 @@ class FcmSender:
             if note.past_deadline(self.monotonic()):
                 return fence_expired(note.row_id)
             try:
-                response = await self.client.post(
-                    self.url, json=message(note, time.time()), headers={"Authorization": f"Bearer {token}"}
-                )
+                async with asyncio.timeout(self.timeout):  # the whole answer, not each read
+                    response = await self.client.post(
+                        self.url, json=message(note, time.time()), headers={"Authorization": f"Bearer {token}"}
+                    )
+            except TimeoutError:
+                return SendResult(note.row_id, False, reason="timeout")  # may have been written: once
             except httpx.HTTPError as exc:
                 return transport_failure(note.row_id, exc)
         result = answer(note.row_id, response, self.monotonic())
@@ -139,22 +143,29 @@ def error_code(response: httpx.Response) -> str:
     """FCM's ``errorCode`` from the error's details, else its status (``NOT_FOUND``), else ''."""
     try:
         error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
+        details = error.get("details") or ()
+    except (ValueError, KeyError, TypeError, AttributeError):
         return ""
-    for detail in error.get("details") or ():
+    for detail in details if isinstance(details, list) else ():
         if isinstance(detail, dict) and detail.get("errorCode"):
             return str(detail["errorCode"])
     return str(error.get("status") or "")
+
+
+def _message_id(response: httpx.Response) -> str | None:
+    """The message's name FCM gave (``projects/p/messages/0:…``), its last 64 characters."""
+    try:
+        name = response.json().get("name")
+    except (ValueError, AttributeError):
+        return None
+    return str(name)[-64:] if name else None
 
 
 def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendResult:
     """FCM's answer as a ``SendResult`` (see the module docstring)."""
     status = response.status_code
     if status == 200:
-        name = response.json().get("name") if response.content else None
-        return SendResult(
-            row_id, True, status=status, apns_id=str(name)[-64:] if name else None, answered_at=answered_at
-        )
+        return SendResult(row_id, True, status=status, apns_id=_message_id(response), answered_at=answered_at)
     code = error_code(response)
     reason = code or f"http_{status}"
     if code in TOKEN_INVALID:

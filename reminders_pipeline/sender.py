@@ -76,6 +76,7 @@ class SendResult:
     answered_at: float | None = field(default=None, compare=False)
     retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
     retry_after: float | None = None  # the provider's Retry-After, seconds: the row waits at least this long
+    outage: bool = True  # counts toward the outage breaker; not an answer a user's own endpoint chose
 
 
 class Sender(Protocol):
@@ -139,9 +140,9 @@ class RecordingSender:
 
 def default_sender_factory(settings: Settings) -> SenderFactory:
     """Each configured provider's sender, credentials checked now, before any claim; no sender at
-    all in a dry run. APNs alone (or nothing configured, which APNs' check then refuses) is its own
-    sender; with Web Push or FCM configured too, a ``RoutingSender`` hands each notification to
-    its device's provider."""
+    all in a dry run. APNs is checked when any of its settings is set, or when nothing else is
+    (so a deployment with no provider at all is refused). A ``RoutingSender`` hands each
+    notification to its device's provider."""
     if not settings.enabled:
 
         def refuse() -> Sender:
@@ -163,22 +164,20 @@ def default_sender_factory(settings: Settings) -> SenderFactory:
         from .apns import apns_sender_factory  # noqa: PLC0415
 
         factories["apns"] = apns_sender_factory(settings)
-    if list(factories) == ["apns"]:
-        return factories["apns"]
     return lambda: RoutingSender(factories)
 
 
 APNS_SETTINGS = ("apns_key_file", "apns_key_id", "apns_team_id", "apns_topic")
 PROVIDERS = ("apns", "webpush", "fcm")
-NOT_CONFIGURED = "not-sent:provider_not_configured"
+NOT_CONFIGURED = "provider_not_configured"
 
 
 @dataclass
 class RoutingSender:
     """Hands each notification to its device's provider (``Notification.provider``), each
     provider's sender made on first use inside the running loop. A notification for a provider
-    this deployment has no credentials for is certainly not sent: it goes back to pending, and the
-    run stops claiming, as on a configuration fault."""
+    this deployment has no credentials for fails (``provider_not_configured:webpush``, logged):
+    it can never be sent here, and the other providers' rows go on."""
 
     factories: dict[str, SenderFactory]
     senders: dict[str, Sender] = field(default_factory=dict)
@@ -187,20 +186,32 @@ class RoutingSender:
         groups: dict[str, list[Notification]] = {}
         for n in notifications:
             groups.setdefault(n.provider, []).append(n)
-        answers = await asyncio.gather(*(self._send(provider, notes) for provider, notes in groups.items()))
-        return [r for part in answers for r in part]
+        answers = await asyncio.gather(
+            *(self._send(provider, notes) for provider, notes in groups.items()), return_exceptions=True
+        )
+        out: list[SendResult] = []
+        for notes, part in zip(groups.values(), answers):
+            if isinstance(part, BaseException):  # one provider's sender raised: only its rows fail
+                log.error("the %s sender raised (%s); its %d row(s) fail", notes[0].provider, part, len(notes))
+                out += [SendResult(n.row_id, False, reason=f"sender_error:{type(part).__name__}") for n in notes]
+            else:
+                out += part
+        return out
 
     async def _send(self, provider: str, notes: list[Notification]) -> list[SendResult]:
         if provider not in self.factories:
-            reason = f"{NOT_CONFIGURED}:{provider}"
-            return [SendResult(n.row_id, False, reason=reason, retry=True, config_fault=True) for n in notes]
+            log.error("%d row(s) for %s, which this deployment has no credentials for: failed", len(notes), provider)
+            return [SendResult(n.row_id, False, reason=f"{NOT_CONFIGURED}:{provider}") for n in notes]
         if provider not in self.senders:
             self.senders[provider] = self.factories[provider]()
         return await self.senders[provider].send_many(notes)
 
     async def aclose(self) -> None:
         for sender in self.senders.values():
-            await sender.aclose()
+            try:
+                await sender.aclose()
+            except Exception:  # noqa: BLE001 - one sender's close must not leave the others open
+                log.exception("closing a sender failed")
 
 
 async def send_fenced(

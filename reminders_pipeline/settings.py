@@ -321,7 +321,6 @@ class Settings(BaseSettings):
     webpush_ca_file: str | None = Field(None, description="a CA bundle for Web Push endpoints (a local mock)")
     webpush_per_host: Whole = Field(50, ge=1, description="Web Push requests in flight per push service host")
     webpush_concurrency: Whole = Field(200, ge=1, description="Web Push connections open at most per drain process")
-    webpush_timeout_seconds: Seconds = Field(10.0, gt=0.0, description="a Web Push request's connect and answer time")
     fcm_credentials_file: str | None = Field(
         None,
         description="a Google service-account key (JSON) for FCM HTTP v1; its `project_id` names the project; "

@@ -14,8 +14,10 @@ end), so a browser offline until then never shows it; ``Topic`` one per item (a 
 replaces an earlier undelivered one); ``Urgency: high``.
 
 Answers: 201 sent; 404 and 410 the subscription is gone (the device is marked, as for APNs'
-``Unregistered``); 413 too large; 429 and 5xx back off (429's ``Retry-After`` honoured); 400
-and 403 fail the row; 401 (our VAPID key refused) is a configuration fault for every device.
+``Unregistered``); 413 too large; 429 and 5xx back off (``Retry-After`` honoured, up to a day);
+any other answer fails the row, 401 (VAPID refused) included. The endpoint is a user's choice, so
+nothing it answers halts the drain or counts toward the outage breaker, and it is given the send
+timeout as a whole and a few kilobytes of answer at most.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from .settings import Settings
 
 MAX_ENDPOINT_LENGTH = 2048
 MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts at most
+MAX_RETRY_AFTER_SECONDS = 86400  # a longer Retry-After is read as a day: a wait no reminder outlives
+MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
 VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
 TIMEOUT = "timeout"
 GONE = "subscription_gone"
@@ -187,15 +191,16 @@ def topic(collapse_id: str) -> str:
 
 
 def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header: delta seconds or an HTTP date."""
-    if not value:
+    """Seconds to wait from a ``Retry-After`` header (delta seconds or an HTTP date), at most
+    ``MAX_RETRY_AFTER_SECONDS``; None for a header that is neither."""
+    text = (value or "").strip()
+    if not text:
         return None
-    if value.strip().isdigit():
-        return float(value.strip())
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
-    except (TypeError, ValueError):
+        wait = float(text) if text.isascii() and text.isdigit() else parsedate_to_datetime(text).timestamp() - now
+    except (TypeError, ValueError, OverflowError):
         return None
+    return min(max(0.0, wait), MAX_RETRY_AFTER_SECONDS)
 
 
 class WebPushSender:
@@ -203,7 +208,7 @@ class WebPushSender:
 
     def __init__(self, settings: Settings, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.vapid, self.subject = signing_key(settings)
-        self.timeout = settings.webpush_timeout_seconds
+        self.timeout = settings.send_timeout_seconds
         self.monotonic = monotonic
         context = ssl.create_default_context(cafile=settings.webpush_ca_file) if settings.webpush_ca_file else None
         limits = httpx.Limits(max_connections=settings.webpush_concurrency)
@@ -259,8 +264,18 @@ class WebPushSender:
             return await self._post(note, subscription.endpoint, headers, body)
 
     async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
+        """The request, and at most ``MAX_ANSWER_BYTES`` of its answer, within the send timeout as a
+        whole (httpx bounds each read, not the answer): a slow endpoint holds its own row alone."""
         try:
-            response = await self.client.post(endpoint, headers=headers, content=body)
+            async with asyncio.timeout(self.timeout):
+                async with self.client.stream("POST", endpoint, headers=headers, content=body) as response:
+                    read = 0
+                    async for part in response.aiter_raw():
+                        read += len(part)
+                        if read >= MAX_ANSWER_BYTES:
+                            break
+        except TimeoutError:
+            return SendResult(note.row_id, False, reason=TIMEOUT, outage=False)  # may have been written: once
         except httpx.HTTPError as exc:
             return transport_failure(note.row_id, exc)
         return answer(note.row_id, response.status_code, response.headers, self.monotonic())
@@ -273,7 +288,7 @@ def transport_failure(row_id: int, exc: httpx.HTTPError) -> SendResult:
     if isinstance(exc, AddressRefused):
         return SendResult(row_id, False, reason="address_refused")
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return SendResult(row_id, False, reason="not-sent:connect_failed", retry=True)
+        return SendResult(row_id, False, reason="not-sent:connect_failed", retry=True, outage=False)
     if isinstance(exc, httpx.TimeoutException):
         return SendResult(row_id, False, reason=TIMEOUT)
     return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
@@ -287,13 +302,12 @@ def answer(row_id: int, status: int, headers: Mapping[str, str], answered_at: fl
         return SendResult(row_id, False, reason=GONE, status=status, token_invalid=True, answered_at=answered_at)
     if status == 413:
         return SendResult(row_id, False, reason="PayloadTooLarge", status=status, answered_at=answered_at)
-    if status == 429 or status >= 500:
+    if status == 429 or status >= 500:  # the endpoint is a user's choice: no outage of ours
         wait = retry_after(headers.get("retry-after"), time.time())
         return SendResult(
-            row_id, False, reason=f"http_{status}", status=status, retry=True, retry_after=wait, answered_at=answered_at
-        )
-    if status == 401:  # our VAPID key or claims refused: the same for every subscription
-        return SendResult(
-            row_id, False, reason="vapid_refused", status=status, config_fault=True, answered_at=answered_at
-        )
-    return SendResult(row_id, False, reason=f"http_{status}", status=status, answered_at=answered_at)
+            row_id, False, reason=f"http_{status}", status=status, retry=True, retry_after=wait, outage=False,
+            answered_at=answered_at,
+        )  # fmt: skip
+    # 401 (VAPID refused) too fails the row alone: a user's endpoint may answer it to anyone.
+    reason = "vapid_refused" if status == 401 else f"http_{status}"
+    return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)

@@ -1327,6 +1327,8 @@ def model_settings(db_url: str) -> Settings:
         dispatch_heartbeat_seconds=3600,
         retention_seconds=6 * 3600,
         webpush_allow_networks=("127.0.0.0/8",),  # the model's subscriptions name 127.0.0.1, never reached
+        vapid_private_key_file="unread.pem",  # Web Push and FCM configured: the model's sender is a double
+        fcm_credentials_file="unread.json",
     )
 
 

@@ -303,9 +303,13 @@ def test_the_vapid_key_pair_is_generated_once_and_its_public_key_served(run, tmp
 
 
 def test_the_device_api_takes_a_subscription_or_an_fcm_token_and_refuses_an_internal_endpoint(
-    serve, settings, push, feeds
+    serve, settings, push, feeds, env
 ):
-    served = serve(http_settings(settings, webpush_allow_networks=("127.0.0.0/8",)))
+    keys = {
+        "vapid_private_key_file": env["REMINDERS_VAPID_PRIVATE_KEY_FILE"],
+        "fcm_credentials_file": env["REMINDERS_FCM_CREDENTIALS_FILE"],
+    }
+    served = serve(http_settings(settings, webpush_allow_networks=("127.0.0.0/8",), **keys))
     subscription = push.subscribe()
     put = served.api.put("/v1/devices/web", json={"webpush_subscription": subscription, "source_urls": [soon(feeds)]})
     assert put.status_code == 200, put.text
@@ -314,8 +318,70 @@ def test_the_device_api_takes_a_subscription_or_an_fcm_token_and_refuses_an_inte
     assert (put.json()["provider"], put.json()["fcm_token"]) == ("fcm", FCM_TOKEN)
     both = served.api.put("/v1/devices/x", json={"fcm_token": FCM_TOKEN, "apns_token": TOKEN})
     assert both.status_code == 422 and error_of(both)["field"] == "target"
-    strict = serve(http_settings(settings))
+    unconfigured = serve(http_settings(settings)).api.put("/v1/devices/droid2", json={"fcm_token": FCM_TOKEN})
+    assert unconfigured.status_code == 422 and error_of(unconfigured)["field"] == "fcm_token"
+    strict = serve(http_settings(settings, **keys))
     inside = strict.api.put("/v1/devices/web2", json={"webpush_subscription": push.subscribe()})
     assert inside.status_code == 422 and error_of(inside)["field"] == "webpush_subscription"
     bad = strict.api.put("/v1/devices/web3", json={"webpush_subscription": {"endpoint": "https://x.example/1"}})
     assert bad.status_code == 422
+
+
+def test_a_provider_without_credentials_fails_its_rows_and_the_others_are_sent(run, fresh_mock, feeds, db):
+    url = soon(feeds, "/a.json", "Standup")
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("build", "--all")
+    summary = json.loads(run("drain", REMINDERS_FCM_CREDENTIALS_FILE="").output)
+    assert summary["providers"] == {"apns:sent": 1, "fcm:failed": 1} and summary["halted"] is None
+    got = {r["device_id"]: r for r in rows(db)}
+    assert got["droid"]["outcome_detail"] == "provider_not_configured:fcm"
+    assert not device_of(run, "droid")["token_invalid_at"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        ({"status": 401}, "vapid_refused"),
+        ({"status": 403}, "http_403"),
+        ({"status": 201, "delay": 3.0}, "timeout"),
+    ],
+)
+def test_what_one_users_endpoint_answers_fails_its_row_alone(
+    run, push, fresh_mock, feeds, tmp_path, db, answer, detail
+):
+    """The endpoint is a user's: a 401 or 403 it answers, or an answer it holds past the send
+    timeout, fails that row only. Nothing halts, and the iPhone beside it gets its alert."""
+    url = soon(feeds)
+    subscribed(run, push, tmp_path, url, **answer)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    run("build", "--all")
+    started = time.monotonic()
+    summary = json.loads(run("drain", REMINDERS_SEND_TIMEOUT_SECONDS="1").output)
+    assert time.monotonic() - started < 2.9  # not held for the endpoint's 3 s
+    assert summary["halted"] is None and summary["providers"] == {"apns:sent": 1, "webpush:failed": 1}
+    assert {r["device_id"]: r["outcome_detail"] for r in rows(db)}["web"] == detail
+    assert len(fresh_mock.requests) == 1
+
+
+def test_many_users_endpoints_failing_are_no_outage_of_ours(run, push, fresh_mock, feeds, tmp_path, db):
+    url = soon(feeds)
+    for i in range(25):  # past REMINDERS_APNS_HALT_AFTER: an outage, were it APNs answering
+        subscription = push.subscribe(Answer(status=503))
+        (tmp_path / f"sub{i}.json").write_text(json.dumps(subscription))
+        run("device", "put", f"web{i}", "--webpush-subscription", str(tmp_path / f"sub{i}.json"), "--lead", "1800",
+            "--source", url)  # fmt: skip
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    summary = drained(run)
+    assert summary["halted"] is None and summary["returned_to_pending"] == 25
+    assert summary["providers"] == {"apns:sent": 1}
+
+
+@pytest.mark.parametrize(
+    ("header", "waits"),
+    [("\u00b2", None), ("100000000000000000000", 86400.0), ("Fri, 31 Dec 9999 23:59:59 GMT", 86400.0), ("7", 7.0)],
+)
+def test_a_retry_after_is_read_with_care_and_capped_at_a_day(header, waits):
+    from reminders_pipeline.webpush import retry_after  # noqa: PLC0415
+
+    assert retry_after(header, time.time()) == waits
