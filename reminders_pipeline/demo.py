@@ -40,6 +40,9 @@ from .db import Database
 from .devices import DeviceSpec, put_device, rechunk
 from .proctree import become_subreaper, descendants, end_tree, signal_tree
 from .settings import LOOPBACK_NETWORKS, Settings
+from .webdemo import MAX_BODY_BYTES as WEB_BODY_BYTES
+from .webdemo import WebDemo
+from .webpush import generate_key
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # the checkout: dagster.yaml, workspace.yaml
 DEMO_DEVICE_ID = "demo-iphone"
@@ -47,6 +50,8 @@ DEMO_TOKEN = "de" * 32  # well-formed, never sent anywhere: the demo is a dry ru
 DEMO_RULES = ("lead:600",)  # besides the default lead:3600: a second reminder ten minutes before
 DEMO_PORT = 8765
 DEMO_PATH = "/demo.json"
+NOT_FOUND = b'{"error": "not found"}'
+VAPID_SUBJECT = "mailto:demo@example.org"
 ALLOW_NETWORKS = "REMINDERS_SOURCE_ALLOW_NETWORKS"
 CHUNK_COUNT = "REMINDERS_CHUNK_COUNT"
 DEV_CHUNK_COUNT = "1"
@@ -118,18 +123,33 @@ def demo_feed(started_unix: float) -> dict[str, Any]:
 
 
 class DemoSource:
-    """A small threaded HTTP server answering ``GET /demo.json`` with ``demo_feed``."""
+    """A small threaded HTTP server answering ``GET /demo.json`` with ``demo_feed``, and, once
+    ``web`` is set, the page that subscribes a browser (``webdemo``) under ``/web/``."""
 
     def __init__(self, port: int = DEMO_PORT, host: str = "127.0.0.1") -> None:
         self.started = time.time()
+        self.web: WebDemo | None = None
         body = json.dumps(demo_feed(self.started)).encode()
+        source = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                found = self.path.split("?")[0] == DEMO_PATH
-                payload = body if found else b'{"error": "not found"}'
-                self.send_response(200 if found else 404)
-                self.send_header("Content-Type", "application/json")
+                path = self.path.split("?")[0]
+                answer = source.web.get(path) if source.web is not None else None
+                found = path == DEMO_PATH
+                self._answer(*(answer or (200 if found else 404, "application/json", body if found else NOT_FOUND)))
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                if source.web is None or not 0 <= length <= WEB_BODY_BYTES:
+                    self._answer(413 if source.web is not None else 404, "application/json", NOT_FOUND)
+                    return
+                answer = source.web.post(self.path.split("?")[0], self.rfile.read(length))
+                self._answer(*(answer or (404, "application/json", NOT_FOUND)))
+
+            def _answer(self, status: int, content_type: str, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
@@ -217,6 +237,8 @@ def dev_environment(root: Path, env: dict[str, str] | None = None) -> tuple[dict
     the demo device's, so its Overview shows what the demo built rather than an empty chunk."""
     env = with_loopback_sources(dict(os.environ if env is None else env))
     env.setdefault(CHUNK_COUNT, DEV_CHUNK_COUNT)
+    env.setdefault("REMINDERS_VAPID_PRIVATE_KEY_FILE", str(vapid_key(root)))  # the web page's Web Push
+    env.setdefault("REMINDERS_VAPID_SUBJECT", VAPID_SUBJECT)
     settings = Settings.from_env(env)
     settings = settings.with_(database_url=absolute_database_url(settings, root))
     env["REMINDERS_DATABASE_URL"] = settings.database_url
@@ -225,6 +247,16 @@ def dev_environment(root: Path, env: dict[str, str] | None = None) -> tuple[dict
     home = prepare_dagster_home(root, env)
     env["DAGSTER_HOME"] = str(home)
     return env, settings, home
+
+
+def vapid_key(root: Path) -> Path:
+    """The demo's VAPID key under ./var/, made on the first run and kept: a new key would unsubscribe
+    every browser subscribed before."""
+    path = root / "var" / "vapid.pem"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        generate_key(str(path))
+    return path
 
 
 def dagster_dev_command(ui_port: int, extra: Sequence[str] = ()) -> list[str]:
@@ -247,8 +279,10 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
     env, settings, home = dev_environment(root)
     with DemoSource(demo_port) as source:
         prepare_ledger(settings, source.url)
+        source.web = WebDemo(Database(settings.database_url), settings, source.url)
         print(f"ledger:       {settings.database_url}", file=sys.stderr)
         print(f"demo source:  {source.url} (device {DEMO_DEVICE_ID}, dry run)", file=sys.stderr)
+        print(f"web page:     {source.url.removesuffix(DEMO_PATH)}/web/ (subscribes that browser)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
         return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
