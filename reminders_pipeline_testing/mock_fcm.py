@@ -38,9 +38,6 @@ import email.utils
 import json
 import re
 import secrets
-import shutil
-import ssl
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -57,6 +54,8 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
 from h2.exceptions import ProtocolError, StreamClosedError
+
+from .tls_loop import LoopServer
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
@@ -642,7 +641,7 @@ class _Alpn(asyncio.Protocol):
 # -- the server ----------------------------------------------------------------------------------
 
 
-class MockFcm:
+class MockFcm(LoopServer):
     """FCM HTTP v1 and its OAuth2 token endpoint in a background thread; a context manager, or
     ``start()`` → ``(host, port)`` and ``stop()``.
 
@@ -656,8 +655,7 @@ class MockFcm:
         # expires_in of the access tokens issued from now on, in seconds. google-auth counts a token
         # as stale 3 min 45 s before its expiry, so below 225 it refreshes before every use.
         self.token_lifetime = 3600
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="mock-fcm-"))
+        super().__init__(workdir, name="mock-fcm")
         self._ca = trustme.CA()
         self.ca_file = self.workdir / "mock-fcm-ca.pem"
         self._ca.cert_pem.write_to_path(str(self.ca_file))
@@ -665,66 +663,21 @@ class MockFcm:
         self._accounts: dict[str, ServiceAccount] = {}  # by key id
         self._issued: dict[str, _Issued] = {}  # by access token
         self._reset_state()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Protocol] = set()
-        self.host = "127.0.0.1"
-        self.port = 0
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
 
-    def start(self) -> tuple[str, int]:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="mock-fcm", daemon=True)
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._listen(), loop).result(timeout=10)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.host, self.port
+    def _protocol(self) -> asyncio.Protocol:
+        return _Alpn(self)
 
-    async def _listen(self) -> asyncio.base_events.Server:
-        return await asyncio.get_running_loop().create_server(
-            lambda: _Alpn(self), self.host, 0, ssl=self._server_context()
-        )
-
-    def _server_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ca.issue_cert(self.host, "localhost").configure_cert(ctx)
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-        return ctx
-
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        assert self._thread is not None
-        self._thread.join(timeout=10)
-        loop.close()
-        self._loop = None
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
+    async def _close_connections(self) -> None:
         self._abort_all()
-        await asyncio.sleep(0)
 
     def _abort_all(self) -> None:
         for connection in list(self._connections):
             transport = getattr(connection, "transport", None)
             if transport is not None:
                 transport.abort()
-
-    def __enter__(self) -> MockFcm:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def drop_all_connections(self) -> None:
         """Abort every open connection, as a network failure would."""

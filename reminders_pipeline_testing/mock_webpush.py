@@ -49,10 +49,7 @@ import http
 import json
 import re
 import secrets
-import shutil
-import ssl
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -71,6 +68,8 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
 from h2.exceptions import ProtocolError, StreamClosedError
+
+from .tls_loop import LoopServer
 
 MAX_PAYLOAD_BYTES = 4096
 VAPID_MAX_LIFETIME_SECONDS = 24 * 3600
@@ -373,7 +372,7 @@ class _H11Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class MockWebPush:
+class MockWebPush(LoopServer):
     """A Web Push service look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     ``subscribe()`` returns a browser's subscription JSON; every request to its endpoint answers
@@ -382,8 +381,7 @@ class MockWebPush:
     """
 
     def __init__(self, *, workdir: str | Path | None = None) -> None:
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="mock-webpush-"))
+        super().__init__(workdir, name="mock-webpush")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._ca = trustme.CA()
         self.ca_file = self.workdir / "mock-webpush-ca.pem"
@@ -394,52 +392,15 @@ class MockWebPush:
         # The service's clock for VAPID ``exp``; a test may pin it. reset() keeps it.
         self.clock: Callable[[], float] = time.time
         self._reset_state()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
         self._connections: set[_H2Connection | _H11Connection] = set()
-        self.host = "127.0.0.1"
-        self.port = 0
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
 
-    def start(self) -> tuple[str, int]:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="mock-webpush", daemon=True)
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._listen(), loop).result(timeout=10)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.host, self.port
+    def _protocol(self) -> asyncio.Protocol:
+        return _AlpnSwitch(self)
 
-    async def _listen(self) -> asyncio.base_events.Server:
-        return await asyncio.get_running_loop().create_server(
-            lambda: _AlpnSwitch(self), self.host, 0, ssl=self._server_context()
-        )
-
-    def _server_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ca.issue_cert(self.host, "localhost").configure_cert(ctx)
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-        return ctx
-
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        assert self._thread is not None
-        self._thread.join(timeout=10)
-        loop.close()
-        self._loop = None
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def _shutdown(self) -> None:
+    async def _close_connections(self) -> None:
         """GOAWAY to every HTTP/2 client, a close to every HTTP/1.1 one; abort what lingers."""
-        assert self._server is not None
-        self._server.close()
         for connection in list(self._connections):
             connection.go_away()
         deadline = time.monotonic() + 0.25  # a client that holds on past GOAWAY is then aborted
@@ -448,14 +409,6 @@ class MockWebPush:
         for connection in list(self._connections):
             if connection.transport is not None:
                 connection.transport.abort()
-        await asyncio.sleep(0)
-
-    def __enter__(self) -> MockWebPush:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- subscriptions and scripts ---------------------------------------------------------
 
