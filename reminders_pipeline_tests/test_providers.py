@@ -279,6 +279,10 @@ def test_one_drain_sends_each_row_once_to_its_own_provider(run, push, fcm, fresh
     assert sorted(r["device_id"] for r in rows(db) if r["outcome"] == "sent") == ["droid", "phone", "web"]
     assert drained(run)["outcomes"] == {}  # nothing twice
     assert (len(push.requests), len(fcm.requests), len(fresh_mock.requests)) == (1, 1, 1)
+    from reminders_pipeline.http.metrics import read_snapshot  # noqa: PLC0415
+
+    snapshot = read_snapshot(db, Instant.now() + 1, 3600, 60)
+    assert snapshot.by_provider == {("apns", "sent"): 1, ("webpush", "sent"): 1, ("fcm", "sent"): 1}
 
 
 def test_a_dry_run_settles_every_provider_disabled_and_sends_nothing(run, push, fcm, feeds, tmp_path, db):

@@ -19,7 +19,7 @@ import logging
 import math
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
@@ -73,17 +73,20 @@ class SettledWindow:
     truncated: bool
     settled: dict[tuple[str, str | None], int]
     lateness: LatenessHistogram
+    by_provider: dict[tuple[str, str], int]  # (provider, outcome)
 
 
 def settled_window(
-    rows: list[tuple[Instant, str, str | None, Instant, Instant | None]], since: Instant, limit: int
+    rows: list[tuple[Instant, str, str | None, Instant, Instant | None, str]], since: Instant, limit: int
 ) -> SettledWindow:
     """Counts and lateness buckets of ``ledger.latest_settled`` rows (newest first)."""
     settled: dict[tuple[str, str | None], int] = {}
+    by_provider: dict[tuple[str, str], int] = {}
     per_bucket = [0] * (len(LATENESS_BUCKETS) + 1)  # the last: above every bound (+Inf only)
     total, before_due = 0.0, 0
-    for _, outcome, detail, send_after, sent_at in rows:
+    for _, outcome, detail, send_after, sent_at, provider in rows:
         settled[(outcome, detail)] = settled.get((outcome, detail), 0) + 1
+        by_provider[(provider, outcome)] = by_provider.get((provider, outcome), 0) + 1
         if outcome != "sent" or sent_at is None:
             continue
         late = sent_at - send_after
@@ -98,7 +101,7 @@ def settled_window(
         cumulative.append((float(bound), running))
     truncated = len(rows) >= limit
     histogram = LatenessHistogram(tuple(cumulative), sum(per_bucket), total, before_due)
-    return SettledWindow(rows[-1][0] if truncated else since, truncated, settled, histogram)
+    return SettledWindow(rows[-1][0] if truncated else since, truncated, settled, histogram, by_provider)
 
 
 def age_seconds(now: Instant, then: Instant | None) -> float | None:
@@ -126,6 +129,7 @@ class LedgerSnapshot:
     live_dispatchers: int
     built_in_future: int
     settled_in_future: int
+    by_provider: dict[tuple[str, str], int] = field(default_factory=dict)  # (provider, outcome)
 
     def clock_faults(self) -> dict[str, int]:
         beat_ahead = self.latest_beat is not None and self.latest_beat > self.now
@@ -152,6 +156,7 @@ def read_snapshot(db: Database, now: Instant, window_seconds: int, live_seconds:
         settled=window.settled,
         lateness=window.lateness,
         **asdict(gauges),
+        by_provider=window.by_provider,
     )
 
 
@@ -187,6 +192,14 @@ def families(s: LedgerSnapshot) -> Iterator[Metric]:
     for (outcome, detail), n in sorted(s.settled.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         settled.add_metric([outcome, detail or ""], n)
     yield settled
+    by_provider = GaugeMetricFamily(
+        "reminders_window_settled_rows_by_provider",
+        f"Rows settled {window}, by the device's provider (apns, webpush, fcm) and outcome.",
+        labels=["provider", "outcome"],
+    )
+    for (provider, outcome), n in sorted(s.by_provider.items()):
+        by_provider.add_metric([provider, outcome], n)
+    yield by_provider
     yield GaugeHistogramMetricFamily(
         "reminders_window_send_lateness_seconds",
         f"sent_at - send_after of the rows sent {window}.",

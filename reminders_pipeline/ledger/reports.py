@@ -70,12 +70,15 @@ COUNT_CAP = 100_000
 
 def latest_settled(
     conn: Connection, since: Instant, now: Instant, limit: int
-) -> list[tuple[Instant, str, str | None, Instant, Instant | None]]:
-    """(settled_at, outcome, outcome_detail, send_after, sent_at) of the latest ``limit`` rows settled
-    in ``(since, now]``, newest first: a backward range on the partial settled_at index, bounded by
-    ``limit`` whatever the window holds. Lateness is computed by the caller, never in SQL."""
+) -> list[tuple[Instant, str, str | None, Instant, Instant | None, str]]:
+    """(settled_at, outcome, outcome_detail, send_after, sent_at, provider) of the latest ``limit``
+    rows settled in ``(since, now]``, newest first: a backward range on the partial settled_at
+    index, bounded by ``limit`` whatever the window holds, each with its device's provider (``apns``
+    once the device is gone). Lateness is computed by the caller, never in SQL."""
+    provider = func.coalesce(devices.c.provider, literal("apns"))
     stmt = (
-        select(q.c.settled_at, q.c.outcome, q.c.outcome_detail, q.c.send_after, q.c.sent_at)
+        select(q.c.settled_at, q.c.outcome, q.c.outcome_detail, q.c.send_after, q.c.sent_at, provider)
+        .select_from(q.outerjoin(devices, devices.c.id == q.c.device_id))
         .where(q.c.status == SETTLED, q.c.settled_at > since, q.c.settled_at <= now)
         .order_by(q.c.settled_at.desc())
         .limit(limit)
