@@ -45,6 +45,17 @@ def agenda_days(rule: Rule, zone: Zone, now: Instant, horizon: int, after: Insta
         day += DAY
 
 
+def agenda_come(rule: Rule, zone: Zone, now: Instant) -> set[str]:
+    """The days (yesterday and today, item ids) whose agenda time is not after ``now``: a pending
+    agenda of one is due, or held for quiet hours past it, and the drain settles it; no plan does."""
+    today = int(zone.to_wall(now) // DAY) * DAY
+    return {
+        agenda_item_id(day)
+        for day in (today - DAY, today)
+        if Instant.from_unix(zone.to_unix(day + rule.at_minutes * 60)) <= now
+    }
+
+
 def agenda_item_id(day: int) -> str:
     """The agenda's item: its local date (``agenda:2026-09-10``)."""
     return ITEM_PREFIX + datetime.fromtimestamp(day, UTC).date().isoformat()

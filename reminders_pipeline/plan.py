@@ -16,7 +16,7 @@ from typing import Any
 
 from . import ledger
 from .agenda import ITEM_PREFIX as AGENDA_ITEM
-from .agenda import agenda_days, agenda_item_id, agenda_row
+from .agenda import agenda_come, agenda_days, agenda_item_id, agenda_row
 from .feed import Item, ParsedFeed, address_digest
 from .policy import held_send_after
 from .rules import (
@@ -66,6 +66,7 @@ class DevicePlan:
     declined: set[str] = field(default_factory=set)  # items one of them declined: no row, pending ones voided
     agenda: Rule | None = None  # the device's ``agenda@HH:MM``
     agenda_days: set[str] = field(default_factory=set)  # the days whose agenda this plan decided (item ids)
+    agenda_come: set[str] = field(default_factory=set)  # the days whose agenda time has come (``agenda_come``)
     agenda_complete: bool = False  # every calendar was read: the plan decides the agenda
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
@@ -177,6 +178,7 @@ def _plan_agenda(
 ) -> None:
     """The agenda of each day whose time the horizon reaches (past ``after``), from every item of
     the device's calendars but those it declined; made only when every calendar was read."""
+    plan.agenda_come = agenda_come(rule, zone, now)
     days = list(agenda_days(rule, zone, now, horizon, after))
     if not days:
         return
@@ -435,8 +437,8 @@ def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | N
     ahead left the horizon (a new zone moved it): made again once the horizon reaches it."""
     if plan.agenda is None:
         return "rule_removed"
-    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted:
-        return None
+    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted or row["item_id"] in plan.agenda_come:
+        return None  # (its time has come: held for quiet hours or due, the drain settles it)
     if row["item_id"] in plan.agenda_days:
         return "empty_day"
     return "out_of_horizon" if is_agenda(row["rule"]) and row["send_after"] > now else None

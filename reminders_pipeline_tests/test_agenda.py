@@ -113,6 +113,20 @@ def test_a_feed_changed_in_one_event_replans_that_event_and_every_agenda_in_the_
     assert agendas(db)["agenda:2026-09-11"]["body"] == "09:00 Standup"
 
 
+def test_an_agenda_held_for_quiet_hours_past_its_time_is_left_to_the_drain_by_a_full_plan(db, cli, feeds, mock):
+    """06:30 falls in the quiet hours to 07:00: the row waits until 07:00. A full plan between the
+    two (here after a new registration) neither voids nor re-times it, and it is sent at 07:00."""
+    url = feeds.items("/a.json", [event("standup", DAY + 9 * 3600)])
+    args = ("--source", url, "--rule", "agenda@06:30", "--tz", "UTC", "--quiet-hours", "22:00-07:00")
+    put(cli, *args)
+    cli("build", "--all", "--now", "2026-09-10T06:00:00Z")
+    assert agendas(db)["agenda:2026-09-10"]["send_after"] == Instant.from_stored("2026-09-10T07:00:00.000Z")
+    put(cli, *args)  # a registration: the next build plans in full
+    full = json.loads(cli("build", "--all", "--now", "2026-09-10T06:45:00Z").output)
+    assert full["rows_voided"] == {} and agendas(db)["agenda:2026-09-10"]["status"] == "pending"
+    assert json.loads(cli("drain", "--now", "2026-09-10T07:00:01Z").output)["kinds"] == {"agenda:sent": 1}
+
+
 def test_the_agenda_follows_the_zone_through_dst_nights(db, cli, feeds):
     # New York falls back on 2026-11-01 (01:30 happens twice) and springs forward on 2027-03-14
     # (02:30 never happens): one row per day, at the first 01:30 and at the jump past 02:30.
