@@ -24,6 +24,7 @@ from .times import Instant
 log = logging.getLogger(__name__)
 
 APNS_UNREACHABLE = "apns_unreachable"
+FCM_FAULT = "fcm:"  # the reason prefix of FCM's configuration faults (``fcm.answer``)
 
 OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
 
@@ -117,6 +118,12 @@ def alert_halt(settings: Settings, summary: DrainResult, claimer: str) -> None:
         text = (
             f"{summary.halted}. Those rows are pending again (each send is bounded by REMINDERS_SEND_MAX_ATTEMPTS "
             "and MAX_LATENESS); rows not yet claimed stay pending for the next drain."
+        )
+    elif summary.halted and summary.halted.startswith(FCM_FAULT):
+        title = "FCM configuration fault: drain stopped claiming"
+        text = (
+            f"FCM answered {summary.halted}: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
+            "project is refused, not the row. Rows not yet claimed stay pending for the next drain."
         )
     else:
         title = "APNs configuration fault: drain stopped claiming"

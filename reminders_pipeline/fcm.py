@@ -111,7 +111,7 @@ class FcmSender:
         token = await self._token()
         if token is None:  # nothing sent: back to pending, and the run stops claiming
             return [
-                SendResult(n.row_id, False, reason="not-sent:fcm_token_refresh", retry=True, config_fault=True)
+                SendResult(n.row_id, False, reason="fcm:not-sent:token_refresh", retry=True, config_fault=True)
                 for n in notifications
             ]
         return list(await asyncio.gather(*(self._one(n, token) for n in notifications)))
@@ -171,7 +171,9 @@ def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendRes
     if code in TOKEN_INVALID:
         return SendResult(row_id, False, reason=reason, status=status, token_invalid=True, answered_at=answered_at)
     if status in (401, 403) or code == "THIRD_PARTY_AUTH_ERROR":  # our credentials or project refused
-        return SendResult(row_id, False, reason=reason, status=status, config_fault=True, answered_at=answered_at)
+        return SendResult(
+            row_id, False, reason=f"fcm:{reason}", status=status, config_fault=True, answered_at=answered_at
+        )
     if code in BACK_OFF or status == 429 or status >= 500:
         wait = retry_after(response.headers.get("retry-after"), time.time())
         return SendResult(

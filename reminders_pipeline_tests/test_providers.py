@@ -389,3 +389,13 @@ def test_a_retry_after_is_read_with_care_and_capped_at_a_day(header, waits):
     from reminders_pipeline.webpush import retry_after  # noqa: PLC0415
 
     assert retry_after(header, time.time()) == waits
+
+
+def test_fcm_refusing_our_credentials_halts_the_drain_and_says_so(run, fcm, feeds, db, caplog):
+    url = soon(feeds, "/a.json", "One")
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    fcm.script(FCM_TOKEN, FcmAnswer(error_code="THIRD_PARTY_AUTH_ERROR"))
+    with caplog.at_level("ERROR"):
+        summary = drained(run)
+    assert summary["halted"] == "fcm:THIRD_PARTY_AUTH_ERROR"
+    assert any("FCM configuration fault" in r.getMessage() for r in caplog.records)
