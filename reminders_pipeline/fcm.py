@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -69,7 +70,7 @@ def message(note: Notification, now: float) -> dict[str, Any]:
             "notification": {"title": aps["alert"]["title"], "body": aps["alert"]["body"]},
             "data": data,
             "android": {
-                "ttl": f"{min(MAX_TTL_SECONDS, max(0, note.expiration - int(now)))}s",
+                "ttl": f"{min(MAX_TTL_SECONDS, max(0, note.expiration - math.ceil(now)))}s",  # never past it
                 "collapse_key": note.collapse_id,
                 "priority": "HIGH",
             },

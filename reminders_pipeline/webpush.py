@@ -27,6 +27,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+import math
 import os
 import socket
 import ssl
@@ -251,7 +252,7 @@ class WebPushSender:
         if len(body) > MAX_PAYLOAD_BYTES:
             return SendResult(note.row_id, False, reason="PayloadTooLarge")
         headers = {
-            "TTL": str(max(0, note.expiration - int(time.time()))),
+            "TTL": str(max(0, note.expiration - math.ceil(time.time()))),  # never past the expiration
             "Topic": topic(note.collapse_id),
             "Urgency": "high",
             "Content-Encoding": "aes128gcm",
