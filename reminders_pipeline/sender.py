@@ -168,7 +168,6 @@ def default_sender_factory(settings: Settings) -> SenderFactory:
 
 
 APNS_SETTINGS = ("apns_key_file", "apns_key_id", "apns_team_id", "apns_topic")
-PROVIDERS = ("apns", "webpush", "fcm")
 NOT_CONFIGURED = "provider_not_configured"
 
 
