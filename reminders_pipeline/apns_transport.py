@@ -86,7 +86,7 @@ each can be switched off (``enabled_speed_patches``) and stays only while
     a request's HEADERS are encoded, after every await of the send (stream slot, flow-control
     window). A request whose claim may by now have been failed as abandoned elsewhere is refused,
     its stream slot released, and it certainly never reached APNs. Not an upstream bug: the drain's
-    at-most-once rule (``drain.fence_deadline``). Tests: ``test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written``
+    at-most-once rule (``sender.fence_deadline``). Tests: ``test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written``
     (test_apns_sender.py), ``test_a_paused_sender_never_sends_a_row_another_claimer_sent`` (test_apns_drain.py).
 
 Longer than 350 lines because its job is the complete list of patches to aioapns, h2 and hpack, each

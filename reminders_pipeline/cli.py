@@ -26,12 +26,12 @@ from .build import build as run_build
 from .check import check as run_check
 from .db import Database
 from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
+from .drain import checked_sender_factory
 from .drain import drain as run_drain
 from .notification import as_shown
 from .phrases import CLOCKS
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_TRAVEL_SECONDS
 from .schema import OUTCOMES, STATUSES
-from .sender import default_sender_factory
 from .settings import Settings, SettingsError
 from .sources import shown_url
 from .subscription import LEVELS, CalendarSettings, SubscriptionError, checked
@@ -451,7 +451,7 @@ def dispatch_cmd(ctx: Ctx, seconds: float | None) -> None:
     from .dispatch import run_in_foreground
 
     try:
-        factory = default_sender_factory(ctx.settings)  # APNs credentials checked before any claim
+        factory = checked_sender_factory(ctx.db, ctx.settings)  # every provider in use checked before any claim
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     _emit(run_in_foreground(ctx.db, ctx.settings, factory, seconds=seconds).as_dict())

@@ -32,10 +32,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, InternalError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from .quiet import QuietFailures
 from .times import Instant
+
+# The errors of a database that is away for now, not of a statement that is wrong: the server
+# gone or restarting (operational), the connection closed under us (interface), no pooled
+# connection in time (pool timeout: connects hanging in a partition), a server that turned
+# read-only after a failover (internal: SQLSTATE 25006). A send path keeps what it must write
+# through them and writes it again; anything else is a bug and is raised.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError, InternalError, PoolTimeout)
 
 if TYPE_CHECKING:
     from .settings import Settings

@@ -16,7 +16,7 @@ dispatcher that died is failed as abandoned (by the next drain or dispatcher), n
 Dagster (``defs/dispatch.py``) and ``reminders dispatch`` only start and stop it.
 
 Longer than 350 lines because every way the loop recovers (a database outage, settlements kept
-through one, an APNs halt or outage, rows held back, what it has already read) is state of that
+through one, a provider's halt or outage, rows held back, what it has already read) is state of that
 one loop, read and written between its passes; apart, each piece would need the others' state.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 from . import ledger
 from .db import Database, waiting_off_the_loop
 from .drain import fail_abandoned, send_batch_async
-from .faults import APNS_UNREACHABLE, Outage
+from .faults import Outages, is_outage, provider_name
 from .quiet import QuietFailures
 from .sender import Notification, Sender, SenderFactory, SendResult
 from .settings import Settings
@@ -46,8 +46,9 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 0.05  # rows due but not claimed (another claimer holds them): look again shortly
 LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lateness figures only
-HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after an APNs configuration fault, probe again this late
-OUTAGE_PROBE_SECONDS = 5.0  # while APNs is unreachable, try again this often: sent soon after it returns
+HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after a provider's configuration fault, probe it again this late
+OUTAGE_PROBE_SECONDS = 5.0  # while a provider is unreachable, try one of its rows this often
+PROBE_READ = 50  # due rows of a halted provider read for its probe (some may be in flight)
 ABANDON_SWEEP_SECONDS = 60
 FULL_READ_SECONDS = 30.0  # read every due row at least this often: a LISTEN connection may die silently
 FAILED_RETRY_SECONDS = 1.0  # after a batch or a kept settlement's write failed: try again this soon, not a poll later
@@ -85,6 +86,16 @@ class LazySender:
 
 
 @dataclass
+class ProviderHalt:
+    """A provider this dispatcher stopped sending to: why, and when one of its rows is tried again."""
+
+    reason: str
+    probe_at: Instant
+    faults: int = 0  # configuration faults in a row: each waits longer (``HALT_BACKOFF_SECONDS``)
+    probing: bool = False  # a one-row probe batch is in flight
+
+
+@dataclass
 class Dispatcher:
     db: Database
     settings: Settings
@@ -102,10 +113,10 @@ class Dispatcher:
         self._seen = Instant(0)  # the clock of the last read: every row due by then is in flight or done
         self._rescan = True  # the next read is of every due row, not only those due since ``_seen``
         self._full_read_at = Instant(0)
-        self._not_before = Instant(0)  # no dispatch at all before this: a halt's backoff
-        self._halts = 0
-        self._outage = Outage(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
-        self._in_outage = False
+        self._not_before = Instant(0)  # no dispatch at all before this: a failed batch's backoff
+        self._outages = Outages(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
+        self._halted: dict[str, ProviderHalt] = {}  # halted providers: their rows wait, one probe at a time
+        self._probes: dict[asyncio.Task[DrainResult], str] = {}
         self._reads = QuietFailures(log, f"dispatcher {self.name}: reading the queue")
         self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
         self._batch_errors = QuietFailures(log, f"dispatcher {self.name}: a batch")
@@ -149,10 +160,12 @@ class Dispatcher:
         return self.summary
 
     async def _dispatch_due(self, now: Instant) -> Instant:
-        """Start a batch for the due rows not already in flight; return when to look again.
+        """Start a batch for the due rows not already in flight, none of a halted provider, and a
+        one-row probe of each halted provider whose time to try again has come; return when to
+        look again.
 
-        The reads run off the loop (``waiting_off_the_loop``): this loop reads APNs' answers, and a
-        read can wait too (a table lock, a full pool, the network)."""
+        The reads run off the loop (``waiting_off_the_loop``): this loop reads the providers'
+        answers, and a read can wait too (a table lock, a full pool, the network)."""
         poll_at = now + self.settings.dispatch_poll_seconds
         if now < self._not_before:
             return min(self._not_before, poll_at)
@@ -165,9 +178,12 @@ class Dispatcher:
         busy = self._in_flight | set(self._held) | {i for s in self._kept for i in settled_ids(s)}
         full = self._rescan or now >= self._full_read_at
         after, clock = None if full else self._seen, self.clock()
+        skip = frozenset(self._halted)
+        probes = sorted(p for p, h in self._halted.items() if not h.probing and h.probe_at <= now)
         self._rescan = False  # set again meanwhile by a batch that ends during the read
         try:
-            ready, later = await waiting_off_the_loop(self.db, self._read_due, clock, busy, after)
+            ready, later = await waiting_off_the_loop(self.db, self._read_due, clock, busy, after, skip)
+            probe_rows = await waiting_off_the_loop(self.db, self._read_probes, clock, busy, probes)
         except Exception as exc:  # noqa: BLE001 - a database outage must not end the loop; the poll retries
             self._reads.failed(exc, now)
             self._rescan = self._rescan or full
@@ -176,19 +192,21 @@ class Dispatcher:
         self._seen = clock
         if full:
             self._full_read_at = now + FULL_READ_SECONDS
+        self._start_probes(probes, probe_rows, now)
         if ready:
-            # A probe of APNs sends one row, not every due one.
-            self._rescan = self._rescan or (self._in_outage and len(ready) > 1)
-            self._start_batch(ready[:1] if self._in_outage else ready)
+            self._start_batch(ready)
             return now
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
-        # the next row to come due; a batch ending or a hold expiring wakes us too.
-        return min([poll_at, *self._held.values()] + ([later] if later else []))
+        # the next row to come due, or a halted provider's next probe; a batch ending or a hold
+        # expiring wakes us too.
+        probe_times = [h.probe_at for h in self._halted.values() if not h.probing]
+        return min([poll_at, *self._held.values(), *probe_times] + ([later] if later else []))
 
     def _read_due(
-        self, clock: Instant, busy: set[int], after: Instant | None = None
+        self, clock: Instant, busy: set[int], after: Instant | None = None, skip: frozenset[str] = frozenset()
     ) -> tuple[list[int], Instant | None]:
-        """The due rows not in ``busy``, or else the next ``send_after`` to wake for.
+        """The due rows not in ``busy`` and of no provider in ``skip``, or else the next
+        ``send_after`` to wake for.
 
         ``after``: read only rows that came due since then. Every row due by then was read and
         started, and a row that comes back to pending or moves earlier is announced (NOTIFY),
@@ -199,10 +217,34 @@ class Dispatcher:
             earliest = ledger.next_send_after(conn, after=after)
             if earliest is None or earliest > clock:
                 return [], earliest
-            ready = [i for i in ledger.due_ids(conn, clock, after=after) if i not in busy]
+            due = ledger.due_ids(conn, clock, after=after, skip_providers=skip)
+            ready = [i for i in due if i not in busy]
             return (ready, None) if ready else ([], ledger.next_send_after(conn, after=clock))
 
-    def _start_batch(self, ids: list[int]) -> None:
+    def _read_probes(self, clock: Instant, busy: set[int], providers: list[str]) -> dict[str, int]:
+        """One due row of each of ``providers`` (halted ones) not in ``busy``: its probe."""
+        if not providers:
+            return {}
+        found = {}
+        with self.db.read() as conn:
+            for provider in providers:
+                due = ledger.due_ids(conn, clock, only_provider=provider, limit=PROBE_READ)
+                free = [i for i in due if i not in busy]
+                if free:
+                    found[provider] = free[0]
+        return found
+
+    def _start_probes(self, providers: list[str], rows: dict[str, int], now: Instant) -> None:
+        """A halted provider is tried again with one of its rows, not every one due by then."""
+        for provider in providers:
+            halt = self._halted[provider]
+            if provider not in rows:
+                halt.probe_at = now + OUTAGE_PROBE_SECONDS  # none of its rows is due: nothing to try yet
+                continue
+            halt.probing = True
+            self._probes[self._start_batch([rows[provider]])] = provider
+
+    def _start_batch(self, ids: list[int]) -> asyncio.Task[DrainResult]:
         batch = send_batch_async(
             self.db,
             self.settings,
@@ -212,19 +254,23 @@ class Dispatcher:
             clock=self.clock,
             sender=self._sender,
             stop=self._stop,
-            outage=self._outage,
+            outages=self._outages,
         )
         task = asyncio.ensure_future(batch)
         self.summary.due += len(ids)
         self._batches[task] = ids
         self._in_flight.update(ids)
         task.add_done_callback(self._batch_done)
+        return task
 
     def _batch_done(self, task: asyncio.Task[DrainResult]) -> None:
         ids = self._batches.pop(task)
         self._in_flight.difference_update(ids)
+        probe = self._probes.pop(task, None)
+        if probe in self._halted:
+            self._halted[probe].probing = False
         now = self.timer.now()
-        if task.cancelled() or task.exception() is not None or task.result().halted:
+        if task.cancelled() or task.exception() is not None or task.result().halts:
             self._rescan = True  # rows it did not reach are still due, and no longer in flight
         if task.cancelled():
             return
@@ -238,26 +284,43 @@ class Dispatcher:
         done = task.result()
         self.summary.merge(done)
         del self.summary.lateness_seconds[:-LATENESS_KEPT]
-        if done.halted and done.halted.startswith(APNS_UNREACHABLE):
-            self._not_before = now + OUTAGE_PROBE_SECONDS  # the rows went back to pending, no attempt spent
-            if not self._in_outage:
-                self._in_outage = True
-                log.error(
-                    "dispatcher %s: halted (%s); trying again every %ss", self.name, done.halted, OUTAGE_PROBE_SECONDS
-                )
-        elif done.halted:
-            backoff = HALT_BACKOFF_SECONDS[min(self._halts, len(HALT_BACKOFF_SECONDS) - 1)]
-            self._halts += 1
-            self._not_before = now + backoff
-            log.error("dispatcher %s: halted (%s); next attempt in %ss", self.name, done.halted, backoff)
-        else:
-            if self._in_outage and done.claimed:
-                self._in_outage = False
-                log.warning("dispatcher %s: sending again after the outage", self.name)
-            self._halts = 0
+        for provider, reason in done.halts.items():
+            self._note_halt(provider, reason, now)
+        self._note_answers(done, probe, now)
+        if not done.halts:
             self._hold_unfinished(done, ids, now)
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)
+
+    def _note_halt(self, provider: str, reason: str, now: Instant) -> None:
+        """A provider halted: its rows wait (the others' go on), and one of them is tried again
+        soon after an outage, or after a growing backoff after a configuration fault."""
+        before = self._halted.get(provider)
+        faults = 0 if before is None or is_outage(reason) else before.faults
+        if is_outage(reason):
+            wait = OUTAGE_PROBE_SECONDS
+        else:
+            wait = HALT_BACKOFF_SECONDS[min(faults, len(HALT_BACKOFF_SECONDS) - 1)]
+            faults += 1
+        self._halted[provider] = ProviderHalt(reason, now + wait, faults, before is not None and before.probing)
+        if before is None or not is_outage(reason):
+            log.error(
+                "dispatcher %s: %s halted (%s); its rows wait, one is tried again in %ss",
+                self.name, provider_name(provider), reason, wait,
+            )  # fmt: skip
+
+    def _note_answers(self, done: DrainResult, probe: str | None, now: Instant) -> None:
+        """A halted provider that sent a row (or whose probe was answered without a halt) is back:
+        its rows are read again."""
+        for provider in list(self._halted):
+            if provider in done.halts:
+                continue
+            if done.providers.get(f"{provider}:sent") or (provider == probe and done.claimed):
+                del self._halted[provider]
+                self._rescan = True
+                log.warning("dispatcher %s: sending %s rows again", self.name, provider_name(provider))
+            elif provider == probe:
+                self._halted[provider].probe_at = now + RETRY_SECONDS  # its row was another claimer's
 
     def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: Instant) -> None:
         """Rows of a batch another claimer held: look again shortly. Rows given back to pending

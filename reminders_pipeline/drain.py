@@ -2,12 +2,11 @@
 
 At most once: a row is sent only by the drainer whose claim (a compare-and-swap) returned it, and
 a claim left behind by a run that died mid-send is failed, never retried. A send that certainly
-never reached APNs (``SendResult.retry``) goes back to pending instead, a bounded number of times;
-a run of them halts the drain (an outage, ``faults.py``), as an APNs configuration fault does, and
-the halt is written to the ledger so every batch and process of the same scope stops too. The
+never reached its provider goes back to pending instead, a bounded number of times; a run of them
+halts that provider's rows alone (``faults.py``), in every batch and process of the scope. The
 steps are separate functions so Dagster can run them as ops (``fail_abandoned`` -> ``find_due`` ->
-``send_batch`` per batch) while the CLI and HTTP route run them in one call (``drain``). What each
-claimed row comes to, and the writing of it, is ``settlement.py``; the counts, ``summary.py``.
+``send_batch`` per batch) while the CLI and HTTP route run them in one call (``drain``). What a
+claimed row comes to, and its write, is ``settlement.py``; the counts, ``summary.py``.
 """
 
 from __future__ import annotations
@@ -20,12 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from sqlalchemy.exc import OperationalError
-
 from . import ledger
-from .db import Database, waiting_off_the_loop
-from .faults import APNS_UNREACHABLE, Outage, alert_halt, return_undelivered
-from .sender import FENCE_EXPIRED, Sender, SenderFactory, SendResult, default_sender_factory, send_fenced
+from .db import TRANSIENT_ERRORS, Database, waiting_off_the_loop
+from .faults import Outages, alert_halt, is_outage, return_undelivered
+from .sender import FENCE_EXPIRED, Sender, SenderFactory, SendResult, fence_deadline, send_fenced
+from .sender import default_sender_factory as unchecked_sender_factory
 from .settings import Settings
 from .settlement import (
     Settlement,
@@ -33,6 +31,7 @@ from .settlement import (
     SlicePlan,
     count_settlements,
     decide_all,
+    release_claims,
     settle_and_claim,
     settle_last,
     settlement_of,
@@ -63,20 +62,6 @@ def fail_abandoned(db: Database, settings: Settings, now: Instant | None = None)
             "failed %d abandoned claim(s) older than %ss; they will not be retried", n, settings.abandon_after_seconds
         )
     return n
-
-
-def fence_deadline(settings: Settings, claimed_at: float) -> float:
-    """When a claim taken at ``claimed_at`` (``time.monotonic()``, read before the claim's transaction)
-    stops sending: no request of it may leave after this.
-
-    No other process touches a claim younger than ``abandon_after_seconds`` (it is failed as
-    abandoned only after that). A request written before this deadline is answered within the send
-    timeout, and ``fence_margin_seconds`` covers clock skew between hosts and the settling commit,
-    so the claim is settled by its owner before anyone may fail it. A process paused past the
-    deadline (GC, SIGSTOP, a stalled VM) therefore never sends a row that may have been failed,
-    re-armed and sent elsewhere meanwhile. A local clock, not a database round trip per send.
-    """
-    return claimed_at + settings.abandon_after_seconds - settings.send_timeout_seconds - settings.fence_margin_seconds
 
 
 def find_due(
@@ -122,7 +107,7 @@ async def send_batch_async(
     halt_scope: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     monotonic: Callable[[], float] = time.monotonic,
-    outage: Outage | None = None,
+    outages: Outages | None = None,
 ) -> DrainResult:
     """Claim, decide, send and settle ``ids`` in claim-sized slices, each claimed just before its send.
 
@@ -136,19 +121,20 @@ async def send_batch_async(
     connections warm between batches); otherwise one is made on first need and closed here.
     ``stop``: once set, no further slice is claimed; what is on the wire is answered and settled.
     ``halt_scope`` names what a halt stops: every batch of one Dagster run passes its run id, a
-    CLI or HTTP drain its claimer. A halt recorded under it by any process stops this batch before
-    its next claim; a halt found here is recorded there, and alerted once. A halt is permanent for
-    its scope, so a long-lived caller passes a new scope per pass (none: this call alone).
-    ``outage``: the caller's judge of an APNs outage, kept across its batches (a dispatcher's);
-    none: this call's own.
+    CLI or HTTP drain its claimer. A halt is one provider's: recorded under the scope by any
+    process, it stops the claiming of that provider's rows (the others' go on); one found here is
+    recorded there and alerted once. A halt is permanent for its scope, so a long-lived caller
+    passes a new scope per pass (none: this call alone).
+    ``outages``: the caller's judge of each provider's outage, kept across its batches (a
+    dispatcher's); none: this call's own.
     ``monotonic``: the clock of each claim's fence (``fence_deadline``); a test advances its own
     (and the sender's) to simulate a process paused between claim and send.
     """
     clock = clock_for(now) if now or clock is None else clock
     claimer = claimer or new_claimer()
     scope = halt_scope or f"{claimer}:{uuid.uuid4().hex[:8]}"
-    outage = outage or Outage(settings.apns_halt_after)
-    batch = _Batch(db, settings, sender_factory, sender, clock, claimer, scope, outage, monotonic)
+    outages = outages or Outages(settings.apns_halt_after)
+    batch = _Batch(db, settings, sender_factory, sender, clock, claimer, scope, outages, monotonic)
     return await batch.run(ids, stop, progress)
 
 
@@ -163,10 +149,11 @@ class _Batch:
     clock: Clock
     claimer: str
     scope: str
-    outage: Outage
+    outages: Outages
     monotonic: Callable[[], float]
     summary: DrainResult = field(init=False)
-    halted_elsewhere: bool = False  # the halt was read from the ledger, not found here
+    recorded: set[str] = field(default_factory=set)  # providers whose halt the ledger holds for the scope
+    halted_elsewhere: set[str] = field(default_factory=set)  # halts read from the ledger, not found here
     in_flight: set[asyncio.Task[Settlement]] = field(default_factory=set)
     returned: list[Settlement] = field(default_factory=list)  # answered, not yet written
 
@@ -182,10 +169,14 @@ class _Batch:
             await self._claim_and_send(ids, stop, progress)
         finally:
             await self._finish()
-        halted = self.summary.halted
-        if halted and not self.halted_elsewhere and not (halted.startswith(APNS_UNREACHABLE) and self.outage.alerted):
-            self.outage.alerted = halted.startswith(APNS_UNREACHABLE)
-            alert_halt(self.settings, self.summary, self.claimer)
+        for provider, reason in sorted(self.summary.halts.items()):
+            if provider in self.halted_elsewhere:
+                continue
+            outage = self.outages.of(provider)
+            if is_outage(reason) and outage.alerted:
+                continue  # one alert per outage, not one per batch that meets it
+            outage.alerted = is_outage(reason)
+            alert_halt(self.settings, provider, reason, self.claimer, self.summary)
         return self.summary
 
     async def _claim_and_send(
@@ -194,31 +185,41 @@ class _Batch:
         size = self.settings.claim_batch_size
         for n, i in enumerate(range(0, len(ids), size)):
             await self._collect(_may_stay_on_the_wire(n, self.slices_on_the_wire))
-            if self.summary.halted or (stop is not None and stop.is_set()):
+            if stop is not None and stop.is_set():
                 break
-            if not await self._claim_slice(ids[i : i + size]):
-                break
+            await self._claim_slice(ids[i : i + size])
             _report_progress(progress, min(i + size, len(ids)), len(ids))
         await self._collect(0)
 
-    async def _claim_slice(self, slice_ids: Sequence[int]) -> bool:
-        """Write what has come back and claim the slice in one commit, then send it; False once halted."""
+    async def _claim_slice(self, slice_ids: Sequence[int]) -> None:
+        """Write what has come back and the halts found since, and claim the slice in one commit
+        (no row of a halted provider), then send it."""
         claim_time, claimed_at = self.clock(), self.monotonic()
-        written, halted, rows = await waiting_off_the_loop(
-            self.db, settle_and_claim, self.db, self.returned, self.claimer, self.scope, slice_ids, claim_time
-        )
+        new_halts = {p: reason for p, reason in self.summary.halts.items() if p not in self.recorded}
+        try:
+            written, halts, rows = await waiting_off_the_loop(
+                self.db, settle_and_claim, self.db, self.returned, self.claimer, self.scope, slice_ids, claim_time,
+                new_halts,
+            )  # fmt: skip
+        except TRANSIENT_ERRORS:
+            await self._release_unconfirmed(slice_ids)
+            raise
         count_settlements(self.returned, written, self.summary)  # only once committed: a lost commit is retried
         self.returned.clear()
-        if halted and not self.summary.halted:
-            self.summary.halted, self.halted_elsewhere = halted, True
-            log.warning("stopped claiming: drain scope %s halted (%s)", self.scope, halted)
-        if self.summary.halted:
-            # A send on the wire may have found the fault while this claim ran in its thread
-            # (SQLite): the rows just claimed were never sent, so they go back to pending.
+        self.recorded.update(new_halts)
+        for provider, reason in halts.items():
+            self.recorded.add(provider)
+            if self.summary.halt(provider, reason):
+                self.halted_elsewhere.add(provider)
+                log.warning("stopped claiming %s rows: drain scope %s halted (%s)", provider, self.scope, reason)
+        # A send on the wire may have found a provider's fault while this claim ran in its thread
+        # (SQLite): that provider's rows just claimed were never sent, so they go back to pending.
+        stopped = {r["id"] for r in rows if (r.get("provider") or "apns") in self.summary.halts}
+        if stopped:
             self.returned.append(
-                Settlement(self.clock(), [], [], [{"id": r["id"], "outcome_detail": "halted"} for r in rows])
+                Settlement(self.clock(), [], [], [{"id": i, "outcome_detail": "halted"} for i in sorted(stopped)])
             )
-            return False
+            rows = [r for r in rows if r["id"] not in stopped]
         self.summary.claimed += len(rows)
         if rows:
             plan = decide_all(rows, claim_time, self.settings)
@@ -227,7 +228,16 @@ class _Batch:
                 self.sender = self.sender_factory()
             send_by = fence_deadline(self.settings, claimed_at)
             self.in_flight.add(asyncio.ensure_future(self._dispatch(rows, plan, send_by, self.sender)))
-        return True
+
+    async def _release_unconfirmed(self, slice_ids: Sequence[int]) -> None:
+        """A claim's commit failed, or went through and reported failure: the rows it claimed were
+        never sent, so they are pending again now, not failed as abandoned later. The settlements
+        of that commit are written again (``_settle_last``: a rewrite settles nothing twice)."""
+        back = [{"id": i, "outcome_detail": "claim_unconfirmed"} for i in slice_ids]
+        try:
+            await waiting_off_the_loop(self.db, release_claims, self.db, back, self.claimer, self.clock())
+        except TRANSIENT_ERRORS as exc:  # still away: if the claim went through, those rows fail as abandoned
+            log.error("could not give back an unconfirmed claim of %d row(s) (%s)", len(back), type(exc).__name__)
 
     async def _dispatch(
         self, rows: list[dict[str, Any]], plan: SlicePlan, send_by: float, sender: Sender | None
@@ -240,7 +250,7 @@ class _Batch:
         if fenced:
             plan = replace(plan, to_send=[n for n in plan.to_send if n.row_id not in fenced])
         done = settlement_of(rows, plan, results, self.clock(), self.summary, started)
-        done = return_undelivered(done, rows, results, self.settings, self.outage, self.summary)
+        done = return_undelivered(done, rows, results, self.settings, self.outages, self.summary)
         done.returned.extend({"id": row_id, "outcome_detail": FENCE_EXPIRED} for row_id in fenced)
         return done
 
@@ -261,19 +271,20 @@ class _Batch:
                 await self.sender.aclose()
 
     async def _settle_last(self) -> None:
-        """Write what is still unwritten, and the halt found here (not one read from the ledger)."""
-        reason = None if self.halted_elsewhere else self.summary.halted
-        if not self.returned and reason is None:
+        """Write what is still unwritten, and the halts found here that the ledger lacks."""
+        unrecorded = {p: reason for p, reason in self.summary.halts.items() if p not in self.recorded}
+        if not self.returned and not unrecorded:
             return
-        halt = None if reason is None else (self.scope, reason)
+        halts = (self.scope, unrecorded) if unrecorded else None
         try:
             written = await waiting_off_the_loop(
-                self.db, settle_last, self.db, self.returned, self.claimer, halt, self.clock
+                self.db, settle_last, self.db, self.returned, self.claimer, halts, self.clock
             )
-        except OperationalError as exc:  # the database went away or timed out: worth writing again
+        except TRANSIENT_ERRORS as exc:  # the database is away for now: worth writing again
             if self.returned:
                 raise SettlementsNotWritten(list(self.returned), exc) from exc
             raise
+        self.recorded.update(unrecorded)
         count_settlements(self.returned, written, self.summary)
 
 
@@ -296,6 +307,15 @@ def _report_progress(progress: Callable[[int, int], None] | None, done: int, tot
         log.warning("progress display failed; draining on", exc_info=True)
 
 
+def checked_sender_factory(db: Database, settings: Settings) -> SenderFactory:
+    """``default_sender_factory`` checked against the providers the ledger's devices use, so a
+    provider whose credentials are not mounted is refused before any claim (ValueError)."""
+    if not settings.enabled:
+        return unchecked_sender_factory(settings)
+    with db.read() as conn:
+        return unchecked_sender_factory(settings, ledger.providers_in_use(conn))
+
+
 def drain(
     db: Database,
     settings: Settings,
@@ -312,7 +332,7 @@ def drain(
     ``stop``: once set (the HTTP server was told to stop), no further slice is claimed.
     """
     started = time.perf_counter()
-    factory = sender_factory or default_sender_factory(settings)  # fails fast before any claim
+    factory = sender_factory or checked_sender_factory(db, settings)  # fails fast before any claim
     clock = clock_for(now)
     summary = DrainResult(now=clock())
     summary.abandoned = fail_abandoned(db, settings, clock())

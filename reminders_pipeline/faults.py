@@ -1,17 +1,19 @@
-"""What failed sends say about APNs: which rows go back to pending and when, and when a run of
-them is an outage that halts the drain, alerted once.
+"""What failed sends say about each provider: which rows go back to pending and when, and when a
+run of them is that provider's outage, which halts its rows (and only its rows), alerted once.
 
-A send that certainly never reached APNs (``SendResult.retry``) goes back to pending, a bounded
-number of times, with a backoff; a run of them is an outage, judged across batches by one
-``Outage`` per sender, and halts the drain as an APNs configuration fault does.
+A send that certainly never reached its provider (``SendResult.retry``) goes back to pending, a
+bounded number of times, with a backoff. Each provider is its own fault domain: one ``Outage`` per
+provider judges its answers across batches, so an APNs outage halts APNs while Web Push and FCM go
+on sending, and a success of one provider says nothing of another.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts import raise_alert
@@ -23,28 +25,45 @@ from .times import Instant
 
 log = logging.getLogger(__name__)
 
-APNS_UNREACHABLE = "apns_unreachable"
+UNREACHABLE = "_unreachable"  # the reason of an outage halt: ``apns_unreachable: ...``
+APNS_UNREACHABLE = "apns" + UNREACHABLE
 FCM_FAULT = "fcm:"  # the reason prefix of FCM's configuration faults (``fcm.answer``)
+PROVIDER_NAMES = {"apns": "APNs", "webpush": "Web Push", "fcm": "FCM"}
 
 OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
 
 
+def is_outage(reason: str | None) -> bool:
+    """True for an outage halt (it ends when the provider answers again), False for a
+    configuration fault (it ends when someone mends the credentials)."""
+    return reason is not None and reason.split(":", 1)[0].endswith(UNREACHABLE)
+
+
+def provider_name(provider: str) -> str:
+    return PROVIDER_NAMES.get(provider, provider)
+
+
 @dataclass
 class Outage:
-    """Whether APNs is out, judged across batches: sends in a row that certainly never reached
-    APNs or that APNs could not process (500, 503), ``limit`` of them or for ``window`` seconds.
-    A 429 is APNs throttling one device token: that token's backoff, no outage. One instance
-    lives as long as its sender (a dispatcher's, a drain call's), so a stream of one-row batches
-    trips it as a burst does; ``alerted`` keeps its alert to one per outage."""
+    """Whether one provider is out, judged across batches: its sends in a row that certainly never
+    reached it or that it could not process (500, 503), ``limit`` of them or for ``window``
+    seconds. A 429 is the provider throttling one target: that target's backoff, no outage. One
+    instance per provider lives as long as its sender (a dispatcher's, a drain call's), so a
+    stream of one-row batches trips it as a burst does; ``alerted`` keeps its alert to one per
+    outage; ``spent`` holds the rows of the streak that spent an attempt, given back once the
+    streak turns out to be an outage."""
 
+    provider: str
     limit: int
     window: float = OUTAGE_WINDOW_SECONDS
     streak: int = 0
     since: Instant | None = None  # when the streak's first answer was counted
     last: str | None = None
     alerted: bool = False
+    spent: Counter[int] = field(default_factory=Counter)  # row id -> attempts spent in this streak
+    rows: set[int] = field(default_factory=set)  # the rows the streak's answers were for
 
-    def count(self, results: list[SendResult], now: Instant) -> str | None:
+    def count(self, results: Iterable[SendResult], now: Instant) -> str | None:
         """The halt reason while the outage lasts, else None."""
         for r in results:
             if not_written(r) or not r.outage:
@@ -52,14 +71,41 @@ class Outage:
             if r.retry and r.status != 429:
                 self.since = now if self.streak == 0 else self.since
                 self.streak, self.last = self.streak + 1, r.reason
+                self.rows.add(r.row_id)
             else:
                 if self.alerted:
-                    log.warning("APNs answers again after %d sends not delivered", self.streak)
+                    log.warning(
+                        "%s answers again after %d sends not delivered", provider_name(self.provider), self.streak
+                    )
                 self.streak, self.since, self.alerted = 0, None, False
+                self.spent.clear()
+                self.rows.clear()
+        return self.reason(now)
+
+    def shared(self) -> bool:
+        """The streak spans several rows: maybe an outage not yet long enough to be sure of, so
+        no row fails for attempts it spent on it (the window bounds how long that lasts)."""
+        return len(self.rows) >= 2
+
+    def reason(self, now: Instant) -> str | None:
         lasting = self.since is not None and self.streak >= 2 and now - self.since >= self.window
         if self.streak < self.limit and not lasting:
             return None
-        return f"{APNS_UNREACHABLE}: {self.streak} sends in a row not delivered (last: {self.last})"
+        return f"{self.provider}{UNREACHABLE}: {self.streak} sends in a row not delivered (last: {self.last})"
+
+
+@dataclass
+class Outages:
+    """One ``Outage`` per provider, made on first need."""
+
+    limit: int
+    window: float = OUTAGE_WINDOW_SECONDS
+    by_provider: dict[str, Outage] = field(default_factory=dict)
+
+    def of(self, provider: str) -> Outage:
+        if provider not in self.by_provider:
+            self.by_provider[provider] = Outage(provider, self.limit, self.window)
+        return self.by_provider[provider]
 
 
 def not_written(result: SendResult) -> bool:
@@ -71,18 +117,52 @@ def return_undelivered(
     rows: list[dict[str, Any]],
     results: list[SendResult],
     settings: Settings,
-    outage: Outage,
+    outages: Outages,
     summary: DrainResult,
 ) -> Settlement:
     """Rows whose send certainly was not delivered go back to pending, not due again before their
-    backoff ends (``retry_not_before``): those APNs answered (429, 500, 503) and those that failed
-    before their write for another reason (``NOT_WRITTEN``) while attempts remain, one attempt
-    spent; those that never reached APNs (refused, TLS, no route) always, spending none, as only
-    APNs' answers count against a row (the lateness policy still bounds them). The rest stay
-    failed as ``settlement_of`` wrote them. A long enough run of them, across batches, halts the drain."""
+    backoff ends (``retry_not_before``): those the provider answered (429, 500, 503) and those that
+    failed before their write for another reason (``NOT_WRITTEN``) while attempts remain, one
+    attempt spent; those that never reached the provider (refused, TLS, no route), and those its
+    outage answered, always, spending none: only a provider's own answers count against a row
+    (the lateness policy still bounds them). While a provider's streak spans several rows, no row
+    fails for its attempts (it may be an outage not yet sure); once the streak is an outage, the
+    attempts its answers spent are given back (``Settlement.refunds``). The rest stay failed as
+    ``settlement_of`` wrote them. An outage halts its provider's rows only."""
+    by_provider: dict[str, list[SendResult]] = {}
+    for r in results:
+        by_provider.setdefault(out.providers.get(r.row_id, "apns"), []).append(r)
+    out_now = {}
+    for provider, answers in by_provider.items():
+        outage = outages.of(provider)
+        reason = outage.count(answers, out.at)
+        if reason:
+            out_now[provider] = reason
+            for row_id, n in outage.spent.items():
+                out.refunds[row_id] = out.refunds.get(row_id, 0) + n
+            outage.spent.clear()
     attempts = {r["id"]: r.get("attempts") or 0 for r in rows}
-    unreached = {r.row_id for r in results if r.retry and r.status is None and not not_written(r)}
-    again = unreached | {r.row_id for r in results if r.retry and attempts[r.row_id] + 1 < settings.send_max_attempts}
+    unreached = {
+        r.row_id
+        for r in results
+        if r.retry and not not_written(r) and (r.status is None or out.providers.get(r.row_id, "apns") in out_now)
+    }
+    streaked = {
+        r.row_id: outages.of(out.providers.get(r.row_id, "apns"))
+        for r in results
+        if r.retry and r.outage and r.status not in (None, 429) and not not_written(r) and r.row_id not in unreached
+    }
+    again = unreached | {
+        r.row_id
+        for r in results
+        if r.retry
+        and (
+            attempts[r.row_id] + 1 < settings.send_max_attempts or r.row_id in streaked and streaked[r.row_id].shared()
+        )
+    }
+    for row_id, outage in streaked.items():
+        if row_id in again:
+            outage.spent[row_id] += 1
     waits = {r.row_id: r.retry_after for r in results if r.retry_after}  # the provider's Retry-After
     if again:
         out.returned.extend(
@@ -92,11 +172,11 @@ def return_undelivered(
             for r in out.rows if r["id"] in again
         )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]
-    reason = outage.count(results, out.at)
-    if reason and not summary.halted:
-        summary.halted = reason
-        if not outage.alerted:  # one line per outage, not one per batch that meets it
-            log.error("APNs unreachable (%s): stopped claiming; remaining rows stay pending", reason)
+    for provider, reason in out_now.items():
+        if summary.halt(provider, reason) and not outages.of(provider).alerted:
+            log.error(
+                "%s unreachable (%s): stopped claiming its rows; they stay pending", provider_name(provider), reason
+            )
     return out
 
 
@@ -111,24 +191,36 @@ def retry_not_before(
     return now + uniform(delay / 2, delay)
 
 
-def alert_halt(settings: Settings, summary: DrainResult, claimer: str) -> None:
-    """The one alert of a halt: an outage, or a configuration fault that no retry can mend."""
-    if summary.halted and summary.halted.startswith(APNS_UNREACHABLE):
-        title = "APNs unreachable: drain stopped claiming"
+def alert_halt(settings: Settings, provider: str, reason: str, claimer: str, summary: DrainResult) -> None:
+    """The one alert of a provider's halt: an outage, or a configuration fault no retry can mend."""
+    name = provider_name(provider)
+    if is_outage(reason):
+        title = f"{name} unreachable: drain stopped claiming its rows"
         text = (
-            f"{summary.halted}. Those rows are pending again (each send is bounded by REMINDERS_SEND_MAX_ATTEMPTS "
-            "and MAX_LATENESS); rows not yet claimed stay pending for the next drain."
+            f"{reason}. Those rows are pending again, no attempt spent; the other providers' rows are sent on, "
+            f"and {name}'s go once it answers (each bounded by MAX_LATENESS)."
         )
-    elif summary.halted and summary.halted.startswith(FCM_FAULT):
-        title = "FCM configuration fault: drain stopped claiming"
+    elif provider == "fcm":
+        title = "FCM configuration fault: drain stopped claiming its rows"
         text = (
-            f"FCM answered {summary.halted}: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
-            "project is refused, not the row. Rows not yet claimed stay pending for the next drain."
+            f"FCM answered {reason}: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
+            "project is refused, not the row. Its rows not yet claimed stay pending; the other providers' are sent on."
+        )
+    elif provider == "webpush":
+        title = "Web Push configuration fault: drain stopped claiming its rows"
+        text = (
+            f"Web Push failed with {reason}: the VAPID key (REMINDERS_VAPID_PRIVATE_KEY_FILE) or subject is refused, "
+            "not the row. Its rows not yet claimed stay pending; the other providers' are sent on."
         )
     else:
-        title = "APNs configuration fault: drain stopped claiming"
+        title = "APNs configuration fault: drain stopped claiming its rows"
         text = (
-            f"APNs answered {summary.halted}: the credentials, key id, team or topic are wrong, not the row. "
-            "Rows not yet claimed stay pending for the next drain."
+            f"APNs answered {reason}: the credentials, key id, team or topic are wrong, not the row. "
+            "Its rows not yet claimed stay pending; the other providers' are sent on."
         )
     raise_alert(settings, title, text, claimer=claimer, failed=summary.outcomes.get("failed", 0))
+
+
+def describe_halts(halts: dict[str, str]) -> str:
+    """One line naming each halted provider and why (a Dagster failure, a log line)."""
+    return "; ".join(f"{provider_name(p)}: {reason}" for p, reason in sorted(halts.items()))

@@ -2,7 +2,7 @@
 
 The drain builds a sender inside its running event loop (``SenderFactory``), because aioapns binds
 its connection pool to the loop that exists when it is constructed. ``send_fenced`` is the one way
-the drain sends: no request leaves after its claim's fence (``drain.fence_deadline``).
+the drain sends: no request leaves after its claim's fence (``fence_deadline``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,7 +36,7 @@ class Notification:
     priority: int = 10
     push_type: str = "alert"
     provider: str = "apns"  # who delivers it (``devices.provider``): apns, webpush or fcm
-    # time.monotonic() after which the request must not leave: the claim's fence (drain.fence_deadline).
+    # time.monotonic() after which the request must not leave: the claim's fence (sender.fence_deadline).
     send_by: float | None = None
 
     def fenced(self, send_by: float) -> Notification:
@@ -138,11 +138,13 @@ class RecordingSender:
         return lambda: self
 
 
-def default_sender_factory(settings: Settings) -> SenderFactory:
+def default_sender_factory(settings: Settings, in_use: Collection[str] = ()) -> SenderFactory:
     """Each configured provider's sender, credentials checked now, before any claim; no sender at
     all in a dry run. APNs is checked when any of its settings is set, or when nothing else is
-    (so a deployment with no provider at all is refused). A ``RoutingSender`` hands each
-    notification to its device's provider."""
+    (so a deployment with no provider at all is refused). ``in_use``: the providers live devices
+    use (``ledger.providers_in_use``); one of them this deployment has no credentials for is
+    refused here (ValueError), before anything is claimed, rather than failing each of its rows.
+    A ``RoutingSender`` hands each notification to its device's provider."""
     if not settings.enabled:
 
         def refuse() -> Sender:
@@ -164,10 +166,21 @@ def default_sender_factory(settings: Settings) -> SenderFactory:
         from .apns import apns_sender_factory  # noqa: PLC0415
 
         factories["apns"] = apns_sender_factory(settings)
+    missing = sorted(set(in_use) - set(factories))
+    if missing:
+        raise ValueError(
+            f"devices are delivered by {', '.join(missing)}, which this deployment has no credentials for "
+            f"(set {'; '.join(PROVIDER_SETTINGS[p] for p in missing)}): nothing was claimed"
+        )
     return lambda: RoutingSender(factories)
 
 
 APNS_SETTINGS = ("apns_key_file", "apns_key_id", "apns_team_id", "apns_topic")
+PROVIDER_SETTINGS = {
+    "apns": "REMINDERS_APNS_KEY_FILE, _KEY_ID, _TEAM_ID and _TOPIC",
+    "webpush": "REMINDERS_VAPID_PRIVATE_KEY_FILE and REMINDERS_VAPID_SUBJECT",
+    "fcm": "REMINDERS_FCM_CREDENTIALS_FILE",
+}
 NOT_CONFIGURED = "provider_not_configured"
 
 
@@ -211,6 +224,20 @@ class RoutingSender:
                 await sender.aclose()
             except Exception:  # noqa: BLE001 - one sender's close must not leave the others open
                 log.exception("closing a sender failed")
+
+
+def fence_deadline(settings: Settings, claimed_at: float) -> float:
+    """When a claim taken at ``claimed_at`` (``time.monotonic()``, read before the claim's transaction)
+    stops sending: no request of it may leave after this.
+
+    No other process touches a claim younger than ``abandon_after_seconds`` (it is failed as
+    abandoned only after that). A request written before this deadline is answered within the send
+    timeout, and ``fence_margin_seconds`` covers clock skew between hosts and the settling commit,
+    so the claim is settled by its owner before anyone may fail it. A process paused past the
+    deadline (GC, SIGSTOP, a stalled VM) therefore never sends a row that may have been failed,
+    re-armed and sent elsewhere meanwhile. A local clock, not a database round trip per send.
+    """
+    return claimed_at + settings.abandon_after_seconds - settings.send_timeout_seconds - settings.fence_margin_seconds
 
 
 async def send_fenced(

@@ -210,8 +210,8 @@ class Settings(BaseSettings):
     apns_halt_after: Whole = Field(
         20,
         ge=1,
-        description="that many sends in a row certainly not delivered (429 excepted: one token's throttle), or "
-        "two or more over 10 s, across batches, halt the drain and alert (`apns_unreachable`)",
+        description="that many sends of one provider in a row certainly not delivered (429 excepted: one target's "
+        "throttle), or two or more over 10 s, across batches, halt that provider's rows and alert (`apns_unreachable`)",
     )
     send_retry_base_seconds: Seconds = Field(
         5.0,

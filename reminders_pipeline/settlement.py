@@ -56,6 +56,7 @@ class Settlement:
     returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind, for the counts
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider, for the counts
+    refunds: dict[int, int] = field(default_factory=dict)  # row id -> attempts an outage spent: given back
 
 
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
@@ -129,9 +130,12 @@ def settlement_of(
             summary.lateness_seconds.append(sent_at - row["send_after"])
         if res.token_invalid:
             out.dead_tokens.append((row, res))
-        if res.config_fault and not summary.halted:
-            summary.halted = res.reason or f"http {res.status}"
-            log.error("APNs configuration fault (%s): stopped claiming; remaining rows stay pending", summary.halted)
+        provider = plan.providers.get(res.row_id, "apns")
+        if res.config_fault and summary.halt(provider, res.reason or f"http {res.status}"):
+            log.error(
+                "%s configuration fault (%s): stopped claiming its rows; they stay pending",
+                provider, summary.halts[provider],
+            )  # fmt: skip
     for note in plan.to_send:  # a sender that lost a result must not leave a row claimed
         if note.row_id not in answered:
             out.rows.append({"id": note.row_id, "outcome": "failed", "outcome_detail": "no_result"})
@@ -157,31 +161,52 @@ def settled_ids(settlement: Settlement) -> list[int]:
 
 
 def settle_and_claim(
-    db: Database, returned: Sequence[Settlement], claimer: str, scope: str, ids: Sequence[int], claim_time: Instant
-) -> tuple[list[tuple[int, int]], str | None, list[dict[str, Any]]]:
-    """One commit per slice: the settlements that have come back, then the next claim, which claims
-    nothing once ``scope`` is halted. Returns what each settlement wrote, the halt, the claimed rows."""
+    db: Database,
+    returned: Sequence[Settlement],
+    claimer: str,
+    scope: str,
+    ids: Sequence[int],
+    claim_time: Instant,
+    halts: dict[str, str] | None = None,
+) -> tuple[list[tuple[int, int]], dict[str, str], list[dict[str, Any]]]:
+    """One commit per slice: the settlements that have come back, the halts found since the last
+    commit (``halts``: provider -> reason), then the next claim, which skips the rows of every
+    provider halted in ``scope`` (by any process). Returns what each settlement wrote, the scope's
+    halts when the claim left some ids unclaimed, and the claimed rows."""
     with db.write() as conn:
         written = _write_returned(conn, returned, claimer)
+        _record_halts(conn, scope, halts, claimer, claim_time)
         rows = ledger.claim(conn, ids, claim_time, claimer, unless_halted=scope)
-        halted = None if rows or not ids else ledger.halt_of(conn, scope)
-        return written, halted, rows
+        found = ledger.halts_of(conn, scope) if len(rows) < len(ids) else {}
+        return written, found, rows
 
 
 def settle_last(
     db: Database,
     returned: Sequence[Settlement],
     claimer: str,
-    halt: tuple[str, str] | None,
+    halts: tuple[str, dict[str, str]] | None,
     clock: Callable[[], Instant],
 ) -> list[tuple[int, int]]:
-    """A batch's last write: what is still unwritten, and the halt it found (``halt``: its scope and
-    reason, recorded at ``clock()``) so every batch and process of that scope stops too."""
+    """A batch's last write: what is still unwritten, and the halts it found and has not recorded
+    (``halts``: its scope and provider -> reason, recorded at ``clock()``) so every batch and
+    process of that scope skips those providers' rows too."""
     with db.write() as conn:
         written = _write_returned(conn, returned, claimer)
-        if halt is not None:
-            ledger.record_halt(conn, halt[0], halt[1], claimer, clock())
+        if halts is not None:
+            _record_halts(conn, halts[0], halts[1], claimer, clock())
         return written
+
+
+def _record_halts(conn: Connection, scope: str, halts: dict[str, str] | None, claimer: str, now: Instant) -> None:
+    for provider, reason in sorted((halts or {}).items()):
+        ledger.record_halt(conn, scope, provider, reason, claimer, now)
+
+
+def release_claims(db: Database, rows: Sequence[dict[str, Any]], claimer: str, now: Instant) -> int:
+    """Give back to pending whichever of ``rows`` are still claimed by ``claimer`` (none was sent)."""
+    with db.write() as conn:
+        return ledger.return_to_pending(conn, rows, claimer, now)
 
 
 def write_settlement(db: Database, settlement: Settlement, claimer: str, summary: DrainResult) -> None:
@@ -211,6 +236,7 @@ def _write_settlement(conn: Connection, s: Settlement, claimer: str) -> tuple[in
     rewriting it after an ambiguous commit settles nothing twice (only the claimer's claimed rows)."""
     settled = ledger.settle(conn, s.rows, claimer, s.at)
     ledger.return_to_pending(conn, s.returned, claimer, s.at)
+    ledger.refund_attempts(conn, s.refunds, s.at)
     voided = invalidated = 0
     for row, res in s.dead_tokens:
         voided += ledger.mark_token_invalid(

@@ -54,7 +54,8 @@ class DrainResult:
     lateness_seconds: list[float] = field(default_factory=list)
     tokens_invalidated: int = 0
     voided_by_token: int = 0
-    halted: str | None = None  # a configuration fault or an outage stopped claiming
+    halted: str | None = None  # the first halt's reason: a provider's configuration fault or outage
+    halts: dict[str, str] = field(default_factory=dict)  # provider -> why its rows stopped being claimed
     returned_to_pending: int = 0  # certainly not delivered: pending again, one attempt more
     duration_seconds: float = 0.0
 
@@ -68,9 +69,18 @@ class DrainResult:
         self.lateness_seconds.extend(other.lateness_seconds)
         self.tokens_invalidated += other.tokens_invalidated
         self.voided_by_token += other.voided_by_token
-        self.halted = self.halted or other.halted
+        for provider, reason in other.halts.items():
+            self.halt(provider, reason)
         self.returned_to_pending += other.returned_to_pending
         return self
+
+    def halt(self, provider: str, reason: str) -> bool:
+        """Stop claiming ``provider``'s rows (the other providers' go on); True if it is new."""
+        if provider in self.halts:
+            return False
+        self.halts[provider] = reason
+        self.halted = self.halted or reason
+        return True
 
     def lateness_percentiles(self) -> dict[str, float | None]:
         values = sorted(self.lateness_seconds)
@@ -89,6 +99,7 @@ class DrainResult:
             "details": dict(self.details),
             "kinds": dict(self.kinds),
             "providers": dict(self.providers),
+            "halts": dict(self.halts),
             "lateness_seconds": self.lateness_percentiles(),
             "duration_seconds": round(self.duration_seconds, 3),
         }

@@ -842,5 +842,5 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
     assert result.retry and result.status is None
     assert result.reason == f"{'not-sent' if unreached else 'not-written'}:{type(exc).__name__}"
     refused = result_from_error(8, ConnectionRefusedError(), written=False)
-    tripped = Outage(limit=3).count([refused, result, refused, refused], now=0.0)
+    tripped = Outage("apns", limit=3).count([refused, result, refused, refused], now=0.0)
     assert (tripped or "").startswith(f"apns_unreachable: {4 if unreached else 3} sends")

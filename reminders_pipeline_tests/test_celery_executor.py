@@ -367,7 +367,7 @@ def test_a_configuration_fault_found_by_one_batch_stops_the_batches_on_the_other
     assert drain["status"] == "FAILURE"  # summarize turns a halt into a red run
 
     with c.db.read() as conn:
-        halt = ledger.halt_of(conn, drain["run_id"])
+        halt = ledger.halts_of(conn, drain["run_id"]).get("apns")
         rows = [r for r in ledger.list_queue(conn) if r["device_id"].startswith("fault-")]
     assert halt and "InvalidProviderToken" in halt
     workers = {key: host.split("@")[0] for key, (host, _) in c.step_workers(drain["run_id"]).items()}

@@ -143,4 +143,4 @@ def test_an_apns_configuration_fault_halts_the_run_after_one_batch_with_one_aler
     assert not result.success  # summarize fails the run: red in the UI, and the run-failure alert
     assert len(RECORDER.sent) == 10  # batch 1 probed APNs; batches 2 and 3 never did
     assert Counter(r["status"] for r in rows(db)) == {"settled": 10, "pending": 20}
-    assert receiver.titles() == ["[reminders] APNs configuration fault: drain stopped claiming"]
+    assert receiver.titles() == ["[reminders] APNs configuration fault: drain stopped claiming its rows"]

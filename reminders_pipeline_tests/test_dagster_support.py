@@ -44,7 +44,7 @@ RECORDER = RecordingSender()
 class RecordingSenderResource(SenderResource):
     """Sends to ``RECORDER`` (a live run without APNs)."""
 
-    def factory(self) -> SenderFactory:
+    def factory(self, in_use=()) -> SenderFactory:
         return RECORDER.factory()
 
 

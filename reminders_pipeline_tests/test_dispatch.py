@@ -259,10 +259,10 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
     dispatcher = Dispatcher(db, live, RecordingSender().factory(), name="quiet", timer=timer)
     real = dispatcher._read_due
 
-    def read_due(clock, busy, after=None):
+    def read_due(clock, busy, after=None, skip=frozenset()):
         if clock.unix < start + 120:
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
-        return real(clock, busy, after)
+        return real(clock, busy, after, skip)
 
     real_beat = dispatcher._beat
 
@@ -522,11 +522,11 @@ def test_a_failed_read_keeps_the_full_read_an_announcement_asked_for(db, live):
     queued_at = once_after_housekeeping(dispatcher, start + 6, queue_late)
     read_due, failed = dispatcher._read_due, []
 
-    def failing_once(clock, busy, after=None):
+    def failing_once(clock, busy, after=None, skip=frozenset()):
         if queued_at and not failed:
             failed.append(clock)
             raise OperationalError("SELECT ...", {}, ConnectionRefusedError("connection refused"))
-        return read_due(clock, busy, after)
+        return read_due(clock, busy, after, skip)
 
     dispatcher._read_due = failing_once  # type: ignore[method-assign]
     asyncio.run(dispatcher.run(until=Instant.from_unix(start + 25)))
@@ -554,3 +554,81 @@ def test_a_row_queued_unannounced_is_found_by_the_periodic_full_read(db, live):
     rows = {r["title"]: r for r in rows_of(db)}
     assert {t: r["outcome"] for t, r in rows.items()} == {"first": "sent", "late": "sent"}
     assert rows["late"]["sent_at"].unix - queued_at["at"] <= FULL_READ_SECONDS + 2.0
+
+
+class _ApnsDown:
+    """A sender double: APNs out (``kind``: unreachable, or answering 503) until ``end`` on the
+    driven clock, Web Push and FCM answering 201 throughout. Records what each provider accepted
+    and every APNs send tried during the outage."""
+
+    def __init__(self, timer: DrivenTimer, end: float, kind: str) -> None:
+        self.timer, self.end, self.kind = timer, end, kind
+        self.accepted: list[tuple[str, int, float]] = []
+        self.refused: list[float] = []
+
+    async def send_many(self, notes):
+        out = []
+        for n in notes:
+            if n.provider == "apns" and self.timer.t < self.end:
+                self.refused.append(self.timer.t)
+                if self.kind == "503":
+                    out.append(SendResult(n.row_id, False, reason="ServiceUnavailable", status=503, retry=True))
+                else:
+                    out.append(SendResult(n.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True))
+                continue
+            self.accepted.append((n.provider, n.row_id, self.timer.t))
+            out.append(SendResult(n.row_id, True, status=200 if n.provider == "apns" else 201, apns_id="x"))
+        return out
+
+    async def aclose(self):
+        return None
+
+
+@pytest.mark.parametrize("kind", ["unreachable", "503"])
+def test_an_apns_outage_halts_apns_alone_while_web_push_and_fcm_send_on(db, live, feeds, kind):
+    """Issue 38's bar, on a driven clock: APNs out for 2 minutes (unreachable, or answering 503)
+    while Web Push and FCM answer 201, reminders of all three coming due throughout. No APNs row
+    spends an attempt (the 503s before the streak was an outage are given back), APNs halts and
+    alerts once, Web Push and FCM rows go at their own time throughout, and every APNs row goes
+    within 5 s of APNs' return. (Before: one outage judge for every provider, so Web Push's
+    successes reset APNs' streak: APNs rows spent their attempts and failed, and nothing halted.)"""
+    from .model_support import target_of
+
+    live = live.with_(
+        alert_webhook_url=feeds.url("/hook"),
+        webpush_allow_networks=("127.0.0.0/8",),
+        vapid_private_key_file="unread.pem",
+        fcm_credentials_file="unread.json",
+    )
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    for i, provider in enumerate(("apns", "webpush", "fcm")):
+        put_device(db, live, DeviceSpec(f"dev-{provider}", **target_of(provider, f"{i}" * 64)), now=at(0))
+    start = float(NOW_S)
+    outage_end = start + 120
+    due = {(p, k): start + 2.4 * k + 0.8 * i for i, p in enumerate(("apns", "webpush", "fcm")) for k in range(75)}
+    with db.write() as conn:
+        queue_rows(conn, [
+            {"device_id": f"dev-{p}", "source_id": None, "item_id": f"1:{p}{k}", "rule": "lead:3600",
+             "send_after": Instant.from_unix(t), "event_at": Instant.from_unix(t + 3600),
+             "expires_at": Instant.from_unix(t + 5400), "title": f"E{k}", "body": None}
+            for (p, k), t in due.items()
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+    sender = _ApnsDown(timer, outage_end, kind)
+    asyncio.run(Dispatcher(db, live, lambda: sender, timer=timer).run(until=Instant.from_unix(outage_end + 90)))
+
+    rows = rows_of(db)
+    assert len(rows) == len(due)
+    assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
+    sent_at = {row_id: t for _, row_id, t in sender.accepted}
+    for r in rows:
+        provider = r["device_id"].removeprefix("dev-")
+        late = sent_at[r["id"]] - r["send_after"].unix
+        if provider == "apns":
+            assert sent_at[r["id"]] - max(r["send_after"].unix, outage_end) <= 5.0, r
+        else:
+            assert late <= 1.0, (provider, late)  # on time throughout APNs' outage
+    assert len(sender.refused) <= live.apns_halt_after + 2 * 120 / 5  # one probe every 5 s once halted
+    alerts = [p["text"] for p in feeds.posts["/hook"]]
+    assert len(alerts) == 1 and "APNs unreachable" in alerts[0], alerts

@@ -8,8 +8,11 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from contextlib import contextmanager
 
 import pytest
+from sqlalchemy.exc import InternalError, OperationalError
+from sqlalchemy.exc import TimeoutError as SATimeoutError
 
 from reminders_pipeline import ledger
 from reminders_pipeline.build import build
@@ -17,6 +20,8 @@ from reminders_pipeline.db import Database
 from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch, send_batch_async
 from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.settings import Settings, SettingsError
+from reminders_pipeline.settlement import SettlementsNotWritten, write_settlement
+from reminders_pipeline.summary import DrainResult
 from reminders_pipeline.times import Instant
 
 from .support import NOW, TOKEN, at, by_key, device, item, recorded, rows
@@ -165,10 +170,11 @@ def test_a_claim_under_a_halted_scope_claims_nothing_and_other_scopes_claim_on(d
     got = queue_one(db, live, feeds)
     row_id = got[("e", "lead:3600")]["id"]
     with db.write() as conn:
-        ledger.record_halt(conn, "run-1", "InvalidProviderToken", "a", at(3600))
+        ledger.record_halt(conn, "run-1", "apns", "InvalidProviderToken", "a", at(3600))
+        ledger.record_halt(conn, "run-1_x", "fcm", "fcm:SENDER_ID_MISMATCH", "a", at(3600))
     with db.write() as conn:
         assert ledger.claim(conn, [row_id], at(3600), "a", unless_halted="run-1") == []
-        assert ledger.halt_of(conn, "run-1") == "InvalidProviderToken"
+        assert ledger.halts_of(conn, "run-1") == {"apns": "InvalidProviderToken"}  # not run-1_x's: LIKE's _ escaped
     assert [r["status"] for r in rows(db)] == ["pending"]
     with db.write() as conn:
         assert [r["id"] for r in ledger.claim(conn, [row_id], at(3600), "b", unless_halted="run-2")] == [row_id]
@@ -532,7 +538,7 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
 
     live = live.with_(claim_batch_size=1, apns_concurrency=2)
     ids = _due_items(db, live, feeds, 6)
-    slow_halt_of, real_claim = ledger.halt_of, ledger.claim
+    real_claim = ledger.claim
     fault_answered = threading.Event()
     claims = []
 
@@ -564,7 +570,7 @@ def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_ha
     summary = send_batch(db, live, ids, FaultOnSecond().factory(), now=at(0), claimer="c", halt_scope="scope-1")
     assert summary.halted == "InvalidProviderToken"
     with db.read() as conn:
-        assert slow_halt_of(conn, "scope-1") == "InvalidProviderToken"  # recorded for every batch of the scope
+        assert ledger.halts_of(conn, "scope-1") == {"apns": "InvalidProviderToken"}  # for every batch of the scope
     statuses = Counter(r["status"] for r in rows(db))
     assert statuses["claimed"] == 0, statuses  # nothing stranded
     if db.dialect == "sqlite":  # the fault came in while the third claim waited in its thread: it is given back
@@ -848,3 +854,116 @@ def test_a_send_failing_before_its_write_goes_again_spending_its_attempts(db, li
         assert (row["status"], row["attempts"], row["outcome_detail"]) == ("pending", n, "not-written:RuntimeError")
     last = drain(db, live, RecordingSender(script={TOKEN: broken}).factory(), now=at(180))
     assert last.outcomes == {"failed": 1} and last.halted is None
+
+
+def test_one_providers_configuration_fault_halts_its_rows_only(db, live, feeds):
+    """Issue 38: APNs refusing our key halts APNs rows alone; the Web Push and FCM rows of the same
+    drain are claimed and sent, APNs' stay pending unclaimed, and the halt names APNs. (Before:
+    the whole drain stopped claiming at the first APNs answer.)"""
+    from reminders_pipeline.devices import DeviceSpec, put_device
+
+    from .model_support import target_of
+
+    live = live.with_(
+        claim_batch_size=3,
+        webpush_allow_networks=("127.0.0.0/8",),
+        vapid_private_key_file="unread.pem",
+        fcm_credentials_file="unread.json",
+    )
+    url = feeds.items("/a.json", [item(f"e{i}", 3600) for i in range(4)])
+    for i, provider in enumerate(("apns", "webpush", "fcm")):
+        put_device(db, live, DeviceSpec(f"dev-{provider}", source_urls=(url,), **target_of(provider, f"{i}" * 64)))
+    build(db, live, now=NOW)
+
+    class ApnsRefusesOurKey(RecordingSender):
+        async def send_many(self, notes):
+            apns = [n for n in notes if n.provider == "apns"]
+            rest = await super().send_many([n for n in notes if n.provider != "apns"])
+            return rest + [
+                SendResult(n.row_id, False, reason="InvalidProviderToken", status=403, config_fault=True) for n in apns
+            ]
+
+    sender = ApnsRefusesOurKey()
+    summary = drain(db, live, sender.factory(), now=at(0))
+    assert summary.halts == {"apns": "InvalidProviderToken"} and summary.halted == "InvalidProviderToken"
+    assert Counter(n.provider for n in sender.sent) == {"webpush": 4, "fcm": 4}
+    got = Counter((r["device_id"], r["status"], r["outcome"]) for r in rows(db))
+    assert got[("dev-webpush", "settled", "sent")] == 4 and got[("dev-fcm", "settled", "sent")] == 4
+    # APNs' rows come first (lowest ids): the first slice met the fault, the fourth was never claimed
+    assert got[("dev-apns", "settled", "failed")] == 3 and got[("dev-apns", "pending", None)] == 1, got
+
+
+class _FlakyLedger(Database):
+    """A ledger whose ``fail_at``-th write transaction fails with ``error``: before its COMMIT
+    (nothing of it commits) or, with ``after_commit``, once the COMMIT went through (the server
+    answered, but the answer was lost)."""
+
+    def __init__(self, url: str, fail_at: int, error: Exception, after_commit: bool = False) -> None:
+        super().__init__(url)
+        self.fail_at, self.error, self.after_commit, self.writes = fail_at, error, after_commit, 0
+
+    @contextmanager
+    def write(self):
+        self.writes += 1
+        with super().write() as conn:
+            yield conn
+            if self.writes == self.fail_at and not self.after_commit:
+                raise self.error
+        if self.writes == self.fail_at and self.after_commit:
+            raise self.error
+
+
+LOST = OperationalError("COMMIT", {}, ConnectionError("server closed the connection unexpectedly"))
+
+
+def test_a_claim_whose_commit_went_through_but_reported_failure_gives_its_rows_back(db, db_url, live, feeds):
+    """Issue 38 (17): the COMMIT of "settle slice 1 + claim slice 2" succeeds but the drain hears
+    a lost connection. Slice 2's rows were claimed and never sent: they go back to pending at once
+    (no attempt spent), not left claimed to fail as abandoned; slice 1's settlement stands."""
+    ids = _due_items(db, live, feeds, 30)
+    sender = RecordingSender()
+    flaky = _FlakyLedger(
+        db_url, fail_at=3, error=LOST, after_commit=True
+    )  # 1: sweep, 2: claim 1, 3: settle 1 + claim 2
+    try:
+        with pytest.raises(OperationalError):
+            drain(flaky, live.with_(claim_batch_size=10, apns_concurrency=1), sender.factory(), now=at(0))
+    finally:
+        flaky.dispose()
+    got = {r["id"]: r for r in rows(db)}
+    sent = {n.row_id for n in sender.sent}
+    assert len(sent) == 10 and {got[i]["outcome"] for i in sent} == {"sent"}
+    assert [i for i in ids if got[i]["status"] == "claimed"] == []
+    back = [got[i] for i in ids[10:20]]
+    assert {(r["status"], r["outcome_detail"], r["attempts"]) for r in back} == {("pending", "claim_unconfirmed", 0)}
+    assert len(find_due(db, at(0))) == 20  # every unsent row is due for the next drain
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        SATimeoutError("QueuePool limit of size 5 overflow 10 reached, connection timed out, timeout 30.00"),
+        InternalError("COMMIT", {}, Exception("cannot execute UPDATE in a read-only transaction")),
+        OperationalError("COMMIT", {}, ConnectionError("server closed the connection unexpectedly")),
+    ],
+    ids=["pool_timeout", "read_only", "operational"],
+)
+def test_settlements_are_kept_through_every_transient_database_error(db, db_url, live, feeds, error):
+    """Issue 38 (16): a batch whose last settlement meets a pool timeout (connects hanging in a
+    partition) or a read-only server after a failover keeps its settlements for the caller to
+    write again (``SettlementsNotWritten``), as it does for an OperationalError; written once the
+    ledger answers, every sent row reads `sent`, nothing stays claimed. (Before: only an
+    OperationalError was kept; the others dropped them, and the rows failed as abandoned.)"""
+    ids = _due_items(db, live, feeds, 10)
+    sender = RecordingSender()
+    flaky = _FlakyLedger(db_url, fail_at=2, error=error)  # 1: claim, 2: settle
+    try:
+        with pytest.raises(SettlementsNotWritten) as kept:
+            send_batch(flaky, live, ids, sender.factory(), now=at(0), claimer="c")
+    finally:
+        flaky.dispose()
+    summary = DrainResult(now=at(0))
+    for settlement in kept.value.settlements:
+        write_settlement(db, settlement, "c", summary)
+    assert summary.outcomes == {"sent": 10}
+    assert {(r["status"], r["outcome"]) for r in rows(db)} == {("settled", "sent")}

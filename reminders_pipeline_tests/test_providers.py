@@ -331,18 +331,6 @@ def test_the_device_api_takes_a_subscription_or_an_fcm_token_and_refuses_an_inte
     assert bad.status_code == 422
 
 
-def test_a_provider_without_credentials_fails_its_rows_and_the_others_are_sent(run, fresh_mock, feeds, db):
-    url = soon(feeds, "/a.json", "Standup")
-    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
-    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
-    run("build", "--all")
-    summary = json.loads(run("drain", REMINDERS_FCM_CREDENTIALS_FILE="").output)
-    assert summary["providers"] == {"apns:sent": 1, "fcm:failed": 1} and summary["halted"] is None
-    got = {r["device_id"]: r for r in rows(db)}
-    assert got["droid"]["outcome_detail"] == "provider_not_configured:fcm"
-    assert not device_of(run, "droid")["token_invalid_at"]
-
-
 @pytest.mark.parametrize(
     ("answer", "detail"),
     [
@@ -399,3 +387,22 @@ def test_fcm_refusing_our_credentials_halts_the_drain_and_says_so(run, fcm, feed
         summary = drained(run)
     assert summary["halted"] == "fcm:THIRD_PARTY_AUTH_ERROR"
     assert any("FCM configuration fault" in r.getMessage() for r in caplog.records)
+
+
+def test_a_provider_devices_use_but_the_deployment_cannot_reach_is_refused_before_any_claim(
+    run, push, fresh_mock, feeds, tmp_path, db
+):
+    """Issue 38 (13): with Web Push configured and the APNs secret not mounted, `reminders drain`
+    and `reminders dispatch` stop before any claim with exit status 2 and a line naming APNs and
+    its settings, as docs/operations.md says; the rows stay pending for a drain that can send them.
+    (Before: the drain started and failed every APNs row `provider_not_configured:apns`.)"""
+    url = soon(feeds, "/a.json", "Standup")
+    subscribed(run, push, tmp_path, url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    run("build", "--all")
+    unmounted = {k: "" for k in fresh_mock.env() if k.startswith("REMINDERS_APNS_")}
+    for command in (("drain",), ("dispatch", "--seconds", "1")):
+        out = run(*command, code=2, **unmounted).output
+        assert "apns" in out and "REMINDERS_APNS_KEY_FILE" in out and "nothing was claimed" in out, out
+    assert {(r["device_id"], r["status"]) for r in rows(db)} == {("web", "pending"), ("phone", "pending")}
+    assert json.loads(run("drain").output)["outcomes"] == {"sent": 2}  # mounted again: both go

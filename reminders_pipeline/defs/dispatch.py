@@ -23,7 +23,7 @@ from reminders_pipeline.times import Instant
 from .build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
 from .drain import summary_metadata
 from .monitoring import check_result
-from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
+from .resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
 from .run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
 from .sensors import running_sensor
 from .signals import stop_on_signals
@@ -49,9 +49,9 @@ async def dispatch(
     if not settings.dispatch_enabled:
         context.log.warning("REMINDERS_DISPATCH_ENABLED is false: nothing dispatched (the cron drain sends)")
         return {}
-    factory = sender.factory()  # APNs credentials are checked here, before any claim
     seconds = config.run_seconds or settings.dispatch_run_seconds
     with ledger.open() as db, stop_on_signals() as stop:
+        factory = sender.factory(in_use(db, settings))  # every provider in use checked before any claim
         dispatcher = Dispatcher(
             db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s))
         )

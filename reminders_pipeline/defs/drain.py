@@ -11,12 +11,13 @@ from typing import Any
 import dagster as dg
 
 from reminders_pipeline import drain as core
+from reminders_pipeline.faults import describe_halts
 from reminders_pipeline.schema import OUTCOMES
 from reminders_pipeline.summary import DrainResult
 from reminders_pipeline.times import Instant
 
 from .build import LOAD_SETTINGS
-from .resources import AlertingResource, LedgerResource, SenderResource, core_settings
+from .resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
 from .run_queue import MAX_RUNTIME_TAG, RUN_KIND_TAG
 from .signals import stop_on_signals
 
@@ -54,20 +55,21 @@ async def send_batch(
     alerting: AlertingResource,
     batch: list,
 ) -> DrainResult:
-    """A halt (APNs configuration fault or outage) found by any batch of this run, in any process,
-    is in the ledger under the run id: the core reads it before each claim, so later batches stop
-    without probing APNs again or alerting again, whichever executor runs them."""
+    """A provider's halt (its configuration fault or outage) found by any batch of this run, in any
+    process, is in the ledger under the run id: every claim reads it, so later batches skip that
+    provider's rows without probing it again or alerting again, whichever executor runs them, and
+    send the other providers' rows on."""
     settings = core_settings(ledger, sender, alerting)  # the core alerts on APNs faults itself
-    factory = sender.factory()  # APNs credentials are checked here, before any claim
     claimer = f"{context.run_id}:{context.get_mapping_key()}"  # a claim names the run that made it
     with ledger.open() as db, stop_on_signals() as stop:
+        factory = sender.factory(in_use(db, settings))  # every provider in use checked before any claim
         summary = await core.send_batch_async(
             db, settings, batch, factory, claimer=claimer, halt_scope=context.run_id, stop=stop
         )
     if stop.is_set():  # terminated: the rows not yet claimed stay pending for the next drain
         raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first")
     if summary.halted and not summary.claimed:
-        context.log.warning(f"skipped: this run halted ({summary.halted})")
+        context.log.warning(f"skipped: this run halted {describe_halts(summary.halts)}")
     return summary
 
 
@@ -89,8 +91,8 @@ def summary_metadata(summary: DrainResult, batches: int) -> dict[str, Any]:
     for name, value in summary.lateness_percentiles().items():
         if value is not None:
             meta[f"lateness_{name}_seconds"] = value
-    if summary.halted:
-        meta["halted"] = summary.halted
+    if summary.halts:
+        meta["halted"] = describe_halts(summary.halts)
     return meta
 
 
@@ -102,7 +104,9 @@ def summarize(context: dg.OpExecutionContext, abandoned: int, due: int, summarie
     meta = summary_metadata(summary, len(summaries))
     context.log.info(f"drain: {summary.as_dict()}")
     if summary.halted:  # the core has alerted; a red run is what the UI should show for it
-        raise dg.Failure(f"APNs fault, drain halted ({summary.halted}); remaining rows stay pending", metadata=meta)
+        raise dg.Failure(
+            f"drain halted for {describe_halts(summary.halts)}; their remaining rows stay pending", metadata=meta
+        )
     context.add_output_metadata(meta)
     return summary.as_dict()
 

@@ -10,13 +10,14 @@ environment or the embedded default stands: the quick start needs no variable at
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import dagster as dg
 from pydantic import PrivateAttr
 
+from reminders_pipeline import ledger as core_ledger
 from reminders_pipeline import migrate
 from reminders_pipeline.alerts import raise_alert
 from reminders_pipeline.db import Database, shared
@@ -87,10 +88,11 @@ class SenderResource(SettingsResource):
     enabled: str | None = None
     _factory: SenderFactory | None = PrivateAttr(default=None)
 
-    def factory(self) -> SenderFactory:
-        """Made on first use, so APNs credentials are checked before any claim, once per run."""
+    def factory(self, in_use: Collection[str] = ()) -> SenderFactory:
+        """Made on first use, so each provider's credentials are checked before any claim, once
+        per run; ``in_use``: the providers live devices use, each of which must be configured."""
         if self._factory is None:
-            self._factory = default_sender_factory(self.settings())
+            self._factory = default_sender_factory(self.settings(), in_use)
         return self._factory
 
 
@@ -117,6 +119,14 @@ class AlertingResource(SettingsResource):
 
     def alert(self, title: str, detail: str = "", **fields: Any) -> bool:
         return raise_alert(self.settings(), title, detail, **fields)
+
+
+def in_use(db: Database, settings: Settings) -> set[str]:
+    """The providers live devices use, which a sending run must reach (none checked in a dry run)."""
+    if not settings.enabled:
+        return set()
+    with db.read() as conn:
+        return core_ledger.providers_in_use(conn)
 
 
 def core_settings(ledger: LedgerResource, *others: SettingsResource) -> Settings:

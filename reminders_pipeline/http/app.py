@@ -52,12 +52,13 @@ from ..devices import (
     rotate_credential,
     stored_credential_hash,
 )
+from ..drain import checked_sender_factory
 from ..drain import drain as run_drain
 from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
 from ..quiet import first_line
 from ..rules import DEFAULT_ALL_DAY_RULES
 from ..schema import MAX_ROW_ID
-from ..sender import SenderFactory, default_sender_factory
+from ..sender import SenderFactory
 from ..settings import Settings
 from ..subscription import CalendarSettings
 from ..times import Instant
@@ -443,7 +444,7 @@ class Api:
         factory = self.sender_factory
         if factory is None:
             try:  # APNs credentials are checked here, before anything is claimed
-                factory = await run_in_threadpool(default_sender_factory, self.settings)
+                factory = await run_in_threadpool(checked_sender_factory, self.db, self.settings)
             except ValueError as exc:
                 raise ApiError(503, "sender_unavailable", str(exc)) from None
         summary = await run_in_threadpool(

@@ -341,7 +341,12 @@ class DrainSummary(BaseModel):
     tokens_invalidated: int = 0
     voided_by_token: int = 0
     halted: str | None = Field(
-        description="An APNs configuration fault or outage (`apns_unreachable: ...`) that stopped claiming."
+        description="The first provider's configuration fault or outage (`apns_unreachable: ...`) that stopped "
+        "claiming its rows."
+    )
+    halts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each halted provider (apns, webpush, fcm) and why; the other providers' rows were sent on.",
     )
     returned_to_pending: int = Field(
         0, description="Rows whose send certainly never reached APNs, pending again (details: `pending:reason`)."

@@ -11,7 +11,8 @@ One module per table or concern:
 - ``sources``: subscriptions and each feed's last read;
 - ``queue``: the build's upserts, re-arms and voids, and the NOTIFY that wakes dispatchers;
 - ``actions``: a person's Snooze and Done on a sent alert;
-- ``claims``: due ids, the claim, settle, return to pending, abandoned claims, drain halts;
+- ``claims``: due ids, the claim, settle, return to pending, abandoned claims;
+- ``halts``: the drain halts of one provider in one scope;
 - ``heartbeats``: exact-time dispatchers' heartbeats;
 - ``reports``: reads for people and the bounded reads of /metrics;
 - ``retention``: pruning settled rows and history.
@@ -34,10 +35,8 @@ from .claims import (
     claim,
     due_ids,
     fail_abandoned,
-    halt_of,
     lock_rows,
-    prune_halts,
-    record_halt,
+    refund_attempts,
     return_to_pending,
     settle,
 )
@@ -55,6 +54,7 @@ from .devices import (
     never_built_chunks,
     oldest_built,
     plan_states,
+    providers_in_use,
     rules_in_use,
     select_build_devices,
     set_chunks,
@@ -67,6 +67,12 @@ from .devices import (
     store_tz_offset,
     swap_device_credential,
     upsert_device,
+)
+from .halts import (
+    halt_key,
+    halts_of,
+    prune_halts,
+    record_halt,
 )
 from .heartbeats import (
     beat,
@@ -154,7 +160,8 @@ __all__ = [
     "fail_abandoned",
     "get_device",
     "get_row",
-    "halt_of",
+    "halt_key",
+    "halts_of",
     "history_of",
     "latest_beat",
     "latest_settled",
@@ -170,6 +177,7 @@ __all__ = [
     "next_send_after",
     "oldest_built",
     "plan_states",
+    "providers_in_use",
     "oldest_due_pending",
     "ping",
     "prune_dispatchers",
@@ -181,6 +189,7 @@ __all__ = [
     "rearm_anchor",
     "rearm_bounds",
     "record_halt",
+    "refund_attempts",
     "record_source_failure",
     "record_source_success",
     "return_to_pending",

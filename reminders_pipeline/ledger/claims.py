@@ -1,19 +1,33 @@
-"""The drain's side of a queue row: due ids, the claim (the only lock), settle, return to
-pending, abandoned claims, and the halts that stop every drain of a scope."""
+"""The drain's side of a queue row: due ids, the claim (the only lock, which honours the halts of
+``halts.py``), settle, return to pending, and abandoned claims."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Text, and_, any_, bindparam, delete, exists, or_, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Text,
+    and_,
+    any_,
+    bindparam,
+    case,
+    exists,
+    literal,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 
 from ..schema import IsoTime, device_sources, devices, drain_halts
 from ..schema import notification_queue as q
 from ..times import Instant
-from ._common import CLAIMED, PENDING, insert_on_conflict, now_param, rows_json, rows_text
+from ._common import CLAIMED, PENDING, now_param, rows_json, rows_text
+from .halts import HALT_SEPARATOR
 from .queue import announce_pending
 
 
@@ -63,19 +77,35 @@ def _due(rows: Any, now: Any) -> tuple[Any, ...]:
 
 
 def due_ids(
-    conn: Connection, now: Instant, row_id: int | None = None, limit: int | None = None, after: Instant | None = None
+    conn: Connection,
+    now: Instant,
+    row_id: int | None = None,
+    limit: int | None = None,
+    after: Instant | None = None,
+    *,
+    skip_providers: Collection[str] = (),
+    only_provider: str | None = None,
 ) -> list[int]:
     """The due predicate: pending, ``send_after`` has passed and so has ``not_before``. Plain text
     comparison in SQL: ``now`` is bound as its stored text.
 
     ``after``: only rows that came due after it (the later of ``send_after`` and ``not_before``),
     so a dispatcher with a burst in flight reads what is new, not every row it is already sending.
+    ``skip_providers``: not the rows of these providers' devices (halted ones); ``only_provider``:
+    only that provider's (a probe of a halted one). Either joins the devices; neither reads the
+    queue alone, as every pass of a healthy dispatcher does.
     """
     stmt = (
         select(q.c.id)
         .where(q.c.status == PENDING, q.c.send_after <= now, not_held(now))
         .order_by(q.c.send_after, q.c.id)
     )
+    if skip_providers or only_provider is not None:
+        stmt = stmt.join(devices, devices.c.id == q.c.device_id)
+        if skip_providers:
+            stmt = stmt.where(devices.c.provider.not_in(sorted(skip_providers)))
+        if only_provider is not None:
+            stmt = stmt.where(devices.c.provider == only_provider)
     if after is not None:
         stmt = stmt.where(or_(q.c.send_after > after, q.c.not_before > after))
     if row_id is not None:
@@ -92,8 +122,9 @@ def claim(
 
     On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
     never deadlock and never wait on each other; the status and due check runs on the locked,
-    latest row version. ``unless_halted``: a drain scope; once it is halted (``record_halt``)
-    nothing is claimed, checked by the same statement (``halt_of`` says why).
+    latest row version. ``unless_halted``: a drain scope; once one provider is halted in it
+    (``record_halt``) none of that provider's rows is claimed, checked by the same statement
+    (``halts_of`` says why); the other providers' rows are claimed on.
     """
     if not ids:
         return []
@@ -152,17 +183,24 @@ _CLAIM_CALENDAR_COLUMNS = (
 )
 
 
+def _not_halted(rows: Any) -> Any:
+    """No halt of the row's device's provider in the claim's scope. A correlated read of the
+    device (not a join): the claim's row lock must not take the device's. NULL matches no scope:
+    no halt stops a claim made without one."""
+    provider = select(devices.c.provider).where(devices.c.id == rows.c.device_id).correlate(rows).scalar_subquery()
+    key = bindparam("halt_scope", type_=Text()).op("||")(literal(HALT_SEPARATOR)).op("||")(provider)
+    return ~exists().where(drain_halts.c.scope == key)
+
+
 @cache
 def _claim_statement(dialect: str) -> Any:
     """Built once per dialect: the drain claims every slice with the same statement."""
     now = now_param()
     values = dict(status="claimed", claimed_at=now, claimed_by=bindparam("claimer"), updated_at=now)
-    # NULL matches no scope: no halt stops a claim made without one.
-    not_halted = ~exists().where(drain_halts.c.scope == bindparam("halt_scope", type_=Text()))
     if dialect != "postgresql":
         return (
             update(q)
-            .where(q.c.id.in_(bindparam("claim_ids", expanding=True)), not_halted, *_due(q, now))
+            .where(q.c.id.in_(bindparam("claim_ids", expanding=True)), _not_halted(q), *_due(q, now))
             .values(**values)
             .returning(*q.c)
         )
@@ -174,7 +212,7 @@ def _claim_statement(dialect: str) -> Any:
     locked = q.alias("locked")
     target = (
         select(locked.c.id, locked.c.status, locked.c.send_after, locked.c.not_before)
-        .where(locked.c.id == any_(ids), not_halted)
+        .where(locked.c.id == any_(ids), _not_halted(locked))
         .order_by(locked.c.id)
         .with_for_update(skip_locked=True)
         .subquery("target")
@@ -279,16 +317,16 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
     return len(back)
 
 
-def record_halt(conn: Connection, scope: str, reason: str, claimer: str, now: Instant) -> None:
-    """Halt every drain of ``scope`` (written once: the first fault found is the one kept)."""
-    ins = insert_on_conflict(conn)(drain_halts).values(scope=scope, reason=reason, claimer=claimer, halted_at=now)
-    conn.execute(ins.on_conflict_do_nothing(index_elements=[drain_halts.c.scope]))
-
-
-def halt_of(conn: Connection, scope: str) -> str | None:
-    """Why drains of ``scope`` halted, or None: one primary-key read before each claim."""
-    return conn.scalar(select(drain_halts.c.reason).where(drain_halts.c.scope == scope))
-
-
-def prune_halts(conn: Connection, before: Instant) -> int:
-    return conn.execute(delete(drain_halts).where(drain_halts.c.halted_at < before)).rowcount
+def refund_attempts(conn: Connection, refunds: Mapping[int, int], now: Instant) -> int:
+    """Give back the attempts these rows spent (row id -> how many) on a provider's answers that
+    turned out to be its outage: an outage counts against nobody. A settled row stays as it is.
+    One statement per distinct count (almost always one)."""
+    given = 0
+    for spent in sorted(set(refunds.values())):
+        ids = sorted(i for i, n in refunds.items() if n == spent)
+        given += conn.execute(
+            update(q)
+            .where(q.c.id.in_(ids), q.c.status != "settled", q.c.attempts > 0)
+            .values(attempts=case((q.c.attempts > spent, q.c.attempts - spent), else_=0), updated_at=now)
+        ).rowcount
+    return given

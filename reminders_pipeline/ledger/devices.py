@@ -440,6 +440,11 @@ def count_devices_with_lead_below(conn: Connection, seconds: int) -> int:
     return int(conn.scalar(select(func.count()).where(live, devices.c.reminder_lead_seconds < seconds)) or 0)
 
 
+def providers_in_use(conn: Connection) -> set[str]:
+    """The providers live devices are delivered by: those a sending deployment must reach."""
+    return set(conn.scalars(select(devices.c.provider).where(devices.c.token_invalid_at.is_(None)).distinct()))
+
+
 def never_built_chunks(conn: Connection) -> set[int]:
     """Chunks holding a live device that no build has visited yet."""
     stmt = (
