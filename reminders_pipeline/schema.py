@@ -76,9 +76,9 @@ def _partial_index(name: str, *columns: str, where: str) -> Index:
     return Index(name, *columns, sqlite_where=text(where), postgresql_where=text(where))
 
 
-def _table(name: str, *parts: Any) -> Table:
+def _table(name: str, *parts: Any, **options: Any) -> Table:
     """A table of the ledger: every time column carries its shape CHECK (``iso_check``)."""
-    table = Table(name, metadata, *parts)
+    table = Table(name, metadata, *parts, **options)
     for column in table.columns:
         if isinstance(column.type, IsoTime):
             table.append_constraint(iso_check(column.name, bool(column.nullable)))
@@ -237,6 +237,9 @@ notification_queue = _table(
         sqlite_where=text("snoozed_from IS NOT NULL"),
         postgresql_where=text("snoozed_from IS NOT NULL"),
     ),
+    # From 0019: an id is never given twice (an alert's action token names its row's id), where
+    # SQLite would otherwise give the highest again once it is pruned.
+    sqlite_autoincrement=True,
 )
 
 

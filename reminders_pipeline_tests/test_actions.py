@@ -256,3 +256,29 @@ def test_the_cli_snoozes_and_marks_done_as_an_operator(db, cli, mock, phone):
     assert "--until" in cli("queue", "snooze", "phone", row_id, "--until", "2000-01-01T00:00:00Z", code=2).output
     cli("device", "remove", "phone")  # its rows stay in the ledger, and act on nothing
     assert "no reminder" in cli("queue", "snooze", "phone", row_id, "--seconds", "60", code=1).output
+
+
+def test_a_token_of_a_pruned_alert_acts_on_no_row_made_after_it(db, cli, mock, phone, feeds, settings):
+    """Issue 38 finding 7: the alert's rows are pruned, the calendar's next event is queued and
+    sent. Its rows get new ids, never the pruned ones (SQLite reused the highest without
+    AUTOINCREMENT), so the old alert's Done, pressed late, finds no reminder and settles nothing
+    of the new event."""
+    payload = sent_alert(cli, mock)
+    old_token, old_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    assert act(phone, old_id, "done", token=old_token).status_code == 200  # lead:300 settles too
+    old_ids = {r["id"] for r in rows(db, device_id="phone")}
+    past_retention = Instant.now() + settings.retention_seconds + 86_400
+    assert json.loads(cli("prune", "--now", past_retention.stored).output)["deleted"] == len(old_ids)
+    assert rows(db, device_id="phone") == []
+
+    standup(feeds, phone.starts + 300, "Retro")  # the calendar's next event, its lead:1800 due now
+    sent_alert(cli, mock, count=2)
+    new = {r["rule"]: r for r in rows(db, device_id="phone")}
+    assert new["lead:1800"]["outcome"] == "sent" and new["lead:300"]["status"] == "pending"
+
+    before = rows(db)
+    for action, body in (("done", {}), ("snooze", {"seconds": 60})):
+        r = act(phone, old_id, action, token=old_token, **body)
+        assert r.status_code == 404 and r.json()["error"] == "no_reminder", r.text
+    assert rows(db) == before
+    assert min(r["id"] for r in new.values()) > max(old_ids)

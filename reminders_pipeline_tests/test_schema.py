@@ -530,3 +530,47 @@ def test_migration_0017_adds_acknowledged_and_a_downgrade_leaves_what_0016_reads
             ("lead:30", "acknowledged"),
         ]
     test_the_due_query_uses_the_partial_index(db)
+
+
+def test_migration_0019_keeps_every_row_and_id_and_gives_no_id_twice(db):
+    """Issue 38 finding 7: a ledger at 0018 with rows in every state, and its highest row pruned
+    after a re-arm left its history. Upgraded, every row is as it was with its id, and new ids go
+    on above the highest the ledger still names, the pruned row's included; a new row deleted
+    never gives its id to the next (SQLite reused both without AUTOINCREMENT)."""
+    from sqlalchemy import delete, select
+
+    from reminders_pipeline import migrate
+    from reminders_pipeline.schema import notification_history
+
+    q, h = notification_queue, notification_history
+    states = [
+        dict(status="pending"),
+        dict(status="pending", not_before=NOW, held_until=NOW, attempts=2),
+        dict(status="claimed", claimed_by="drainer", claimed_at=NOW),
+        *(dict(status="settled", outcome=o, settled_at=NOW) for o in ("sent", "failed", "voided", "acknowledged")),
+        dict(rule="agenda", item_id="agenda:2026-09-10"),
+    ]
+    try:
+        migrate.downgrade(db, "0018")
+        with db.write() as conn:
+            for n, state in enumerate(states):
+                conn.execute(insert(q).values(**{**_queue_row(item_id=f"1:{n}"), **state}))
+            sent = conn.execute(select(q.c.id).where(q.c.outcome == "sent")).scalar_one()
+            conn.execute(insert(q).values(**_queue_row(item_id="1:0", rule="snooze:1", snoozed_from=sent)))
+            pruned = conn.execute(
+                insert(q).values(**_queue_row(item_id="1:gone", status="settled", outcome="sent", settled_at=NOW))
+            ).inserted_primary_key[0]
+            history = dict(queue_id=pruned, device_id="d", item_id="1:gone", rule="lead:60", send_after=NOW)
+            conn.execute(insert(h).values(**history, outcome="sent", settled_at=NOW, rearmed_at=NOW))
+            conn.execute(delete(q).where(q.c.id == pruned))
+            kept = conn.execute(select(q).order_by(q.c.id)).all()
+    finally:
+        migrate.upgrade(db)
+    with db.write() as conn:
+        assert conn.execute(select(q).order_by(q.c.id)).all() == kept
+        made = conn.execute(insert(q).values(**_queue_row(item_id="1:new"))).inserted_primary_key[0]
+        conn.execute(delete(q).where(q.c.id == made))
+        again = conn.execute(insert(q).values(**_queue_row(item_id="1:new"))).inserted_primary_key[0]
+    assert len(kept) == len(states) + 1 and pruned > max(r.id for r in kept)
+    assert pruned < made < again
+    test_an_upgrade_builds_every_index_the_schema_declares(db)

@@ -36,20 +36,28 @@ def replace_check(table: str, name: str, condition: str) -> None:
 
 
 def sqlite_replace_check(table: str, old: str, new: str) -> None:
-    """SQLite only: a CHECK changed the one way SQLite allows, by copying the table. The copy is made
-    from the table's own stored DDL with ``old`` (a constraint's exact text there) swapped for
-    ``new``, so every other column and constraint stays exactly as earlier revisions left it; its
-    indexes are made again from their own DDL. Foreign keys are off while a migration runs."""
+    """SQLite only: a CHECK changed the one way SQLite allows, by copying the table
+    (``sqlite_copy_table``); ``old`` is the constraint's exact text in the stored DDL."""
+    sqlite_copy_table(table, {old: new})
+
+
+def sqlite_copy_table(table: str, changes: dict[str, str]) -> None:
+    """SQLite only: the table made again from its own stored DDL with each key of ``changes`` (a
+    text found there exactly once) replaced by its value, so every other column and constraint
+    stays exactly as earlier revisions left it; its rows are copied with their ids and its indexes
+    made again from their own DDL. Foreign keys are off while a migration runs."""
     bind = op.get_bind()
     ddl = bind.exec_driver_sql(f"SELECT sql FROM sqlite_master WHERE type = 'table' AND name = '{table}'").scalar_one()
     indexes = bind.exec_driver_sql(
         f"SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = '{table}' AND sql IS NOT NULL"
     ).scalars()
-    if ddl.count(old) != 1:
-        raise RuntimeError(f"{table}: the constraint to replace is not in its DDL exactly once")
     rest = ddl.split("(", 1)[1]
+    for old, new in changes.items():
+        if rest.count(old) != 1:
+            raise RuntimeError(f"{table}: {old!r} is not in its DDL exactly once")
+        rest = rest.replace(old, new)
     copy = f"{table}_copy"
-    op.execute(f"CREATE TABLE {copy} ({rest.replace(old, new)}")
+    op.execute(f"CREATE TABLE {copy} ({rest}")
     op.execute(f"INSERT INTO {copy} SELECT * FROM {table}")
     kept = list(indexes)
     op.execute(f"DROP TABLE {table}")
