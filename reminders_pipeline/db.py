@@ -88,18 +88,27 @@ def make_engine(url: str, *, pool_size: int | None = None, statement_timeout_ms:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        options = conn.get_execution_options()
+        mode = options.get("sqlite_begin", "DEFERRED")
         if mode == "IMMEDIATE":
-            take_write_lock(conn.connection.dbapi_connection)  # type: ignore[arg-type]
+            take_write_lock(
+                conn.connection.dbapi_connection,  # type: ignore[arg-type]
+                options.get("sqlite_lock_timeout_ms"),
+                options.get("sqlite_on_busy"),
+            )
         else:
             conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
 
 
-def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int | None = None) -> None:
+def take_write_lock(
+    dbapi_connection: sqlite3.Connection, timeout_ms: int | None = None, on_busy: Callable[[], None] | None = None
+) -> None:
     """``BEGIN IMMEDIATE``, trying again every ``WRITE_LOCK_POLL_SECONDS`` for ``timeout_ms`` (the
-    ledger's busy timeout unless given).
+    ledger's busy timeout unless given); ``on_busy`` is called once if the first try finds the
+    lock held. Both can be given to a write as the execution options ``sqlite_lock_timeout_ms``
+    and ``sqlite_on_busy``.
 
     SQLite's own busy handler backs off to one try per 100 ms, so a waiter meets a writer that
     commits and begins again a few milliseconds later (a build's next transaction) only by luck,
@@ -123,6 +132,9 @@ def take_write_lock(dbapi_connection: sqlite3.Connection, timeout_ms: int | None
             except sqlite3.OperationalError as exc:
                 if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                     raise OperationalError("BEGIN IMMEDIATE", None, exc) from exc
+            if on_busy is not None:
+                on_busy()
+                on_busy = None
             time.sleep(WRITE_LOCK_POLL_SECONDS)
     finally:
         dbapi_connection.execute(f"PRAGMA busy_timeout={int(previous)}")

@@ -8,9 +8,10 @@ current, so the check costs one query per engine, not per request.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -28,6 +29,8 @@ from .quiet import first_line
 from .schema import metadata
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+log = logging.getLogger(__name__)
 
 
 class SchemaNotCurrent(RuntimeError):
@@ -48,6 +51,10 @@ LOCK_BACKOFF_MAX_SECONDS = 10.0
 FINISH_WAIT_SECONDS = 60.0  # how long a validation or index build waits for older transactions (blocking no claim)
 LOCK_NOT_AVAILABLE = "55P03"
 QUERY_CANCELED = "57014"  # a statement_timeout set on the role or database
+# SQLite: how long a migration waits for the ledger's write lock. Builds, claims and settlements
+# hold it for milliseconds at a time; what holds it longer is a stuck transaction or another
+# upgrade copying a large table (0017: about 4 s per 200,000 rows).
+SQLITE_LOCK_WAIT_SECONDS = 120.0
 
 
 class MigrationBlocked(RuntimeError):
@@ -65,14 +72,20 @@ def upgrade(
     every claim and build would queue behind the ALTER for as long. An attempt that times out rolls
     back whole and is retried after a backoff (0.5 s doubling, at most ``LOCK_BACKOFF_MAX_SECONDS``),
     so claims run between attempts; after ``attempts`` it raises ``MigrationBlocked``. After each
-    migration commits, ``_finish`` does on PostgreSQL what must not run under its exclusive lock."""
+    migration commits, ``_finish`` does on PostgreSQL what must not run under its exclusive lock.
+
+    On SQLite each migration begins by taking the write lock (``BEGIN IMMEDIATE``, as every write
+    does): begun deferred, its first write after its first read fails at once while another
+    process writes. It waits for the lock at most ``SQLITE_LOCK_WAIT_SECONDS``, logging once per
+    upgrade that it waits, then raises ``MigrationBlocked``."""
     if db.sqlite_file is not None:  # the one command that creates the ledger; every other refuses a missing one
         db.sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+    waiting = _said_once()
     with _one_upgrade_at_a_time(db):
         _finish(db)  # first what an earlier run left undone: the next migration may read through it
         current = current_revision(db)
         for step in reversed(list(_scripts().iterate_revisions(revision, current or "base"))):
-            _apply(db, step.revision, current, lock_timeout, attempts)
+            _apply(db, step.revision, current, lock_timeout, attempts, waiting)
             current = step.revision
             _finish(db)
     db.at_head = False  # checked again on next use
@@ -100,13 +113,36 @@ def _one_upgrade_at_a_time(db: Database) -> Iterator[None]:
             conn.exec_driver_sql(f"SELECT pg_advisory_unlock({UPGRADE_LOCK})")
 
 
-def _apply(db: Database, step: str, current: str | None, lock_timeout: float, attempts: int) -> None:
+def _said_once() -> Callable[[], None]:
+    """What an upgrade calls each time it finds SQLite's write lock held: it logs the first time only."""
+    said = False
+
+    def waiting() -> None:
+        nonlocal said
+        if not said:
+            log.warning(
+                "waiting for the SQLite write lock held by another process (at most %.0f s)", SQLITE_LOCK_WAIT_SECONDS
+            )
+            said = True
+
+    return waiting
+
+
+def _apply(
+    db: Database, step: str, current: str | None, lock_timeout: float, attempts: int, waiting: Callable[[], None]
+) -> None:
     for attempt in range(1, attempts + 1):
         try:
-            with _migrating(db, lock_timeout) as conn:
+            with _migrating(db, lock_timeout, waiting) as conn:
                 command.upgrade(_config(conn), step)
             return
         except OperationalError as exc:
+            if _sqlite_busy(exc):
+                raise MigrationBlocked(
+                    f"the SQLite write lock stayed held by another process for {SQLITE_LOCK_WAIT_SECONDS:.0f} s "
+                    f"(a long transaction in a build, a prune or another upgrade); the database stays at revision "
+                    f"{current or 'none'}, run the upgrade again once it ends"
+                ) from None
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                 raise
             if attempt == attempts:
@@ -116,6 +152,12 @@ def _apply(db: Database, step: str, current: str | None, lock_timeout: float, at
                     "run the upgrade again once it ends"
                 ) from None
             time.sleep(min(0.5 * 2 ** (attempt - 1), LOCK_BACKOFF_MAX_SECONDS))
+
+
+def _sqlite_busy(exc: OperationalError) -> bool:
+    """SQLite's write lock not taken in time (``SQLITE_BUSY``, any extended code)."""
+    orig = exc.orig
+    return isinstance(orig, sqlite3.OperationalError) and orig.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _finish(db: Database) -> None:
@@ -186,12 +228,22 @@ def _index_builds(conn: Connection) -> list[str]:
 
 
 @contextmanager
-def _migrating(db: Database, lock_timeout: float | None = None) -> Iterator[Connection]:
-    """A migration's transaction. On SQLite, foreign keys are off while it runs: SQLite alters a
-    table by copying and dropping it, and with foreign keys on the drop would cascade (0002's
-    rebuild of ``sources`` deleted every ``device_sources`` row). They are checked afterwards."""
+def _migrating(
+    db: Database, lock_timeout: float | None = None, waiting: Callable[[], None] | None = None
+) -> Iterator[Connection]:
+    """A migration's transaction. On SQLite it begins with the write lock (waiting for it at most
+    ``SQLITE_LOCK_WAIT_SECONDS``, calling ``waiting`` when it finds it held), and foreign keys are
+    off while it runs: SQLite alters a table by copying and dropping it, and with foreign keys on
+    the drop would cascade (0002's rebuild of ``sources`` deleted every ``device_sources`` row).
+    They are checked afterwards."""
     with db.engine.connect() as conn:
         sqlite = db.dialect == "sqlite"
+        if sqlite:
+            conn = conn.execution_options(
+                sqlite_begin="IMMEDIATE",
+                sqlite_lock_timeout_ms=int(SQLITE_LOCK_WAIT_SECONDS * 1000),
+                sqlite_on_busy=waiting,
+            )
         # The pragma works only outside a transaction: on pysqlite's own connection, SQLAlchemy does
         # not begin one first.
         raw: sqlite3.Connection | None = conn.connection.driver_connection if sqlite else None
@@ -247,5 +299,5 @@ def require_head(db: Database) -> None:
 
 def downgrade(db: Database, revision: str) -> None:
     """Back to ``revision`` (tests of a migration's data path; operators use ``alembic`` directly)."""
-    with _migrating(db) as conn:
+    with _migrating(db, waiting=_said_once()) as conn:
         command.downgrade(_config(conn), revision)

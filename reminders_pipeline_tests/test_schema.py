@@ -574,3 +574,92 @@ def test_migration_0019_keeps_every_row_and_id_and_gives_no_id_twice(db):
     assert len(kept) == len(states) + 1 and pruned > max(r.id for r in kept)
     assert pruned < made < again
     test_an_upgrade_builds_every_index_the_schema_declares(db)
+
+
+@pytest.fixture
+def sqlite_ledger(sqlite_template, tmp_path) -> str:
+    """A migrated SQLite ledger file of its own (the lock tests are about SQLite's write lock)."""
+    import shutil
+
+    target = tmp_path / "ledger.sqlite3"
+    shutil.copy(sqlite_template, target)
+    return f"sqlite:///{target}"
+
+
+def _writing(url: str):
+    """Another process's write transaction on the ledger, as a dispatcher's heartbeat holds it:
+    the write lock taken and a row written, uncommitted. ``commit()`` ends it."""
+    import sqlite3
+
+    from sqlalchemy.engine import make_url
+
+    holder = sqlite3.connect(make_url(url).database, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute(
+        "INSERT INTO dispatchers (name, started_at, beat_at) VALUES ('other', ?, ?)", (NOW.stored, NOW.stored)
+    )
+    return holder
+
+
+def test_a_sqlite_upgrade_waits_for_the_write_lock_and_says_so_once(sqlite_ledger, caplog):
+    """Issue 38 finding 20: a dispatcher holds the write lock for about a second while the upgrade
+    starts. The upgrade waits for it (each migration begins by taking the lock), says so in one
+    line, and completes once it is free; a deferred transaction failed at once, "database is locked"."""
+    import logging
+    import time
+
+    from reminders_pipeline import migrate
+
+    db = Database(sqlite_ledger)
+    try:
+        migrate.downgrade(db, "0016")
+        holder = _writing(sqlite_ledger)
+        release = threading.Timer(1.0, holder.commit)
+        release.start()
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="reminders_pipeline.migrate"):
+            migrate.upgrade(db)
+        waited = time.monotonic() - started
+        release.join()
+        holder.close()
+        assert migrate.current_revision(db) == migrate.head_revision()
+        assert 0.8 < waited < 10, waited
+        lines = [r.getMessage() for r in caplog.records if "write lock" in r.getMessage()]
+        assert lines == [
+            f"waiting for the SQLite write lock held by another process (at most {migrate.SQLITE_LOCK_WAIT_SECONDS:.0f} s)"
+        ]
+    finally:
+        db.dispose()
+
+
+def test_a_sqlite_upgrade_behind_a_lock_never_released_stops_with_one_line(sqlite_ledger, monkeypatch):
+    """Issue 38 finding 20: the holder never lets go. ``reminders db upgrade`` gives up after its
+    bound (1 s here) with exit 1 and one line, no traceback, and the ledger stays where it was."""
+    import time
+
+    from click.testing import CliRunner
+
+    from reminders_pipeline import migrate
+    from reminders_pipeline.cli import main
+
+    monkeypatch.setattr(migrate, "SQLITE_LOCK_WAIT_SECONDS", 1.0, raising=False)  # none before the fix
+    db = Database(sqlite_ledger)
+    try:
+        migrate.downgrade(db, "0016")
+        holder = _writing(sqlite_ledger)
+        started = time.monotonic()
+        result = CliRunner().invoke(main, ["db", "upgrade"], env={"REMINDERS_DATABASE_URL": sqlite_ledger})
+        took = time.monotonic() - started
+        holder.rollback()
+        holder.close()
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        assert result.exit_code == 1 and result.stdout == ""
+        assert result.stderr == (
+            "Error: the SQLite write lock stayed held by another process for 1 s (a long transaction in a "
+            "build, a prune or another upgrade); the database stays at revision 0016, run the upgrade again "
+            "once it ends\n"
+        )
+        assert 0.9 < took < 10, took
+        assert migrate.current_revision(db) == "0016"
+    finally:
+        db.dispose()
