@@ -140,7 +140,7 @@ def _apply(
             if _sqlite_busy(exc):
                 raise MigrationBlocked(
                     f"the SQLite write lock stayed held by another process for {SQLITE_LOCK_WAIT_SECONDS:.0f} s "
-                    f"(a long transaction in a build, a prune or another upgrade); the database stays at revision "
+                    f"(a transaction left open, or another upgrade copying a large table); the database stays at revision "
                     f"{current or 'none'}, run the upgrade again once it ends"
                 ) from None
             if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:

@@ -655,9 +655,9 @@ def test_a_sqlite_upgrade_behind_a_lock_never_released_stops_with_one_line(sqlit
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
         assert result.exit_code == 1 and result.stdout == ""
         assert result.stderr == (
-            "Error: the SQLite write lock stayed held by another process for 1 s (a long transaction in a "
-            "build, a prune or another upgrade); the database stays at revision 0016, run the upgrade again "
-            "once it ends\n"
+            "Error: the SQLite write lock stayed held by another process for 1 s (a transaction left open, or "
+            "another upgrade copying a large table); the database stays at revision 0016, run the upgrade "
+            "again once it ends\n"
         )
         assert 0.9 < took < 10, took
         assert migrate.current_revision(db) == "0016"
