@@ -123,7 +123,9 @@ def return_undelivered(
     """Rows whose send certainly was not delivered go back to pending, not due again before their
     backoff ends (``retry_not_before``): those the provider answered (429, 500, 503) and those that
     failed before their write for another reason (``NOT_WRITTEN``) while attempts remain, one
-    attempt spent; those that never reached the provider (refused, TLS, no route), and those its
+    attempt spent (so does a user's own endpoint that cannot be reached: a dead one fails after
+    ``REMINDERS_SEND_MAX_ATTEMPTS``, backing off, instead of being tried every few seconds until
+    ``MAX_LATENESS``); those that never reached our provider (refused, TLS, no route), and those its
     outage answered, always, spending none: only a provider's own answers count against a row
     (the lateness policy still bounds them). While a provider's streak spans several rows, no row
     fails for its attempts (it may be an outage not yet sure); once the streak is an outage, the
@@ -145,7 +147,9 @@ def return_undelivered(
     unreached = {
         r.row_id
         for r in results
-        if r.retry and not not_written(r) and (r.status is None or out.providers.get(r.row_id, "apns") in out_now)
+        if r.retry
+        and not not_written(r)
+        and (r.status is None and r.outage or out.providers.get(r.row_id, "apns") in out_now)
     }
     streaked = {
         r.row_id: outages.of(out.providers.get(r.row_id, "apns"))

@@ -967,3 +967,28 @@ def test_settlements_are_kept_through_every_transient_database_error(db, db_url,
         write_settlement(db, settlement, "c", summary)
     assert summary.outcomes == {"sent": 10}
     assert {(r["status"], r["outcome"]) for r in rows(db)} == {("settled", "sent")}
+
+
+def test_a_users_endpoint_that_cannot_be_reached_spends_its_attempts_and_then_fails(db, live, feeds):
+    """Issue 38 (19): a dead Web Push endpoint (refused, NXDOMAIN) is a user's, not our provider's:
+    each try spends an attempt, backing off, and the row fails after REMINDERS_SEND_MAX_ATTEMPTS
+    instead of going back to pending every 2.5-5 s, with no attempt spent, until MAX_LATENESS.
+    Our provider unreachable (APNs) still spends none."""
+    url = feeds.items("/a.json", [item("e", 3600)])
+    device(db, live, "dead-endpoint", sources=[url], token="cd" * 32)
+    device(db, live, "apns-down", sources=[url])
+    build(db, live, now=NOW)
+    endpoint_gone = SendResult(0, False, reason="not-sent:connect_failed", retry=True, outage=False)
+    apns_down = SendResult(0, False, reason="not-sent:ConnectionRefusedError", retry=True)
+    sender = RecordingSender(script={"cd" * 32: endpoint_gone, TOKEN: apns_down})
+    live = live.with_(apns_halt_after=100)
+    t = 0
+    for _ in range(live.send_max_attempts):
+        drain(db, live, sender.factory(), now=at(t))
+        t += int(live.send_retry_max_seconds) + 1  # past any backoff
+    got = {r["device_id"]: r for r in rows(db)}
+    assert (got["dead-endpoint"]["outcome"], got["dead-endpoint"]["outcome_detail"]) == (
+        "failed",
+        "not-sent:connect_failed",
+    )
+    assert (got["apns-down"]["status"], got["apns-down"]["attempts"]) == ("pending", 0)
