@@ -11,8 +11,10 @@ Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, 
 since cancelled or declined is refused), sent at the time asked with the same guards as any
 reminder (claimed once, quiet hours, never after the item's end). A repeated Snooze of one
 alert makes no second row: the row it made is the answer (``uq_queue_snoozed_from``). Done settles
-the item's other pending reminders on the device ``acknowledged`` (repeats, snoozes, later leads);
-one already claimed is on its way and goes. Both refuse a late or foreign action and change nothing.
+the occurrence's other pending reminders on the device ``acknowledged`` (repeats, snoozes, later
+leads): those of the instant the person saw, not those a build has since moved to another time by
+the re-arm threshold (another appointment); one already claimed is on its way and goes. Both
+refuse a late or foreign action and change nothing.
 """
 
 from __future__ import annotations
@@ -153,10 +155,18 @@ def _field(seconds: int | None) -> str:
     return "seconds" if seconds is not None else "until"
 
 
-def done(db: Database, device_id: str, row_id: int, token: str | None, now: Instant | None = None) -> int:
-    """Settle the item's other pending reminders on this device ``acknowledged``; how many."""
+def done(
+    db: Database, device_id: str, row_id: int, token: str | None, *, same_within: int, now: Instant | None = None
+) -> int:
+    """Settle the occurrence's other pending reminders on this device ``acknowledged``; how many.
+
+    Only those whose event is within ``same_within`` seconds (``REMINDERS_REARM_THRESHOLD_SECONDS``)
+    of the one the alert showed: a build that moved the event further, before or during this
+    call, made another appointment of it, whose reminders stay. The statement checks it itself,
+    so a build committing between the read here and the write cannot widen it."""
     now = now or Instant.now()
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
+    seen = origin["event_at"]
     with db.write() as conn:
-        return ledger.acknowledge(conn, device_id, origin["item_id"], now)
+        return ledger.acknowledge(conn, device_id, origin["item_id"], (seen - same_within, seen + same_within), now)

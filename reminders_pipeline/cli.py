@@ -506,7 +506,9 @@ def queue_snooze(
 @pass_ctx
 def queue_done(ctx: Ctx, device_id: str, row_id: int, now: Instant | None) -> None:
     """Done on a sent reminder: the event's other pending reminders on the device settle `acknowledged`."""
-    settled = _acted(lambda: actions.done(ctx.db, device_id, row_id, None, now=now))
+    settled = _acted(
+        lambda: actions.done(ctx.db, device_id, row_id, None, same_within=ctx.settings.rearm_threshold_seconds, now=now)
+    )
     _emit({"device_id": device_id, "row_id": row_id, "acknowledged": settled})
 
 

@@ -282,3 +282,28 @@ def test_a_token_of_a_pruned_alert_acts_on_no_row_made_after_it(db, cli, mock, p
         assert r.status_code == 404 and r.json()["error"] == "no_reminder", r.text
     assert rows(db) == before
     assert min(r["id"] for r in new.values()) > max(old_ids)
+
+
+def test_done_settles_the_occurrence_it_showed_never_the_reminders_of_a_move_made_meanwhile(
+    db, cli, mock, phone, feeds, monkeypatch
+):
+    """Issue 38 (4): Done reads the alert in one transaction and settles in another. A build that
+    moves the event by an hour commits in between (its reminders are another appointment's): the
+    Done must leave them, and settle only reminders of the instant the alert showed. (Before: it
+    settled every pending reminder of the item, the moved ones included, and they were lost.)"""
+    from reminders_pipeline import actions
+
+    payload = sent_alert(cli, mock)
+    real = actions._acted_on
+
+    def build_meanwhile(*args, **kwargs):
+        found = real(*args, **kwargs)
+        standup(feeds, phone.starts + 3600)
+        cli("build", "--all")
+        return found
+
+    monkeypatch.setattr(actions, "_acted_on", build_meanwhile)
+    r = act(phone, payload["reminder"]["id"], "done", token=payload["reminder"]["token"])
+    assert r.status_code == 200 and r.json()["acknowledged"] == 0, r.text
+    moved = row_of(db, "lead:300")
+    assert (moved["status"], moved["event_at"].whole_seconds) == ("pending", phone.starts + 3600)

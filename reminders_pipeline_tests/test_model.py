@@ -861,17 +861,20 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @rule(which=st.integers(0, 20))
     def done(self, which: int) -> None:
-        """Done on a sent alert: the item's other pending reminders on the device go unsent."""
+        """Done on a sent alert: the occurrence's other pending reminders on the device go unsent,
+        those of the instant the alert showed (within the re-arm threshold), not of a moved one."""
         sent = self._sent_rows()
         if not sent:
             return
         row = sent[which % len(sent)]
+        near = self.settings.rearm_threshold_seconds
         pending = [
             r for r in self._rows()
             if (r["device_id"], r["item_id"], r["status"]) == (row["device_id"], row["item_id"], "pending")
+            and abs(r["event_at"].unix - row["event_at"].unix) <= near
         ]  # fmt: skip
         try:
-            settled = actions.done(self.db, row["device_id"], row["id"], None, now=self.iso)
+            settled = actions.done(self.db, row["device_id"], row["id"], None, same_within=near, now=self.iso)
         except actions.ActionError as exc:
             if exc.code == "no_reminder" and row["device_id"] not in self.devices:
                 return

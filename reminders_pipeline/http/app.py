@@ -514,7 +514,11 @@ class Api:
     async def done(self, request: Request, body: DoneRequest) -> Response:
         device_id, row_id = request.path_params["device_id"], path_row_id(request)
         now = getattr(body, "now", None)
-        settled = await self._act(lambda: actions.done(self.db, device_id, row_id, body.token, now=now))
+        settled = await self._act(
+            lambda: actions.done(
+                self.db, device_id, row_id, body.token, same_within=self.settings.rearm_threshold_seconds, now=now
+            )
+        )
         return JSONResponse({"device_id": device_id, "row_id": row_id, "acknowledged": settled})
 
     @staticmethod

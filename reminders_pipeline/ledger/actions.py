@@ -87,11 +87,20 @@ def insert_snooze(
     return None if made is None else int(made)
 
 
-def acknowledge(conn: Connection, device_id: str, item_id: str, now: Instant) -> int:
-    """Settle the item's pending reminders on this device ``acknowledged``; a claimed one is in
-    flight and goes. Returns how many. Locked in id order first, as a build and a drain lock the
-    rows they write (``lock_rows``), so none of them deadlocks with another."""
-    pending = (q.c.device_id == device_id, q.c.item_id == item_id, q.c.status == PENDING)
+def acknowledge(
+    conn: Connection, device_id: str, item_id: str, event_between: tuple[Instant, Instant], now: Instant
+) -> int:
+    """Settle the item's pending reminders on this device whose event starts within
+    ``event_between`` ``acknowledged``; a claimed one is in flight and goes. Returns how many.
+    Locked in id order first, as a build and a drain lock the rows they write (``lock_rows``), so
+    none of them deadlocks with another."""
+    pending = (
+        q.c.device_id == device_id,
+        q.c.item_id == item_id,
+        q.c.status == PENDING,
+        q.c.event_at >= event_between[0],
+        q.c.event_at <= event_between[1],
+    )
     ids = list(conn.scalars(select(q.c.id).where(*pending).order_by(q.c.id)))
     if not ids:
         return 0
