@@ -1,9 +1,11 @@
 """The push notification a reminder row becomes: payload and APNs headers, from the row alone.
 
-A row carries the item's whole window, so composing needs no source read. Clock times are shown in
-the device's IANA zone (DST exact), else its last seen UTC offset, else UTC marked as such. An
-all-day reminder says which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight.
-A device that names a locale reads them in its language and clock (``phrases``).
+A row carries the item's whole window, so composing needs no source read. The words are those of
+the send's time, not of the row's ``send_after``: a late alert says how far the start is then, and
+one sent after it that it started ("Started at 10:00"). Clock times are shown in the device's IANA
+zone (DST exact), else its last seen UTC offset, else UTC marked as such. An all-day reminder says
+which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight. A device that names a
+locale reads them in its language and clock (``phrases``).
 
 What a row records of its send (``record_of_send``, read back by ``sent_payload``): the whole payload
 is ~300 bytes, most of a settled row, and all of it but the alert body follows from the row's own
@@ -19,6 +21,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from . import phrases
@@ -43,36 +46,54 @@ def _day_text(days: int) -> str:
     return "Today" if days == 0 else "Tomorrow" if days == 1 else f"In {days} days"
 
 
-def _body(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
-    """The alert's body: time to leave, else the item's own body, else its time, in the device's
-    language when it names one. A snooze reads as a ``lead:0`` reminder: when the item starts."""
+def _body(row: Mapping[str, Any], rule: Rule, now: Instant) -> str:
+    """The alert's body as sent at ``now``: time to leave, else the item's own body, else its
+    time, in the device's language when it names one. A snooze reads as a ``lead:0`` reminder:
+    when the item starts."""
     if rule.snooze:
         rule = Rule(0)
+    starts: Instant = row["event_at"]
     if rule.leave:
         return _leave_text(row, starts)
     if row.get("body"):
         return str(row["body"])
     if row.get("locale"):
-        return _spoken(row, rule, starts, ends)
+        return _spoken(row, rule, now)
     if rule.anchor == "day":
-        return _day_text(rule.days)
+        return _day_text(_days_ahead(row, now))
+    at: Instant = starts if rule.anchor == "start" else row["expires_at"]
+    passed = at - now <= -phrases.NOW_WITHIN.total_seconds()
     if rule.anchor == "expiry":
-        return f"Ends at {zone_of(row).clock(ends)}"
-    return f"Starts at {zone_of(row).clock(starts)}"
+        return f"{'Ended' if passed else 'Ends'} at {zone_of(row).clock(at)}"
+    return f"{'Started' if passed else 'Starts'} at {zone_of(row).clock(at)}"
 
 
-def _spoken(row: Mapping[str, Any], rule: Rule, starts: Instant, ends: Instant) -> str:
-    """The body in the device's language and clock (``phrases``), its times seen from the row's
-    ``send_after``; on UTC's clock, marked as such, when the device's zone is not known."""
+def _days_ahead(row: Mapping[str, Any], now: Instant) -> int:
+    """How many local days an all-day item's first day is after the send's (its ``event_at`` is
+    that day's midnight in the device's zone); 0 once the day has come."""
+    zone = zone_of(row)
+    first, sent = (wall_datetime(zone.to_wall(t)).date() for t in (row["event_at"], now))
+    return max(0, (first - sent).days)
+
+
+def _spoken(row: Mapping[str, Any], rule: Rule, now: Instant) -> str:
+    """The body in the device's language and clock (``phrases``), its times seen from ``now``,
+    when it is sent; on UTC's clock, marked as such, when the device's zone is not known."""
     speaker = phrases.speaker(row["locale"], phrases.valid_clock(row.get("clock")))
     if rule.anchor == "day":
-        return speaker.day(rule.days)
+        return speaker.day(_days_ahead(row, now))
     zone = zone_of(row)
     known = zone.tz_name is not None or zone.offset_seconds is not None
-    at = starts if rule.anchor == "start" else ends
-    when = speaker.when(wall_datetime(zone.to_wall(at)), wall_datetime(zone.to_wall(row["send_after"])))
-    words = speaker.words.starts if rule.anchor == "start" else speaker.words.ends
-    return words.format(when=when if known else f"{when} UTC")
+    start = rule.anchor == "start"
+    at: Instant = row["event_at"] if start else row["expires_at"]
+    words = speaker.words
+    return speaker.anchored(
+        wall_datetime(zone.to_wall(at)),
+        wall_datetime(zone.to_wall(now)),
+        timedelta(seconds=at - now),
+        (words.starts, words.started) if start else (words.ends, words.ended),
+        "" if known else " UTC",
+    )
 
 
 def _leave_text(row: Mapping[str, Any], starts: Instant) -> str:
@@ -103,12 +124,12 @@ def _fit(note: Notification) -> Notification:
     """Truncate body, then title, until the payload's bytes fit APNs' 4 KB; never reject."""
     alert = note.payload["aps"]["alert"]  # compose's own dict: truncated in place
     for key in ("body", "title"):
-        while len(note.body) > MAX_PAYLOAD_BYTES and alert.get(key):
+        while (size := len(note.body)) > MAX_PAYLOAD_BYTES and alert.get(key):
             text = alert[key]
             per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(
                 text
             )  # bytes sent per character, escapes included
-            keep = max(0, len(text) - math.ceil((len(note.body) - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
+            keep = max(0, len(text) - math.ceil((size - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
             note = replace(note)  # a new instance: its body is serialised afresh
     return note
@@ -119,17 +140,28 @@ def compose(
     interruption_level: str = DEFAULT_INTERRUPTION_LEVEL,
     sound: str = DEFAULT_SOUND,
     sent_format: int | None = SENT_FORMAT,
-    body: str | None = None,
+    *,
+    now: Instant,
 ) -> Notification:
     """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``,
-    ``credential_hash``: the key of the alert's action token, ``actions``).
-    ``sent_format`` and ``body``: a re-render of a settled row, with the format it was sent in
-    (``SENT_FORMAT``, or None for a row sent before it) and the alert body it kept."""
+    ``credential_hash``: the key of the alert's action token, ``actions``), sent at ``now``: its
+    words say how far the item's start (or end) is then, not when the row was due.
+    ``sent_format``: the format composed (``SENT_FORMAT``; None, as a release before it did)."""
+    note = _assemble(row, _body(row, parse_rule(row["rule"]), now), interruption_level, sound, sent_format)
+    return _fit(note)
+
+
+def _assemble(
+    row: Mapping[str, Any],
+    body: str,
+    interruption_level: str = DEFAULT_INTERRUPTION_LEVEL,
+    sound: str = DEFAULT_SOUND,
+    sent_format: int | None = SENT_FORMAT,
+) -> Notification:
+    """The notification of ``row`` with the alert body ``body``, as it is before any fitting."""
     rule = parse_rule(row["rule"])
     starts: Instant = row["event_at"]
     ends: Instant = row["expires_at"]
-    if body is None:
-        body = _body(row, rule, starts, ends)
     aps: dict[str, Any] = {
         "alert": {"title": row["title"], "body": body},
         "sound": sound,
@@ -143,16 +175,14 @@ def compose(
         if row.get("credential_hash"):  # last: the record of the send leaves it out (``stored_payload``)
             reminder["token"] = action_token(row["credential_hash"], row["device_id"], int(row["id"]))
     payload = {"aps": aps, "reminder": reminder}
-    return _fit(
-        Notification(
-            row_id=int(row["id"]),
-            device_id=row["device_id"],
-            device_token=row["apns_token"],
-            provider=row.get("provider") or "apns",
-            payload=payload,
-            collapse_id=collapse_id(row["device_id"], row["item_id"]),
-            expiration=(starts if rule.anchor == "start" else ends).whole_seconds,  # day rules: the end of the last day
-        )
+    return Notification(
+        row_id=int(row["id"]),
+        device_id=row["device_id"],
+        device_token=row["apns_token"],
+        provider=row.get("provider") or "apns",
+        payload=payload,
+        collapse_id=collapse_id(row["device_id"], row["item_id"]),
+        expiration=(starts if rule.anchor == "start" else ends).whole_seconds,  # day rules: the end of the last day
     )
 
 
@@ -172,10 +202,10 @@ def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str 
 
     Decided without composing again (that doubled the drain's composing cost): besides the row's
     columns, ``compose`` takes the interruption level, the sound and, for the body alone, the
-    device's zone; and ``_fit`` may cut the title or body. With the body kept as sent, the re-render
-    matches exactly when the level and sound are the defaults and the title went out uncut (a cut
-    body is kept cut; a payload that fit once fits again). test_sent_payload checks this against an
-    actual re-render over every rule kind, level and cut.
+    device's zone and the time of the send; and ``_fit`` may cut the title or body. With the body kept as sent, the re-render (which fits nothing: what was sent
+    fit) matches exactly when the level and sound are the defaults and the title went out uncut (a
+    cut body is kept cut). test_sent_payload checks this against an actual re-render over every
+    rule kind, level and cut.
     """
     aps = note.payload["aps"]
     body = aps["alert"]["body"]
@@ -208,4 +238,4 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
-    return stored_payload(compose({**row, "apns_token": ""}, sent_format=row.get("sent_format"), body=body))
+    return stored_payload(_assemble({**row, "apns_token": ""}, body, sent_format=row.get("sent_format")))

@@ -2,10 +2,10 @@
 minutes", "morgen um 9:00") from CLDR through Babel, in the locale's 12- or 24-hour clock unless
 the device names one.
 
-Babel's CLDR data has no words for "starts", "ends", "today" and "tomorrow" and no "{day} at
-{time}" pattern, so those few come from ``WORDS``, written for each language it lists. A locale
-of another language is shown in English with its own clock (``pt-BR``: 24 hours). Titles are never
-translated: they are the calendar's own.
+Babel's CLDR data has no words for "starts", "started", "ends", "today" and "tomorrow" and no
+"{day} at {time}" pattern, so those few come from ``WORDS``, written for each language it lists. A
+locale of another language is shown in English with its own clock (``pt-BR``: 24 hours). Titles
+are never translated: they are the calendar's own.
 """
 
 from __future__ import annotations
@@ -26,16 +26,21 @@ CLOCKS: tuple[Clock, ...] = ("12h", "24h")
 MAX_LOCALE_LENGTH = 35  # BCP 47 tags in practice; longer ones are refused before Babel parses them
 LOCALE_SHAPE = r"[A-Za-z]{2,8}(?:[-_][A-Za-z0-9]{1,8})*"  # a BCP 47 tag's shape, whether CLDR knows it or not
 FALLBACK = "en"
+NOW_WITHIN = timedelta(minutes=1)  # a start this close to the send, either side, is "now"
+SAID_AGO_WITHIN = timedelta(hours=1)  # a start passed longer ago is named by its clock time
 
 
 @dataclass(frozen=True)
 class Words:
     starts: str  # "{when}" is the time phrase
     ends: str
+    started: str  # once the start has passed: "{when}" is "5 minutes ago · 10:00" or "at 10:00"
+    ended: str
     today: str
     tomorrow: str
     now: str
     at: str  # "{day}" and "{time}"
+    at_time: str  # "{time}": a clock time of the same day, after "started"
     leave: str  # "{title}": time to leave
     agenda: tuple[str, str]  # the agenda's title for one event and for another count ("{count}")
 
@@ -44,50 +49,65 @@ WORDS = {
     "en": Words(
         "Starts {when}",
         "Ends {when}",
+        "Started {when}",
+        "Ended {when}",
         "today",
         "tomorrow",
         "now",
         "{day} at {time}",
+        "at {time}",
         "Leave now for {title}",
         ("Today: {count} event", "Today: {count} events"),
     ),
     "de": Words(
         "Beginnt {when}",
         "Endet {when}",
+        "Begann {when}",
+        "Endete {when}",
         "heute",
         "morgen",
         "jetzt",
         "{day} um {time}",
+        "um {time}",
         "Jetzt aufbrechen zu {title}",
         ("Heute: {count} Termin", "Heute: {count} Termine"),
     ),
     "fr": Words(
         "Commence {when}",
         "Se termine {when}",
+        "A commencé {when}",
+        "S’est terminé {when}",
         "aujourd’hui",
         "demain",
         "maintenant",
         "{day} à {time}",
+        "à {time}",
         "Partez maintenant pour {title}",
         ("Aujourd’hui : {count} événement", "Aujourd’hui : {count} événements"),
     ),
     "es": Words(
         "Empieza {when}",
         "Termina {when}",
+        "Empezó {when}",
+        "Terminó {when}",
         "hoy",
         "mañana",
         "ahora",
         "{day} a las {time}",
+        "a las {time}",
         "Sal ya hacia {title}",
         ("Hoy: {count} evento", "Hoy: {count} eventos"),
     ),
     "ja": Words(
         "{when}に開始",
         "{when}に終了",
+        "{when}に開始しました",
+        "{when}に終了しました",
         "今日",
         "明日",
         "今すぐ",
         "{day} {time}",
+        "{time}",
         "{title}に出発する時間です",
         ("今日の予定: {count}件", "今日の予定: {count}件"),
     ),
@@ -133,21 +153,42 @@ class Speaker:
     def time(self, wall: datetime) -> str:
         return format_skeleton("hm" if self.clock == "12h" else "Hm", wall, locale=self.locale)
 
-    def when(self, at: datetime, sent: datetime) -> str:
-        """The time phrase of ``at`` seen from ``sent`` (both local wall times): "in 15 minutes ·
-        2:30 PM" the same day, "tomorrow at 9:00 AM" the next, "Thu, Dec 10 at 9:00 AM" later."""
+    def anchored(self, at: datetime, sent: datetime, ahead: timedelta, words: tuple[str, str], marker: str = "") -> str:
+        """What is said of ``at`` in an alert sent at ``sent`` (both local wall times; ``ahead``,
+        how far ``at`` is from the send, comes from instants, so a DST change between them counts
+        as it passes): ``words`` are said of it coming ("Starts {when}") until a minute after it,
+        and once passed ("Started {when}"). ``marker`` follows the time phrase (" UTC")."""
+        coming, passed = words
+        if ahead > -NOW_WITHIN:
+            return coming.format(when=self.when(at, sent, ahead) + marker)
+        return passed.format(when=self.since(at, sent, -ahead) + marker)
+
+    def when(self, at: datetime, sent: datetime, ahead: timedelta) -> str:
+        """The time phrase of ``at``, ``ahead`` of the send at ``sent``: "in 15 minutes · 2:30 PM"
+        the same day, "now · 2:30 PM" within a minute either side, "tomorrow at 9:00 AM" the next
+        day, "Thu, Dec 10 at 9:00 AM" later."""
         days = (at.date() - sent.date()).days
         time = self.time(at)
         if days <= 0:
-            ahead = at - sent
             relative = (
                 self.words.now
-                if ahead < timedelta(minutes=1)
+                if ahead < NOW_WITHIN
                 else format_timedelta(ahead, add_direction=True, threshold=2, locale=self.locale)
             )
             return f"{relative} · {time}"
         day = self.words.tomorrow if days == 1 else format_skeleton("MMMEd", at, locale=self.locale)
         return self.words.at.format(day=day, time=time)
+
+    def since(self, at: datetime, sent: datetime, ago: timedelta) -> str:
+        """The time phrase of ``at``, ``ago`` before the send at ``sent``: "5 minutes ago · 2:30 PM"
+        within the hour, then its clock time: "at 2:30 PM" the same day, "Thu, Dec 10 at 2:30 PM"
+        an earlier one."""
+        time = self.time(at)
+        if ago < SAID_AGO_WITHIN:
+            return f"{format_timedelta(-ago, add_direction=True, threshold=2, locale=self.locale)} · {time}"
+        if at.date() == sent.date():
+            return self.words.at_time.format(time=time)
+        return self.words.at.format(day=format_skeleton("MMMEd", at, locale=self.locale), time=time)
 
     def agenda(self, count: int) -> str:
         """The agenda's title: how many events the day holds, in the language's plural form."""

@@ -77,7 +77,7 @@ def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> 
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
                 continue
             try:
-                note = compose(row, row.get("interruption_level") or settings.interruption_level)
+                note = compose(row, row.get("interruption_level") or settings.interruption_level, now=now)
                 plan.records[row["id"]] = record_of_send(row, note)
             except ValueError as exc:  # text that cannot be encoded fails its row, not the claimed slice
                 plan.settlements.append(

@@ -2,10 +2,17 @@
 
 import json
 
-from reminders_pipeline.notification import MAX_PAYLOAD_BYTES, compose
+from reminders_pipeline.notification import MAX_PAYLOAD_BYTES
+from reminders_pipeline.notification import compose as compose_at
 from reminders_pipeline.times import Instant
 
 T = 1_789_029_000  # 2026-09-10T08:30:00Z
+LEAD_TIME = Instant.from_unix(T - 600)
+
+
+def compose(row, *args, now=LEAD_TIME):
+    """``row``'s notification sent at ``now``: by default at its ``lead:600`` time."""
+    return compose_at(row, *args, now=now)
 
 
 def row(**over):
@@ -32,6 +39,17 @@ def test_clock_time_in_the_device_offset_and_headers():
     assert compose(row(rule="lead:0@expiry")).payload["aps"]["alert"]["body"] == "Ends at 11:00"
     assert compose(row(rule="lead:0@expiry")).expiration == T + 1800
     assert compose(row(last_tz_offset_seconds=None)).payload["aps"]["alert"]["body"] == "Starts at 08:30 UTC"
+
+
+def test_a_send_after_the_start_or_end_says_it_started_or_ended():
+    after = Instant.from_unix(T + 1800 + 300)
+    assert (
+        compose(row(rule="lead:0"), now=Instant.from_unix(T + 30)).payload["aps"]["alert"]["body"] == "Starts at 10:30"
+    )
+    assert (
+        compose(row(rule="lead:0"), now=Instant.from_unix(T + 60)).payload["aps"]["alert"]["body"] == "Started at 10:30"
+    )
+    assert compose(row(rule="lead:0@expiry"), now=after).payload["aps"]["alert"]["body"] == "Ended at 11:00"
 
 
 def test_the_same_item_collapses_across_rules_but_not_across_items():

@@ -219,8 +219,9 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
     device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
     # As an earlier release sent them (``sent_format`` None): "Starts at 12:00", and another level.
-    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}, sent_format=None))
-    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active", sent_format=None))
+    sent = base["event_at"] - 3600
+    rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}, sent_format=None, now=sent))
+    rows[1]["payload"] = stored_payload(compose({**rows[1], "id": 2, **device}, "active", sent_format=None, now=sent))
     rows[2]["payload"] = "{}"  # not a payload this release writes
     columns = ", ".join(rows[0])
     try:

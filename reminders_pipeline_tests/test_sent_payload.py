@@ -73,7 +73,7 @@ def test_a_title_cut_to_fit_is_stored_whole():
         "body": None,
         "apns_token": "ab",
     }
-    note = compose(row)
+    note = compose(row, now=NOW - 60)
     assert note.payload["aps"]["alert"]["title"].endswith("…")
     record = record_of_send(row, note)
     assert record == {"payload": stored_payload(note), "sent_body": None, "sent_format": None}
@@ -133,7 +133,7 @@ def test_a_send_without_a_body_to_keep_is_stored_whole(body):
         "body": None,
         "apns_token": "ab",
     }
-    note = compose(row)
+    note = compose(row, now=NOW - 60)
     note.payload["aps"]["alert"]["body"] = body
     assert record_of_send(row, note) == {"payload": stored_payload(note), "sent_body": None, "sent_format": None}
 
@@ -175,9 +175,10 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
         "tz_name": zone[0],
         "last_tz_offset_seconds": zone[1],
     }
-    note = compose(row, level)
+    note = compose(row, level, now=row["event_at"] - 600)
     record = record_of_send(row, note)
-    stored_row = {k: v for k, v in row.items() if k not in ("tz_name", "last_tz_offset_seconds", "apns_token")}
+    gone = ("tz_name", "last_tz_offset_seconds", "apns_token")
+    stored_row = {k: v for k, v in row.items() if k not in gone}
     assert sent_payload({**stored_row, **record}) == stored_payload(note)
     uncut = note.payload["aps"]["alert"]["title"] == title
     assert (record["payload"] is None) == (level == "time-sensitive" and uncut)

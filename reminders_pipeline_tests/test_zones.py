@@ -79,13 +79,19 @@ def test_clock_text_follows_the_zone_across_dst():
         "last_tz_offset_seconds": 7200,
         "tz_name": "Europe/Berlin",
     }
-    assert compose(row).payload["aps"]["alert"]["body"] == "Starts at 14:30"  # CET after 25 October
+    sent = row["event_at"] - 600
+    assert compose(row, now=sent).payload["aps"]["alert"]["body"] == "Starts at 14:30"  # CET after 25 October
 
 
 @pytest.mark.parametrize(
-    "rule, body", [("day:0@09:00", "Today"), ("day:1@18:00", "Tomorrow"), ("day:7@09:00", "In 7 days")]
+    "rule, sent, body",
+    [
+        ("day:0@09:00", "2026-10-27T08:00:00.000Z", "Today"),
+        ("day:1@18:00", "2026-10-26T17:00:00.000Z", "Tomorrow"),
+        ("day:7@09:00", "2026-10-20T07:00:00.000Z", "In 7 days"),
+    ],
 )
-def test_all_day_alert_names_the_day(rule, body):
+def test_all_day_alert_names_the_day(rule, sent, body):
     row = {
         "id": 1,
         "device_id": "d",
@@ -98,7 +104,7 @@ def test_all_day_alert_names_the_day(rule, body):
         "expires_at": Instant.from_stored("2026-10-27T23:00:00.000Z"),
         "tz_name": "Europe/Berlin",
     }
-    note = compose(row)
+    note = compose(row, now=Instant.from_stored(sent))
     assert note.payload["aps"]["alert"]["body"] == body
     assert note.expiration == int(datetime(2026, 10, 27, 23, tzinfo=UTC).timestamp())  # the end of the day
 
