@@ -53,7 +53,7 @@ from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
 from .apns_transport import Endpoint, FenceExpired, NotProcessed, Wire, enabled_speed_patches, protocol_class
 from .quiet import RepeatFilter
-from .sender import NOT_WRITTEN, Notification, SenderFactory, SendResult, fence_expired
+from .sender import NOT_WRITTEN, Notification, PayloadLimit, SenderFactory, SendResult, fence_expired
 from .settings import Settings
 from .times import Instant
 
@@ -65,6 +65,8 @@ REQUIRED = (
     ("apns_team_id", "REMINDERS_APNS_TEAM_ID"),
     ("apns_topic", "REMINDERS_APNS_TOPIC"),
 )
+# APNs takes at most 4 KB of JSON body (``Notification.body``, compact as the transport sends it).
+PAYLOAD_LIMIT = PayloadLimit(4096, lambda note: note.body)
 TOKEN_INVALID_REASONS = frozenset({"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered", "ExpiredToken"})
 # 403 is always about our credentials; these other answers fail every send of the run alike.
 CONFIG_FAULT_REASONS = frozenset({"TopicDisallowed", "BadTopic", "MissingTopic", "TooManyProviderTokenUpdates"})

@@ -30,13 +30,14 @@ from google.auth.exceptions import GoogleAuthError
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 
-from .sender import Notification, SendResult, fence_expired
+from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
 from .webpush import retry_after, transport_failure
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 TOKEN_INVALID = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})  # FcmError codes: the token, not us
 MAX_TTL_SECONDS = 28 * 86400  # FCM refuses a longer android.ttl
+MAX_MESSAGE_BYTES = 4096  # FCM refuses a larger payload ("Message is too big")
 BACK_OFF = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL", "RESOURCE_EXHAUSTED"})
 
 
@@ -76,6 +77,16 @@ def message(note: Notification, now: float) -> dict[str, Any]:
             },
         }
     }
+
+
+def message_bytes(note: Notification) -> bytes:
+    """The request body as httpx sends it (compact UTF-8 JSON), its ``android.ttl`` the longest it
+    can be: all of it counted, so a message fitted to it fits FCM's limit whenever it is sent."""
+    body = message(note, note.expiration - MAX_TTL_SECONDS)
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+PAYLOAD_LIMIT = PayloadLimit(MAX_MESSAGE_BYTES, message_bytes)
 
 
 class FcmSender:

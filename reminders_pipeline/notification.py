@@ -5,7 +5,8 @@ the send's time, not of the row's ``send_after``: a late alert says how far the 
 one sent after it that it started ("Started at 10:00"). Clock times are shown in the device's IANA
 zone (DST exact), else its last seen UTC offset, else UTC marked as such. An all-day reminder says
 which day ("Today", "Tomorrow", "In 3 days"): its clock time is midnight. A device that names a
-locale reads them in its language and clock (``phrases``).
+locale reads them in its language and clock (``phrases``). Each provider's own form of the payload
+is fitted to its own limit (``sender.payload_limit``) by cutting the text.
 
 What a row records of its send (``record_of_send``, read back by ``sent_payload``): the whole payload
 is ~300 bytes, most of a settled row, and all of it but the alert body follows from the row's own
@@ -27,11 +28,10 @@ from typing import Any
 from . import phrases
 from .actions import CATEGORY, action_token
 from .rules import Rule, parse_rule
-from .sender import Notification
+from .sender import Notification, PayloadLimit, payload_limit
 from .times import Instant
 from .zones import wall_datetime, zone_of
 
-MAX_PAYLOAD_BYTES = 4096
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
 DEFAULT_SOUND = "default"
 MAX_COLLAPSE_ID_BYTES = 64
@@ -120,16 +120,17 @@ def collapse_id(device_id: str, item_id: str) -> str:
     return hashlib.sha256(f"{device_id}\x00{item_id}".encode()).hexdigest()[:MAX_COLLAPSE_ID_BYTES]
 
 
-def _fit(note: Notification) -> Notification:
-    """Truncate body, then title, until the payload's bytes fit APNs' 4 KB; never reject."""
+def _fit(note: Notification, limit: PayloadLimit) -> Notification:
+    """Truncate body, then title, until the provider's own form of the payload (``limit.wire``)
+    fits its limit; never reject."""
     alert = note.payload["aps"]["alert"]  # compose's own dict: truncated in place
     for key in ("body", "title"):
-        while (size := len(note.body)) > MAX_PAYLOAD_BYTES and alert.get(key):
+        while (size := len(limit.wire(note))) > limit.max_bytes and alert.get(key):
             text = alert[key]
             per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(
                 text
             )  # bytes sent per character, escapes included
-            keep = max(0, len(text) - math.ceil((size - MAX_PAYLOAD_BYTES + 3) / per_char) - 1)
+            keep = max(0, len(text) - math.ceil((size - limit.max_bytes + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
             note = replace(note)  # a new instance: its body is serialised afresh
     return note
@@ -148,7 +149,7 @@ def compose(
     words say how far the item's start (or end) is then, not when the row was due.
     ``sent_format``: the format composed (``SENT_FORMAT``; None, as a release before it did)."""
     note = _assemble(row, _body(row, parse_rule(row["rule"]), now), interruption_level, sound, sent_format)
-    return _fit(note)
+    return _fit(note, payload_limit(note.provider))
 
 
 def _assemble(
@@ -202,10 +203,11 @@ def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str 
 
     Decided without composing again (that doubled the drain's composing cost): besides the row's
     columns, ``compose`` takes the interruption level, the sound and, for the body alone, the
-    device's zone and the time of the send; and ``_fit`` may cut the title or body. With the body kept as sent, the re-render (which fits nothing: what was sent
+    device's zone and the time of the send; and ``_fit`` may cut the title or body to the
+    provider's limit. With the body kept as sent, the re-render (which fits nothing: what was sent
     fit) matches exactly when the level and sound are the defaults and the title went out uncut (a
     cut body is kept cut). test_sent_payload checks this against an actual re-render over every
-    rule kind, level and cut.
+    rule kind, level, provider and cut.
     """
     aps = note.payload["aps"]
     body = aps["alert"]["body"]

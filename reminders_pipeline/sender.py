@@ -101,6 +101,33 @@ def fence_expired(row_id: int) -> SendResult:
     return SendResult(row_id, False, reason=FENCE_EXPIRED, retry=True)
 
 
+@dataclass(frozen=True)
+class PayloadLimit:
+    """What one provider's service accepts of an alert: at most ``max_bytes`` of ``wire(note)``,
+    the bytes its limit counts (APNs: the JSON body; Web Push: the plaintext it encrypts; FCM:
+    the message). Each provider's module states its own (``PAYLOAD_LIMIT``)."""
+
+    max_bytes: int
+    wire: Callable[[Notification], bytes]
+
+
+def payload_limit(provider: str) -> PayloadLimit:
+    """The payload limit of ``provider`` (``devices.provider``), from its own module: imported
+    here, on first use, as ``default_sender_factory`` imports its sender, so what composes an
+    alert depends on no provider."""
+    if provider == "webpush":
+        from .webpush import PAYLOAD_LIMIT as webpush_limit  # noqa: PLC0415
+
+        return webpush_limit
+    if provider == "fcm":
+        from .fcm import PAYLOAD_LIMIT as fcm_limit  # noqa: PLC0415
+
+        return fcm_limit
+    from .apns import PAYLOAD_LIMIT as apns_limit  # noqa: PLC0415
+
+    return apns_limit
+
+
 @dataclass
 class RecordingSender:
     """Records what it would send; answers from a script keyed by device token (default: 200).

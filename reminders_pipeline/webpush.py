@@ -45,11 +45,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02
 
 from .egress import AddressRefused, GuardedTransport, Network, is_allowed, parse_networks
-from .sender import Notification, SendResult, fence_expired
+from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
 
 MAX_ENDPOINT_LENGTH = 2048
 MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts at most
+# RFC 8291's aes128gcm header (salt 16, record size 4, key id length 1, the sender's 65-byte
+# key) and its one record's padding delimiter (1) and tag (16) leave this much for the plaintext.
+MAX_PLAINTEXT_BYTES = MAX_PAYLOAD_BYTES - (16 + 4 + 1 + 65) - (1 + 16)
 MAX_RETRY_AFTER_SECONDS = 86400  # a longer Retry-After is read as a day: a wait no reminder outlives
 MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
 VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
@@ -184,6 +187,9 @@ def web_payload(note: Notification) -> bytes:
         "reminder": note.payload["reminder"],
     }
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+PAYLOAD_LIMIT = PayloadLimit(MAX_PLAINTEXT_BYTES, web_payload)  # the alert is fitted to it before encryption
 
 
 def topic(collapse_id: str) -> str:

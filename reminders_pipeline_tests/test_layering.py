@@ -76,3 +76,14 @@ def test_the_rule_catches_every_spelling_of_an_import_from_above():
         "x.py:4 imports reminders_pipeline.zones",
         "x.py:10 imports reminders_pipeline.build",
     ]
+
+
+PROVIDER_MODULES = ("reminders_pipeline.apns", "reminders_pipeline.webpush", "reminders_pipeline.fcm")
+
+
+def test_what_composes_and_settles_an_alert_imports_no_provider():
+    """Each provider states its own payload limit; the shared core reads it through
+    ``sender.payload_limit``, so composing and settling depend on no provider's module."""
+    for name in ("notification.py", "settlement.py", "phrases.py", "policy.py"):
+        imported = [m for _, m in _imported((PACKAGE / name).read_text(), "reminders_pipeline")]
+        assert not [m for m in imported if m in PROVIDER_MODULES], name

@@ -2,11 +2,15 @@
 
 import json
 
-from reminders_pipeline.notification import MAX_PAYLOAD_BYTES
+import pytest
+
+from reminders_pipeline.apns import PAYLOAD_LIMIT
 from reminders_pipeline.notification import compose as compose_at
+from reminders_pipeline.sender import payload_limit
 from reminders_pipeline.times import Instant
 
 T = 1_789_029_000  # 2026-09-10T08:30:00Z
+MAX_PAYLOAD_BYTES = PAYLOAD_LIMIT.max_bytes
 LEAD_TIME = Instant.from_unix(T - 600)
 
 
@@ -64,3 +68,13 @@ def test_long_text_is_truncated_to_fit_never_rejected():
         assert note.body == sent and MAX_PAYLOAD_BYTES - 16 <= len(sent) <= MAX_PAYLOAD_BYTES
         alert = note.payload["aps"]["alert"]
         assert alert["body"].endswith("…") and alert["title"] == "T" * 300
+
+
+@pytest.mark.parametrize("provider", ["apns", "webpush", "fcm"])
+def test_long_text_is_fitted_to_each_providers_own_form_and_limit(provider):
+    """What each provider's limit counts (``PayloadLimit.wire``): APNs' JSON body, Web Push's
+    plaintext, FCM's whole message; cut to just under it."""
+    limit = payload_limit(provider)
+    for title, body in (("T" * 300, "é" * 5_000), ("🎉" * 3_000, None), ('"' * 5_000, "\x01" * 1_200)):
+        note = compose(row(provider=provider, apns_token="f" * 160, title=title, body=body))
+        assert limit.max_bytes - 16 <= len(limit.wire(note)) <= limit.max_bytes, (title[:1], len(limit.wire(note)))

@@ -406,3 +406,46 @@ def test_a_provider_devices_use_but_the_deployment_cannot_reach_is_refused_befor
         assert "apns" in out and "REMINDERS_APNS_KEY_FILE" in out and "nothing was claimed" in out, out
     assert {(r["device_id"], r["status"]) for r in rows(db)} == {("web", "pending"), ("phone", "pending")}
     assert json.loads(run("drain").output)["outcomes"] == {"sent": 2}  # mounted again: both go
+
+
+def _lengthen_titles(db: Any, title: str) -> None:
+    """Give every queued row ``title``: feeds cap titles at 256 characters, so only a row written
+    directly reaches a longer one."""
+    from reminders_pipeline.schema import notification_queue  # noqa: PLC0415
+
+    with db.write() as conn:
+        conn.execute(notification_queue.update().values(title=title))
+
+
+def test_a_long_title_is_cut_to_each_providers_own_limit_and_sent(run, push, fcm, fresh_mock, feeds, tmp_path, db):
+    """Each provider's form of the alert is fitted to its own limit: Web Push's plaintext to the
+    3,993 bytes one aes128gcm record of 4,096 leaves, FCM's message to 4,096 bytes, APNs' JSON
+    body to 4 KB; each mock refuses more, as the real service does."""
+    url = soon(feeds, "/a.json", "Long")
+    subscribed(run, push, tmp_path, url)
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    run("build", "--all")
+    _lengthen_titles(db, "Ü" * 5000)
+    summary = json.loads(run("drain").output)
+    assert summary["outcomes"] == {"sent": 3}, rows(db)
+    (web,) = push.wait_for_requests(1)
+    assert web.status == 201 and web.payload["title"].endswith("…") and web.payload["title"].startswith("ÜÜÜ")
+    assert 3993 - 16 <= len(web.plaintext) <= 3993
+    (droid,) = fcm.wait_for_requests(1)
+    assert droid.status == 200 and droid.message["notification"]["title"].endswith("…")
+    (phone,) = fresh_mock.wait_for_requests(1)
+    assert phone.status == 200 and phone.payload["aps"]["alert"]["title"].endswith("…")
+    shown = {r["device_id"]: json.loads(r["payload"])["payload"]["aps"]["alert"]["title"] for r in rows(db)}
+    assert shown["web"] == web.payload["title"] and shown["droid"] == droid.message["notification"]["title"]
+
+
+def test_a_long_body_from_a_feed_fits_web_push(run, push, feeds, tmp_path, db):
+    """A body at the feed's 2,048-character cap, 4,096 bytes of UTF-8: over Web Push's limit
+    once wrapped, under APNs'."""
+    start = int(time.time()) + 1800
+    event = {"id": "e", "title": "Talk", "body": "é" * 2048, "startsAt": start, "expiresAt": start + 1800}
+    subscribed(run, push, tmp_path, str(feeds.items("/a.json", [event])))
+    assert drained(run)["outcomes"] == {"sent": 1}, rows(db)
+    (web,) = push.wait_for_requests(1)
+    assert web.payload["body"].endswith("…") and web.payload["title"] == "Talk" and len(web.plaintext) <= 3993

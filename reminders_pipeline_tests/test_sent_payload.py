@@ -161,10 +161,12 @@ MATRIX_ROW = {
         ("🎉" * 3000, "\x01" * 2000),
     ],
 )
-def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level, title, body):
+@pytest.mark.parametrize("provider", ["apns", "webpush", "fcm"])
+def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level, title, body, provider):
     """``record_of_send`` decides without composing again; whatever it keeps, ``sent_payload`` of the
-    row gives back the bytes sent, for every rule kind, zone, level and cut (the device's zone is
-    gone from the row when it is read back: the clock text must come from what was kept)."""
+    row gives back the bytes sent, for every rule kind, zone, level, provider and cut (each
+    provider cuts to its own limit; the device's zone and provider are gone from the row when it is
+    read back: the clock text must come from what was kept)."""
     from reminders_pipeline.notification import compose, record_of_send, sent_payload
 
     row = {
@@ -174,10 +176,11 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
         "body": body,
         "tz_name": zone[0],
         "last_tz_offset_seconds": zone[1],
+        "provider": provider,
     }
     note = compose(row, level, now=row["event_at"] - 600)
     record = record_of_send(row, note)
-    gone = ("tz_name", "last_tz_offset_seconds", "apns_token")
+    gone = ("tz_name", "last_tz_offset_seconds", "apns_token", "provider")
     stored_row = {k: v for k, v in row.items() if k not in gone}
     assert sent_payload({**stored_row, **record}) == stored_payload(note)
     uncut = note.payload["aps"]["alert"]["title"] == title
