@@ -124,8 +124,9 @@ def _fit(note: Notification, limit: PayloadLimit) -> Notification:
     """Truncate body, then title, until the provider's own form of the payload (``limit.wire``)
     fits its limit; never reject."""
     alert = note.payload["aps"]["alert"]  # compose's own dict: truncated in place
+    size = len(limit.wire(note))
     for key in ("body", "title"):
-        while (size := len(limit.wire(note))) > limit.max_bytes and alert.get(key):
+        while size > limit.max_bytes and alert.get(key):
             text = alert[key]
             per_char = (len(json.dumps(text, ensure_ascii=False).encode()) - 2) / len(
                 text
@@ -133,6 +134,7 @@ def _fit(note: Notification, limit: PayloadLimit) -> Notification:
             keep = max(0, len(text) - math.ceil((size - limit.max_bytes + 3) / per_char) - 1)
             alert[key] = text[:keep] + "…" if keep else ""
             note = replace(note)  # a new instance: its body is serialised afresh
+            size = len(limit.wire(note))
     return note
 
 
@@ -148,19 +150,20 @@ def compose(
     ``credential_hash``: the key of the alert's action token, ``actions``), sent at ``now``: its
     words say how far the item's start (or end) is then, not when the row was due.
     ``sent_format``: the format composed (``SENT_FORMAT``; None, as a release before it did)."""
-    note = _assemble(row, _body(row, parse_rule(row["rule"]), now), interruption_level, sound, sent_format)
+    rule = parse_rule(row["rule"])
+    note = _assemble(row, rule, _body(row, rule, now), interruption_level, sound, sent_format)
     return _fit(note, payload_limit(note.provider))
 
 
 def _assemble(
     row: Mapping[str, Any],
+    rule: Rule,
     body: str,
     interruption_level: str = DEFAULT_INTERRUPTION_LEVEL,
     sound: str = DEFAULT_SOUND,
     sent_format: int | None = SENT_FORMAT,
 ) -> Notification:
-    """The notification of ``row`` with the alert body ``body``, as it is before any fitting."""
-    rule = parse_rule(row["rule"])
+    """The notification of ``row`` (its rule parsed) with the alert body ``body``, as it is before any fitting."""
     starts: Instant = row["event_at"]
     ends: Instant = row["expires_at"]
     aps: dict[str, Any] = {
@@ -240,4 +243,6 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
-    return stored_payload(_assemble({**row, "apns_token": ""}, body, sent_format=row.get("sent_format")))
+    return stored_payload(
+        _assemble({**row, "apns_token": ""}, parse_rule(row["rule"]), body, sent_format=row.get("sent_format"))
+    )
