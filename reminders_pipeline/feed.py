@@ -107,6 +107,9 @@ class ParsedFeed:
     # for a calendar's floating item 14 h after its wall-time end). From then a cut item may belong
     # among the soonest, so the feed is read and parsed again, never reused on 304.
     cap_until: int | None = None
+    # Unix seconds the read's window started at: a calendar expands no occurrence before it, and
+    # the cap counts none over by then. A read for an earlier window cannot reuse this parse.
+    read_from: int | None = None
 
     _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
@@ -190,6 +193,8 @@ class ParsedFeed:
             doc["aside"] = [i.to_json() for i in self.aside]
         if self.partial_series:
             doc["partial_series"] = sorted(self.partial_series)
+        if self.read_from is not None:
+            doc["read_from"] = self.read_from
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -203,6 +208,7 @@ class ParsedFeed:
             cut_from=doc.get("cut_from"),
             cap_until=doc.get("cap_until"),
             aside=[Item.from_json(i) for i in doc.get("aside", ())],
+            read_from=doc.get("read_from"),
         )
 
 

@@ -282,6 +282,7 @@ class SourceReader:
             else:
                 feed = usable(await self._parse(parse_json_feed, body, self.max_items, start))
                 covered = None
+            feed.read_from = start
             return SourceRead(
                 source_id,
                 url,
@@ -354,7 +355,8 @@ class SourceReader:
 
     def _usable_cache(self, state: SourceState, window: Window | None) -> ParsedFeed | None:
         """The cached feed, if it was parsed under today's item cap, covers what this read needs (a
-        calendar cache ends somewhere), and the cap, if it cut, would still keep the same items."""
+        calendar cache ends somewhere, and starts where its read's window did: a build for an
+        earlier ``now`` reads again), and the cap, if it cut, would still keep the same items."""
         if not state.feed_cache or not (state.etag or state.last_modified or state.content_hash):
             return None
         if not parsed_under(state.content_hash, self.max_items):
@@ -366,6 +368,8 @@ class SourceReader:
         except (ValueError, KeyError, TypeError):
             return None
         now = (window[0] if window is not None else Instant.now()).whole_seconds
+        if cached.read_from is None or cached.read_from > now:
+            return None
         return None if cached.cap_until is not None and now >= cached.cap_until else cached
 
 

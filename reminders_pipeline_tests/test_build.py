@@ -613,3 +613,33 @@ def test_a_lead_zero_reminder_of_a_meeting_moved_to_just_now_goes_with_its_new_t
     row = by_key(db)[("m", "lead:0")]
     assert (row["outcome"], row["event_at"], row["title"]) == ("sent", at(3 * 3600 - 120), "Meeting, moved")
     assert sent.payload["aps"]["alert"]["title"] == "Meeting, moved"
+
+
+HOURLY_ICS = """BEGIN:VCALENDAR\r
+VERSION:2.0\r
+PRODID:-//hourly//EN\r
+BEGIN:VEVENT\r
+UID:hourly@shared\r
+DTSTART:20260910T090000Z\r
+DURATION:PT30M\r
+RRULE:FREQ=HOURLY;COUNT=12\r
+SUMMARY:Check-in\r
+END:VEVENT\r
+END:VCALENDAR\r
+"""
+
+
+def test_a_build_for_an_earlier_now_reads_a_shared_calendar_again_not_its_later_parse(db, settings, feeds):
+    """Issue 38 (9): a calendar shared by two devices, read first by a build at 14:00 (its parse
+    expands occurrences from then on), then by a build at 08:00 for the second device (a backfill,
+    or a host whose clock is behind). The cached parse starts too late for it: the source is read
+    and expanded again, so the second device gets its 09:00-13:00 reminders. (Before: the parse was
+    reused and those occurrences were missing: no rows, no error.)"""
+    url = feeds.calendar("/hourly.ics", HOURLY_ICS)
+    device(db, settings, "late", sources=[url], lead=600)
+    build(db, settings, now=at(6 * 3600))  # 14:00: occurrences from 14:00 to 20:00
+    device(db, settings, "early", sources=[url], lead=600)
+    build(db, settings, now=NOW)  # 08:00
+    early = sorted(r["event_at"].whole_seconds - NOW_S for r in rows(db) if r["device_id"] == "early")
+    assert early[:5] == [3600, 7200, 10800, 14400, 18000], early
+    assert len(early) == 12
