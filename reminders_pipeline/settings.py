@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
@@ -105,6 +106,25 @@ def _networks(value: object) -> object:
     return networks
 
 
+def _contact(subject: str) -> str:
+    """The VAPID ``sub`` (RFC 8292 §2.1): a ``mailto:`` address or an https URL naming a host (a
+    path is allowed). Anything else a push service may refuse for every request: refused here, at
+    start, instead."""
+    if subject.startswith("mailto:"):
+        local, at, domain = subject.removeprefix("mailto:").partition("@")
+        if local and at and domain and not any(c.isspace() for c in subject):
+            return subject
+    elif subject.startswith("https://") and not any(c.isspace() for c in subject):
+        try:
+            parts = urlsplit(subject)
+            parts.port  # noqa: B018 - raises ValueError on a malformed port
+        except ValueError:
+            parts = None
+        if parts is not None and parts.hostname and not parts.username and not parts.password:
+            return subject
+    raise _refused(": a mailto: address (mailto:ops@example.org) or an https URL with a host, got " + repr(subject))
+
+
 def _cadence(cron: str) -> str:
     try:
         cron_cadence_seconds(cron)
@@ -120,6 +140,7 @@ ExactlyTrue = Annotated[bool, BeforeValidator(_exactly_true)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 Networks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_networks)]
 Cron = Annotated[str, AfterValidator(_cadence)]
+Contact = Annotated[str, AfterValidator(_contact)]
 DatabaseUrl = Annotated[str, AfterValidator(normalize_database_url)]
 
 
@@ -310,10 +331,10 @@ class Settings(BaseSettings):
         description="the VAPID key (EC P-256 PEM, `reminders vapid generate`) Web Push requests are signed with; "
         "required to send to a Web Push device",
     )
-    vapid_subject: str | None = Field(
+    vapid_subject: Contact | None = Field(
         None,
-        pattern=r"^(mailto:|https:)\S+$",
-        description="the VAPID `sub`: a `mailto:` or `https:` contact a push service may reach",
+        description="the VAPID `sub`: a `mailto:` address or an `https://` URL (a path allowed), a contact a push "
+        "service may reach",
     )
     webpush_allow_networks: Networks = Field(
         (), description="CIDR networks a Web Push endpoint may reach besides globally routable addresses (as sources)"

@@ -5,7 +5,10 @@ A device's target is the browser's ``PushSubscription``: an endpoint URL on its 
 two keys (``p256dh``, ``auth``). The endpoint comes from a user, so it passes the egress guard
 twice: at registration (``check_reachable``, from ``devices.put_device``) and at every connection
 (``egress.GuardedBackend``).
-Requests to one push service are bounded per host (``REMINDERS_WEBPUSH_PER_HOST``).
+Requests to one push service (one origin, ``origin_of``: ``HTTPS://Push.Example:443`` is
+``https://push.example``) are bounded (``REMINDERS_WEBPUSH_PER_HOST``); what is kept per origin
+(its slots, its VAPID header) is forgotten least recently used first past ``MAX_PUSH_SERVICES``.
+What goes wrong with one row (a stored endpoint that no longer parses, a bug) fails that row alone.
 
 Each alert is encrypted to the subscription's key with a fresh sender key, so the push service
 sees nothing but its size; the browser's service worker reads ``{"title", "body", "tag",
@@ -32,8 +35,9 @@ import os
 import socket
 import ssl
 import time
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
@@ -43,6 +47,7 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02
+from py_vapid import jwt as vapid_jwt
 
 from .egress import AddressRefused, GuardedTransport, Network, is_allowed, parse_networks
 from .sender import Notification, PayloadLimit, SendResult, fence_expired
@@ -54,8 +59,10 @@ MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts 
 # key) and its one record's padding delimiter (1) and tag (16) leave this much for the plaintext.
 MAX_PLAINTEXT_BYTES = MAX_PAYLOAD_BYTES - (16 + 4 + 1 + 65) - (1 + 16)
 MAX_RETRY_AFTER_SECONDS = 86400  # a longer Retry-After is read as a day: a wait no reminder outlives
+MAX_PUSH_SERVICES = 1000  # origins whose state is kept once idle (most recently used)
 MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
 VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
+DEFAULT_PORTS = {"https": 443, "http": 80}
 TIMEOUT = "timeout"
 GONE = "subscription_gone"
 
@@ -83,10 +90,22 @@ class Subscription:
         return cls(data["endpoint"], data["p256dh"], data["auth"])
 
     @property
-    def audience(self) -> str:
-        """The VAPID ``aud``: the endpoint's origin."""
-        parts = urlsplit(self.endpoint)
-        return f"{parts.scheme}://{parts.netloc}"
+    def origin(self) -> str:
+        """The endpoint's origin (``origin_of``): the VAPID ``aud``, and the key of per-host state."""
+        return origin_of(self.endpoint)
+
+
+def origin_of(url: str) -> str:
+    """``url``'s origin as RFC 6454 serializes it: scheme and host in lowercase, an IPv6 literal
+    in brackets, the port only when not the scheme's default. So ``HTTPS://Push.Example:443/x``
+    and ``https://push.example/y`` are one push service. ``ValueError`` for a URL without a host
+    or with a malformed port."""
+    parts = urlsplit(url)
+    scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    if not host:
+        raise ValueError("no host")
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}" if port is None or port == DEFAULT_PORTS.get(scheme) else f"{scheme}://{shown}:{port}"
 
 
 def _b64(text: str) -> bytes:
@@ -210,11 +229,51 @@ def retry_after(value: str | None, now: float) -> float | None:
     return min(max(0.0, wait), MAX_RETRY_AFTER_SECONDS)
 
 
+@dataclass
+class PushService:
+    """What the sender keeps per push service (one origin): its slots and its VAPID header."""
+
+    slots: asyncio.Semaphore
+    users: int = 0  # rows holding or waiting for a slot: the entry is in use, never evicted
+    authorization: tuple[float, str] | None = None  # (expiry, Authorization header)
+
+
+class PushServices:
+    """Per-origin state, at most ``limit`` entries once the idle ones are evicted, least recently
+    used first: endpoints are users' choices, so their origins are unbounded."""
+
+    def __init__(self, per_host: int, limit: int = MAX_PUSH_SERVICES) -> None:
+        self.per_host, self.limit = per_host, limit
+        self.entries: OrderedDict[str, PushService] = OrderedDict()
+
+    @contextmanager
+    def use(self, origin: str) -> Iterator[PushService]:
+        """The origin's entry, held (not evictable) until the block ends."""
+        entry = self.entries.get(origin)
+        if entry is None:
+            entry = self.entries[origin] = PushService(asyncio.Semaphore(self.per_host))
+        self.entries.move_to_end(origin)
+        entry.users += 1
+        try:
+            self._evict()
+            yield entry
+        finally:
+            entry.users -= 1
+
+    def _evict(self) -> None:
+        if len(self.entries) <= self.limit:
+            return
+        idle = [origin for origin, entry in self.entries.items() if entry.users == 0]
+        for origin in idle[: len(self.entries) - self.limit]:
+            del self.entries[origin]
+
+
 class WebPushSender:
     """Sends each notification once, never retried here; one ``SendResult`` per notification."""
 
     def __init__(self, settings: Settings, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.vapid, self.subject = signing_key(settings)
+        self.public_key = public_key_text(self.vapid)
         self.timeout = settings.send_timeout_seconds
         self.monotonic = monotonic
         context = ssl.create_default_context(cafile=settings.webpush_ca_file) if settings.webpush_ca_file else None
@@ -223,22 +282,29 @@ class WebPushSender:
             parse_networks(settings.webpush_allow_networks), limits, ssl_context=context, http2=True
         )
         self.client = httpx.AsyncClient(transport=transport, timeout=self.timeout, trust_env=False)
-        self.per_host = settings.webpush_per_host
-        self.hosts: dict[str, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(self.per_host))
-        self.tokens: dict[str, tuple[float, str]] = {}  # audience -> (expiry, Authorization header)
+        self.services = PushServices(settings.webpush_per_host)
 
-    def _authorization(self, audience: str) -> str:
-        """One VAPID JWT per push service, signed again an hour before it expires."""
+    def _authorization(self, origin: str, service: PushService) -> str:
+        """One VAPID JWT per push service, signed again an hour before it expires. Signed by
+        py-vapid's ES256 signer itself: ``Vapid02.sign`` refuses an IPv6 literal ``aud``
+        (``https://[::1]:8443``) and an https ``sub`` with a path, both valid in RFC 8292; the
+        ``aud`` here is a parsed origin and ``sub`` was checked when the settings were read."""
         now = time.time()
-        cached = self.tokens.get(audience)
+        cached = service.authorization
         if cached is None or cached[0] - now < 3600:
             exp = int(now) + VAPID_SECONDS
-            header = self.vapid.sign({"aud": audience, "exp": exp, "sub": self.subject})["Authorization"]
-            self.tokens[audience] = cached = (exp, header)
+            token = vapid_jwt.sign({"aud": origin, "exp": exp, "sub": self.subject}, self.vapid.private_key)
+            service.authorization = cached = (exp, f"vapid t={token},k={self.public_key}")
         return cached[1]
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
-        return list(await asyncio.gather(*(self._one(n) for n in notifications)))
+        """One result per notification: what goes wrong with one row, unforeseen included, fails
+        that row alone, never the rows sent beside it."""
+        answers = await asyncio.gather(*(self._one(n) for n in notifications), return_exceptions=True)
+        return [
+            a if isinstance(a, SendResult) else SendResult(n.row_id, False, reason=f"sender_error:{type(a).__name__}")
+            for n, a in zip(notifications, answers)
+        ]
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -246,6 +312,7 @@ class WebPushSender:
     async def _one(self, note: Notification) -> SendResult:
         try:
             subscription = Subscription.stored(note.device_token)
+            origin = subscription.origin
             body = http_ece.encrypt(
                 web_payload(note),
                 private_key=ec.generate_private_key(ec.SECP256R1()),
@@ -257,18 +324,19 @@ class WebPushSender:
             return SendResult(note.row_id, False, reason=f"invalid:{type(exc).__name__}")
         if len(body) > MAX_PAYLOAD_BYTES:
             return SendResult(note.row_id, False, reason="PayloadTooLarge")
-        headers = {
-            "TTL": str(max(0, note.expiration - math.ceil(time.time()))),  # never past the expiration
-            "Topic": topic(note.collapse_id),
-            "Urgency": "high",
-            "Content-Encoding": "aes128gcm",
-            "Content-Type": "application/octet-stream",
-            "Authorization": self._authorization(subscription.audience),
-        }
-        async with self.hosts[urlsplit(subscription.endpoint).netloc]:
-            if note.past_deadline(self.monotonic()):
-                return fence_expired(note.row_id)
-            return await self._post(note, subscription.endpoint, headers, body)
+        with self.services.use(origin) as service:
+            headers = {
+                "TTL": str(max(0, note.expiration - math.ceil(time.time()))),  # never past the expiration
+                "Topic": topic(note.collapse_id),
+                "Urgency": "high",
+                "Content-Encoding": "aes128gcm",
+                "Content-Type": "application/octet-stream",
+                "Authorization": self._authorization(origin, service),
+            }
+            async with service.slots:
+                if note.past_deadline(self.monotonic()):
+                    return fence_expired(note.row_id)
+                return await self._post(note, subscription.endpoint, headers, body)
 
     async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
         """The request, and at most ``MAX_ANSWER_BYTES`` of its answer, within the send timeout as a

@@ -380,8 +380,9 @@ class MockWebPush(LoopServer):
     it saw is in ``requests``, with the decrypted payload.
     """
 
-    def __init__(self, *, workdir: str | Path | None = None) -> None:
+    def __init__(self, *, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
         super().__init__(workdir, name="mock-webpush")
+        self.host = host  # "::1": endpoints with an IPv6 literal host, https://[::1]:<port>/...
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._ca = trustme.CA()
         self.ca_file = self.workdir / "mock-webpush-ca.pem"
@@ -414,8 +415,10 @@ class MockWebPush(LoopServer):
 
     @property
     def origin(self) -> str:
-        """``https://127.0.0.1:<port>``: every endpoint's origin, the VAPID ``aud`` it expects."""
-        return f"https://{self.host}:{self.port}"
+        """``https://127.0.0.1:<port>`` (``https://[::1]:<port>``): every endpoint's origin, the
+        VAPID ``aud`` it expects."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.port}"
 
     url = origin
 

@@ -13,15 +13,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from click.testing import CliRunner, Result
 
 from reminders_pipeline.cli import main
 from reminders_pipeline.fcm import FcmSender
 from reminders_pipeline.sender import Notification, SendResult
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.settings import Settings, SettingsError
 from reminders_pipeline.times import Instant
-from reminders_pipeline.webpush import generate_key
+from reminders_pipeline.webpush import PushServices, WebPushSender, generate_key, origin_of
 from reminders_pipeline_testing.mock_apns import MockApns
 from reminders_pipeline_testing.mock_fcm import Answer as FcmAnswer
 from reminders_pipeline_testing.mock_fcm import MockFcm
@@ -449,3 +450,141 @@ def test_a_long_body_from_a_feed_fits_web_push(run, push, feeds, tmp_path, db):
     assert drained(run)["outcomes"] == {"sent": 1}, rows(db)
     (web,) = push.wait_for_requests(1)
     assert web.payload["body"].endswith("…") and web.payload["title"] == "Talk" and len(web.plaintext) <= 3993
+
+
+@pytest.fixture(scope="module")
+def push6(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MockWebPush]:
+    """A push service whose endpoints have an IPv6 literal host: ``https://[::1]:<port>/wpush/…``."""
+    with MockWebPush(workdir=tmp_path_factory.mktemp("mock-webpush6"), host="::1") as server:
+        yield server
+
+
+BOTH_LOOPBACKS = {"REMINDERS_WEBPUSH_ALLOW_NETWORKS": "127.0.0.0/8,::1/128"}
+
+
+def put_web(
+    run: Callable[..., Result], push: MockWebPush, tmp_path: Path, device: str, url: str, **answer: Any
+) -> dict:
+    """Register ``device`` with a new subscription of ``push``; returns the subscription."""
+    subscription = push.subscribe(Answer(**answer) if answer else None)
+    (tmp_path / f"{device}.json").write_text(json.dumps(subscription))
+    run("device", "put", device, "--webpush-subscription", str(tmp_path / f"{device}.json"), "--lead", "1800",
+        "--source", url, **BOTH_LOOPBACKS)  # fmt: skip
+    return subscription
+
+
+def both_cas(tmp_path: Path, *mocks: MockWebPush) -> dict[str, str]:
+    """The environment that trusts each mock's CA (each mock has its own)."""
+    (tmp_path / "cas.pem").write_text("".join(m.ca_file.read_text() for m in mocks))
+    return {"REMINDERS_WEBPUSH_CA_FILE": str(tmp_path / "cas.pem"), **BOTH_LOOPBACKS}
+
+
+def test_an_ipv6_literal_endpoint_is_signed_for_its_origin_and_harms_no_other_row(
+    run, push, push6, feeds, tmp_path, db
+):
+    """The VAPID ``aud`` of ``https://[::1]:port/…`` is ``https://[::1]:port``; neither that row
+    nor the row beside it in the batch fails for it."""
+    push6.reset()
+    url = soon(feeds)
+    put_web(run, push, tmp_path, "web4", url)
+    put_web(run, push6, tmp_path, "web6", url)
+    run("build", "--all")
+    summary = json.loads(run("drain", **both_cas(tmp_path, push, push6)).output)
+    assert {r["device_id"]: (r["outcome"], r["outcome_detail"]) for r in rows(db)} == {
+        "web4": ("sent", None),
+        "web6": ("sent", None),
+    }
+    assert summary["outcomes"] == {"sent": 2}
+    (request,) = push6.wait_for_requests(1)
+    assert request.status == 201 and request.endpoint.startswith("https://[::1]:")
+
+
+def test_a_vapid_subject_with_a_path_signs_every_row(run, push, feeds, tmp_path, db):
+    """RFC 8292 lets ``sub`` be any https URI: a contact page's path is kept, and signing it fails nothing."""
+    put_web(run, push, tmp_path, "web", soon(feeds))
+    run("build", "--all")
+    subject = "https://example.com/contact"
+    summary = json.loads(run("drain", REMINDERS_VAPID_SUBJECT=subject).output)
+    assert summary["outcomes"] == {"sent": 1}, rows(db)
+    (request,) = push.wait_for_requests(1)
+    token = request.headers["authorization"].split("t=", 1)[1].split(",", 1)[0]
+    assert jwt.decode(token, options={"verify_signature": False})["sub"] == subject
+
+
+@pytest.mark.parametrize("subject", ["mailto:ops", "mailto:@example.com", "https://", "https://user@example.com/x"])
+def test_a_vapid_subject_no_push_service_would_take_is_refused_when_settings_are_read(subject):
+    with pytest.raises(SettingsError, match="REMINDERS_VAPID_SUBJECT"):
+        Settings.from_env({"REMINDERS_VAPID_SUBJECT": subject})
+
+
+def test_a_row_that_cannot_be_signed_fails_alone_and_the_batch_beside_it_is_sent(push, env):
+    """A stored endpoint that no longer parses (``https://[::1``) fails its own row; the row sent
+    beside it in the same batch is recorded as what it was: sent."""
+    good = push.subscribe()
+    broken = {**good, "endpoint": "https://[::1/wpush/x"}
+    notes = [
+        Notification(i, f"web{i}", json.dumps({"endpoint": s["endpoint"], **s["keys"]}), PAYLOAD, "collapse",
+                     int(time.time()) + 600, provider="webpush")
+        for i, s in enumerate((good, broken), start=1)
+    ]  # fmt: skip
+
+    async def sends() -> list[SendResult]:
+        sender = WebPushSender(Settings.from_env(env))
+        try:
+            return await sender.send_many(notes)
+        finally:
+            await sender.aclose()
+
+    results = {r.row_id: r for r in asyncio.run(sends())}
+    assert results[1].ok and results[1].status == 201
+    assert (results[2].ok, results[2].retry, results[2].reason) == (False, False, "invalid:ValueError")
+    assert len(push.wait_for_requests(1)) == 1
+
+
+def test_endpoints_spelled_differently_are_one_push_service_signed_for_its_origin(push, env):
+    """``HTTPS://127.0.0.1:port/…`` and ``https://127.0.0.1:port/…`` are one origin: one entry of
+    per-host state, and the ``aud`` the push service expects for both."""
+    subscriptions = [push.subscribe(), push.subscribe()]
+    endpoints = [subscriptions[0]["endpoint"].replace("https://", "HTTPS://"), subscriptions[1]["endpoint"]]
+    notes = [
+        Notification(i, f"web{i}", json.dumps({"endpoint": e, **s["keys"]}), PAYLOAD, "collapse",
+                     int(time.time()) + 600, provider="webpush")
+        for i, (e, s) in enumerate(zip(endpoints, subscriptions), start=1)
+    ]  # fmt: skip
+
+    async def sends() -> tuple[list[SendResult], list[str]]:
+        sender = WebPushSender(Settings.from_env(env))
+        try:
+            return await sender.send_many(notes), list(sender.services.entries)
+        finally:
+            await sender.aclose()
+
+    results, origins = asyncio.run(sends())
+    assert [(r.ok, r.status) for r in results] == [(True, 201), (True, 201)]
+    assert origins == [push.origin]
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("HTTPS://Push.Example:443/x", "https://push.example"),
+        ("https://push.example/x", "https://push.example"),
+        ("https://push.example:8443/x?y", "https://push.example:8443"),
+        ("https://[::1]:8443/wpush/a", "https://[::1]:8443"),
+        ("https://[2001:DB8::1]/a", "https://[2001:db8::1]"),
+    ],
+)
+def test_an_endpoints_origin_is_normalized(url, origin):
+    assert origin_of(url) == origin
+
+
+def test_per_push_service_state_stays_bounded_and_never_drops_one_in_use():
+    services = PushServices(per_host=2, limit=10)
+    with services.use("https://busy.example") as busy:
+        busy.authorization = (time.time() + 3600, "vapid t=…")
+        for i in range(5000):
+            with services.use(f"https://push{i}.example"):
+                pass
+        assert len(services.entries) <= 10
+        assert services.entries["https://busy.example"] is busy  # held: kept while the others come and go
+    assert "https://push4999.example" in services.entries  # the most recently used stays
