@@ -10,8 +10,10 @@ until then never shows it, and ``android.collapse_key`` one per item.
 Answers: 200 sent; ``UNREGISTERED`` (404) and ``SENDER_ID_MISMATCH`` (403) mark the device, as
 APNs' ``Unregistered`` does (by FCM's ``errorCode``: a 404 without one is a wrong URL, not a dead
 token); ``INVALID_ARGUMENT`` (400) fails the row; ``QUOTA_EXCEEDED`` (429), ``UNAVAILABLE`` (503)
-and ``INTERNAL`` (500) back off, honouring ``Retry-After``; any other 401 or 403 (our credentials
-or project refused) is a configuration fault for every device.
+and ``INTERNAL`` (500) back off, honouring ``Retry-After``; 502, 504 and any other 5xx fail the row,
+never sent again (a front end's answer, or a deadline past, may come after FCM took the message);
+any other 401 or 403 (our credentials or project refused) is a configuration fault for every
+device. The whole table: docs/operations.md, "Every FCM answer".
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from google.oauth2 import service_account
 
 from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
-from .webpush import retry_after, transport_failure
+from .webpush import NOT_PROCESSED, retry_after, transport_failure
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 TOKEN_INVALID = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})  # FcmError codes: the token, not us
@@ -186,9 +188,11 @@ def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendRes
         return SendResult(
             row_id, False, reason=f"fcm:{reason}", status=status, config_fault=True, answered_at=answered_at
         )
-    if code in BACK_OFF or status == 429 or status >= 500:
+    if status in NOT_PROCESSED or (code in BACK_OFF and status < 500):
         wait = retry_after(response.headers.get("retry-after"), time.time())
         return SendResult(
             row_id, False, reason=reason, status=status, retry=True, retry_after=wait, answered_at=answered_at
         )
+    if status >= 500:  # 502, 504 and the rest may come after FCM took it: failed, and no sign either way of an outage
+        return SendResult(row_id, False, reason=reason, status=status, outage=False, answered_at=answered_at)
     return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)

@@ -16,9 +16,11 @@ sees nothing but its size; the browser's service worker reads ``{"title", "body"
 end), so a browser offline until then never shows it; ``Topic`` one per item (a later alert
 replaces an earlier undelivered one); ``Urgency: high``.
 
-Answers: 201 sent; 404 and 410 the subscription is gone (the device is marked, as for APNs'
-``Unregistered``); 413 too large; 429 and 5xx back off (``Retry-After`` honoured, up to a day);
-any other answer fails the row, 401 (VAPID refused) included. The endpoint is a user's choice, so
+Answers (docs/operations.md, "Every Web Push answer"): 200-202 sent; 404 and 410 the subscription
+is gone (the device is marked, as for APNs' ``Unregistered``); 413 too large; 429, 500 and 503 back
+off (``Retry-After`` honoured, up to a day); any other answer fails the row, 401 (VAPID refused)
+included, and so does any other 5xx, 502 and 504 first: a gateway's answer may come after the
+push service took the message, and sending it again could show it twice. The endpoint is a user's choice, so
 nothing it answers halts the drain or counts toward the outage breaker, and it is given the send
 timeout as a whole and a few kilobytes of answer at most.
 """
@@ -63,6 +65,10 @@ MAX_PUSH_SERVICES = 1000  # origins whose state is kept once idle (most recently
 MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
 VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
 DEFAULT_PORTS = {"https": 443, "http": 80}
+# Answers that say the push service did not take the message: throttled (429), or failed or
+# unavailable itself (500, 503). Any other 5xx, 502 and 504 from a gateway first, may come after
+# the message was handed on: failed, never sent again.
+NOT_PROCESSED = frozenset({429, 500, 503})
 TIMEOUT = "timeout"
 GONE = "subscription_gone"
 
@@ -377,12 +383,14 @@ def answer(row_id: int, status: int, headers: Mapping[str, str], answered_at: fl
         return SendResult(row_id, False, reason=GONE, status=status, token_invalid=True, answered_at=answered_at)
     if status == 413:
         return SendResult(row_id, False, reason="PayloadTooLarge", status=status, answered_at=answered_at)
-    if status == 429 or status >= 500:  # the endpoint is a user's choice: no outage of ours
+    if status in NOT_PROCESSED:  # the endpoint is a user's choice: no outage of ours
         wait = retry_after(headers.get("retry-after"), time.time())
         return SendResult(
             row_id, False, reason=f"http_{status}", status=status, retry=True, retry_after=wait, outage=False,
             answered_at=answered_at,
         )  # fmt: skip
+    if status >= 500:  # 502, 504 (a gateway's) and the rest: the message may have been taken on
+        return SendResult(row_id, False, reason=f"http_{status}", status=status, outage=False, answered_at=answered_at)
     # 401 (VAPID refused) too fails the row alone: a user's endpoint may answer it to anyone.
     reason = "vapid_refused" if status == 401 else f"http_{status}"
     return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)

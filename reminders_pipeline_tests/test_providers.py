@@ -588,3 +588,33 @@ def test_per_push_service_state_stays_bounded_and_never_drops_one_in_use():
         assert len(services.entries) <= 10
         assert services.entries["https://busy.example"] is busy  # held: kept while the others come and go
     assert "https://push4999.example" in services.entries  # the most recently used stays
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_gateway_answer_that_may_hide_an_accepted_push_fails_the_row_and_is_not_sent_again(
+    run, push, feeds, tmp_path, db, status
+):
+    """A 502 or 504 comes from a gateway that may have handed the message on: sending it again
+    could show the alert twice."""
+    subscribed(run, push, tmp_path, soon(feeds), status=status)
+    summary = drained(run)
+    assert (summary["outcomes"], summary["returned_to_pending"]) == ({"failed": 1}, 0)
+    (row,) = rows(db, device_id="web")
+    assert (row["status"], row["outcome_detail"]) == ("settled", f"http_{status}")
+    assert len(push.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "retried", "detail"),
+    [(502, False, "UNKNOWN"), (504, False, "DEADLINE_EXCEEDED"), (500, True, "INTERNAL"), (503, True, "UNAVAILABLE")],
+)
+def test_fcm_retries_only_the_5xx_it_documents_as_not_processed(run, fcm, feeds, db, answer, retried, detail):
+    """A 502 or 504 (a front end's, or a deadline past) may come after FCM took the message; 500 and
+    503 FCM documents as not processed, to be retried with backoff."""
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", soon(feeds))
+    fcm.script(FCM_TOKEN, FcmAnswer(status=answer))
+    summary = drained(run)
+    (row,) = rows(db, device_id="droid")
+    assert (row["status"] == "pending", summary["returned_to_pending"]) == (retried, int(retried))
+    assert row["outcome_detail"] == detail and summary["halted"] is None
+    assert len(fcm.requests) == 1
