@@ -7,13 +7,13 @@ The message carries a notification (the alert's title and body), the row as data
 values are strings), ``android.ttl`` the seconds to the event's start (or end), so a phone offline
 until then never shows it, and ``android.collapse_key`` one per item.
 
-Answers: 200 sent; ``UNREGISTERED`` (404) and ``SENDER_ID_MISMATCH`` (403) mark the device, as
-APNs' ``Unregistered`` does (by FCM's ``errorCode``: a 404 without one is a wrong URL, not a dead
-token); ``INVALID_ARGUMENT`` (400) fails the row; ``QUOTA_EXCEEDED`` (429), ``UNAVAILABLE`` (503)
+Answers: 200 sent; ``UNREGISTERED`` (404) marks the device, as APNs' ``Unregistered`` does (by
+FCM's ``errorCode``: a 404 without one is a wrong URL, not a dead token); ``INVALID_ARGUMENT`` (400)
+and ``THIRD_PARTY_AUTH_ERROR`` (401, the APNs or web push credentials of one app) fail the row; ``QUOTA_EXCEEDED`` (429), ``UNAVAILABLE`` (503)
 and ``INTERNAL`` (500) back off, honouring ``Retry-After``; 502, 504 and any other 5xx fail the row,
 never sent again (a front end's answer, or a deadline past, may come after FCM took the message);
-any other 401 or 403 (our credentials or project refused) is a configuration fault for every
-device. The whole table: docs/operations.md, "Every FCM answer".
+any other 401 or 403 (our credentials or project refused, or ``SENDER_ID_MISMATCH``: our key is
+another project's) is a configuration fault for every device. The whole table: docs/operations.md, "Every FCM answer".
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ from .settings import Settings
 from .webpush import NOT_PROCESSED, retry_after, transport_failure
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
-TOKEN_INVALID = frozenset({"UNREGISTERED", "SENDER_ID_MISMATCH"})  # FcmError codes: the token, not us
+TOKEN_INVALID = frozenset({"UNREGISTERED"})  # FcmError codes: the token is dead, not us
+# The APNs certificate or web push key of the app behind one token (a 401): that row fails, the
+# device stays, and nothing halts. SENDER_ID_MISMATCH (403) is not here: it answers every token
+# once our key is another project's, so it is ours, a configuration fault.
+ONE_APP = frozenset({"THIRD_PARTY_AUTH_ERROR"})
 MAX_TTL_SECONDS = 28 * 86400  # FCM refuses a longer android.ttl
 MAX_MESSAGE_BYTES = 4096  # FCM refuses a larger payload ("Message is too big")
 BACK_OFF = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL", "RESOURCE_EXHAUSTED"})
@@ -184,7 +188,9 @@ def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendRes
     reason = code or f"http_{status}"
     if code in TOKEN_INVALID:
         return SendResult(row_id, False, reason=reason, status=status, token_invalid=True, answered_at=answered_at)
-    if status in (401, 403) or code == "THIRD_PARTY_AUTH_ERROR":  # our credentials or project refused
+    if code in ONE_APP:
+        return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)
+    if status in (401, 403):  # our credentials or project refused, SENDER_ID_MISMATCH included
         return SendResult(
             row_id, False, reason=f"fcm:{reason}", status=status, config_fault=True, answered_at=answered_at
         )

@@ -383,10 +383,10 @@ def test_a_retry_after_is_read_with_care_and_capped_at_a_day(header, waits):
 def test_fcm_refusing_our_credentials_halts_the_drain_and_says_so(run, fcm, feeds, db, caplog):
     url = soon(feeds, "/a.json", "One")
     run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
-    fcm.script(FCM_TOKEN, FcmAnswer(error_code="THIRD_PARTY_AUTH_ERROR"))
+    fcm.script(FCM_TOKEN, FcmAnswer(status=403))  # a front end's refusal of our project: no device's code
     with caplog.at_level("ERROR"):
         summary = drained(run)
-    assert summary["halted"] == "fcm:THIRD_PARTY_AUTH_ERROR"
+    assert summary["halted"] == "fcm:PERMISSION_DENIED"
     assert any("FCM configuration fault" in r.getMessage() for r in caplog.records)
 
 
@@ -450,6 +450,36 @@ def test_a_long_body_from_a_feed_fits_web_push(run, push, feeds, tmp_path, db):
     assert drained(run)["outcomes"] == {"sent": 1}, rows(db)
     (web,) = push.wait_for_requests(1)
     assert web.payload["body"].endswith("…") and web.payload["title"] == "Talk" and len(web.plaintext) <= 3993
+
+
+def test_fcm_sender_id_mismatch_is_our_key_from_another_project_and_voids_no_device(run, fcm, feeds, db):
+    """A service-account key of another project makes FCM answer ``SENDER_ID_MISMATCH`` for every
+    token: a configuration fault of FCM, not a dead device."""
+    url = soon(feeds, "/a.json", "One")
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    fcm.script(FCM_TOKEN, FcmAnswer(error_code="SENDER_ID_MISMATCH"))
+    summary = drained(run)
+    assert summary["halted"] == "fcm:SENDER_ID_MISMATCH" and summary["tokens_invalidated"] == 0
+    assert device_of(run, "droid")["token_invalid_at"] is None
+    (row,) = rows(db, device_id="droid")
+    assert row["outcome_detail"] == "fcm:SENDER_ID_MISMATCH"
+
+
+def test_fcm_third_party_auth_error_fails_that_row_alone(run, fcm, fresh_mock, feeds, db):
+    """``THIRD_PARTY_AUTH_ERROR`` is the APNs certificate or web push key of the app behind one
+    token: that row fails, the device stays, nothing halts, the others are sent."""
+    url = soon(feeds, "/a.json", "One")
+    other = "other-" + "t" * 40
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("device", "put", "droid2", "--fcm-token", other, "--lead", "1800", "--source", url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    fcm.script(FCM_TOKEN, FcmAnswer(error_code="THIRD_PARTY_AUTH_ERROR"))
+    summary = drained(run)
+    assert summary["halted"] is None and summary["tokens_invalidated"] == 0
+    assert summary["providers"] == {"apns:sent": 1, "fcm:sent": 1, "fcm:failed": 1}
+    got = {r["device_id"]: (r["status"], r["outcome"], r["outcome_detail"]) for r in rows(db)}
+    assert got["droid"] == ("settled", "failed", "THIRD_PARTY_AUTH_ERROR")
+    assert device_of(run, "droid")["token_invalid_at"] is None
 
 
 @pytest.fixture(scope="module")
