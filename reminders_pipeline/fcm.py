@@ -1,7 +1,10 @@
 """Firebase Cloud Messaging HTTP v1 as a ``Sender``: one POST per alert to
 ``/v1/projects/{project}/messages:send`` over one shared HTTP/2 client, authorised by an OAuth2
 access token that google-auth makes from a service-account key and that is refreshed before it
-expires (the refresh, a blocking call, runs in a thread, one at a time).
+expires (the refresh, a blocking call, runs in a thread, one at a time, waited for at most the send
+timeout). A token endpoint that cannot be reached, times out or answers 5xx sends every row of the
+batch back to pending unsent (``fcm_token_unreachable``); one that refuses the key (a 4xx such as
+``invalid_grant``) is a configuration fault.
 
 The message carries a notification (the alert's title and body), the row as data (FCM's data
 values are strings), ``android.ttl`` the seconds to the event's start (or end), so a phone offline
@@ -28,7 +31,7 @@ from typing import Any
 
 import httpx
 import requests
-from google.auth.exceptions import GoogleAuthError
+from google.auth.exceptions import GoogleAuthError, TransportError
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 
@@ -95,6 +98,38 @@ def message_bytes(note: Notification) -> bytes:
 PAYLOAD_LIMIT = PayloadLimit(MAX_MESSAGE_BYTES, message_bytes)
 
 
+# What every row of a batch gets when no access token can be had. Unreachable: the token endpoint
+# refused the connection, timed out or answered 5xx, 408 or 429; it says nothing of our key, and no
+# message left (status None: no attempt spent). Refused: it answered another 4xx (invalid_grant: the
+# key is revoked or not the service account's), our configuration's fault.
+UNREACHABLE = SendResult(0, False, reason="fcm_token_unreachable", retry=True)
+REFUSED = SendResult(0, False, reason="fcm:not-sent:token_refresh", retry=True, config_fault=True)
+
+
+class TokenRequest(Request):
+    """google-auth's ``Request`` bounded by ``timeout`` (its default waits 120 s), remembering the
+    status of the token endpoint's last answer."""
+
+    def __init__(self, session: requests.Session, timeout: float) -> None:
+        super().__init__(session)
+        self.timeout = timeout
+        self.status: int | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.status = None
+        response = super().__call__(*args, **{**kwargs, "timeout": self.timeout})  # type: ignore[no-untyped-call]
+        self.status = response.status
+        return response
+
+
+def token_failure(exc: Exception, status: int | None) -> SendResult:
+    """A failed refresh as each row's result: ``UNREACHABLE`` unless the token endpoint answered a
+    4xx other than 408 and 429 (``REFUSED``)."""
+    if isinstance(exc, TransportError | requests.RequestException) or status is None:
+        return UNREACHABLE
+    return UNREACHABLE if status >= 500 or status in (408, 429) else REFUSED
+
+
 class FcmSender:
     """Sends each notification once, never retried here; one ``SendResult`` per notification."""
 
@@ -111,26 +146,39 @@ class FcmSender:
         self.session = requests.Session()  # google-auth's token requests
         self.session.verify = settings.fcm_ca_file or True
         self.session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides ``verify``, and proxy variables apply
+        self.token_request = TokenRequest(self.session, self.timeout)
         self.slots = asyncio.Semaphore(settings.fcm_concurrency)
         self.refreshing = asyncio.Lock()
+        self.refresh: asyncio.Future[None] | None = None  # a token refresh under way, in its thread
 
-    async def _token(self) -> str | None:
-        """A valid access token, refreshed (once, whoever asks meanwhile) when it is near its end."""
+    async def _token(self) -> str | SendResult:
+        """A valid access token, refreshed (once, whoever asks meanwhile) when it is near its end;
+        else what each row's result is to be (``token_failure``). The refresh, a blocking call, runs
+        in a thread and is waited for at most the send timeout; one that outlasts it goes on, and
+        the next batch waits for it instead of starting another."""
         async with self.refreshing:
             if not self.credentials.valid:
+                if self.refresh is None:
+                    self.refresh = asyncio.ensure_future(
+                        asyncio.to_thread(self.credentials.refresh, self.token_request)
+                    )
                 try:
-                    await asyncio.to_thread(self.credentials.refresh, Request(self.session))
-                except (GoogleAuthError, requests.RequestException):
-                    return None
+                    await asyncio.wait_for(asyncio.shield(self.refresh), self.timeout)
+                except TimeoutError:
+                    return UNREACHABLE
+                except (GoogleAuthError, requests.RequestException) as exc:
+                    return token_failure(exc, self.token_request.status)
+                finally:
+                    if self.refresh.done():
+                        self.refresh = None
         token = self.credentials.token
-        return token if isinstance(token, str) else None
+        return token if isinstance(token, str) else REFUSED
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         token = await self._token()
-        if token is None:  # nothing sent: back to pending, and the run stops claiming
+        if isinstance(token, SendResult):  # nothing sent: back to pending
             return [
-                SendResult(n.row_id, False, reason="fcm:not-sent:token_refresh", retry=True, config_fault=True)
-                for n in notifications
+                SendResult(n.row_id, **{k: v for k, v in vars(token).items() if k != "row_id"}) for n in notifications
             ]
         return list(await asyncio.gather(*(self._one(n, token) for n in notifications)))
 
@@ -153,6 +201,8 @@ class FcmSender:
         return result
 
     async def aclose(self) -> None:
+        if self.refresh is not None:
+            self.refresh.cancel()  # its thread ends within its own timeout; its outcome is no one's now
         await self.client.aclose()
         self.session.close()
 

@@ -737,14 +737,21 @@ class MockFcm(LoopServer):
         with self._lock:
             self._default = answer
 
+    def script_token(self, status: int | None, *, delay: float = 0.0) -> None:
+        """Answer every later ``POST /token`` with ``status`` and Google's OAuth error body for it
+        (``temporarily_unavailable`` for a 5xx, ``invalid_grant`` else), ``delay`` seconds late,
+        instead of checking the grant; None: check and issue again."""
+        with self._lock:
+            self._token_script = None if status is None else (status, delay)
+
     def revoke_tokens(self) -> None:
         """Invalidate every access token issued so far: each later send with one gets a 401."""
         with self._lock:
             self._issued.clear()
 
     def reset(self) -> None:
-        """Forget scripts, recorded sends and counters. Service accounts, issued tokens, the token
-        lifetime and open connections stay."""
+        """Forget scripts (the token endpoint's too), recorded sends and counters. Service accounts,
+        issued tokens, the token lifetime and open connections stay."""
         with self._lock:
             self._reset_state()
 
@@ -754,6 +761,7 @@ class MockFcm(LoopServer):
         self._requests: list[RecordedSend] = []
         self.tokens_issued = 0
         self.token_requests = 0  # every POST /token, refused ones included
+        self._token_script: tuple[int, float] | None = None
 
     # -- observations ----------------------------------------------------------------------
 
@@ -803,6 +811,12 @@ class MockFcm(LoopServer):
     def _token(self, request: _Request) -> _Response:
         with self._lock:
             self.token_requests += 1
+            scripted = self._token_script
+        if scripted is not None:
+            status, delay = scripted
+            error = "temporarily_unavailable" if status >= 500 else "invalid_grant"
+            body = {"error": error, "error_description": f"scripted {status}"}
+            return _json_response(status, body, delay=delay)
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/x-www-form-urlencoded":
             return _oauth_error(400, "invalid_request", "Content-Type must be application/x-www-form-urlencoded.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -648,3 +649,62 @@ def test_fcm_retries_only_the_5xx_it_documents_as_not_processed(run, fcm, feeds,
     assert (row["status"] == "pending", summary["returned_to_pending"]) == (retried, int(retried))
     assert row["outcome_detail"] == detail and summary["halted"] is None
     assert len(fcm.requests) == 1
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: a connection to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def fcm_send(env: dict[str, str], **extra: str) -> tuple[SendResult, float]:
+    """One FCM send through a new sender; its result and how long it took."""
+    settings = Settings.from_env({**env, **extra})
+    note = Notification(1, "droid", FCM_TOKEN, PAYLOAD, "collapse", int(time.time()) + 600, provider="fcm")
+
+    async def send() -> tuple[SendResult, float]:
+        sender = FcmSender(settings)
+        try:
+            started = time.monotonic()
+            (result,) = await sender.send_many([note])
+            return result, time.monotonic() - started
+        finally:
+            await sender.aclose()
+
+    return asyncio.run(send())
+
+
+def test_fcm_token_endpoint_unreachable_is_never_written_and_no_configuration_fault(fcm, env, tmp_path):
+    """Refused, answering 503, or holding its answer past the send timeout: the token endpoint
+    failing for now says nothing of our key. The rows certainly never left: back to pending."""
+    key = json.loads(Path(env["REMINDERS_FCM_CREDENTIALS_FILE"]).read_text())
+    (tmp_path / "refused.json").write_text(json.dumps({**key, "token_uri": f"https://127.0.0.1:{closed_port()}/token"}))
+    quick = {"REMINDERS_SEND_TIMEOUT_SECONDS": "1"}  # what the token request is given at most
+    results = [fcm_send(env, REMINDERS_FCM_CREDENTIALS_FILE=str(tmp_path / "refused.json"), **quick)]
+    fcm.script_token(503)
+    results.append(fcm_send(env, **quick))
+    fcm.script_token(503, delay=5.0)
+    results.append(fcm_send(env, **quick))
+    for result, took in results:
+        assert (result.ok, result.retry, result.status, result.config_fault) == (False, True, None, False)
+        assert result.reason == "fcm_token_unreachable" and took < 1.5
+    assert fcm.requests == []
+
+
+def test_fcm_token_endpoint_refusing_our_key_is_a_configuration_fault(fcm, env):
+    fcm.script_token(400)  # invalid_grant: the key is not (or no longer) the service account's
+    result, _ = fcm_send(env)
+    assert (result.ok, result.retry, result.config_fault) == (False, True, True)
+    assert result.reason == "fcm:not-sent:token_refresh" and fcm.requests == []
+
+
+def test_fcm_token_endpoint_down_halts_nothing_and_the_iphone_is_sent(run, fcm, fresh_mock, feeds, db):
+    url = soon(feeds, "/a.json", "One")
+    run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    fcm.script_token(503)
+    summary = drained(run)
+    assert summary["halted"] is None and summary["providers"] == {"apns:sent": 1}
+    (row,) = rows(db, device_id="droid")
+    assert (row["status"], row["attempts"], row["outcome_detail"]) == ("pending", 0, "fcm_token_unreachable")
