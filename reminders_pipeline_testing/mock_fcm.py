@@ -14,6 +14,8 @@ FCM sender may speak either. What it checks, in Google's order:
   (or ``cloud-platform``). A 200 is ``{"access_token", "expires_in", "token_type": "Bearer"}``; a
   failure is Google's OAuth error body (400 ``invalid_grant``, ``invalid_scope``,
   ``invalid_request``, ``unsupported_grant_type``; 401 ``unauthorized_client`` for a ``sub``).
+  ``script_token(status, delay=)`` makes it answer an OAuth error instead, late if asked: a token
+  endpoint that is down (5xx) or refuses the key (4xx).
 * ``POST /v1/projects/<project>/messages:send``: ``Authorization: Bearer`` with a token it issued
   and that is neither expired nor revoked (else 401 ``UNAUTHENTICATED``, with Google's
   ``WWW-Authenticate``); the project of the token's service account (else 403

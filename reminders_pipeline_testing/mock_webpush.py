@@ -4,8 +4,9 @@ It plays the part of Mozilla's autopush or FCM's web push endpoint for one sende
 it is stricter than either where they trust the sender, because it also holds the browser's keys:
 
 * ``subscribe()`` makes what a browser's ``PushSubscription.toJSON()`` gives a page: an endpoint
-  ``https://127.0.0.1:<port>/wpush/<id>`` and the user agent's P-256 ``p256dh`` key and 16-byte
-  ``auth`` secret. The mock keeps the private half and decrypts every message (RFC 8291).
+  ``https://127.0.0.1:<port>/wpush/<id>`` (``https://[::1]:<port>/…`` from
+  ``MockWebPush(host="::1")``) and the user agent's P-256 ``p256dh`` key and 16-byte ``auth``
+  secret. The mock keeps the private half and decrypts every message (RFC 8291).
 * ``POST /wpush/<id>`` is checked in this order, each failure answered with autopush's JSON body
   ``{"code", "errno", "error", "message", "more_info"}``:
 

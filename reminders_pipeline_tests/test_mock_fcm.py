@@ -207,3 +207,15 @@ def test_bad_assertions_are_refused(fcm: MockFcm) -> None:
     assert response.status_code == 400
     assert response.json()["error"] == "invalid_grant"
     assert fcm.tokens_issued == 0
+
+
+def test_a_scripted_token_endpoint_answers_its_oauth_error_until_unscripted(fcm: MockFcm) -> None:
+    creds = credentials(fcm)
+    session = requests_session(fcm)
+    for status, error in ((400, "invalid_grant"), (503, "temporarily_unavailable")):
+        fcm.script_token(status)
+        answered = session.post(fcm.token_uri, data={"grant_type": "x"}, timeout=10)
+        assert (answered.status_code, answered.json()["error"]) == (status, error)
+    fcm.script_token(None)
+    refresh(fcm, creds)
+    assert creds.valid and fcm.tokens_issued == 1 and fcm.token_requests == 3

@@ -228,3 +228,13 @@ def test_flow_control_over_many_pushes_on_one_connection(
         assert send(client, vapid, sub, plaintext).status_code == 201
     assert len(push.wait_for_requests(40)) == 40
     assert push.stats()["connections_opened"] == 0  # reset() zeroed it; the client kept its connection
+
+
+def test_an_ipv6_mock_serves_endpoints_with_a_bracketed_literal_host(tmp_path: Path) -> None:
+    with MockWebPush(workdir=tmp_path, host="::1") as push6:
+        endpoint = push6.subscribe()["endpoint"]
+        assert push6.origin == f"https://[::1]:{push6.port}" and endpoint.startswith(push6.origin + "/wpush/")
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(push6.ca_file)), http2=True) as http:
+            answered = http.post(endpoint, headers={"TTL": "60"})
+        assert answered.status_code == 401  # reached, over TLS for ::1, and VAPID is still required
+        assert push6.requests[0].endpoint == endpoint

@@ -548,6 +548,15 @@ def test_a_vapid_subject_no_push_service_would_take_is_refused_when_settings_are
         Settings.from_env({"REMINDERS_VAPID_SUBJECT": subject})
 
 
+def test_a_drain_with_an_unusable_vapid_subject_stops_before_claiming(run, push, feeds, tmp_path, db):
+    put_web(run, push, tmp_path, "web", soon(feeds))
+    run("build", "--all")
+    refused = run("drain", code=2, REMINDERS_VAPID_SUBJECT="mailto:ops")
+    assert "REMINDERS_VAPID_SUBJECT" in refused.output
+    (row,) = rows(db, device_id="web")
+    assert (row["status"], row["attempts"]) == ("pending", 0) and push.requests == []
+
+
 def test_a_row_that_cannot_be_signed_fails_alone_and_the_batch_beside_it_is_sent(push, env):
     """A stored endpoint that no longer parses (``https://[::1``) fails its own row; the row sent
     beside it in the same batch is recorded as what it was: sent."""
