@@ -27,6 +27,7 @@ import math
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -177,9 +178,7 @@ class FcmSender:
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         token = await self._token()
         if isinstance(token, SendResult):  # nothing sent: back to pending
-            return [
-                SendResult(n.row_id, **{k: v for k, v in vars(token).items() if k != "row_id"}) for n in notifications
-            ]
+            return [replace(token, row_id=n.row_id) for n in notifications]
         return list(await asyncio.gather(*(self._one(n, token) for n in notifications)))
 
     async def _one(self, note: Notification, token: str) -> SendResult:

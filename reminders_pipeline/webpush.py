@@ -20,9 +20,9 @@ Answers (docs/operations.md, "Every Web Push answer"): 200-202 sent; 404 and 410
 is gone (the device is marked, as for APNs' ``Unregistered``); 413 too large; 429, 500 and 503 back
 off (``Retry-After`` honoured, up to a day); any other answer fails the row, 401 (VAPID refused)
 included, and so does any other 5xx, 502 and 504 first: a gateway's answer may come after the
-push service took the message, and sending it again could show it twice. The endpoint is a user's choice, so
-nothing it answers halts the drain or counts toward the outage breaker, and it is given the send
-timeout as a whole and a few kilobytes of answer at most.
+push service took the message, and sending it again could show it twice. The endpoint is a
+user's choice, so nothing it answers halts the drain or counts toward the outage breaker, and it
+is given the send timeout as a whole and a few kilobytes of answer at most.
 """
 
 from __future__ import annotations
