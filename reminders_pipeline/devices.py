@@ -21,12 +21,12 @@ from .db import Database
 from .egress import parse_networks
 from .feed import address_of
 from .phrases import LocaleError, canonical_locale, valid_clock
+from .push_subscription import PushSubscriptionError, Subscription, check_reachable, parse_subscription
 from .rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, is_agenda, parse_rule
 from .settings import Settings
 from .sources import shown_url
 from .subscription import CalendarSettings, SubscriptionError, checked
 from .times import Instant
-from .webpush import PushSubscriptionError, Subscription, check_reachable, parse_subscription
 from .zones import ZoneError, parse_quiet_hours, valid_zone_name
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")

@@ -3,9 +3,9 @@ RFC 8292 VAPID, through http-ece and py-vapid, over one shared HTTP/2-capable ht
 
 A device's target is the browser's ``PushSubscription``: an endpoint URL on its push service and
 two keys (``p256dh``, ``auth``). The endpoint comes from a user, so it passes the egress guard
-twice: at registration (``check_reachable``, from ``devices.put_device``) and at every connection
+twice: at registration (``push_subscription.check_reachable``, from ``devices.put_device``) and at every connection
 (``egress.GuardedBackend``).
-Requests to one push service (one origin, ``origin_of``: ``HTTPS://Push.Example:443`` is
+Requests to one push service (one origin, ``push_subscription.origin_of``: ``HTTPS://Push.Example:443`` is
 ``https://push.example``) are bounded (``REMINDERS_WEBPUSH_PER_HOST``); what is kept per origin
 (its slots, its VAPID header) is forgotten least recently used first past ``MAX_PUSH_SERVICES``.
 What goes wrong with one row (a stored endpoint that no longer parses, a bug) fails that row alone.
@@ -28,13 +28,10 @@ is given the send timeout as a whole and a few kilobytes of answer at most.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import ipaddress
 import json
 import math
 import os
-import socket
 import ssl
 import time
 from collections import OrderedDict
@@ -42,7 +39,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from urllib.parse import urlsplit
 
 import http_ece
 import httpx
@@ -51,11 +47,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02
 from py_vapid import jwt as vapid_jwt
 
-from .egress import AddressRefused, GuardedTransport, Network, is_allowed, parse_networks
+from .egress import AddressRefused, GuardedTransport, parse_networks
+from .push_subscription import Subscription, _b64, _b64_text
 from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
 
-MAX_ENDPOINT_LENGTH = 2048
 MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts at most
 # RFC 8291's aes128gcm header (salt 16, record size 4, key id length 1, the sender's 65-byte
 # key) and its one record's padding delimiter (1) and tag (16) leave this much for the plaintext.
@@ -64,107 +60,12 @@ MAX_RETRY_AFTER_SECONDS = 86400  # a longer Retry-After is read as a day: a wait
 MAX_PUSH_SERVICES = 1000  # origins whose state is kept once idle (most recently used)
 MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
 VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re-signed per audience before
-DEFAULT_PORTS = {"https": 443, "http": 80}
 # Answers that say the push service did not take the message: throttled (429), or failed or
 # unavailable itself (500, 503). Any other 5xx, 502 and 504 from a gateway first, may come after
 # the message was handed on: failed, never sent again.
 NOT_PROCESSED = frozenset({429, 500, 503})
 TIMEOUT = "timeout"
 GONE = "subscription_gone"
-
-
-class PushSubscriptionError(ValueError):
-    """A Web Push subscription that cannot be used; the message says why."""
-
-
-@dataclass(frozen=True)
-class Subscription:
-    """A browser's push subscription, as it registered: its endpoint and its two keys."""
-
-    endpoint: str
-    p256dh: str  # base64url of the browser's P-256 public key, uncompressed (65 bytes)
-    auth: str  # base64url of its 16-byte authentication secret
-
-    @property
-    def canonical(self) -> str:
-        """How the ledger keeps it (``devices.apns_token`` of a ``webpush`` device): compact JSON."""
-        return json.dumps({"endpoint": self.endpoint, "p256dh": self.p256dh, "auth": self.auth}, separators=(",", ":"))
-
-    @classmethod
-    def stored(cls, text: str) -> Subscription:
-        data = json.loads(text)
-        return cls(data["endpoint"], data["p256dh"], data["auth"])
-
-    @property
-    def origin(self) -> str:
-        """The endpoint's origin (``origin_of``): the VAPID ``aud``, and the key of per-host state."""
-        return origin_of(self.endpoint)
-
-
-def origin_of(url: str) -> str:
-    """``url``'s origin as RFC 6454 serializes it: scheme and host in lowercase, an IPv6 literal
-    in brackets, the port only when not the scheme's default. So ``HTTPS://Push.Example:443/x``
-    and ``https://push.example/y`` are one push service. ``ValueError`` for a URL without a host
-    or with a malformed port."""
-    parts = urlsplit(url)
-    scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
-    if not host:
-        raise ValueError("no host")
-    shown = f"[{host}]" if ":" in host else host
-    return f"{scheme}://{shown}" if port is None or port == DEFAULT_PORTS.get(scheme) else f"{scheme}://{shown}:{port}"
-
-
-def _b64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _b64_text(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def parse_subscription(data: object) -> Subscription:
-    """The browser's ``PushSubscription.toJSON()`` (``{"endpoint", "keys": {"p256dh", "auth"}}``)
-    checked for shape: an https endpoint, a P-256 point and a 16-byte secret."""
-    if not isinstance(data, Mapping):
-        raise PushSubscriptionError("a JSON object with endpoint and keys (the browser's PushSubscription)")
-    endpoint, keys = data.get("endpoint"), data.get("keys")
-    if not isinstance(endpoint, str) or len(endpoint) > MAX_ENDPOINT_LENGTH or any(ord(c) < 33 for c in endpoint):
-        raise PushSubscriptionError(f"endpoint: an https URL of at most {MAX_ENDPOINT_LENGTH} characters")
-    try:
-        parts = urlsplit(endpoint)
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError:
-        raise PushSubscriptionError("endpoint: not a URL") from None
-    if parts.scheme != "https" or not parts.hostname or parts.username or parts.password:
-        raise PushSubscriptionError("endpoint: an https URL without user or password")
-    if (
-        not isinstance(keys, Mapping)
-        or not isinstance(keys.get("p256dh"), str)
-        or not isinstance(keys.get("auth"), str)
-    ):
-        raise PushSubscriptionError("keys: p256dh and auth, base64url text")
-    try:
-        point = _b64(keys["p256dh"])
-        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point)
-        secret = _b64(keys["auth"])
-    except (ValueError, TypeError):
-        raise PushSubscriptionError("keys.p256dh: not a P-256 public key") from None
-    if len(point) != 65 or len(secret) != 16:
-        raise PushSubscriptionError("keys: p256dh an uncompressed P-256 point (65 bytes), auth 16 bytes")
-    return Subscription(endpoint, _b64_text(point), _b64_text(secret))
-
-
-def check_reachable(endpoint: str, allow: Sequence[Network]) -> None:
-    """Refuse an endpoint whose host resolves only to internal addresses (the egress guard, at
-    registration; it checks again at every connection, so a later DNS answer cannot slip by)."""
-    parts = urlsplit(endpoint)
-    try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        raise PushSubscriptionError("endpoint: its host does not resolve") from None
-    addresses = {ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos}
-    if not any(is_allowed(a, allow) for a in addresses):
-        raise PushSubscriptionError("endpoint: its host is not reachable from here (internal address)")
 
 
 def generate_key(path: str) -> str:

@@ -20,10 +20,11 @@ from click.testing import CliRunner, Result
 
 from reminders_pipeline.cli import main
 from reminders_pipeline.fcm import FcmSender
+from reminders_pipeline.push_subscription import origin_of
 from reminders_pipeline.sender import Notification, SendResult
 from reminders_pipeline.settings import Settings, SettingsError
 from reminders_pipeline.times import Instant
-from reminders_pipeline.webpush import PushServices, WebPushSender, generate_key, origin_of
+from reminders_pipeline.webpush import PushServices, WebPushSender, generate_key
 from reminders_pipeline_testing.mock_apns import MockApns
 from reminders_pipeline_testing.mock_fcm import Answer as FcmAnswer
 from reminders_pipeline_testing.mock_fcm import MockFcm

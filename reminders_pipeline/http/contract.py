@@ -49,13 +49,13 @@ from ..devices import (
 )
 from ..feed import ADDRESS_TEXT_LENGTH
 from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
+from ..push_subscription import MAX_ENDPOINT_LENGTH
 from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
 from ..schema import MAX_ROW_ID
 from ..settings import Settings
 from ..sources import shown_url
 from ..subscription import MAX_CALENDAR_RULES
 from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
-from ..webpush import MAX_ENDPOINT_LENGTH
 from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 
 # The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
