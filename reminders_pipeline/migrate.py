@@ -8,10 +8,11 @@ current, so the check costs one query per engine, not per request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -24,7 +25,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.schema import CreateIndex
 
-from .db import Database
+from .db import TRANSIENT_ERRORS, Database
 from .quiet import first_line
 from .schema import metadata
 
@@ -295,6 +296,34 @@ def require_head(db: Database) -> None:
     if problem:
         raise SchemaNotCurrent(problem)
     db.at_head = True
+
+
+WAITED_FOR: tuple[type[Exception], ...] = (SchemaNotCurrent, *TRANSIENT_ERRORS)
+
+
+async def wait_for_head(
+    db: Database, give_up_at: float, pause: Callable[[float], Awaitable[object]] = asyncio.sleep, every: float = 2.0
+) -> None:
+    """``require_head`` until it passes: a long-lived process that starts while the ledger is
+    away (a restart, a failover) or not at this release's head (an upgrade under way, or a newer
+    release's done) waits for it, saying so once, instead of failing into its supervisor's
+    growing backoff. Raises the last refusal once ``time.monotonic()`` reaches ``give_up_at``;
+    ``pause`` returns early (True) when the caller is told to stop, which ends the wait the same way."""
+    said = None
+    while True:
+        try:
+            require_head(db)
+            if said is not None:
+                log.warning("the ledger is ready (%s before); starting", said)
+            return
+        except WAITED_FOR as exc:
+            if time.monotonic() + every >= give_up_at:
+                raise
+            if said is None:
+                said = first_line(exc)
+                log.warning("waiting for the ledger: %s (trying every %ss)", said, every)
+        if await pause(every) is True:
+            raise SchemaNotCurrent(f"stopped while waiting for the ledger: {said}")
 
 
 def downgrade(db: Database, revision: str) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +193,77 @@ def test_a_device_route_on_a_missing_sqlite_ledger_answers_503_and_makes_no_file
         assert not target.parent.exists()
     finally:
         db.dispose()
+
+
+def upgrade_soon(url: str) -> subprocess.Popen[bytes]:
+    """Another process (as an operator's upgrade is) upgrades the ledger at ``url`` in a second."""
+    code = (
+        "import sys, time; time.sleep(1); from reminders_pipeline import migrate; "
+        "from reminders_pipeline.db import Database; migrate.upgrade(Database(sys.argv[1]))"
+    )
+    return subprocess.Popen([sys.executable, "-c", code, url])
+
+
+def test_a_long_lived_process_waits_for_the_ledger_an_upgrade_brings_to_its_head(old_url, caplog):
+    """Issue 38 (18): a dispatcher successor that starts while its ledger is behind (an upgrade
+    under way) waits, saying so once, and starts as soon as the upgrade lands, instead of failing
+    into the sensor's backoff of up to 15 minutes without a dispatcher."""
+    import asyncio
+    import time
+
+    db = Database(old_url)
+    upgrader = upgrade_soon(old_url)
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.migrate"):
+            asyncio.run(migrate.wait_for_head(db, time.monotonic() + 60, every=0.2))
+    finally:
+        assert upgrader.wait(60) == 0
+        db.dispose()
+    assert time.monotonic() - started < 30
+    waits = [r.getMessage() for r in caplog.records if "waiting for the ledger" in r.getMessage()]
+    assert len(waits) == 1 and OLD in waits[0], waits
+    assert any("the ledger is ready" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wait_for_a_ledger_away_gives_up_with_its_reason_at_its_bound(tmp_path):
+    """A ledger that never answers (nothing listens on the port) ends the wait at its bound with
+    the database's own error; a stop asked for ends it at once."""
+    import asyncio
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    db = Database("postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=1")
+    try:
+        with pytest.raises(OperationalError):
+            asyncio.run(migrate.wait_for_head(db, time.monotonic() + 1.5, every=0.2))
+
+        async def stopped(_: float) -> bool:
+            return True
+
+        with pytest.raises(migrate.SchemaNotCurrent, match="stopped while waiting"):
+            asyncio.run(migrate.wait_for_head(db, time.monotonic() + 60, stopped, every=0.2))
+    finally:
+        db.dispose()
+
+
+def test_a_dispatcher_run_started_behind_an_upgrade_waits_and_then_dispatches(old_url):
+    """The Dagster dispatcher op on a ledger an upgrade has not reached yet waits for it and then
+    runs to its planned end, green: no failed run, so no sensor backoff. (Before: it failed at
+    once with the schema line, and the sensor waited 30 s, then up to 15 minutes, to try again.)"""
+    upgrader = upgrade_soon(old_url)
+    try:
+        with dg.instance_for_test() as instance:
+            result = (
+                definitions_for(resources_for(old_url))
+                .resolve_job_def("dispatcher")
+                .execute_in_process(
+                    instance=instance,
+                    run_config={"ops": {"dispatch": {"config": {"run_seconds": 15}}}},
+                    raise_on_error=False,
+                )
+            )
+    finally:
+        assert upgrader.wait(60) == 0
+    assert result.success, [e.step_failure_data.error.message for e in result.get_step_failure_events()]

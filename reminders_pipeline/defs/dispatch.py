@@ -50,12 +50,15 @@ async def dispatch(
         context.log.warning("REMINDERS_DISPATCH_ENABLED is false: nothing dispatched (the cron drain sends)")
         return {}
     seconds = config.run_seconds or settings.dispatch_run_seconds
-    with ledger.open() as db, stop_on_signals() as stop:
-        factory = sender.factory(in_use(db, settings))  # every provider in use checked before any claim
-        dispatcher = Dispatcher(
-            db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s))
-        )
-        summary = await dispatcher.run(until=Instant.now() + seconds, stop=stop)
+    until = Instant.now() + seconds
+    with stop_on_signals() as stop:
+        await ledger.wait_until_ready(time.monotonic() + seconds, stop)
+        with ledger.open() as db:
+            factory = sender.factory(in_use(db, settings))  # every provider in use checked before any claim
+            dispatcher = Dispatcher(
+                db, settings, factory, name=context.run_id, on_batch=lambda s: context.log.info(batch_line(s))
+            )
+            summary = await dispatcher.run(until=until, stop=stop)
     meta = summary_metadata(summary, batches=0)
     meta.pop("batches")
     context.log.info(f"dispatcher: {summary.as_dict()}")

@@ -9,6 +9,7 @@ password, a webhook secret) never lands in stored run config. Unset, the field i
 environment or the embedded default stands: the quick start needs no variable at all.
 """
 
+import asyncio
 import os
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -75,6 +76,24 @@ class LedgerResource(SettingsResource):
         except migrate.SchemaNotCurrent as exc:
             raise dg.Failure(description=str(exc), allow_retries=False) from None
         yield db
+
+    async def wait_until_ready(self, give_up_at: float, stop: asyncio.Event) -> None:
+        """Wait (``migrate.wait_for_head``) while the ledger is away or not at this release's
+        head, until ``give_up_at`` (``time.monotonic()``) or ``stop``: a dispatcher successor
+        started in a failover or an upgrade takes over once it can, instead of failing into the
+        sensor's backoff (30 s to 15 minutes without a dispatcher)."""
+
+        async def pause(seconds: float) -> bool:
+            try:
+                await asyncio.wait_for(stop.wait(), seconds)
+            except TimeoutError:
+                return False
+            return True
+
+        try:
+            await migrate.wait_for_head(shared(self.settings()), give_up_at, pause)
+        except migrate.WAITED_FOR as exc:
+            raise dg.Failure(description=str(exc), allow_retries=False) from None
 
 
 class SenderResource(SettingsResource):
