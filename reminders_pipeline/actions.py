@@ -8,7 +8,7 @@ tokens of alerts sent before it.
 
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
 ``MAX_SNOOZES``), of the item as its calendar was last read (a sent row keeps it as sent; one
-since cancelled or declined is refused), sent at the time asked with the same guards as any
+since cancelled or declined, or of a calendar the device dropped, is refused), sent at the time asked with the same guards as any
 reminder (claimed once, quiet hours, never after the item's end). A repeated Snooze of one
 alert makes no second row: the row it made is the answer (``uq_queue_snoozed_from``). Done settles
 the occurrence's other pending reminders on the device ``acknowledged`` (repeats, snoozes, later
@@ -90,9 +90,12 @@ def _as_last_read(row: dict[str, Any], now: Instant) -> dict[str, Any]:
     """The row's item as its calendar was last read (``sources.feed_cache``), fixed in the device's
     zone: a sent row keeps the item as it was sent, and the item may since have moved a little (too
     little to be sent again), been retitled, cancelled or declined. ``ActionError`` (409) for an item
-    no longer to remind of. An agenda is its row (its build made it)."""
+    no longer to remind of, or of a calendar the device has dropped. An agenda is its row (its build
+    made it)."""
     if row["source_id"] is None:
         return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
+    if not row["subscribed"]:
+        raise ActionError(409, "unsubscribed", "the device no longer subscribes to this reminder's calendar")
     feed = ParsedFeed.from_json(row["feed_cache"]) if row["feed_cache"] else None
     own = str(row["item_id"]).split(":", 1)[1]
     raw = None if feed is None else next((i for i in feed.items if i.id == own), None) or feed.set_aside_item(own)

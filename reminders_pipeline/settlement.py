@@ -64,6 +64,9 @@ def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> 
     for row in rows:
         plan.kinds[row["id"]] = rule_kind(row["rule"])
         plan.providers[row["id"]] = row.get("provider") or "apns"
+        if row.get("source_id") is not None and not row.get("subscribed"):  # dropped after a build read the device
+            plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "source_removed"})
+            continue
         if row.get("calendar_muted"):  # muted after a build read the device, which queued it again
             plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "muted"})
             continue

@@ -138,6 +138,15 @@ class FeedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def wait_for_reads(self, path: str, count: int, timeout: float = 10.0) -> None:
+        """Return once ``path`` has been requested ``count`` times in all (a read a ``delay`` holds
+        has arrived, and answers as its route was then)."""
+        deadline = time.monotonic() + timeout
+        while self.hits[path] < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{path} was requested {self.hits[path]} times, not {count}")
+            time.sleep(0.01)
+
     def items(self, path: str, items: list[dict[str, Any]], **route: Any) -> str:
         """Serve ``{"items": items}`` at ``path``; returns its URL."""
         return self.set(path, Route(body=json.dumps({"items": items}).encode(), **route))

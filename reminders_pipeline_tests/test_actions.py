@@ -242,6 +242,24 @@ def test_a_snooze_of_a_cancelled_event_is_refused_and_changes_nothing(db, cli, m
     assert len(mock.requests) == 1
 
 
+def test_a_snooze_of_an_alert_from_a_calendar_the_device_dropped_is_refused_and_changes_nothing(db, cli, mock, phone):
+    """The registration that drops the calendar voids its pending reminders there and then
+    (``source_removed``), and a snooze of an alert it sent is refused (``unsubscribed``)."""
+    payload = sent_alert(cli, mock)
+    body = {"apns_token": APNS_TOKEN, "source_urls": [], "reminder_lead_seconds": 1800, "extra_rules": ["lead:300"]}
+    assert phone.api.put("/v1/devices/phone", json=body).status_code == 200
+    later = row_of(db, "lead:300")
+    assert (later["outcome"], later["outcome_detail"]) == ("voided", "source_removed")
+    before = rows(db)
+    row_id, token = payload["reminder"]["id"], payload["reminder"]["token"]
+    r = act(phone, row_id, "snooze", token=token, seconds=60)
+    assert (r.status_code, r.json()["error"]) == (409, "unsubscribed"), r.text
+    assert "unsubscribed" in cli("queue", "snooze", "phone", str(row_id), "--seconds", "60", code=1).output
+    assert rows(db) == before
+    cli("drain", "--now", (Instant.now() + 600).stored)
+    assert len(mock.requests) == 1
+
+
 def test_the_cli_snoozes_and_marks_done_as_an_operator(db, cli, mock, phone):
     payload = sent_alert(cli, mock)
     row_id = str(payload["reminder"]["id"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from sqlalchemy import update
@@ -225,14 +226,39 @@ def test_rule_change_voids_removed_rule_and_queues_new_one(db, settings, feeds):
     assert got[("e", "lead:3600")]["status"] == "pending"
 
 
-def test_unsubscribed_source_voids_its_rows(db, settings, feeds):
+def test_unsubscribed_source_voids_its_rows_in_the_registration(db, settings, feeds):
     a = feeds.items("/a.json", [item("a", 7200)])
     b = feeds.items("/b.json", [item("b", 7200)])
     device(db, settings, sources=[a, b])
     build(db, settings, now=NOW)
     device(db, settings, sources=[a])
+    dropped, kept = by_key(db)[("b", "lead:3600")], by_key(db)[("a", "lead:3600")]
+    assert (dropped["outcome"], dropped["outcome_detail"], kept["status"]) == ("voided", "source_removed", "pending")
     summary = build(db, settings, now=at(60))
-    assert summary.rows_voided == {"source_removed": 1}
+    assert summary.rows_voided == {} and by_key(db)[("b", "lead:3600")]["outcome"] == "voided"
+
+
+def test_a_row_a_build_queued_from_subscriptions_read_before_a_calendar_was_dropped_is_voided_at_its_claim(
+    db, settings, feeds
+):
+    """The build reads the device's subscriptions, then its sources; the device drops calendar b
+    meanwhile. The build still writes b's row (it planned from what it read), and the claim, which
+    reads the subscription again, settles it ``voided``/``source_removed`` instead of sending it."""
+    live = settings.with_(enabled=True)
+    a = feeds.items("/a.json", [item("a", 3660)])
+    b = feeds.items("/b.json", [item("b", 3660)], delay=1.0)
+    device(db, live, sources=[a, b])
+    with ThreadPoolExecutor(1) as pool:
+        building = pool.submit(build, db, live, now=NOW)
+        feeds.wait_for_reads("/b.json", 1)
+        device(db, live, sources=[a])  # drops b while the build is reading it
+        building.result()
+    assert by_key(db)[("b", "lead:3600")]["status"] == "pending"
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(60))
+    assert sorted(n.payload["aps"]["alert"]["title"] for n in sender.sent) == ["Event a"]
+    row = by_key(db)[("b", "lead:3600")]
+    assert (row["outcome"], row["outcome_detail"]) == ("voided", "source_removed")
 
 
 def test_rescheduled_beyond_horizon_voids_until_it_comes_back(db, settings, feeds):

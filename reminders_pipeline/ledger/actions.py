@@ -16,7 +16,7 @@ from .claims import lock_rows
 from .queue import announce_pending
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
-# calendar subscription (muted) and that calendar as last read (``sources.feed_cache``).
+# calendar subscription (still there, muted) and that calendar as last read (``sources.feed_cache``).
 _ACTED_ON = (
     *(q.c[c] for c in ("id", "device_id", "source_id", "item_id", "outcome", "expires_at", "title", "body")),
     q.c.event_at,
@@ -26,6 +26,7 @@ _ACTED_ON = (
     devices.c.last_tz_offset_seconds,
     devices.c.attendees,
     device_sources.c.muted.label("calendar_muted"),
+    device_sources.c.device_id.is_not(None).label("subscribed"),
     sources.c.feed_cache,
 )
 

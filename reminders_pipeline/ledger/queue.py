@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, case, func, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, func, select, update
 
-from ..schema import devices, notification_history, sources
+from ..schema import device_sources, devices, notification_history, sources
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import PENDING, batches, rows_json, rows_text
@@ -355,6 +355,19 @@ def void_pending_of_urls(conn: Connection, device_id: str, urls: Iterable[str], 
         .where(q.c.device_id == device_id, q.c.source_id.in_(of_urls), q.c.status == PENDING)
         .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
     ).rowcount
+
+
+def unsubscribed_pending(conn: Connection, device_id: str) -> list[int]:
+    """The device's pending rows of sources it does not subscribe to (any more), in id order: a
+    registration that dropped a calendar voids them (``void_rows``). Rows of no source (agendas)
+    are not among them."""
+    subscribed = exists().where(
+        and_(device_sources.c.device_id == q.c.device_id, device_sources.c.source_id == q.c.source_id)
+    )
+    stmt = select(q.c.id).where(
+        q.c.device_id == device_id, q.c.status == PENDING, q.c.source_id.is_not(None), ~subscribed
+    )
+    return list(conn.scalars(stmt.order_by(q.c.id)))
 
 
 def forget_plans(conn: Connection, device_ids: set[str]) -> None:
