@@ -35,7 +35,15 @@ from .plan import (
 )
 from .rules import expiry_anchored
 from .settings import Settings
-from .source_reads import covers, make_reader, record_reads, source_state, source_windows, summarize_reads
+from .source_reads import (
+    covers,
+    in_order,
+    make_reader,
+    record_reads,
+    source_state,
+    source_windows,
+    summarize_reads,
+)
 from .sources import SourceRead, SourceReader, distinct_sources, shown_url
 from .subscription import CalendarSettings
 from .summary import BuildResult
@@ -83,9 +91,11 @@ def build(
     cache = read_cache if read_cache is not None else {}
     missing = {sid: st for sid, st in states.items() if not covers(cache.get(sid), windows[sid])}
     fresh = reader.read_all(missing, windows)
+    recorded = record_reads(db, fresh, now, settings)
+    fresh = in_order(reader, fresh, recorded, windows)
     cache.update(fresh)
     reads = {sid: cache[sid] for sid in states}
-    summary.sources_alerted = [shown_url(s["url"]) for s in record_reads(db, fresh, now, settings)]
+    summary.sources_alerted = [shown_url(s["url"]) for s in recorded.alerted]
     summarize_reads(reads, summary)
 
     tick = _Tick(subs, reads, now, settings, summary)

@@ -7,6 +7,7 @@ sources the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import ledger
@@ -16,7 +17,7 @@ from .egress import parse_networks
 from .plan import rules_of
 from .rules import LEAVE, Rule, agenda_rule, parse_rule
 from .settings import Settings
-from .sources import SourceRead, SourceReader, SourceState, Window, shown_url
+from .sources import SourceRead, SourceReader, SourceState, Window, Windows, shown_url
 from .subscription import calendar_rules
 from .summary import BuildResult
 from .times import Instant
@@ -85,10 +86,19 @@ def summarize_reads(reads: dict[int, SourceRead], summary: BuildResult) -> None:
             summary.items_rejected.update(r.feed.rejected)  # type: ignore[union-attr]
 
 
-def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, settings: Settings) -> list[dict[str, Any]]:
-    """Store each source's outcome; returns the sources that just crossed the failure-alert limit."""
+@dataclass(frozen=True)
+class RecordedReads:
+    """What recording a build's reads found."""
+
+    alerted: list[dict[str, Any]]  # sources that just crossed the failure-alert limit
+    newer: dict[int, SourceState]  # sources whose stored parse is newer than this read's, kept
+
+
+def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, settings: Settings) -> RecordedReads:
+    """Store each source's outcome, in order (``ledger.record_source_success``): a read older than
+    the one stored is not recorded, and ``newer`` names those sources."""
     if not reads:
-        return []
+        return RecordedReads([], {})
     ok = [r for r in reads.values() if r.ok]
     failed = [r for r in reads.values() if not r.ok]
     successes = [
@@ -107,6 +117,7 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, setti
     with db.write() as conn:
         ledger.record_source_success(conn, successes, now)
         ledger.record_source_failure(conn, [{"id": r.source_id, "error": r.error} for r in failed], now)
+        newer = ledger.newer_parses(conn, [r.source_id for r in ok], now)
         long_failing = ledger.claim_source_alerts(conn, now - settings.source_alert_after_seconds, now)
     for src in long_failing:
         raise_alert(
@@ -115,4 +126,13 @@ def record_reads(db: Database, reads: dict[int, SourceRead], now: Instant, setti
             f"{shown_url(src['url'])} has failed every read since {src['failing_since'].stored} "
             f"({src['consecutive_failures']} reads); its reminders are frozen as last read. Last error: {src['last_error']}",
         )
-    return long_failing
+    return RecordedReads(long_failing, {sid: source_state(row) for sid, row in newer.items()})
+
+
+def in_order(
+    reader: SourceReader, reads: dict[int, SourceRead], recorded: RecordedReads, window: Windows
+) -> dict[int, SourceRead]:
+    """``reads``, each one older than the parse stored meanwhile (an overlapping build's) replaced
+    by that parse where it serves the read's window: nothing is planned from an item a newer read
+    showed gone. One that does not serve it (a calendar expanded over a shorter window) stays."""
+    return {**reads, **reader.stored_reads(recorded.newer, window)}

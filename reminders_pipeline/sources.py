@@ -244,6 +244,17 @@ class SourceReader:
             reads = await asyncio.gather(*(one(i, s) for i, s in states.items()))
         return {r.source_id: r for r in reads}
 
+    def stored_reads(self, sources: Mapping[int, SourceState], window: Windows = None) -> dict[int, SourceRead]:
+        """The stored parses of these sources as reads, made without reading, each where it serves
+        ``window`` (``_usable_cache``): for a build whose own reads are older than the ones stored."""
+        out: dict[int, SourceRead] = {}
+        for source_id, state in sources.items():
+            own = window.get(source_id) if isinstance(window, Mapping) else window
+            cached = self._usable_cache(state, own)
+            if cached is not None:
+                out[source_id] = _as_cached(source_id, state, cached, self.max_items)
+        return out
+
     async def _read(
         self, client: httpx.AsyncClient, source_id: int, state: SourceState, window: Window | None
     ) -> SourceRead:

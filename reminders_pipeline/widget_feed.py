@@ -15,7 +15,7 @@ from .feed import ParsedFeed, address_digest
 from .plan import namespaced
 from .rules import device_rules
 from .settings import Settings
-from .source_reads import failed_sources, make_reader, read_window, record_reads, source_state
+from .source_reads import failed_sources, in_order, make_reader, read_window, record_reads, source_state
 from .sources import SourceRead, SourceReader, Window
 from .times import Instant
 from .zones import zone_of
@@ -53,9 +53,9 @@ def compose_feed(
     reads = {sid: read for sid, row in rows.items() if (read := recent_read(row, since, window)) is not None}
     stale = {sid: source_state(row) for sid, row in rows.items() if sid not in reads}
     if stale:
-        fresh = (reader or make_reader(settings)).read_all(stale, window)
-        record_reads(db, fresh, now, settings)
-        reads.update(fresh)
+        reader = reader or make_reader(settings)
+        fresh = reader.read_all(stale, window)
+        reads.update(in_order(reader, fresh, record_reads(db, fresh, now, settings), window))
     zone = zone_of(record)
     attendees = frozenset(address_digest(a) for a in record.attendees)
     items = [

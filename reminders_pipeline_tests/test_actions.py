@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from reminders_pipeline.actions import CATEGORY, action_token
+from reminders_pipeline.build import build
 from reminders_pipeline.rules import MAX_SNOOZES
 from reminders_pipeline.times import Instant
 
@@ -257,6 +258,28 @@ def test_a_snooze_of_an_alert_from_a_calendar_the_device_dropped_is_refused_and_
     assert "unsubscribed" in cli("queue", "snooze", "phone", str(row_id), "--seconds", "60", code=1).output
     assert rows(db) == before
     cli("drain", "--now", (Instant.now() + 600).stored)
+    assert len(mock.requests) == 1
+
+
+def test_a_snooze_after_overlapping_builds_takes_the_event_as_the_newer_read_has_it(
+    db, cli, mock, phone, feeds, settings
+):
+    """An older build stalls on its read (the event retitled), a newer one reads it cancelled and
+    records first; the older records last. The calendar as last read is the newer read: the
+    snooze is refused as for any cancelled event, and nothing more is sent."""
+    payload = sent_alert(cli, mock)
+    standup(feeds, phone.starts, "Standup (room 2)")
+    feeds.routes["/a.json"].delay = 1.0
+    with ThreadPoolExecutor(1) as pool:
+        older = pool.submit(build, db, settings, now=Instant.now())
+        feeds.wait_for_reads("/a.json", 2)
+        feeds.items("/a.json", [])  # cancelled
+        cli("build", "--all")
+        older.result()
+    r = act(phone, payload["reminder"]["id"], "snooze", token=payload["reminder"]["token"], seconds=60)
+    assert (r.status_code, r.json()["error"]) == (409, "event_changed"), r.text
+    cli("build", "--all")
+    cli("drain", "--now", (Instant.now() + 120).stored)
     assert len(mock.requests) == 1
 
 

@@ -12,6 +12,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.build import build, queue_rows
 from reminders_pipeline.devices import DeviceSpec, put_device
 from reminders_pipeline.drain import drain
+from reminders_pipeline.feed import ParsedFeed
 from reminders_pipeline.plan import item_moved
 from reminders_pipeline.schema import notification_queue
 from reminders_pipeline.sender import RecordingSender
@@ -259,6 +260,36 @@ def test_a_row_a_build_queued_from_subscriptions_read_before_a_calendar_was_drop
     assert sorted(n.payload["aps"]["alert"]["title"] for n in sender.sent) == ["Event a"]
     row = by_key(db)[("b", "lead:3600")]
     assert (row["outcome"], row["outcome_detail"]) == ("voided", "source_removed")
+
+
+def test_an_older_read_recorded_after_a_newer_one_never_replaces_it(db, settings, feeds):
+    """Two overlapping builds: the older (started first) stalls on its read, which still has e1;
+    the newer reads e1 cancelled and records first. The older records last: the stored parse
+    stays the newer one, the older build plans from it (d2, which only the older build writes,
+    gets no row of e1), and nothing of e1 is sent."""
+    live = settings.with_(enabled=True)
+    url = feeds.items("/a.json", [item("e1", 7200), item("e2", 7200)], delay=1.0)
+    device(db, live, "d1", sources=[url])
+    device(db, live, "d2", sources=[url])
+    with ThreadPoolExecutor(1) as pool:
+        older = pool.submit(build, db, live, now=NOW)
+        feeds.wait_for_reads("/a.json", 1)
+        feeds.items("/a.json", [item("e2", 7200)])  # e1 cancelled
+        newer = build(db, live, device_ids=["d1"], now=at(60))
+        assert newer.devices_built == 1
+        assert older.result().devices_skipped_newer == 1  # d1: written by the newer build
+    with db.read() as conn:
+        (source,) = ledger.list_sources(conn)
+    assert [i.id for i in ParsedFeed.from_json(source["feed_cache"]).items] == ["e2"]
+    assert source["last_success_at"] == at(60)
+    assert sorted(r["device_id"] for r in rows(db) if r["item_id"].endswith(":e1")) == []
+    build(db, live, now=at(120))
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(3600))
+    assert sorted((n.device_token, n.payload["aps"]["alert"]["title"]) for n in sender.sent) == [
+        (TOKEN, "Event e2"),
+        (TOKEN, "Event e2"),
+    ]
 
 
 def test_rescheduled_beyond_horizon_voids_until_it_comes_back(db, settings, feeds):

@@ -110,33 +110,45 @@ def list_sources(conn: Connection) -> list[dict[str, Any]]:
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], now: Instant, **values: Any) -> None:
-    """One UPDATE executed once per read source: each read's fields arrive as ``b_<field>`` parameters."""
+def _record_reads(conn: Connection, reads: Sequence[Mapping[str, Any]], *conditions: Any, **values: Any) -> None:
+    """One UPDATE executed once per read source, where ``conditions`` hold: each read's fields
+    arrive as ``b_<field>`` parameters."""
     if not reads:
         return
-    stmt = update(sources).where(sources.c.id == bindparam("b_id")).values(last_read_at=now, **values)
+    stmt = update(sources).where(sources.c.id == bindparam("b_id"), *conditions).values(**values)
     conn.execute(stmt, [{f"b_{k}": v for k, v in r.items()} for r in reads])
 
 
 def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]], now: Instant) -> None:
     """``results``: ``{"id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until",
-    "content_hash"}`` per source read successfully.
+    "content_hash"}`` per source read successfully at ``now`` (the build's own time, which orders
+    builds: ``lock_devices``).
 
-    A fresh parse (``feed_cache`` set) writes the cache, its content hash, its calendar bound and
-    the validators as one. A read that reused the cache (``feed_cache`` None: a 304, or the body
-    last parsed) writes none of them over what is stored: an overlapping build may have stored a
-    newer parse meanwhile, and this read's validators and hash would label it as the old one. It
-    fills in only a hash still missing (a cache stored before hashes were kept)."""
+    Reads are recorded in order: a read made before the stored parse's (``last_success_at``) records
+    nothing, so two overlapping builds whose older one records last keep the newer parse
+    (``newer_parses`` names those sources). A failure recorded after this read (``last_read_at``
+    later) keeps its streak. A fresh parse (``feed_cache`` set) writes the cache, its content hash,
+    its calendar bound and the validators as one. A read that reused the cache (``feed_cache`` None:
+    a 304, or the body last parsed) writes none of them over what is stored: an overlapping build
+    may have stored a newer parse meanwhile, and this read's validators and hash would label it as
+    the old one. It fills in only a hash still missing (a cache stored before hashes were kept)."""
     fields = ("id", "items", "rejected", "etag", "last_modified", "feed_cache", "cache_until", "content_hash")
+    at = literal(now, IsoTime())
+    failed_since = sources.c.last_read_at > at
+
+    def unless_failed_since(value: Any, stored: Any) -> Any:
+        return case((failed_since, stored), else_=value)
+
     _record_reads(
         conn,
         [{f: r.get(f) for f in fields} for r in results],
-        now,
-        last_success_at=now,
-        consecutive_failures=0,
-        failing_since=None,
-        alerted_at=None,
-        last_error=None,
+        or_(sources.c.last_success_at.is_(None), sources.c.last_success_at <= at),
+        last_read_at=unless_failed_since(at, sources.c.last_read_at),
+        last_success_at=at,
+        consecutive_failures=unless_failed_since(0, sources.c.consecutive_failures),
+        failing_since=unless_failed_since(None, sources.c.failing_since),
+        alerted_at=unless_failed_since(None, sources.c.alerted_at),
+        last_error=unless_failed_since(None, sources.c.last_error),
         last_item_count=bindparam("b_items"),
         last_rejected_count=bindparam("b_rejected"),
         etag=_if_parsed(bindparam("b_etag"), sources.c.etag),
@@ -149,21 +161,34 @@ def record_source_success(conn: Connection, results: Sequence[Mapping[str, Any]]
     )
 
 
+def newer_parses(conn: Connection, source_ids: Iterable[int], now: Instant) -> dict[int, dict[str, Any]]:
+    """Of these sources read successfully at ``now``, those whose stored parse comes from a later
+    read (``record_source_success`` kept it), as rows."""
+    out: dict[int, dict[str, Any]] = {}
+    for ids in batches(sorted(set(source_ids))):
+        stmt = select(sources).where(sources.c.id.in_(ids), sources.c.last_success_at > literal(now, IsoTime()))
+        out.update((r["id"], dict(r)) for r in conn.execute(stmt).mappings())
+    return out
+
+
 def _if_parsed(read: Any, stored: Any) -> Any:
     """The read's value when it parsed the feed afresh, else what is stored."""
     return case((bindparam("b_feed_cache", type_=Text()).is_not(None), read), else_=stored)
 
 
 def record_source_failure(conn: Connection, failures: Sequence[Mapping[str, Any]], now: Instant) -> None:
-    """``failures``: ``{"id", "error"}`` per source whose read failed. Its rows are left alone."""
+    """``failures``: ``{"id", "error"}`` per source whose read at ``now`` failed. Its rows are left
+    alone. A failure older than the last read recorded (an overlapping build's) records nothing."""
+    at = literal(now, IsoTime())
     _record_reads(
         conn,
         [{"id": f["id"], "error": f["error"]} for f in failures],
-        now,
-        last_error_at=now,
+        or_(sources.c.last_read_at.is_(None), sources.c.last_read_at <= at),
+        last_read_at=at,
+        last_error_at=at,
         last_error=bindparam("b_error"),
         consecutive_failures=sources.c.consecutive_failures + 1,
-        failing_since=func.coalesce(sources.c.failing_since, literal(now, IsoTime())),
+        failing_since=func.coalesce(sources.c.failing_since, at),
     )
 
 
