@@ -850,6 +850,8 @@ class ReminderMachine(RuleBasedStateMachine):
         ends = row["expires_at"].unix
         if not row["item_id"].startswith(AGENDA_ITEM):
             found, device = self._occurrence(row["device_id"], row["item_id"]), self.devices[row["device_id"]]
+            if row["source_id"] not in {self.source_ids[u] for u in device.urls}:
+                return "unsubscribed"
             occ = found[1] if found else None
             muted = occ is not None and occ.url in device.calendars and device.calendars[occ.url].muted
             if occ is None or occ.cancelled or (device.attendee and occ.declined) or muted:

@@ -180,7 +180,7 @@ _CLAIM_CALENDAR_COLUMNS = (
     device_sources.c.interruption_level,
     device_sources.c.breakthrough.label("calendar_breakthrough"),
     device_sources.c.muted.label("calendar_muted"),
-    device_sources.c.device_id.is_not(None).label("subscribed"),  # NULL on SQLite when missing
+    device_sources.c.device_id.is_not(None).label("subscribed"),  # false or None: the device dropped it
 )
 
 
