@@ -70,6 +70,19 @@ def test_newcomer_flow_dry_run(cli, feeds):
     assert removed == {"removed": "phone-1", "rows_voided": 2}
 
 
+def test_device_put_that_drops_a_calendar_voids_its_pending_rows(cli, feeds):
+    a = feeds.items("/a.json", [item("a", 7200)])
+    b = feeds.items("/b.json", [item("b", 7200)])
+    cli("device", "put", "p", "--apns-token", TOKEN, "--source", a, "--source", b)
+    cli("build", "--device", "p", "--now", NOW.stored)
+    cli("device", "put", "p", "--apns-token", TOKEN, "--source", a)
+    queued = json.loads(cli("queue", "list").output)
+    assert sorted((r["item_id"].split(":")[1], r["status"], r["outcome_detail"]) for r in queued) == [
+        ("a", "pending", None),
+        ("b", "settled", "source_removed"),
+    ]
+
+
 def test_drain_single_row_by_id(cli, feeds):
     url = feeds.items("/feed.json", [item("a", 3600), item("b", 3600)])
     cli("device", "put", "p", "--apns-token", TOKEN, "--source", url)
