@@ -286,9 +286,10 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
         ledger.upsert_device(conn, values, now)
         calendars = {url: settings.columns() for url, settings in spec.calendars.items()}
         ledger.set_subscriptions(conn, spec.id, list(spec.source_urls), now, calendars)
-        dropped = ledger.unsubscribed_pending(conn, spec.id)  # a calendar no longer subscribed
-        ledger.lock_rows(conn, dropped)
-        ledger.void_rows(conn, dropped, "source_removed", now)
+        dropped = ledger.unsubscribed_pending(conn, spec.id)  # of a calendar no longer subscribed
+        if dropped:
+            ledger.lock_rows(conn, dropped)
+            ledger.void_rows(conn, dropped, "source_removed", now)
         muted = [url for url, settings in spec.calendars.items() if settings.muted]
         ledger.void_pending_of_urls(conn, spec.id, muted, "muted", now)
         issued = ledger.set_device_credential(conn, spec.id, digest, only_if_missing=True)
