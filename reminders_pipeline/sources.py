@@ -366,8 +366,9 @@ class SourceReader:
 
     def _usable_cache(self, state: SourceState, window: Window | None) -> ParsedFeed | None:
         """The cached feed, if it was parsed under today's item cap, covers what this read needs (a
-        calendar cache ends somewhere, and starts where its read's window did: a build for an
-        earlier ``now`` reads again), and the cap, if it cut, would still keep the same items."""
+        calendar cache ends somewhere, and starts where its read's window did, as does a capped
+        feed's count: a build for an earlier ``now`` reads again), and the cap, if it cut, would
+        still keep the same items. A JSON feed read whole serves any window."""
         if not state.feed_cache or not (state.etag or state.last_modified or state.content_hash):
             return None
         if not parsed_under(state.content_hash, self.max_items):
@@ -379,8 +380,9 @@ class SourceReader:
         except (ValueError, KeyError, TypeError):
             return None
         now = (window[0] if window is not None else Instant.now()).whole_seconds
-        if cached.read_from is None or cached.read_from > now:
-            return None
+        starts_late = cached.read_from is None or cached.read_from > now
+        if starts_late and (state.cache_until is not None or cached.cap_until is not None or not cached.whole):
+            return None  # its calendar expansion, or the cap's count, began after this window does
         return None if cached.cap_until is not None and now >= cached.cap_until else cached
 
 
