@@ -93,6 +93,7 @@ class ProviderHalt:
     probe_at: Instant
     faults: int = 0  # configuration faults in a row: each waits longer (``HALT_BACKOFF_SECONDS``)
     probing: bool = False  # a one-row probe batch is in flight
+    probed_at: Instant | None = None  # when the last probe started: the next one counts from it
 
 
 @dataclass
@@ -241,7 +242,7 @@ class Dispatcher:
             if provider not in rows:
                 halt.probe_at = now + OUTAGE_PROBE_SECONDS  # none of its rows is due: nothing to try yet
                 continue
-            halt.probing = True
+            halt.probing, halt.probed_at = True, now
             self._probes[self._start_batch([rows[provider]])] = provider
 
     def _start_batch(self, ids: list[int]) -> asyncio.Task[DrainResult]:
@@ -297,12 +298,16 @@ class Dispatcher:
         soon after an outage, or after a growing backoff after a configuration fault."""
         before = self._halted.get(provider)
         faults = 0 if before is None or is_outage(reason) else before.faults
+        probed_at = None if before is None else before.probed_at
         if is_outage(reason):
             wait = OUTAGE_PROBE_SECONDS
+            since = probed_at or now  # a refused probe may itself take a second: probes keep their pace
         else:
             wait = HALT_BACKOFF_SECONDS[min(faults, len(HALT_BACKOFF_SECONDS) - 1)]
             faults += 1
-        self._halted[provider] = ProviderHalt(reason, now + wait, faults, before is not None and before.probing)
+            since = now
+        probing = before is not None and before.probing
+        self._halted[provider] = ProviderHalt(reason, max(now, since + wait), faults, probing, probed_at)
         if before is None or not is_outage(reason):
             log.error(
                 "dispatcher %s: %s halted (%s); its rows wait, one is tried again in %ss",

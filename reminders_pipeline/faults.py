@@ -168,11 +168,15 @@ def return_undelivered(
         if row_id in again:
             outage.spent[row_id] += 1
     waits = {r.row_id: r.retry_after for r in results if r.retry_after}  # the provider's Retry-After
+    # A row its provider's outage answered waits for no backoff of its own: the halt paces its
+    # provider's rows (a dispatcher's probe, the next drain), and it goes as soon as one is answered.
+    paced = {r.row_id for r in results if out.providers.get(r.row_id, "apns") in out_now}
     if again:
         out.returned.extend(
             {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": r["id"] not in unreached,
-             "not_before": max(retry_not_before(out.at, 1 if r["id"] in unreached else attempts[r["id"]] + 1, settings),
-                               out.at + waits.get(r["id"], 0))}
+             "not_before": None if r["id"] in paced else max(
+                 retry_not_before(out.at, 1 if r["id"] in unreached else attempts[r["id"]] + 1, settings),
+                 out.at + waits.get(r["id"], 0))}
             for r in out.rows if r["id"] in again
         )  # fmt: skip
         out.rows = [r for r in out.rows if r["id"] not in again]

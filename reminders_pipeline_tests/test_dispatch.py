@@ -632,3 +632,50 @@ def test_an_apns_outage_halts_apns_alone_while_web_push_and_fcm_send_on(db, live
     assert len(sender.refused) <= live.apns_halt_after + 2 * 120 / 5  # one probe every 5 s once halted
     alerts = [p["text"] for p in feeds.posts["/hook"]]
     assert len(alerts) == 1 and "APNs unreachable" in alerts[0], alerts
+
+
+class _SlowRefusals(_ApnsDown):
+    """APNs unreachable, each refused send taking a second (aioapns waits one after a failed
+    connect); APNs comes back half a second into the ``back_at``-th refusal, a probe's."""
+
+    def __init__(self, timer: DrivenTimer, back_at: int) -> None:
+        super().__init__(timer, float("inf"), "unreachable")
+        self.back_at = back_at
+
+    async def send_many(self, notes):
+        out = []
+        for n in notes:
+            if n.provider == "apns" and self.timer.t < self.end:
+                self.refused.append(self.timer.t)
+                if len(self.refused) == self.back_at:
+                    self.end = self.timer.t + 0.5
+                self.timer.t += 1.0
+                out.append(SendResult(n.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True))
+                continue
+            out += await super().send_many([n])
+        return out
+
+
+def test_apns_back_during_a_slow_refused_probe_sends_its_rows_within_a_probe_interval(db, live, feeds):
+    """Found by the outage drill under `reminders dispatch`: a refused probe takes a second, so
+    probes counted from each probe's end ran 6 s apart, and APNs returning during one left its rows
+    5.5 s; the probed rows also waited out a retry backoff. Probes now keep their pace from each
+    probe's start, and a row the outage answered waits for no backoff of its own: every APNs row
+    goes within 5 s of APNs' return."""
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    with db.write() as conn:
+        queue_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600",
+             "send_after": Instant.from_unix(start + 2.4 * k), "event_at": Instant.from_unix(start + 2.4 * k + 3600),
+             "expires_at": Instant.from_unix(start + 2.4 * k + 5400), "title": f"E{k}", "body": None}
+            for k in range(40)
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+    sender = _SlowRefusals(timer, back_at=live.apns_halt_after // 2 + 8)
+    asyncio.run(Dispatcher(db, live, lambda: sender, timer=timer).run(until=Instant.from_unix(start + 180)))
+    rows = rows_of(db)
+    assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
+    sent_at = {row_id: t for _, row_id, t in sender.accepted}
+    late = max(sent_at[r["id"]] - max(r["send_after"].unix, sender.end) for r in rows)
+    assert late <= 5.0, (late, sender.end)

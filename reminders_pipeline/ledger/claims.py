@@ -320,14 +320,17 @@ def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claim
 
 def refund_attempts(conn: Connection, refunds: Mapping[int, int], now: Instant) -> int:
     """Give back the attempts these rows spent (row id -> how many) on a provider's answers that
-    turned out to be its outage: an outage counts against nobody. A settled row stays as it is.
-    One statement per distinct count (almost always one)."""
+    turned out to be its outage, and the backoff they set: an outage counts against nobody, and
+    its halt paces the rows. A settled row stays as it is; a claim's policy holds a pending one
+    for quiet hours again if they began meanwhile. One statement per distinct count (almost always one)."""
     given = 0
     for spent in sorted(set(refunds.values())):
         ids = sorted(i for i, n in refunds.items() if n == spent)
         given += conn.execute(
             update(q)
             .where(q.c.id.in_(ids), q.c.status != "settled", q.c.attempts > 0)
-            .values(attempts=case((q.c.attempts > spent, q.c.attempts - spent), else_=0), updated_at=now)
+            .values(
+                attempts=case((q.c.attempts > spent, q.c.attempts - spent), else_=0), not_before=None, updated_at=now
+            )
         ).rowcount
     return given
