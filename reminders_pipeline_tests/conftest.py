@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import dagster as dg
 
 # serve and served (the HTTP app over real HTTP) reach every module without an import.
-pytest_plugins = ["reminders_pipeline_tests.test_http_support"]
+pytest_plugins = ["pytester", "reminders_pipeline_tests.test_http_support"]
 
 
 @pytest.fixture(scope="session", autouse=True)

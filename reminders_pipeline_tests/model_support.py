@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -431,3 +432,32 @@ class ApnsDouble:
 
     def factory(self) -> SenderFactory:
         return lambda: self
+
+
+# -- another process, run while the machine waits ------------------------------------------------
+
+
+class Aside:
+    """A function run on a thread of its own while the caller waits (another process acting while
+    this one is frozen). What it raised is kept and raised again by ``reraise``: an exception left
+    on a thread is only a warning, and a broken promise found there must fail the test. Call
+    ``reraise`` where no sender's error handling stands between it and the test."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        thread = threading.Thread(target=self._main)
+        thread.start()
+        thread.join()
+
+    def _main(self) -> None:
+        try:
+            self.fn()
+        except BaseException as exc:  # noqa: BLE001 - kept for the waiting thread to raise
+            self.error = exc
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error

@@ -75,6 +75,7 @@ from .model_support import (
     PROVIDERS,
     RETRIED,
     ApnsDouble,
+    Aside,
     Event,
     Feed,
     FeedTransport,
@@ -1137,11 +1138,11 @@ class ReminderMachine(RuleBasedStateMachine):
                 machine.now += 5
                 machine.drain()
 
+        other = Aside(meanwhile)
+
         class Paused:
             async def send_many(self, notes: Any) -> Any:
-                frozen = threading.Thread(target=meanwhile)  # joined on the loop's thread: nothing here runs
-                frozen.start()
-                frozen.join()
+                other.run()  # joined on the loop's thread: nothing here runs
                 mono[0] += paused_for
                 machine.clock_now, machine.apns.monotonic = claim_at + paused_for, lambda: mono[0]
                 woke.append(len(machine.apns.sent))
@@ -1165,6 +1166,7 @@ class ReminderMachine(RuleBasedStateMachine):
             )
         finally:
             self.apns.monotonic = time.monotonic
+        other.reraise()
         self.now = max(self.now, claim_at + (paused_for if woke else 0))
         late = self.apns.sent[woke[0] :] if woke else []
         if late:
