@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,6 +63,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     embedded = config.stash.get(_EMBEDDED, None)
     if embedded is not None:
         embedded.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The model test's reach table, when it ran (test_model.py)."""
+    model = sys.modules.get("reminders_pipeline_tests.test_model")
+    if model is not None and model.REACHES:
+        terminalreporter.section("model reach")
+        model.report_reach(terminalreporter.write_line, getattr(config, "cache", None))
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -461,3 +462,90 @@ class Aside:
     def reraise(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+# -- what the model reached ----------------------------------------------------------------------
+
+# The double's answers by kind, in each provider's words: what a provider does to a send.
+ANSWER_KINDS = {
+    "200": "ok",
+    "dropped": "dropped",  # written, the connection lost: may have been delivered
+    "429": "retryable",
+    "not_written": "retryable",  # APNs' transport failed before the write, for another reason
+    "500": "outage",
+    "503": "outage",
+    "not_sent": "unreachable",
+    "400": "gone",
+    "410": "gone",
+    "410_stale": "gone",  # APNs' 410 older than the registration (which must mark nothing)
+    "403": "config",
+}
+FAULT_KINDS = ("ok", "retryable", "outage", "unreachable", "gone", "config", "dropped")
+
+
+def answer_kind(provider: str, answer: str) -> str:
+    """What the double answers a ``provider`` target scripted ``answer``, as a kind."""
+    return ANSWER_KINDS[answer if provider == "apns" else _IN_OTHER_WORDS.get(answer, answer)]
+
+
+@dataclass
+class Reach:
+    """How often the model ran each operation, and each operation while a provider was in each
+    fault kind (its devices' scripted answers, or everyone unreachable), over a test's examples;
+    and how many sends it checked. ``table`` is what the run prints."""
+
+    operations: Counter[str] = field(default_factory=Counter)
+    pairs: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    examples: int = 0
+    sends_checked: int = 0
+
+    def ran(self, operation: str, faults: set[tuple[str, str]]) -> None:
+        """``faults``: (provider, kind) for each provider a device uses, as the operation began."""
+        self.operations[operation] += 1
+        for provider, kind in faults:
+            self.pairs[(operation, provider, kind)] += 1
+
+    def example_ended(self, sends_checked: int) -> None:
+        self.examples += 1
+        self.sends_checked += sends_checked
+
+    def under(self, floor: int, operations: Sequence[str]) -> list[str]:
+        """Every operation and (operation, provider, kind) pair run fewer than ``floor`` times."""
+        low = [op for op in operations if self.operations[op] < floor]
+        return low + [
+            f"{op}×{p}:{k}"
+            for op in operations
+            for p in PROVIDERS
+            for k in FAULT_KINDS
+            if self.pairs[(op, p, k)] < floor
+        ]
+
+    def as_json(self, operations: Sequence[str]) -> dict[str, Any]:
+        return {
+            "examples": self.examples,
+            "sends_checked": self.sends_checked,
+            "operations": {op: self.operations[op] for op in operations},
+            "pairs": {
+                f"{op}|{p}|{k}": self.pairs[(op, p, k)] for op in operations for p in PROVIDERS for k in FAULT_KINDS
+            },
+        }
+
+    def table(self, operations: Sequence[str], floor: int = 20) -> list[str]:
+        """One line per operation: its runs, then its runs per provider and fault kind."""
+        kinds = [k[:5] for k in FAULT_KINDS]
+        width = max(map(len, operations))
+        head = "  ".join(f"{p:<{6 * len(kinds) - 1}}" for p in PROVIDERS)
+        lines = [
+            f"{'':<{width}}  {'':>5}  {head}",
+            f"{'operation':<{width}}  {'runs':>5}  " + "  ".join(" ".join(f"{k:>5}" for k in kinds) for _ in PROVIDERS),
+        ]
+        for op in operations:
+            cells = "  ".join(" ".join(f"{self.pairs[(op, p, k)]:>5}" for k in FAULT_KINDS) for p in PROVIDERS)
+            lines.append(f"{op:<{width}}  {self.operations[op]:>5}  {cells}")
+        average = self.sends_checked / self.examples if self.examples else 0.0
+        low = self.under(floor, operations)
+        lines.append(
+            f"{self.examples} examples, {self.sends_checked} checked sends ({average:.2f} per example); "
+            f"{len(low)} of {len(operations) * (1 + len(PROVIDERS) * len(FAULT_KINDS))} operations and pairs under {floor}"
+        )
+        return lines

@@ -19,12 +19,17 @@ Time is the core's own ``now`` (and a driven dispatcher timer); feeds are served
 ``SourceReader`` by an in-process HTTP transport that injects the faults the machine chose.
 
 ``REMINDERS_MODEL_EXAMPLES`` sets the number of examples (CI: 200 of up to 50 steps, the same
-sequences every run); ``REMINDERS_MODEL_RANDOM=1`` explores fresh ones, for a long run.
+sequences every run); ``REMINDERS_MODEL_RANDOM=1`` explores fresh ones, for a long run;
+``REMINDERS_MODEL_SEED=N`` runs another fixed set. The run ends with a reach table (conftest's
+terminal summary): each operation's runs, and its runs while each provider was in each fault kind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import json
 import os
 import threading
 import time
@@ -36,6 +41,8 @@ from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    INITIALIZE_RULE_MARKER,
+    RULE_MARKER,
     RuleBasedStateMachine,
     initialize,
     invariant,
@@ -80,8 +87,10 @@ from .model_support import (
     Feed,
     FeedTransport,
     Occurrence,
+    Reach,
     Sent,
     Series,
+    answer_kind,
     target_of,
     token_in,
     unix_to_wall,
@@ -91,6 +100,9 @@ from .model_support import (
 EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
 STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "50"))
 RANDOM = os.environ.get("REMINDERS_MODEL_RANDOM") == "1"  # explore new sequences (CI repeats the same ones)
+# Another fixed set of sequences. Without it they follow from the machine's source: any edit of the
+# class draws others, so a change's effect on the reach is compared over several seeds.
+SEED = os.environ.get("REMINDERS_MODEL_SEED")
 
 # Starting instants: an ordinary morning, and the evening before each DST night in two zones.
 STARTS = (
@@ -262,6 +274,7 @@ CURRENT = _Current()
 class ReminderMachine(RuleBasedStateMachine):
     db: Database
     settings: Settings
+    reach: Reach = Reach()  # the running test's (``test_the_promises_hold``)
 
     def __init__(self) -> None:
         super().__init__()
@@ -303,6 +316,14 @@ class ReminderMachine(RuleBasedStateMachine):
     def _invalid_devices(self) -> set[str]:
         with self.db.read() as conn:
             return set(conn.scalars(select(devices_t.c.id).where(devices_t.c.token_invalid_at.is_not(None))))
+
+    def provider_faults(self) -> set[tuple[str, str]]:
+        """(provider, fault kind) for each provider a device uses: how the double answers it now."""
+        if self.now < self.apns.down_until:
+            return {(d.provider, "unreachable") for d in self.devices.values()}
+        return {
+            (d.provider, answer_kind(d.provider, self.apns.answers.get(d.token, "200"))) for d in self.devices.values()
+        }
 
     def _uid(self, prefix: str) -> str:
         self.next_uid += 1
@@ -1237,6 +1258,7 @@ class ReminderMachine(RuleBasedStateMachine):
             )
 
     def teardown(self) -> None:
+        self.reach.example_ended(self.checked)
         rows = self._rows()
         STATS["examples"] = STATS.get("examples", 0) + 1
         STATS["sends_checked"] = STATS.get("sends_checked", 0) + self.checked
@@ -1314,6 +1336,55 @@ class ReminderMachine(RuleBasedStateMachine):
 STATS: dict[str, int] = {}
 
 
+def _counted(machine: type[RuleBasedStateMachine]) -> tuple[str, ...]:
+    """Make each rule hypothesis runs count in the machine's ``reach`` (a rule another rule calls
+    as a helper does not count); the operations' names."""
+    names = []
+    for _, f in inspect.getmembers(machine):
+        for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER):
+            found = getattr(f, marker, None)
+            if found is not None:
+                found.function = _counting(found.function, initial=marker == INITIALIZE_RULE_MARKER)
+                names.append(found.function.__name__)
+    return tuple(sorted(names))
+
+
+def _counting(fn: Any, initial: bool) -> Any:
+    """Counted with the faults as the operation began; the first one, which makes the devices, as it ended."""
+
+    @functools.wraps(fn)
+    def run(machine: ReminderMachine, **kwargs: Any) -> Any:
+        if not initial:
+            machine.reach.ran(fn.__name__, machine.provider_faults())
+        result = fn(machine, **kwargs)
+        if initial:
+            machine.reach.ran(fn.__name__, machine.provider_faults())
+        return result
+
+    return run
+
+
+OPERATIONS = _counted(ReminderMachine)
+REACHES: dict[str, Reach] = {}  # per database, for the session's summary (``report_reach``)
+REACH_FLOOR = 20  # every operation and (operation, provider fault) pair, at CI's examples
+
+
+def report_reach(write_line: Any, cache: Any) -> None:
+    """The reach table of each model run this session, written to the terminal and as JSON to
+    ``$REMINDERS_MODEL_REACH_FILE`` (or pytest's cache, key ``reminders/model_reach``) for a bench."""
+    for database, reach in sorted(REACHES.items()):
+        write_line(f"model reach on {database} (operation × provider fault kind):")
+        for line in reach.table(OPERATIONS, REACH_FLOOR):
+            write_line(line)
+    data = {database: reach.as_json(OPERATIONS) for database, reach in REACHES.items()}
+    path = os.environ.get("REMINDERS_MODEL_REACH_FILE")
+    if path:
+        with open(path, "w") as out:
+            json.dump(data, out, indent=1)
+    elif cache is not None:
+        cache.set("reminders/model_reach", data)
+
+
 def _empty(db: Database) -> None:
     """A clean ledger per example (the database itself is made once per test)."""
     with db.write() as conn:
@@ -1344,6 +1415,9 @@ def test_the_promises_hold(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(sources_mod, "GuardedTransport", CURRENT)
     db = Database(db_url)
     ReminderMachine.db, ReminderMachine.settings = db, model_settings(db_url)
+    ReminderMachine.reach = REACHES[db.dialect] = Reach()
+    if SEED is not None:
+        monkeypatch.setattr(ReminderMachine, "_hypothesis_internal_use_seed", int(SEED), raising=False)
     try:
         run_state_machine_as_test(
             ReminderMachine,
