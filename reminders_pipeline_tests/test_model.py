@@ -1060,6 +1060,7 @@ class ReminderMachine(RuleBasedStateMachine):
         due = self.snoozed.get(s.row_id, 0) if parse_rule(s.rule).snooze else rule_instant(s.rule, occ, config.tz)
         if s.at < due:
             raise PromiseBroken(f"EARLY: {where}: the rule's time is {Instant.from_unix(due)}")
+        self._check_before_anchor(s, where, occ, config.tz)
         current = self.devices.get(s.device_id)
         if (
             current is not None
@@ -1070,6 +1071,21 @@ class ReminderMachine(RuleBasedStateMachine):
             raise PromiseBroken(f"QUIET_HOURS: {where}: inside the device's quiet hours {current.quiet} ({current.tz})")
         if s.answer in MAY_HAVE_DELIVERED:
             self._delivered((s.device_id, s.item_id, parse_rule(s.rule).name), feed_anchor(s.rule, occ), where)
+
+    def _check_before_anchor(self, s: Sent, where: str, occ: Occurrence, tz: str | None) -> None:
+        """A reminder with a lead (or a travel time) goes before what it is about, its item's start
+        (its end for ``@expiry``), or is settled ``event_started`` (``event_expired``): lateness
+        alone would let a ``lead:300`` go minutes after the start. A zero lead and a day rule are
+        bounded by lateness only."""
+        rule = parse_rule(s.rule)
+        if not rule.before_start or rule.anchor == "day":
+            return
+        anchor = occ.instant(feed_anchor(s.rule, occ), tz)
+        if s.at >= anchor:
+            raise PromiseBroken(
+                f"AFTER_ITS_ANCHOR: {where}: a reminder with a lead, sent at or after its item's "
+                f"{'end' if rule.anchor == 'expiry' else 'start'} {Instant.from_unix(anchor)}"
+            )
 
     def _check_snooze(self, s: Sent, where: str, ends: int) -> None:
         """A snooze goes only as asked, and never once its item is over."""
