@@ -496,8 +496,15 @@ class Reach:
 
     operations: Counter[str] = field(default_factory=Counter)
     pairs: Counter[tuple[str, str, str]] = field(default_factory=Counter)
-    examples: int = 0
-    sends_checked: int = 0
+    sends_per_example: list[int] = field(default_factory=list)
+
+    @property
+    def examples(self) -> int:
+        return len(self.sends_per_example)
+
+    @property
+    def sends_checked(self) -> int:
+        return sum(self.sends_per_example)
 
     def ran(self, operation: str, faults: set[tuple[str, str]]) -> None:
         """``faults``: (provider, kind) for each provider a device uses, as the operation began."""
@@ -506,8 +513,17 @@ class Reach:
             self.pairs[(operation, provider, kind)] += 1
 
     def example_ended(self, sends_checked: int) -> None:
-        self.examples += 1
-        self.sends_checked += sends_checked
+        self.sends_per_example.append(sends_checked)
+
+    def sends_summary(self) -> str:
+        """The mean hides that a few examples make most sends: the median and the share of
+        examples that sent twice (where a second send can break a promise) say more."""
+        n = sorted(self.sends_per_example) or [0]
+        twice = sum(1 for k in n if k >= 2) / len(n)
+        return (
+            f"{self.sends_checked} checked sends ({self.sends_checked / len(n):.2f} per example, "
+            f"median {n[len(n) // 2]}, {twice:.0%} of examples with two or more)"
+        )
 
     def under(self, floor: int, operations: Sequence[str]) -> list[str]:
         """Every operation and (operation, provider, kind) pair run fewer than ``floor`` times."""
@@ -524,6 +540,7 @@ class Reach:
         return {
             "examples": self.examples,
             "sends_checked": self.sends_checked,
+            "sends_per_example": self.sends_per_example,
             "operations": {op: self.operations[op] for op in operations},
             "pairs": {
                 f"{op}|{p}|{k}": self.pairs[(op, p, k)] for op in operations for p in PROVIDERS for k in FAULT_KINDS
@@ -542,10 +559,9 @@ class Reach:
         for op in operations:
             cells = "  ".join(" ".join(f"{self.pairs[(op, p, k)]:>5}" for k in FAULT_KINDS) for p in PROVIDERS)
             lines.append(f"{op:<{width}}  {self.operations[op]:>5}  {cells}")
-        average = self.sends_checked / self.examples if self.examples else 0.0
         low = self.under(floor, operations)
         lines.append(
-            f"{self.examples} examples, {self.sends_checked} checked sends ({average:.2f} per example); "
+            f"{self.examples} examples, {self.sends_summary()}; "
             f"{len(low)} of {len(operations) * (1 + len(PROVIDERS) * len(FAULT_KINDS))} operations and pairs under {floor}"
         )
         return lines
