@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle  # noqa: E402
-from bench_ledger import fresh  # noqa: E402
+from bench_ledger import fresh, subscribe_every_device  # noqa: E402
 from bench_timeliness import Running, percentiles, queue  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
@@ -53,6 +53,7 @@ def load_round(db: Database, t: float, good_offset: float) -> None:
                 for n, d in enumerate(due)
             ],
         )
+        subscribe_every_device(conn, now)
         queue_rows(conn, [
             {"device_id": d, "source_id": 1, "item_id": f"1:{d}", "rule": "lead:600", "send_after": Instant.from_unix(sa),
              "event_at": Instant.from_unix(sa + 600), "expires_at": Instant.from_unix(sa + 1200), "title": "Event", "body": None}

@@ -14,6 +14,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import create_engine, text
 
@@ -77,6 +78,19 @@ def fresh(kind: str) -> tuple[Database, callable]:
         admin.dispose()
 
     return db, drop
+
+
+def subscribe_every_device(conn: Any, now: Instant) -> None:
+    """Source 1, to which every device subscribes: the calendar of the rows the benches queue
+    directly, as a build would have it (a row of a calendar its device dropped is voided at its
+    claim)."""
+    conn.execute(text("DELETE FROM device_sources"))
+    conn.execute(text("DELETE FROM sources"))
+    conn.execute(
+        text("INSERT INTO sources (id, url, created_at) VALUES (1, 'https://bench.example/a.json', :now)"),
+        {"now": now.stored},
+    )
+    conn.execute(text("INSERT INTO device_sources (device_id, source_id) SELECT id, 1 FROM devices"))
 
 
 def reset(db: Database) -> None:
@@ -164,6 +178,7 @@ def load_due(db: Database, n: int) -> list[int]:
             ),
             {"tok": "ab" * 32, "now": NOW.stored},
         )
+        subscribe_every_device(conn, NOW)
     with db.read() as conn:
         return ledger.due_ids(conn, Instant.from_unix(T0 + 7200 + 10))
 

@@ -40,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle  # noqa: E402
 from bench_build import register, start_server  # noqa: E402
-from bench_ledger import fresh  # noqa: E402
+from bench_ledger import fresh, subscribe_every_device  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
 from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
@@ -81,6 +81,7 @@ def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
         )
         for i in range(0, len(rows), 2000):
             queue_rows(conn, rows[i : i + 2000], now)
+        subscribe_every_device(conn, now)
 
 
 def queue(db: Database) -> list[dict[str, Any]]:
