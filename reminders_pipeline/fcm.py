@@ -16,7 +16,11 @@ and ``THIRD_PARTY_AUTH_ERROR`` (401, the APNs or web push credentials of one app
 and ``INTERNAL`` (500) back off, honouring ``Retry-After``; 502, 504 and any other 5xx fail the row,
 never sent again (a front end's answer, or a deadline past, may come after FCM took the message);
 any other 401 or 403 (our credentials or project refused, or ``SENDER_ID_MISMATCH``: our key is
-another project's) is a configuration fault for every device. The whole table: docs/operations.md, "Every FCM answer".
+another project's) is a configuration fault for every device. A request never written (no
+connection, a connect or TLS handshake or a wait for a connection past the send timeout: a
+blackholed front end) goes back to pending, spending no attempt, and counts toward FCM's outage;
+one written and unanswered within the send timeout from then fails ``timeout`` (``request_trace``).
+The whole table: docs/operations.md, "Every FCM answer".
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ from google.auth.exceptions import GoogleAuthError, TransportError
 from google.auth.transport.requests import Request
 from google.oauth2 import service_account
 
+from . import request_trace
+from .request_trace import Attempt, FencePassed
 from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
-from .webpush import NOT_PROCESSED, retry_after, transport_failure
+from .webpush import NOT_PROCESSED, retry_after
 
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 TOKEN_INVALID = frozenset({"UNREGISTERED"})  # FcmError codes: the token is dead, not us
@@ -185,15 +191,17 @@ class FcmSender:
         async with self.slots:
             if note.past_deadline(self.monotonic()):
                 return fence_expired(note.row_id)
+            attempt = Attempt(self.timeout, note.send_by, self.monotonic)
             try:
-                async with asyncio.timeout(self.timeout):  # the whole answer, not each read
+                async with attempt.bounded() as extensions:  # to write it, then for the whole answer
                     response = await self.client.post(
-                        self.url, json=message(note, time.time()), headers={"Authorization": f"Bearer {token}"}
+                        self.url,
+                        json=message(note, time.time()),
+                        headers={"Authorization": f"Bearer {token}"},
+                        extensions=extensions,
                     )
-            except TimeoutError:
-                return SendResult(note.row_id, False, reason="timeout")  # may have been written: once
-            except httpx.HTTPError as exc:
-                return transport_failure(note.row_id, exc)
+            except (TimeoutError, FencePassed, httpx.HTTPError) as exc:
+                return transport_failure(note.row_id, exc, attempt.written, attempt.connecting)
         result = answer(note.row_id, response, self.monotonic())
         if result.config_fault:
             self.credentials.token = None  # refused: the next send refreshes it first
@@ -204,6 +212,12 @@ class FcmSender:
             self.refresh.cancel()  # its thread ends within its own timeout; its outcome is no one's now
         await self.client.aclose()
         self.session.close()
+
+
+def transport_failure(row_id: int, exc: Exception, written: bool, connecting: bool = True) -> SendResult:
+    """A request to FCM that got no answer (``request_trace.transport_failure``): FCM's front end
+    is our provider, so one never reached counts toward its outage."""
+    return request_trace.transport_failure(row_id, exc, written=written, outage=True, connecting=connecting)
 
 
 def error_code(response: httpx.Response) -> str:

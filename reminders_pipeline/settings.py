@@ -215,7 +215,12 @@ class Settings(BaseSettings):
         "zone change",
     )
     abandon_after_seconds: Whole = Field(600, ge=1, description="a claim older than this is failed as `abandoned`")
-    send_timeout_seconds: Whole = Field(10, ge=1, description="response timeout per notification")
+    send_timeout_seconds: Whole = Field(
+        10,
+        ge=1,
+        description="response timeout per notification; Web Push and FCM give it twice: to get the request written "
+        "(connect, TLS, a wait for a connection or for the push service's slot), then from the write for the answer",
+    )
     fence_margin_seconds: Whole = Field(
         60,
         ge=1,

@@ -22,7 +22,10 @@ off (``Retry-After`` honoured, up to a day); any other answer fails the row, 401
 included, and so does any other 5xx, 502 and 504 first: a gateway's answer may come after the
 push service took the message, and sending it again could show it twice. The endpoint is a
 user's choice, so nothing it answers halts the drain or counts toward the outage breaker, and it
-is given the send timeout as a whole and a few kilobytes of answer at most.
+is given a few kilobytes of answer at most. A request never written (a connect or TLS handshake
+that stalls, a wait for a connection or for its push service's slot, each given the send timeout)
+goes back to pending (``not-sent:…``); only one whose headers began to leave, and whose answer
+did not come within the send timeout from then, fails ``timeout`` (``request_trace``).
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02
 from py_vapid import jwt as vapid_jwt
 
-from .egress import AddressRefused, GuardedTransport, parse_networks
+from . import request_trace
+from .egress import GuardedTransport, parse_networks
 from .push_subscription import Subscription, _b64, _b64_text
+from .request_trace import NOT_SENT, Attempt, FencePassed
 from .sender import Notification, PayloadLimit, SendResult, fence_expired
 from .settings import Settings
 
@@ -64,7 +69,6 @@ VAPID_SECONDS = 12 * 3600  # a VAPID JWT's life (RFC 8292 allows up to 24 h); re
 # unavailable itself (500, 503). Any other 5xx, 502 and 504 from a gateway first, may come after
 # the message was handed on: failed, never sent again.
 NOT_PROCESSED = frozenset({429, 500, 503})
-TIMEOUT = "timeout"
 GONE = "subscription_gone"
 
 
@@ -240,40 +244,51 @@ class WebPushSender:
                 "Content-Type": "application/octet-stream",
                 "Authorization": self._authorization(origin, service),
             }
-            async with service.slots:
+            if not await self._slot(service):
+                return SendResult(note.row_id, False, reason=f"{NOT_SENT}:slot_timeout", retry=True, outage=False)
+            try:
                 if note.past_deadline(self.monotonic()):
                     return fence_expired(note.row_id)
                 return await self._post(note, subscription.endpoint, headers, body)
+            finally:
+                service.slots.release()
 
-    async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
-        """The request, and at most ``MAX_ANSWER_BYTES`` of its answer, within the send timeout as a
-        whole (httpx bounds each read, not the answer): a slow endpoint holds its own row alone."""
+    async def _slot(self, service: PushService) -> bool:
+        """One of the push service's slots, waited for at most the send timeout (False: none came).
+        A row queued behind its own push service's stalled requests is never written, and goes
+        back to pending rather than holding its batch, and the rows to other push services in it,
+        for each stall in turn."""
         try:
             async with asyncio.timeout(self.timeout):
-                async with self.client.stream("POST", endpoint, headers=headers, content=body) as response:
+                await service.slots.acquire()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _post(self, note: Notification, endpoint: str, headers: dict[str, str], body: bytes) -> SendResult:
+        """The request, and at most ``MAX_ANSWER_BYTES`` of its answer (httpx bounds each read, not
+        the answer): the send timeout to write it, and again from then on for the answer
+        (``request_trace.Attempt``). A slow endpoint holds its own row alone."""
+        attempt = Attempt(self.timeout, note.send_by, self.monotonic)
+        try:
+            async with attempt.bounded() as extensions:
+                async with self.client.stream(
+                    "POST", endpoint, headers=headers, content=body, extensions=extensions
+                ) as response:
                     read = 0
                     async for part in response.aiter_raw():
                         read += len(part)
                         if read >= MAX_ANSWER_BYTES:
                             break
-        except TimeoutError:
-            return SendResult(note.row_id, False, reason=TIMEOUT, outage=False)  # may have been written: once
-        except httpx.HTTPError as exc:
-            return transport_failure(note.row_id, exc)
+        except (TimeoutError, FencePassed, httpx.HTTPError) as exc:
+            return transport_failure(note.row_id, exc, attempt.written, attempt.connecting)
         return answer(note.row_id, response.status_code, response.headers, self.monotonic())
 
 
-def transport_failure(row_id: int, exc: httpx.HTTPError) -> SendResult:
-    """A request that got no answer: certainly not sent when no connection was made (back to
-    pending), refused by the egress guard (failed), else written and maybe delivered (failed,
-    never sent again)."""
-    if isinstance(exc, AddressRefused):
-        return SendResult(row_id, False, reason="address_refused")
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return SendResult(row_id, False, reason="not-sent:connect_failed", retry=True, outage=False)
-    if isinstance(exc, httpx.TimeoutException):
-        return SendResult(row_id, False, reason=TIMEOUT)
-    return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
+def transport_failure(row_id: int, exc: Exception, written: bool, connecting: bool = True) -> SendResult:
+    """A request to a user's endpoint that got no answer (``request_trace.transport_failure``):
+    nothing it does counts toward an outage."""
+    return request_trace.transport_failure(row_id, exc, written=written, outage=False, connecting=connecting)
 
 
 def answer(row_id: int, status: int, headers: Mapping[str, str], answered_at: float) -> SendResult:

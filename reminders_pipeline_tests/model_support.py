@@ -419,7 +419,7 @@ class ApnsDouble:
         """The answer as Web Push or FCM gives it, read by that sender's own mapping."""
         if answer in ("dropped", "not_sent"):
             failure = httpx.ReadTimeout("") if answer == "dropped" else httpx.ConnectError("")
-            return webpush.transport_failure(n.row_id, failure)
+            return (fcm if n.provider == "fcm" else webpush).transport_failure(n.row_id, failure, answer == "dropped")
         if n.provider == "webpush":
             return webpush.answer(n.row_id, _WEBPUSH[answer], {}, self.monotonic())
         status, code = _FCM[answer]
