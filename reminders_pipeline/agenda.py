@@ -6,10 +6,11 @@ One row per device per local day: its item is the day (``agenda:2026-09-10``), i
 rule's local time on that day in the device's zone (DST exact), its end the day's end. Its words
 are made at the build, in the device's language and clock, from every calendar the device
 subscribes to and has not muted; a declined invitation is not listed. A day with no event has no
-row (a pending one is voided ``empty_day``). The build makes an agenda only from a complete
-picture: while a calendar's read fails, the device's agenda rows are left as they are. Its end
-is kept as wall time too (``item_at``), so a new zone re-times a pending agenda but never makes
-a second one for a day already sent.
+row (a pending one is voided ``empty_day``). A snooze of a sent agenda is re-planned with its
+day: it says what the day now holds, or is voided ``empty_day`` too. The build makes an agenda
+only from a complete picture: while a calendar's read fails, the device's agenda rows are left
+as they are. Its end is kept as wall time too (``item_at``), so a new zone re-times a pending
+agenda but never makes a second one for a day already sent.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def agenda_come(rule: Rule, zone: Zone, now: Instant) -> set[str]:
 def agenda_item_id(day: int) -> str:
     """The agenda's item: its local date (``agenda:2026-09-10``)."""
     return ITEM_PREFIX + datetime.fromtimestamp(day, UTC).date().isoformat()
+
+
+def agenda_day(item_id: str) -> int:
+    """The day an agenda's item names, as its midnight in wall seconds (``agenda_item_id``'s inverse)."""
+    return int(datetime.fromisoformat(item_id.removeprefix(ITEM_PREFIX)).replace(tzinfo=UTC).timestamp())
 
 
 def agenda_row(

@@ -32,6 +32,7 @@ from .plan import (
     stale_pending_rows,
     unchanged,
     void_reason,
+    want_snoozes,
 )
 from .rules import expiry_anchored
 from .settings import Settings
@@ -252,6 +253,7 @@ def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> 
     rearm_threshold = settings.rearm_threshold_seconds
     plans = {p.device["id"]: p.plan for p in batch}
     existing = _existing_rows(conn, batch)
+    want_snoozes(existing, plans, now)
     summary.devices_items_replanned += sum(1 for p in batch if p.replan is not None)
     existing_ids = {r["id"] for r in existing}
     by_key = {(r["device_id"], r["item_id"], r["rule"]): r for r in existing}
@@ -288,23 +290,30 @@ def _write_changed(conn: Connection, batch: Sequence[_Planned], tick: _Tick) -> 
 
 def _existing_rows(conn: Connection, batch: Sequence[_Planned]) -> list[dict[str, Any]]:
     """Every row of the devices planned in full; of those that replan some items, those items'
-    rows and their agendas' (``DevicePlan.agenda_days``: every day a changed item may be on)."""
+    rows and their agendas' (``DevicePlan.agenda_days``: every day a changed item may be on, and
+    the days whose agenda has gone, which a snooze of it may list)."""
     full = [p.device["id"] for p in batch if p.replan is None]
     rows = ledger.existing_rows(conn, full) if full else []
     some = {p.device["id"]: p for p in batch if p.replan is not None}
     if some:
         changed = {sid: ids for p in some.values() for sid, ids in (p.replan or {}).items()}  # one set per source
-        days = {day for p in some.values() for day in p.plan.agenda_days}
+        days = {day for p in some.values() for day in _agenda_days(p.plan)}
         ids = [namespaced(sid, own) for sid, own_ids in changed.items() for own in own_ids] + sorted(days)
         found = ledger.existing_rows(conn, list(some), ids if len(ids) <= ITEM_LOOKUP_MAX else None)
         rows += (r for r in found if _replanned(r, some[r["device_id"]]))
     return rows
 
 
+def _agenda_days(plan: DevicePlan) -> set[str]:
+    """The days (item ids) whose agenda rows a re-plan by item decides: those it planned, and
+    those whose agenda time has come (only their snoozes are still the plan's, ``want_snoozes``)."""
+    return plan.agenda_days | plan.agenda_come if plan.agenda_complete else plan.agenda_days
+
+
 def _replanned(row: dict[str, Any], planned: _Planned) -> bool:
     """A row a re-plan by item decides: of a changed item, or of a day whose agenda it decided."""
     if row["source_id"] is None:
-        return row["item_id"] in planned.plan.agenda_days
+        return row["item_id"] in _agenda_days(planned.plan)
     return row["item_id"].split(":", 1)[1] in (planned.replan or {}).get(row["source_id"], ())
 
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from . import ledger
 from .agenda import ITEM_PREFIX as AGENDA_ITEM
-from .agenda import agenda_come, agenda_days, agenda_item_id, agenda_row
+from .agenda import agenda_come, agenda_day, agenda_days, agenda_item_id, agenda_row
 from .feed import Item, ParsedFeed, address_digest
 from .policy import held_send_after
 from .rules import (
@@ -68,6 +69,9 @@ class DevicePlan:
     agenda_days: set[str] = field(default_factory=set)  # the days whose agenda this plan decided (item ids)
     agenda_come: set[str] = field(default_factory=set)  # the days whose agenda time has come (``agenda_come``)
     agenda_complete: bool = False  # every calendar was read: the plan decides the agenda
+    # The agenda row of any day (its item id) from every calendar as read, or None for a day with
+    # no event; set when the plan decides the agenda. A snooze of an agenda says what it says.
+    agenda_of: Callable[[str], dict[str, Any] | None] | None = field(default=None, repr=False)
 
     def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
@@ -166,6 +170,16 @@ def plan_device(
     return plan
 
 
+def _agenda_items(plan: DevicePlan, zone: Zone) -> list[Item]:
+    """Every item an agenda lists: the device's calendars' but those it muted or declined."""
+    return [
+        raw.for_local(zone)
+        for source_id in plan.ok_sources - plan.muted
+        for raw in plan.feeds[source_id].items
+        if not raw.declined_by(plan.attendees)
+    ]
+
+
 def _plan_agenda(
     plan: DevicePlan,
     device: dict[str, Any],
@@ -179,17 +193,10 @@ def _plan_agenda(
     """The agenda of each day whose time the horizon reaches (past ``after``), from every item of
     the device's calendars but those it declined; made only when every calendar was read."""
     plan.agenda_come = agenda_come(rule, zone, now)
-    days = list(agenda_days(rule, zone, now, horizon, after))
-    if not days:
-        return
-    items = [
-        raw.for_local(zone)
-        for source_id in plan.ok_sources - plan.muted
-        for raw in plan.feeds[source_id].items
-        if not raw.declined_by(plan.attendees)
-    ]
-    for day in days:
-        row = agenda_row(device, rule, day, items, zone, quiet)
+    listed = cache(lambda: _agenda_items(plan, zone))  # made once, for the first day that needs them
+    plan.agenda_of = lambda item_id: agenda_row(device, rule, agenda_day(item_id), listed(), zone, quiet)
+    for day in agenda_days(rule, zone, now, horizon, after):
+        row = agenda_row(device, rule, day, listed(), zone, quiet)
         plan.agenda_days.add(row["item_id"] if row else agenda_item_id(day))
         if row is not None:
             plan.wanted[(row["item_id"], row["rule"])] = row
@@ -437,6 +444,8 @@ def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | N
     ahead left the horizon (a new zone moved it): made again once the horizon reaches it."""
     if plan.agenda is None:
         return "rule_removed"
+    if plan.agenda_complete and is_snooze(row["rule"]):
+        return None if (row["item_id"], row["rule"]) in plan.wanted else "empty_day"  # (``want_snoozes``)
     if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted or row["item_id"] in plan.agenda_come:
         return None  # (its time has come: held for quiet hours or due, the drain settles it)
     if row["item_id"] in plan.agenda_days:
@@ -446,8 +455,8 @@ def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | N
 
 def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
     """A snooze is no rule of the device's: it stands while its item is in the feed, whatever the
-    item's new time or title (``_snooze_realigned`` brings it in line). Only a successful read can
-    say the item went."""
+    item's new time or title (``want_snoozes`` brings it in line). Only a successful read can say
+    the item went."""
     if row["source_id"] not in plan.ok_sources:
         return None
     if row["item_id"] in plan.declined:
@@ -458,15 +467,47 @@ def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
     return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
 
 
+# What voids a snooze that its item's return undoes: the item left the feed, or the agenda's day
+# emptied. Any other end of it (sent, Done, declined, muted, a dead token) is the snooze's last.
+REVIVED_BY_RETURN = frozenset({"left_feed", "empty_day"})
 _ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
 
 
-def _snooze_realigned(row: dict[str, Any], plan: DevicePlan) -> dict[str, Any] | None:
-    """A pending snooze as its item now reads (moved, retitled), at the time the person asked for."""
-    item = plan.feed_items.get(row["item_id"])
+def want_snoozes(existing: Iterable[dict[str, Any]], plans: Mapping[str, DevicePlan], now: Instant) -> None:
+    """Add each device's snoozes still to send to what its plan wants, like the rows of its rules:
+    at the time the person asked for (their own ``send_after``), with their item as the plan read
+    it (an agenda's as it now lists the day). So the build's upsert brings a pending one in line
+    (moved, retitled), and a voided one back to pending when its item is back (``REVIVED_BY_RETURN``,
+    while the item is not over), with the attempts it spent. One sent, settled otherwise, or in
+    flight is never wanted; one whose item the plan cannot show is left to ``void_reason``."""
+    for row in existing:
+        if not is_snooze(row["rule"]):
+            continue
+        revived = (
+            row["status"] == "settled" and row["outcome"] == "voided" and row["outcome_detail"] in REVIVED_BY_RETURN
+        )
+        if row["status"] != "pending" and not revived:
+            continue
+        plan = plans[row["device_id"]]
+        item = _snoozed_item(row["item_id"], plan)
+        if item is None or (revived and item["expires_at"] <= now):
+            continue
+        plan.wanted[(row["item_id"], row["rule"])] = {
+            **{c: row[c] for c in ("device_id", "source_id", "item_id", "rule", "send_after")},
+            **{c: item[c] for c in _ITEM_FIELDS},
+            "item_at": None,
+        }
+
+
+def _snoozed_item(item_id: str, plan: DevicePlan) -> dict[str, Any] | None:
+    """A snooze's item as the plan read it: a feed's item, or the day's agenda; None when the plan
+    cannot show it (gone, declined, muted, a read that failed, a day with no event)."""
+    if item_id.startswith(AGENDA_ITEM):
+        return plan.agenda_of(item_id) if plan.agenda_of is not None and plan.agenda_complete else None
+    item = plan.feed_items.get(item_id)
     if item is None:
         return None
-    return {**row, "event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
+    return {"event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
 
 
 def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
@@ -480,10 +521,9 @@ def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Devi
     """
     out = []
     for row in existing:
-        if row["status"] != "pending" or is_agenda(row["rule"]):
-            continue  # an agenda is planned whole, never realigned
-        plan = plans[row["device_id"]]
-        now_is = _snooze_realigned(row, plan) if is_snooze(row["rule"]) else plan.realigned(row["item_id"], row["rule"])
+        if row["status"] != "pending" or is_agenda(row["rule"]) or is_snooze(row["rule"]):
+            continue  # an agenda is planned whole, a snooze wanted as it stands (``want_snoozes``)
+        now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
         if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
             out.append(now_is)
     return out
@@ -504,7 +544,9 @@ def unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_thre
         return True
     if current["status"] == "pending":
         return all(current[c] == wanted[c] for c in _COMPARED)
-    return current["outcome"] != "voided" and not item_moved(current, wanted, rearm_threshold)
+    if current["outcome"] == "voided":
+        return False
+    return is_snooze(wanted["rule"]) or not item_moved(current, wanted, rearm_threshold)  # a snooze never re-arms
 
 
 def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:

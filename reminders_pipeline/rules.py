@@ -8,8 +8,9 @@ or the calendar subscription's travel time), added to every timed item that has 
 events (``agenda``); at most one per device. Its rows are stored under the rule ``agenda``
 whatever the time, so a device that moves its agenda's time still has one row per local day.
 
-``snooze:N`` is a reminder's N-th snooze (1 to ``MAX_SNOOZES``), queued by the Snooze action on a
-sent alert (``actions``), never by a build: sent at the time asked, up to the item's end.
+``snooze:N`` is a reminder's N-th snooze (1 to ``MAX_SNOOZES``), first queued by the Snooze action
+on a sent alert (``actions``), then planned from its own row (``plan.want_snoozes``): sent at the
+time asked, up to the item's end.
 
 A trailing ``!`` (``lead:0!``, ``day:0@09:00!``) lets the rule's reminders break through the
 device's quiet hours.
@@ -222,7 +223,8 @@ def agenda_rule(extra_rules: Iterable[str]) -> Rule | None:
 
 
 def is_snooze(text: str) -> bool:
-    """Whether a stored rule is a snooze (the build neither plans nor re-arms those)."""
+    """Whether a stored rule is a snooze (the build plans those from their own rows, and never
+    re-arms one)."""
     return text.startswith(SNOOZE_PREFIX)
 
 

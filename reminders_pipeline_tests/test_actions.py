@@ -348,3 +348,56 @@ def test_done_settles_the_occurrence_it_showed_never_the_reminders_of_a_move_mad
     assert r.status_code == 200 and r.json()["acknowledged"] == 0, r.text
     moved = row_of(db, "lead:300")
     assert (moved["status"], moved["event_at"].whole_seconds) == ("pending", phone.starts + 3600)
+
+
+def test_a_snooze_voided_while_its_event_was_out_of_the_feed_comes_back_and_goes_once(db, cli, mock, phone, feeds):
+    """Issue 38 (5): the calendar drops the event for one read and has it back at the next. The
+    snooze voided ``left_feed`` meanwhile is pending again at the time asked, a repeated request
+    answers with it, and it is sent once when due. (Before: it stayed voided, and the repeated
+    request answered with a ``send_after`` that was never sent.)"""
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    asked = act(phone, row_id, "snooze", token=token, seconds=120).json()["snooze"]
+    feeds.items("/a.json", [])  # out of the feed for one read
+    cli("build", "--all")
+    gone = row_of(db, "snooze:1")
+    assert (gone["outcome"], gone["outcome_detail"]) == ("voided", "left_feed")
+    r = act(phone, row_id, "snooze", token=token, seconds=60)
+    assert (r.status_code, r.json()["error"]) == (409, "event_changed"), r.text
+
+    standup(feeds, phone.starts, "Standup (back)")
+    cli("build", "--all")
+    back = row_of(db, "snooze:1")
+    assert (back["status"], back["id"], back["title"]) == ("pending", asked["id"], "Standup (back)")
+    assert back["send_after"].whole_seconds == asked["send_after"]  # as asked: never early
+    again = act(phone, row_id, "snooze", token=token, seconds=600)
+    assert again.status_code == 200 and again.json()["created"] is False, again.text
+    assert again.json()["snooze"] == asked
+
+    cli("drain", "--now", (back["send_after"] + 1).stored)
+    cli("build", "--all", "--now", (back["send_after"] + 2).stored)
+    cli("drain", "--now", (back["send_after"] + 3).stored)
+    mock.wait_for_requests(2)
+    snoozes = [r for r in mock.requests if r.payload["reminder"]["rule"] == "snooze:1"]
+    assert len(snoozes) == 1 and snoozes[0].payload["aps"]["alert"]["title"] == "Standup (back)"
+    assert row_of(db, "snooze:1")["outcome"] == "sent"
+
+
+def test_a_sent_or_done_snooze_is_never_queued_again_by_a_build(db, cli, mock, phone, feeds):
+    """The plan wants only the snoozes still to send: when the event moves by more than the re-arm
+    threshold (another appointment), the rule rows re-arm, but a sent snooze stays sent and one
+    settled by Done stays settled."""
+    payload = sent_alert(cli, mock)
+    snoozed = act(phone, payload["reminder"]["id"], "snooze", token=payload["reminder"]["token"], seconds=60)
+    cli("drain", "--now", Instant.from_unix(snoozed.json()["snooze"]["send_after"] + 1).stored)
+    again = mock.wait_for_requests(2)[-1].payload["reminder"]
+    assert again["rule"] == "snooze:1" and row_of(db, "snooze:1")["outcome"] == "sent"
+    assert act(phone, again["id"], "snooze", token=again["token"], seconds=60).json()["snooze"]["rule"] == "snooze:2"
+    assert act(phone, again["id"], "done", token=again["token"]).json()["acknowledged"] == 2  # lead:300, snooze:2
+
+    standup(feeds, phone.starts + 3600)
+    cli("build", "--all")
+    assert row_of(db, "lead:300")["status"] == "pending"
+    assert (row_of(db, "snooze:1")["outcome"], row_of(db, "snooze:2")["outcome"]) == ("sent", "acknowledged")
+    cli("drain", "--now", (Instant.now() + 600).stored)
+    assert len(mock.wait_for_requests(3, timeout=1)) == 2

@@ -196,3 +196,40 @@ def test_a_new_zone_never_leaves_an_agenda_at_the_old_zones_time(db, cli, feeds)
     cli("build", "--all", "--now", "2026-09-10T12:00:00Z")  # reached: queued again at New York's time
     again = agendas(db)["agenda:2026-09-11"]
     assert (again["status"], again["send_after"]) == ("pending", Instant.from_stored("2026-09-11T11:00:00.000Z"))
+
+
+def test_a_snoozed_agenda_says_the_day_as_last_read(db, cli, feeds, mock):
+    """Issue 38 (3): the agenda went at 07:00 and was snoozed an hour; then Standup is cancelled.
+    The snooze is re-planned with the day's agenda and says what the day now holds; a day left
+    empty voids it ``empty_day``, and an event back on the day brings it back. (Before: it
+    repeated "10:00 Standup · 11:00 Review".)"""
+    url = feeds.items("/a.json", [event("standup", DAY + 10 * 3600), event("review", DAY + 11 * 3600)])
+    put(cli, "--source", url, "--rule", "agenda@07:00", "--tz", "UTC")
+    cli("build", "--all", "--now", "2026-09-10T06:30:00Z")
+    cli("drain", "--now", "2026-09-10T07:00:01Z")
+    (sent,) = [r for r in mock.wait_for_requests(1) if r.payload["reminder"]["rule"] == "agenda"]
+    assert sent.payload["aps"]["alert"]["body"] == "10:00 Standup · 11:00 Review"
+    row_id = str(sent.payload["reminder"]["id"])
+    made = json.loads(
+        cli("queue", "snooze", "phone", row_id, "--seconds", "3600", "--now", "2026-09-10T07:01:00Z").output
+    )
+
+    def snoozed() -> dict:
+        (row,) = [r for r in rows(db, device_id="phone") if r["rule"] == "snooze:1"]
+        assert row["id"] == made["snooze"]["id"] and row["send_after"].whole_seconds == made["snooze"]["send_after"]
+        return row
+
+    feeds.items("/a.json", [event("review", DAY + 11 * 3600)])  # Standup cancelled
+    cli("build", "--all", "--now", "2026-09-10T07:20:00Z")
+    assert (snoozed()["status"], snoozed()["title"], snoozed()["body"]) == ("pending", "Today: 1 event", "11:00 Review")
+
+    feeds.items("/a.json", [event("review", DAY + 86400 + 11 * 3600)])  # Review moved to tomorrow: today is empty
+    cli("build", "--all", "--now", "2026-09-10T07:30:00Z")
+    assert (snoozed()["outcome"], snoozed()["outcome_detail"]) == ("voided", "empty_day")
+
+    feeds.items("/a.json", [event("review", DAY + 11 * 3600, title="Review (back)")])
+    cli("build", "--all", "--now", "2026-09-10T07:40:00Z")
+    assert (snoozed()["status"], snoozed()["body"]) == ("pending", "11:00 Review (back)")
+    cli("drain", "--now", "2026-09-10T08:01:01Z")
+    (again,) = [r for r in mock.wait_for_requests(2) if r.payload["reminder"]["rule"] == "snooze:1"]
+    assert again.payload["aps"]["alert"] == {"title": "Today: 1 event", "body": "11:00 Review (back)"}

@@ -32,6 +32,7 @@ def existing_rows(
         q.c.rule,
         q.c.status,
         q.c.outcome,
+        q.c.outcome_detail,
         q.c.send_after,
         q.c.event_at,
         q.c.expires_at,
@@ -126,9 +127,10 @@ RETURNING id
 # moves the instant, not the item. A row settled before item_at existed has only its anchor: its
 # item moved only if no zone could have made that anchor of the new wall time (``rearm_bounds``).
 # send_after is not compared: a quiet-hours hold or a zone moves it without the item moving.
+# A snooze (``snoozed_from``) is never re-armed: it answers one request, and goes at most once.
 _ANCHOR = "(CASE WHEN r.by_expiry THEN q.expires_at ELSE q.event_at END)"
 _MOVED = f"""q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule
-    AND q.status = 'settled' AND q.outcome <> 'voided'
+    AND q.status = 'settled' AND q.outcome <> 'voided' AND q.snoozed_from IS NULL
     AND ({_ANCHOR} <= r.anchor_before OR {_ANCHOR} >= r.anchor_after)
     AND (r.item_before IS NULL
         OR (q.item_at IS NOT NULL AND (q.item_at <= r.item_before OR q.item_at >= r.item_after))
@@ -190,7 +192,8 @@ def upsert_rows(
     ``rearm_threshold_seconds`` (``rearm_anchor``): the item was rescheduled and the new time
     deserves its own reminder, while a feed jittering by a second, a quiet-hours hold or a zone
     change does not; what it recorded (apns id, sent_at, outcome) is first copied to
-    ``notification_history``. A claimed row is in flight and is not touched. ``item_at`` is
+    ``notification_history``. A settled snooze is never re-armed. A claimed row is in flight and
+    is not touched. ``item_at`` is
     optional (None: the item is fixed in time).
 
     What rules and payloads mean is the caller's, not the ledger's: ``by_expiry(rule)`` says
