@@ -7,12 +7,13 @@ whoever holds the credential can compute it. A new credential (``credential rota
 tokens of alerts sent before it.
 
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
-``MAX_SNOOZES``), of the item as its calendar was last read (a sent row keeps it as sent; one
-since cancelled or declined, or of a calendar the device dropped, is refused), sent at the time
-asked with the same guards as any reminder (claimed once, quiet hours, never after the item's
-end). From then on the build plans it like a rule's row (``plan.want_snoozes``). A repeated
-Snooze of one alert makes no second row: the row it made is the answer (``uq_queue_snoozed_from``).
-Done settles the occurrence's other pending reminders on the device ``acknowledged`` (repeats,
+``MAX_SNOOZES``), of the item as its calendar was last read (that one item of the cached parse;
+a sent row keeps it as sent; one since cancelled or declined, or of a calendar the device dropped,
+is refused), sent at the time asked with the same guards as any reminder (claimed once, quiet
+hours, never after the item's end). From then on the build plans it like a rule's row
+(``plan.want_snoozes``). A repeated Snooze of one alert makes no second row: the row it made is
+the answer (``uq_queue_snoozed_from``). Done settles the occurrence's other pending reminders on
+the device ``acknowledged`` (repeats,
 snoozes, later leads): those of the instant the person saw, not those a build has since moved to
 another time by the re-arm threshold (another appointment); one already claimed is on its way
 and goes. Both refuse a late or foreign action and change nothing.
@@ -27,7 +28,7 @@ from typing import Any
 
 from . import ledger
 from .db import Database
-from .feed import ParsedFeed, address_digest
+from .feed import Item, address_digest
 from .rules import MAX_SNOOZES, Rule
 from .times import Instant
 from .zones import zone_of
@@ -87,19 +88,18 @@ def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: In
     return row
 
 
-def _as_last_read(row: dict[str, Any], now: Instant) -> dict[str, Any]:
-    """The row's item as its calendar was last read (``sources.feed_cache``), fixed in the device's
-    zone: a sent row keeps the item as it was sent, and the item may since have moved a little (too
-    little to be sent again), been retitled, cancelled or declined. ``ActionError`` (409) for an item
-    no longer to remind of, or of a calendar the device has dropped. An agenda is its row (its build
-    made it)."""
+def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any]:
+    """The row's item as its calendar was last read (that one item of ``sources.feed_cache``), fixed
+    in the device's zone: a sent row keeps the item as it was sent, and the item may since have
+    moved a little (too little to be sent again), been retitled, cancelled or declined.
+    ``ActionError`` (409) for an item no longer to remind of, or of a calendar the device has
+    dropped. An agenda is its row (its build made it, and re-plans its snooze with the day)."""
     if row["source_id"] is None:
         return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
     if not row["subscribed"]:
         raise ActionError(409, "unsubscribed", "the device no longer subscribes to this reminder's calendar")
-    feed = ParsedFeed.from_json(row["feed_cache"]) if row["feed_cache"] else None
-    own = str(row["item_id"]).split(":", 1)[1]
-    raw = None if feed is None else next((i for i in feed.items if i.id == own), None) or feed.set_aside_item(own)
+    cached = ledger.item_as_read(conn, row["source_id"], str(row["item_id"]).split(":", 1)[1])
+    raw = None if cached is None else Item.from_json(cached)
     attendees = frozenset(address_digest(a) for a in (row["attendees"] or "").split())
     if raw is None or row["calendar_muted"] or raw.declined_by(attendees):
         raise ActionError(409, "event_changed", "the event is no longer in its calendar (cancelled, declined or muted)")
@@ -124,7 +124,7 @@ def snooze(
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
         at = _snooze_time(now, seconds, until)
-        item = _as_last_read(origin, now)
+        item = _as_last_read(conn, origin, now)
     with db.write() as conn:
         for _ in range(_ATTEMPTS):
             made = ledger.snooze_of(conn, row_id)

@@ -401,3 +401,25 @@ def test_a_sent_or_done_snooze_is_never_queued_again_by_a_build(db, cli, mock, p
     assert (row_of(db, "snooze:1")["outcome"], row_of(db, "snooze:2")["outcome"]) == ("sent", "acknowledged")
     cli("drain", "--now", (Instant.now() + 600).stored)
     assert len(mock.wait_for_requests(3, timeout=1)) == 2
+
+
+def test_a_snooze_reads_its_event_from_the_calendar_when_no_row_of_it_is_left_pending(db, cli, mock, phone, feeds):
+    """The item a snooze is made from is the calendar's as last read, not a queue row's: after
+    Done, no row of the event is pending for a build to keep in line, yet a snooze made after a
+    retitle says the new title, and one made after a cancel is refused."""
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    assert act(phone, row_id, "done", token=token).json()["acknowledged"] == 1  # lead:300
+    standup(feeds, phone.starts, "Standup (room 4)")
+    cli("build", "--all")
+    assert {r["status"] for r in rows(db, device_id="phone")} == {"settled"}
+    r = act(phone, row_id, "snooze", token=token, seconds=60)
+    assert r.status_code == 200 and row_of(db, "snooze:1")["title"] == "Standup (room 4)", r.text
+    cli("drain", "--now", (row_of(db, "snooze:1")["send_after"] + 1).stored)
+    again = mock.wait_for_requests(2)[-1].payload["reminder"]
+    assert act(phone, again["id"], "done", token=again["token"]).status_code == 200
+
+    feeds.items("/a.json", [])  # cancelled: nothing pending of it is voided, the calendar says it
+    cli("build", "--all")
+    r = act(phone, again["id"], "snooze", token=again["token"], seconds=60)
+    assert (r.status_code, r.json()["error"]) == (409, "event_changed"), r.text

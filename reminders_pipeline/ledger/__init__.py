@@ -28,6 +28,7 @@ from .actions import (
     acted_on,
     count_snoozes,
     insert_snooze,
+    item_as_read,
     snooze_of,
 )
 from .claims import (
@@ -132,6 +133,7 @@ __all__ = [
     "acted_on",
     "count_snoozes",
     "insert_snooze",
+    "item_as_read",
     "snooze_of",
     "calendar_settings",
     "CLAIMED",

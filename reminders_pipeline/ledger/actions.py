@@ -3,12 +3,13 @@ the item's other pending reminders settled ``acknowledged``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, literal, select, update
+from sqlalchemy import Connection, and_, func, literal, select, text, update
 
-from ..schema import device_sources, devices, sources
+from ..schema import device_sources, devices
 from ..schema import notification_queue as q
 from ..times import Instant
 from ._common import PENDING, insert_on_conflict
@@ -16,7 +17,7 @@ from .claims import lock_rows
 from .queue import announce_pending
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
-# calendar subscription (still there, muted) and that calendar as last read (``sources.feed_cache``).
+# calendar subscription (still there, muted).
 _ACTED_ON = (
     *(q.c[c] for c in ("id", "device_id", "source_id", "item_id", "outcome", "expires_at", "title", "body")),
     q.c.event_at,
@@ -27,21 +28,45 @@ _ACTED_ON = (
     devices.c.attendees,
     device_sources.c.muted.label("calendar_muted"),
     device_sources.c.device_id.is_not(None).label("subscribed"),
-    sources.c.feed_cache,
 )
 
 
 def acted_on(conn: Connection, row_id: int) -> dict[str, Any] | None:
     """The row an action names, with what deciding the action needs of its device and calendar."""
     subscription = and_(device_sources.c.device_id == q.c.device_id, device_sources.c.source_id == q.c.source_id)
-    query = (
-        select(*_ACTED_ON)
-        .outerjoin(devices, devices.c.id == q.c.device_id)
-        .outerjoin(device_sources, subscription)
-        .outerjoin(sources, sources.c.id == q.c.source_id)
-    )
+    query = select(*_ACTED_ON).outerjoin(devices, devices.c.id == q.c.device_id).outerjoin(device_sources, subscription)
     found = conn.execute(query.where(q.c.id == row_id)).mappings().first()
     return dict(found) if found else None
+
+
+# One item of a calendar as last read, found by its own id among the cached parse's items (or
+# those the item cap set aside) by the database's JSON functions: the cache is neither sent
+# over the connection nor parsed whole. The cache stores each item as a list, its id first
+# (``feed.Item.to_json``).
+_ITEM_AS_READ = {
+    "postgresql": """
+SELECT CAST(i.value AS text) FROM sources AS s,
+    json_array_elements(CAST(s.feed_cache AS json) -> CAST(:part AS text)) AS i(value)
+WHERE s.id = :source_id AND i.value ->> 0 = :own_id
+LIMIT 1
+""",
+    "sqlite": """
+SELECT i.value FROM sources AS s, json_each(s.feed_cache, '$.' || :part) AS i
+WHERE s.id = :source_id AND json_extract(i.value, '$[0]') = :own_id
+LIMIT 1
+""",
+}
+
+
+def item_as_read(conn: Connection, source_id: int, own_id: str) -> list[Any] | None:
+    """The item ``own_id`` of the source's cached parse (``sources.feed_cache``) in its cached form,
+    kept or set aside by the item cap; None when the last read has no such item."""
+    stmt = text(_ITEM_AS_READ[conn.dialect.name])
+    for part in ("items", "aside"):
+        found = conn.scalar(stmt, {"part": part, "source_id": source_id, "own_id": own_id})
+        if found is not None:
+            return list(json.loads(found))
+    return None
 
 
 def snooze_of(conn: Connection, origin_id: int) -> dict[str, Any] | None:
