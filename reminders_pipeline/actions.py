@@ -13,10 +13,9 @@ is refused), sent at the time asked with the same guards as any reminder (claime
 hours, never after the item's end). From then on the build plans it like a rule's row
 (``plan.want_snoozes``). A repeated Snooze of one alert makes no second row: the row it made is
 the answer (``uq_queue_snoozed_from``). Done settles the occurrence's other pending reminders on
-the device ``acknowledged`` (repeats,
-snoozes, later leads): those of the instant the person saw, not those a build has since moved to
-another time by the re-arm threshold (another appointment); one already claimed is on its way
-and goes. Both refuse a late or foreign action and change nothing.
+the device ``acknowledged`` (repeats, snoozes, later leads): those of the instant the person saw,
+not those a build has since moved to another time by the re-arm threshold (another appointment);
+one already claimed is on its way and goes. Both refuse a late or foreign action and change nothing.
 """
 
 from __future__ import annotations
