@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from reminders_pipeline import ledger
@@ -40,6 +41,20 @@ def device(
     token: str = TOKEN,
 ) -> None:
     put_device(db, settings, DeviceSpec(device_id, token, lead, rules, tuple(sources)), now=NOW)
+
+
+def subscribe(conn: Any, source_id: int, device_ids: Iterable[str], now: Instant) -> None:
+    """Source ``source_id`` (made if missing), to which each of ``device_ids`` subscribes: the
+    calendar of rows a test queues directly, as a build would have it (a row of a calendar its
+    device dropped is voided at its claim)."""
+    from sqlalchemy import insert, select  # noqa: PLC0415
+
+    from reminders_pipeline.schema import device_sources, sources  # noqa: PLC0415
+
+    if conn.scalar(select(sources.c.id).where(sources.c.id == source_id)) is None:
+        url = f"https://tests.example/{source_id}.json"
+        conn.execute(insert(sources).values(id=source_id, url=url, created_at=now))
+    conn.execute(insert(device_sources), [{"device_id": d, "source_id": source_id} for d in device_ids])
 
 
 def rows(db: Database, **filters: Any) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from reminders_pipeline.sender import RecordingSender, SendResult
 from reminders_pipeline.times import Instant
 
 from .dispatching import DispatcherThread
-from .support import device, rows
+from .support import device, rows, subscribe
 from .test_faults import (
     assert_at_most_once,
     ids_where,
@@ -92,6 +92,7 @@ def queue_rows(db: Database, send_afters: dict[str, list[float]]) -> None:
         for n, (dev, times) in enumerate(send_afters.items()):
             device_row = {"id": dev, "apns_token": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
             conn.execute(devices.insert(), [device_row])
+            subscribe(conn, 1, [dev], now)
             build_module.queue_rows(conn, [
                 {"device_id": dev, "source_id": 1, "item_id": f"1:{dev}-{k}", "rule": "lead:600", "send_after": Instant.from_unix(t),
                  "event_at": Instant.from_unix(t + 600), "expires_at": Instant.from_unix(t + 1200), "title": "E", "body": None}

@@ -55,7 +55,7 @@ from reminders_pipeline_testing.stack import free_port
 
 from .http_sources import FeedServer, Route
 from .postgres_server import EmbeddedServer
-from .support import LEDGER_TABLES, NOW, NOW_S
+from .support import LEDGER_TABLES, NOW, NOW_S, subscribe
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE = "lead:3600"
@@ -139,6 +139,7 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
     ]
     with db.write() as conn:
         conn.execute(insert(devices), device_rows)
+        subscribe(conn, 1, (d["id"] for d in device_rows), now)
         queue_rows(conn, rows, now)
     return row_ids_by_key(db)
 

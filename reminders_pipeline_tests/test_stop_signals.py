@@ -34,6 +34,7 @@ from reminders_pipeline.schema import devices
 from reminders_pipeline.times import Instant
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
+from .support import subscribe
 from .test_faults import RULE, ids_where, ledger_rows, request_key, token_of
 
 STOP_BOUND = 10.0  # seconds: docker stop's default grace before SIGKILL
@@ -187,8 +188,8 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
                     "expires_at": Instant.from_unix(at + 5400), "title": f"Event {d}/{k}", "body": None,
                 }
             )  # fmt: skip
-    # The devices subscribe to nothing, so a build would void their rows (``source_removed``): stamped
-    # built an hour ahead, every build of their chunk (the demo's first, a catch-up) leaves them alone.
+    # The devices' calendar (source 1) is never read here: stamped built an hour ahead, every build
+    # of their chunk (the demo's first, a catch-up) leaves them alone.
     built = stamp + 3600
     with db.write() as conn:
         conn.execute(
@@ -201,6 +202,7 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
                 for d in range(n_devices)
             ],
         )  # fmt: skip
+        subscribe(conn, 1, (f"dev-{d}" for d in range(n_devices)), stamp)
         queue_rows(conn, rows, stamp)
 
 
