@@ -206,7 +206,7 @@ def alert_halt(settings: Settings, provider: str, reason: str, claimer: str, sum
         title = f"{name} unreachable: drain stopped claiming its rows"
         text = (
             f"{reason}. Those rows are pending again, no attempt spent; the other providers' rows are sent on, "
-            f"and {name}'s go once it answers (each bounded by MAX_LATENESS)."
+            f"and {name} rows go once it answers (each bounded by MAX_LATENESS)."
         )
     elif provider == "fcm":
         title = "FCM configuration fault: drain stopped claiming its rows"
