@@ -469,7 +469,7 @@ def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
 
 # What voids a snooze that its item's return undoes: the item left the feed, or the agenda's day
 # emptied. Any other end of it (sent, Done, declined, muted, a dead token) is the snooze's last.
-REVIVED_BY_RETURN = frozenset({"left_feed", "empty_day"})
+REVIVED_BY_RETURN = ledger.REVIVABLE_VOIDS
 _ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
 
 

@@ -423,3 +423,22 @@ def test_a_snooze_reads_its_event_from_the_calendar_when_no_row_of_it_is_left_pe
     cli("build", "--all")
     r = act(phone, again["id"], "snooze", token=again["token"], seconds=60)
     assert (r.status_code, r.json()["error"]) == (409, "event_changed"), r.text
+
+
+def test_done_ends_a_snooze_voided_while_its_event_was_away_so_its_return_sends_nothing(db, cli, mock, phone, feeds):
+    """Found in review: a snooze voided ``left_feed`` while its event was out of the feed, then
+    Done on the alert, then the event back. The build would revive the snooze (it was voided only
+    for the event's absence) and send it after Done; Done now ends that snooze too."""
+    payload = sent_alert(cli, mock)
+    token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
+    act(phone, row_id, "snooze", token=token, seconds=120)
+    feeds.items("/a.json", [])  # out of the feed for one read
+    cli("build", "--all")
+    assert row_of(db, "snooze:1")["outcome_detail"] == "left_feed"
+    assert act(phone, row_id, "done", token=token).status_code == 200
+    standup(feeds, phone.starts)
+    cli("build", "--all")
+    ended = row_of(db, "snooze:1")
+    assert (ended["status"], ended["outcome"]) == ("settled", "acknowledged")
+    cli("drain", "--now", (ended["send_after"] + 1).stored)
+    assert [r for r in mock.requests if r.payload["reminder"]["rule"] == "snooze:1"] == []

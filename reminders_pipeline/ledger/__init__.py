@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED
 from .actions import (
+    REVIVABLE_VOIDS,
     acknowledge,
     acted_on,
     count_snoozes,
@@ -129,6 +130,7 @@ from .sources import (
 )
 
 __all__ = [
+    "REVIVABLE_VOIDS",
     "acknowledge",
     "acted_on",
     "count_snoozes",

@@ -118,22 +118,34 @@ def acknowledge(
 ) -> int:
     """Settle the item's pending reminders on this device whose event starts within
     ``event_between`` ``acknowledged``; a claimed one is in flight and goes. Returns how many.
-    Locked in id order first, as a build and a drain lock the rows they write (``lock_rows``), so
-    none of them deadlocks with another."""
-    pending = (
+    A snooze of it voided while its item was away (``REVIVABLE_VOIDS``), which a build would bring
+    back with the item, is acknowledged too (not counted): Done ends it as well. Locked in id order
+    first, as a build and a drain lock the rows they write (``lock_rows``), so none of them
+    deadlocks with another."""
+    occurrence = (
         q.c.device_id == device_id,
         q.c.item_id == item_id,
-        q.c.status == PENDING,
         q.c.event_at >= event_between[0],
         q.c.event_at <= event_between[1],
     )
+    pending = (*occurrence, q.c.status == PENDING)
+    revivable = (
+        *occurrence,
+        q.c.snoozed_from.is_not(None),
+        q.c.outcome == "voided",
+        q.c.outcome_detail.in_(sorted(REVIVABLE_VOIDS)),
+    )
     ids = list(conn.scalars(select(q.c.id).where(*pending).order_by(q.c.id)))
+    voided = list(conn.scalars(select(q.c.id).where(*revivable).order_by(q.c.id)))
+    lock_rows(conn, [*ids, *voided])
+    done = {"outcome": "acknowledged", "outcome_detail": "done", "settled_at": now, "updated_at": now}
+    if voided:
+        conn.execute(update(q).where(q.c.id.in_(voided), *revivable).values(**done))
     if not ids:
         return 0
-    lock_rows(conn, ids)
-    stmt = (
-        update(q)
-        .where(q.c.id.in_(ids), *pending)
-        .values(status="settled", outcome="acknowledged", outcome_detail="done", settled_at=now, updated_at=now)
-    )
+    stmt = update(q).where(q.c.id.in_(ids), *pending).values(status="settled", **done)
     return int(conn.execute(stmt).rowcount or 0)
+
+
+# The voids an item's return undoes: a build brings such a row back with its item (``plan``).
+REVIVABLE_VOIDS = frozenset({"left_feed", "empty_day"})
