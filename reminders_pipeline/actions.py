@@ -97,15 +97,31 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
         return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
     if not row["subscribed"]:
         raise ActionError(409, "unsubscribed", "the device no longer subscribes to this reminder's calendar")
-    cached = ledger.item_as_read(conn, row["source_id"], str(row["item_id"]).split(":", 1)[1])
+    own_id = str(row["item_id"]).split(":", 1)[1]
+    cached = ledger.item_as_read(conn, row["source_id"], own_id)
     raw = None if cached is None else Item.from_json(cached)
     attendees = frozenset(address_digest(a) for a in (row["attendees"] or "").split())
+    if raw is None and not row["calendar_muted"] and _held(conn, row, own_id):
+        return _as_sent(row, now)
     if raw is None or row["calendar_muted"] or raw.declined_by(attendees):
         raise ActionError(409, "event_changed", "the event is no longer in its calendar (cancelled, declined or muted)")
     item = raw.for_local(zone_of(row))
     if now >= item.expires:
         raise ActionError(409, "event_ended", f"the event of reminder {row['id']} is over")
     return {"event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
+
+
+def _held(conn: Any, row: dict[str, Any], own_id: str) -> bool:
+    """Whether the last read lacks the item only as the build keeps its rows as they were (a
+    series dropped alone, an item the cap cut): the event may still be in its calendar."""
+    return bool(ledger.held_as_read(conn, row["source_id"], own_id, row["event_at"].whole_seconds))
+
+
+def _as_sent(row: dict[str, Any], now: Instant) -> dict[str, Any]:
+    """The item as its row has it, for an event the last read kept as it was."""
+    if now >= row["expires_at"]:
+        raise ActionError(409, "event_ended", f"the event of reminder {row['id']} is over")
+    return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
 
 
 def snooze(

@@ -446,11 +446,19 @@ def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | N
         return "rule_removed"
     if plan.agenda_complete and is_snooze(row["rule"]):
         return None if (row["item_id"], row["rule"]) in plan.wanted else "empty_day"  # (``want_snoozes``)
-    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted or row["item_id"] in plan.agenda_come:
-        return None  # (its time has come: held for quiet hours or due, the drain settles it)
+    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted:
+        return None
+    if row["item_id"] in plan.agenda_come:  # held for quiet hours or due: the drain settles it, as it reads
+        return "empty_day" if _day_went(row, plan) else None
     if row["item_id"] in plan.agenda_days:
         return "empty_day"
     return "out_of_horizon" if is_agenda(row["rule"]) and row["send_after"] > now else None
+
+
+def _day_went(row: dict[str, Any], plan: DevicePlan) -> bool:
+    """Whether no event of a come agenda's day is left in the calendars as read (those over before
+    the read are not read): the agenda would list what is no longer there."""
+    return is_agenda(row["rule"]) and plan.agenda_of is not None and plan.agenda_of(row["item_id"]) is None
 
 
 def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:

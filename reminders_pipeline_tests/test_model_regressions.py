@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from reminders_pipeline import build
 from reminders_pipeline.drain import drain
 from reminders_pipeline.ics import parse_ics_feed
@@ -57,7 +55,6 @@ def test_cancelled_events_do_not_void_a_reminder_through_the_cap(db, settings, f
     assert {k[0].split("/")[0]: r["status"] for k, r in rows.items()} == {"future-0": "pending", "future-1": "pending"}
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 38): the agenda of a day whose only event went is still sent")
 def test_an_agenda_whose_only_event_is_deleted_is_not_sent(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
     """An event a day and an hour ahead, past every lead rule's horizon, puts only the morning
     agenda of its day in the queue; the event is deleted before that morning. The agenda of a day
@@ -75,3 +72,36 @@ def test_an_agenda_whose_only_event_is_deleted_is_not_sent(db, settings, feeds) 
     drain(db, live, lambda: sender, now=morning)
     agendas = [r for r in rows(db) if r["rule"] == "agenda"]
     assert agendas and all((r["status"], r["outcome"]) != ("settled", "sent") for r in agendas), agendas
+
+
+def _series(rrule: str) -> str:
+    return (
+        "BEGIN:VCALENDAR\nVERSION:2.0\nPRODID:-//t//EN\nBEGIN:VEVENT\nUID:standup\nDTSTAMP:20260101T000000Z\n"
+        f"DTSTART:20260910T083000Z\nDURATION:PT15M\nSUMMARY:Standup\nRRULE:{rrule}\nEND:VEVENT\n"
+        "BEGIN:VEVENT\nUID:review\nDTSTAMP:20260101T000000Z\nDTSTART:20260910T160000Z\nDURATION:PT1H\n"
+        "SUMMARY:Review\nEND:VEVENT\nEND:VCALENDAR\n"
+    )
+
+
+def test_a_snooze_of_a_series_the_build_dropped_as_a_flood_takes_the_event_as_sent(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
+    """A daily standup's alert went; its calendar then serves the series as FREQ=SECONDLY, which
+    the build drops alone (``runaway_series``) and keeps the series' rows as they were. The
+    series may still be in the source, so a snooze of the sent alert is made from the row as sent,
+    not refused ``event_changed`` (the model, at 2,000 examples: start, build,
+    flood_series(on=True), cron_tick(15), snooze)."""
+    from reminders_pipeline import actions
+
+    settings = settings.with_(enabled=True)
+    url = feeds.calendar("/standup.ics", _series("FREQ=DAILY;COUNT=5"))
+    device(db, settings, sources=[url])
+    build.build(db, settings, now=NOW)
+    sender = RecordingSender()
+    drain(db, settings, lambda: sender, now=NOW)
+    (sent,) = [r for r in rows(db) if r["outcome"] == "sent"]  # the standup's; the review is ahead
+    feeds.calendar("/standup.ics", _series("FREQ=SECONDLY"))
+    summary = build.build(db, settings, now=at(900))
+    assert summary.items_rejected == {"runaway_series": 1}
+    made = actions.snooze(db, sent["device_id"], sent["id"], None, seconds=60, now=at(900))
+    assert made.created
+    (snoozed,) = [r for r in rows(db) if r["id"] == made.snooze_id]
+    assert (snoozed["title"], snoozed["event_at"]) == ("Standup", sent["event_at"])

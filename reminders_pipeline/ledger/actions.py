@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, literal, select, text, update
 
+from ..feed import series_key
 from ..schema import device_sources, devices
 from ..schema import notification_queue as q
 from ..times import Instant
@@ -67,6 +68,33 @@ def item_as_read(conn: Connection, source_id: int, own_id: str) -> list[Any] | N
         if found is not None:
             return list(json.loads(found))
     return None
+
+
+# Whether the cached parse says an item it lacks may still be in the source (``feed.ParsedFeed.holds``):
+# cut by the item cap, of a series the build dropped alone, or past where counting stopped. Read by
+# the database's JSON functions, as ``_ITEM_AS_READ``.
+_HOLDS_AS_READ = {
+    "postgresql": """
+SELECT 1 FROM sources AS s WHERE s.id = :source_id AND (
+    EXISTS (SELECT 1 FROM json_array_elements_text(CAST(s.feed_cache AS json) -> 'cut_ids') AS c(v)
+            WHERE c.v = :own_id)
+    OR EXISTS (SELECT 1 FROM json_array_elements_text(CAST(s.feed_cache AS json) -> 'partial_series') AS p(v)
+               WHERE p.v = :series)
+    OR CAST(CAST(s.feed_cache AS json) ->> 'cut_from' AS bigint) <= :starts_at)
+""",
+    "sqlite": """
+SELECT 1 FROM sources AS s WHERE s.id = :source_id AND (
+    EXISTS (SELECT 1 FROM json_each(s.feed_cache, '$.cut_ids') WHERE value = :own_id)
+    OR EXISTS (SELECT 1 FROM json_each(s.feed_cache, '$.partial_series') WHERE value = :series)
+    OR json_extract(s.feed_cache, '$.cut_from') <= :starts_at)
+""",
+}
+
+
+def held_as_read(conn: Connection, source_id: int, own_id: str, starts_at: int) -> bool:
+    """Whether the source's last read, lacking item ``own_id``, still holds it may be there."""
+    params = {"source_id": source_id, "own_id": own_id, "series": series_key(own_id), "starts_at": starts_at}
+    return conn.scalar(text(_HOLDS_AS_READ[conn.dialect.name]), params) is not None
 
 
 def snooze_of(conn: Connection, origin_id: int) -> dict[str, Any] | None:
