@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ FCM_FAULT = "fcm:"  # the reason prefix of FCM's configuration faults (``fcm.ans
 PROVIDER_NAMES = {"apns": "APNs", "webpush": "Web Push", "fcm": "FCM"}
 
 OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
+MAYBE_OURS_DEVICES = 3  # distinct devices in a row answering ``SendResult.maybe_ours``: our fault, not theirs
 
 
 def is_outage(reason: str | None) -> bool:
@@ -62,6 +63,8 @@ class Outage:
     alerted: bool = False
     spent: Counter[int] = field(default_factory=Counter)  # row id -> attempts spent in this streak
     rows: set[int] = field(default_factory=set)  # the rows the streak's answers were for
+    ours: set[str] = field(default_factory=set)  # devices answering ``maybe_ours`` since the last delivery
+    ours_reason: str | None = None
 
     def count(self, results: Iterable[SendResult], now: Instant) -> str | None:
         """The halt reason while the outage lasts, else None."""
@@ -81,6 +84,20 @@ class Outage:
                 self.spent.clear()
                 self.rows.clear()
         return self.reason(now)
+
+    def maybe_ours(self, results: Iterable[SendResult], device_of: Mapping[int, str]) -> str | None:
+        """A configuration fault's reason once ``MAYBE_OURS_DEVICES`` devices in a row answered what
+        may be their fault or ours (``SendResult.maybe_ours``): one device's foreign token halts
+        no one, our key of another project halts the provider. A delivery starts the count again."""
+        for r in results:
+            if r.ok:
+                self.ours.clear()
+            elif r.maybe_ours:
+                self.ours.add(device_of.get(r.row_id, str(r.row_id)))
+                self.ours_reason = r.reason
+        if len(self.ours) < MAYBE_OURS_DEVICES:
+            return None
+        return f"{self.ours_reason} (answered for {len(self.ours)} devices in a row)"
 
     def shared(self) -> bool:
         """The streak spans several rows: maybe an outage not yet long enough to be sure of, so
@@ -135,8 +152,14 @@ def return_undelivered(
     for r in results:
         by_provider.setdefault(out.providers.get(r.row_id, "apns"), []).append(r)
     out_now = {}
+    devices = {r["id"]: r["device_id"] for r in rows}
     for provider, answers in by_provider.items():
         outage = outages.of(provider)
+        ours = outage.maybe_ours(answers, devices)
+        if ours and summary.halt(provider, ours):
+            log.error(
+                "%s configuration fault (%s): stopped claiming its rows; they stay pending", provider_name(provider), ours
+            )
         reason = outage.count(answers, out.at)
         if reason:
             out_now[provider] = reason

@@ -15,8 +15,10 @@ FCM's ``errorCode``: a 404 without one is a wrong URL, not a dead token); ``INVA
 and ``THIRD_PARTY_AUTH_ERROR`` (401, the APNs or web push credentials of one app) fail the row; ``QUOTA_EXCEEDED`` (429), ``UNAVAILABLE`` (503)
 and ``INTERNAL`` (500) back off, honouring ``Retry-After``; 502, 504 and any other 5xx fail the row,
 never sent again (a front end's answer, or a deadline past, may come after FCM took the message);
-any other 401 or 403 (our credentials or project refused, or ``SENDER_ID_MISMATCH``: our key is
-another project's) is a configuration fault for every device. A request never written (no
+``SENDER_ID_MISMATCH`` (403: a token of another app, or our key of another project) goes again,
+spending an attempt, and halts FCM as a configuration fault once several devices in a row answer it,
+so one device registered with a foreign token halts no one; any other 401 or 403 (our credentials
+or project refused) is a configuration fault for every device. A request never written (no
 connection, a connect or TLS handshake or a wait for a connection past the send timeout: a
 blackholed front end) goes back to pending, spending no attempt, and counts toward FCM's outage;
 one written and unanswered within the send timeout from then fails ``timeout`` (``request_trace``).
@@ -49,9 +51,12 @@ from .webpush import NOT_PROCESSED, retry_after
 SCOPES = ["https://www.googleapis.com/auth/firebase.messaging"]
 TOKEN_INVALID = frozenset({"UNREGISTERED"})  # FcmError codes: the token is dead, not us
 # The APNs certificate or web push key of the app behind one token (a 401): that row fails, the
-# device stays, and nothing halts. SENDER_ID_MISMATCH (403) is not here: it answers every token
-# once our key is another project's, so it is ours, a configuration fault.
+# device stays, and nothing halts.
 ONE_APP = frozenset({"THIRD_PARTY_AUTH_ERROR"})
+# A token of another app's project, or our key of another project (then every token answers it):
+# the row goes again, spending an attempt, and FCM halts once several devices in a row answer it
+# (``faults.Outage.maybe_ours``), so one device registered with a foreign token halts no one.
+MAYBE_OURS = frozenset({"SENDER_ID_MISMATCH"})
 MAX_TTL_SECONDS = 28 * 86400  # FCM refuses a longer android.ttl
 MAX_MESSAGE_BYTES = 4096  # FCM refuses a larger payload ("Message is too big")
 BACK_OFF = frozenset({"QUOTA_EXCEEDED", "UNAVAILABLE", "INTERNAL", "RESOURCE_EXHAUSTED"})
@@ -253,7 +258,12 @@ def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendRes
         return SendResult(row_id, False, reason=reason, status=status, token_invalid=True, answered_at=answered_at)
     if code in ONE_APP:
         return SendResult(row_id, False, reason=reason, status=status, answered_at=answered_at)
-    if status in (401, 403):  # our credentials or project refused, SENDER_ID_MISMATCH included
+    if code in MAYBE_OURS:
+        return SendResult(
+            row_id, False, reason=f"fcm:{code}", status=status, retry=True, outage=False, maybe_ours=True,
+            answered_at=answered_at,
+        )  # fmt: skip
+    if status in (401, 403):  # our credentials or project refused
         return SendResult(
             row_id, False, reason=f"fcm:{reason}", status=status, config_fault=True, answered_at=answered_at
         )

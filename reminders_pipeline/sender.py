@@ -77,6 +77,10 @@ class SendResult:
     retry: bool = False  # certainly not delivered (never reached APNs, or 429/500/503): may go again
     retry_after: float | None = None  # the provider's Retry-After, seconds: the row waits at least this long
     outage: bool = True  # counts toward the outage breaker; not an answer a user's own endpoint chose
+    # The device's fault or ours, told apart only across devices (FCM's SENDER_ID_MISMATCH: a token
+    # of another app, or our key of another project): the row goes again as ``retry`` does, and its
+    # provider halts as for a configuration fault once several devices in a row answer it.
+    maybe_ours: bool = False
 
 
 class Sender(Protocol):

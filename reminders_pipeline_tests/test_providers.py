@@ -454,17 +454,43 @@ def test_a_long_body_from_a_feed_fits_web_push(run, push, feeds, tmp_path, db):
     assert web.payload["body"].endswith("…") and web.payload["title"] == "Talk" and len(web.plaintext) <= 3993
 
 
-def test_fcm_sender_id_mismatch_is_our_key_from_another_project_and_voids_no_device(run, fcm, feeds, db):
+def test_fcm_sender_id_mismatch_from_every_device_is_our_key_from_another_project(run, fcm, feeds, db, caplog):
     """A service-account key of another project makes FCM answer ``SENDER_ID_MISMATCH`` for every
-    token: a configuration fault of FCM, not a dead device."""
+    token: once three devices in a row answer it, a configuration fault of FCM, not dead devices.
+    The rows stay pending, to go once the key is mended."""
     url = soon(feeds, "/a.json", "One")
+    for i in range(3):
+        run("device", "put", f"droid{i}", "--fcm-token", f"{FCM_TOKEN}{i}", "--lead", "1800", "--source", url)
+    fcm.script_default(FcmAnswer(error_code="SENDER_ID_MISMATCH"))
+    with caplog.at_level("ERROR"):
+        summary = drained(run)
+    assert summary["halted"] == "fcm:SENDER_ID_MISMATCH (answered for 3 devices in a row)"
+    assert summary["tokens_invalidated"] == 0 and summary["returned_to_pending"] == 3
+    assert all(device_of(run, f"droid{i}")["token_invalid_at"] is None for i in range(3))
+    assert {(r["status"], r["attempts"]) for r in rows(db)} == {("pending", 1)}
+    assert any("FCM configuration fault" in r.getMessage() for r in caplog.records)
+
+
+def test_one_device_with_a_token_of_another_app_halts_no_one(run, fcm, fresh_mock, feeds, db):
+    """``SENDER_ID_MISMATCH`` for one device is its token of another app's project: its row goes
+    again until its attempts are spent, then fails; FCM never halts and the other devices, on FCM
+    and APNs, get their alerts."""
+    url = soon(feeds, "/a.json", "One")
+    foreign = "foreign-" + "t" * 40
     run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
-    fcm.script(FCM_TOKEN, FcmAnswer(error_code="SENDER_ID_MISMATCH"))
-    summary = drained(run)
-    assert summary["halted"] == "fcm:SENDER_ID_MISMATCH" and summary["tokens_invalidated"] == 0
-    assert device_of(run, "droid")["token_invalid_at"] is None
-    (row,) = rows(db, device_id="droid")
-    assert row["outcome_detail"] == "fcm:SENDER_ID_MISMATCH"
+    run("device", "put", "stranger", "--fcm-token", foreign, "--lead", "1800", "--source", url)
+    run("device", "put", "phone", "--apns-token", TOKEN, "--lead", "1800", "--source", url)
+    fcm.script(foreign, FcmAnswer(error_code="SENDER_ID_MISMATCH"))
+    fast = {"REMINDERS_SEND_RETRY_BASE_SECONDS": "0", "REMINDERS_SEND_RETRY_MAX_SECONDS": "0"}
+    run("build", "--all")
+    summary = json.loads(run("drain", **fast).output)
+    assert summary["halted"] is None and summary["providers"] == {"apns:sent": 1, "fcm:sent": 1}
+    for _ in range(2):  # REMINDERS_SEND_MAX_ATTEMPTS: 3 in all
+        summary = json.loads(run("drain", **fast).output)
+        assert summary["halted"] is None
+    got = {r["device_id"]: (r["status"], r["outcome"], r["outcome_detail"]) for r in rows(db)}
+    assert got["stranger"] == ("settled", "failed", "fcm:SENDER_ID_MISMATCH")
+    assert device_of(run, "stranger")["token_invalid_at"] is None
 
 
 def test_fcm_third_party_auth_error_fails_that_row_alone(run, fcm, fresh_mock, feeds, db):
