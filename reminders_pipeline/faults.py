@@ -158,7 +158,9 @@ def return_undelivered(
         ours = outage.maybe_ours(answers, devices)
         if ours and summary.halt(provider, ours):
             log.error(
-                "%s configuration fault (%s): stopped claiming its rows; they stay pending", provider_name(provider), ours
+                "%s configuration fault (%s): stopped claiming its rows; they stay pending",
+                provider_name(provider),
+                ours,
             )
         reason = outage.count(answers, out.at)
         if reason:
