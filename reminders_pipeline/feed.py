@@ -110,6 +110,10 @@ class ParsedFeed:
     # Unix seconds the read's window started at: a calendar expands no occurrence before it, and
     # the cap counts none over by then. A read for an earlier window cannot reuse this parse.
     read_from: int | None = None
+    # Set only on a newer build's parse planned by an older, overlapping build whose window starts
+    # earlier (``sources.SourceReader.stored_reads``): an item starting before it may be in the
+    # source unseen. Never stored.
+    held_before: int | None = field(default=None, compare=False)
 
     _aside_index: dict[str, Item] | None = field(default=None, repr=False, compare=False)
 
@@ -153,7 +157,7 @@ class ParsedFeed:
         """Nothing left out: neither the item cap nor a dropped series, so an absent item is not in
         the source, or for a calendar not within the window expanded (and the same content gives
         the same items, ``plan.plan_key``)."""
-        return not (self.cut_ids or self.partial_series or self.cut_from is not None)
+        return not (self.cut_ids or self.partial_series or self.cut_from is not None or self.held_before is not None)
 
     def changed_since(self, before: ParsedFeed) -> frozenset[str] | None:
         """The ids of the items that differ from an earlier parse of the source: added, gone, or
@@ -178,7 +182,18 @@ class ParsedFeed:
             item_id in self.cut_ids
             or series_key(item_id) in self.partial_series
             or (self.cut_from is not None and starts_at >= self.cut_from)
+            or (self.held_before is not None and starts_at < self.held_before)
         )
+
+    def with_earlier(self, own: ParsedFeed) -> ParsedFeed:
+        """This parse, which holds what starts before ``held_before``, with the items of an earlier
+        window's parse (``own``) that start before then: a build for an earlier ``now`` plans those
+        from its own read, and the rest from this newer one."""
+        if self.held_before is None:
+            return self
+        ids = {i.id for i in self.items}
+        early = [i for i in own.items if i.starts_at < self.held_before and i.id not in ids]
+        return replace(self, items=[*early, *self.items], _ids=ids | {i.id for i in early})
 
     def to_json(self) -> str:
         """The cache kept beside a source's ETag, reused on 304 without parsing."""

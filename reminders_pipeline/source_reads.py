@@ -7,7 +7,7 @@ sources the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import ledger
@@ -134,5 +134,14 @@ def in_order(
 ) -> dict[int, SourceRead]:
     """``reads``, each one older than the parse stored meanwhile (an overlapping build's) replaced
     by that parse where it serves the read's window: nothing is planned from an item a newer read
-    showed gone. One that does not serve it (a calendar expanded over a shorter window) stays."""
-    return {**reads, **reader.stored_reads(recorded.newer, window)}
+    showed gone. A calendar expanded from a later start serves what starts from then; before it,
+    the build's own read stays (``ParsedFeed.with_earlier``). One that does not serve the window
+    (a calendar expanded over a shorter one) stays."""
+    stored = reader.stored_reads(recorded.newer, window)
+    return {**reads, **{sid: _from_both(reads.get(sid), read) for sid, read in stored.items()}}
+
+
+def _from_both(own: SourceRead | None, newer: SourceRead) -> SourceRead:
+    if own is None or own.feed is None or newer.feed is None:
+        return newer
+    return replace(newer, feed=newer.feed.with_earlier(own.feed))

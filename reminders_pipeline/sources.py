@@ -30,7 +30,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -250,7 +250,7 @@ class SourceReader:
         out: dict[int, SourceRead] = {}
         for source_id, state in sources.items():
             own = window.get(source_id) if isinstance(window, Mapping) else window
-            cached = self._usable_cache(state, own)
+            cached = self._usable_cache(state, own, starting_late=True)
             if cached is not None:
                 out[source_id] = _as_cached(source_id, state, cached, self.max_items)
         return out
@@ -364,11 +364,15 @@ class SourceReader:
             body += part
         return bytes(body)
 
-    def _usable_cache(self, state: SourceState, window: Window | None) -> ParsedFeed | None:
+    def _usable_cache(
+        self, state: SourceState, window: Window | None, *, starting_late: bool = False
+    ) -> ParsedFeed | None:
         """The cached feed, if it was parsed under today's item cap, covers what this read needs (a
         calendar cache ends somewhere, and starts where its read's window did, as does a capped
         feed's count: a build for an earlier ``now`` reads again), and the cap, if it cut, would
-        still keep the same items. A JSON feed read whole serves any window."""
+        still keep the same items. A JSON feed read whole serves any window. ``starting_late``: a
+        cache that starts after the window does serves it too, holding what starts before
+        (``ParsedFeed.held_before``), for a build that cannot read again."""
         if not state.feed_cache or not (state.etag or state.last_modified or state.content_hash):
             return None
         if not parsed_under(state.content_hash, self.max_items):
@@ -381,9 +385,13 @@ class SourceReader:
             return None
         now = (window[0] if window is not None else Instant.now()).whole_seconds
         starts_late = cached.read_from is None or cached.read_from > now
+        if cached.cap_until is not None and now >= cached.cap_until:
+            return None
         if starts_late and (state.cache_until is not None or cached.cap_until is not None or not cached.whole):
-            return None  # its calendar expansion, or the cap's count, began after this window does
-        return None if cached.cap_until is not None and now >= cached.cap_until else cached
+            # its calendar expansion, or the cap's count, began after this window does
+            late = starting_late and cached.read_from is not None
+            return replace(cached, held_before=cached.read_from) if late else None
+        return cached
 
 
 class _Layer:

@@ -292,6 +292,44 @@ def test_an_older_read_recorded_after_a_newer_one_never_replaces_it(db, settings
     ]
 
 
+def _two_events(*uids: str) -> str:
+    events = "".join(
+        f"BEGIN:VEVENT\nUID:{u}\nDTSTAMP:20260101T000000Z\nDTSTART:20260910T100000Z\nDURATION:PT30M\n"
+        f"SUMMARY:Event {u}\nEND:VEVENT\n"
+        for u in uids
+    )
+    return f"BEGIN:VCALENDAR\nVERSION:2.0\nPRODID:-//t//EN\n{events}END:VCALENDAR\n"
+
+
+def test_an_older_build_plans_a_calendar_from_the_newer_read_that_starts_later(db, settings, feeds):
+    """As above, for a calendar: the newer build's parse was expanded from its own, later ``now``,
+    so it cannot serve the older build's window whole. The older build plans from it all the
+    same, holding only what would start before it: d2, which only the older build writes, keeps
+    no reminder of the cancelled e1 from the older read, and nothing of e1 is sent."""
+    live = settings.with_(enabled=True)
+    url = feeds.calendar("/a.ics", _two_events("e1", "e2"))
+    device(db, live, "d1", sources=[url])
+    device(db, live, "d2", sources=[url])
+    build(db, live, now=NOW)
+    feeds.routes["/a.ics"].delay = 1.0
+    with ThreadPoolExecutor(1) as pool:
+        older = pool.submit(build, db, live, now=at(30))
+        feeds.wait_for_reads("/a.ics", 2)
+        feeds.calendar("/a.ics", _two_events("e2"))  # e1 cancelled
+        newer = build(db, live, device_ids=["d1"], now=at(60))
+        assert newer.rows_voided == {"left_feed": 1}
+        assert older.result().devices_skipped_newer == 1
+    e1 = {
+        r["device_id"]: (r["status"], r["outcome_detail"])
+        for r in rows(db)
+        if r["item_id"].endswith(":e1/20260910T100000Z")
+    }
+    assert e1 == {"d1": ("settled", "left_feed"), "d2": ("settled", "left_feed")}
+    sender = RecordingSender()
+    drain(db, live, sender.factory(), now=at(3600))
+    assert sorted(n.payload["aps"]["alert"]["title"] for n in sender.sent) == ["Event e2", "Event e2"]
+
+
 def test_rescheduled_beyond_horizon_voids_until_it_comes_back(db, settings, feeds):
     url = feeds.items("/a.json", [item("e", 7200)])
     device(db, settings, sources=[url])
