@@ -22,19 +22,17 @@ Callers use the package (``ledger.claim(conn, ...)``); the modules are how it is
 
 from __future__ import annotations
 
-from ._common import CLAIMED, IN_LIST_MAX, PENDING, SETTLED
+from ._common import CLAIMED, IN_LIST_MAX, PENDING, REVIVABLE_VOIDS, SETTLED
 from .actions import (
-    REVIVABLE_VOIDS,
-    acknowledge,
     acted_on,
     count_snoozes,
     held_as_read,
-    insert_snooze,
     item_as_read,
     snooze_of,
 )
 from .claims import (
     SETTLE_FIELDS,
+    acknowledge,
     claim,
     due_ids,
     fail_abandoned,
@@ -91,6 +89,7 @@ from .queue import (
     announce_pending,
     end_holds,
     existing_rows,
+    insert_snooze,
     next_send_after,
     realign_pending,
     rearm_anchor,

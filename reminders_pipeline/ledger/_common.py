@@ -71,3 +71,7 @@ def unix_of(conn: Connection, column: Any) -> ColumnElement[int]:
     if conn.dialect.name == "postgresql":
         return cast(func.floor(extract("epoch", cast(column, TIMESTAMP(timezone=True)))), BigInteger)
     return cast(func.strftime("%s", column), BigInteger)
+
+
+# The voids an item's return undoes: a build brings such a row back with its item (``plan``).
+REVIVABLE_VOIDS = frozenset({"left_feed", "empty_day"})

@@ -4,18 +4,13 @@ the item's other pending reminders settled ``acknowledged``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, literal, select, text, update
+from sqlalchemy import Connection, and_, func, select, text
 
 from ..feed import series_key
 from ..schema import device_sources, devices
 from ..schema import notification_queue as q
-from ..times import Instant
-from ._common import PENDING, insert_on_conflict
-from .claims import lock_rows
-from .queue import announce_pending
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
 # calendar subscription (still there, muted).
@@ -109,71 +104,3 @@ def count_snoozes(conn: Connection, device_id: str, item_id: str) -> int:
         q.c.device_id == device_id, q.c.item_id == item_id, q.c.snoozed_from.is_not(None)
     )
     return int(conn.scalar(query) or 0)
-
-
-def insert_snooze(
-    conn: Connection, origin_id: int, rule: str, send_after: Instant, item: Mapping[str, Any], now: Instant
-) -> int | None:
-    """A pending row of the origin's device and item under ``rule``, due at ``send_after``, with the
-    item as ``item`` gives it (``event_at``, ``expires_at``, ``title``, ``body``); None when another
-    request made this row's snooze, or took ``rule``, first (unique on ``snoozed_from`` and on
-    device, item and rule)."""
-    copied = select(
-        q.c.device_id,
-        q.c.source_id,
-        q.c.item_id,
-        literal(rule).label("rule"),
-        literal(send_after, q.c.send_after.type).label("send_after"),
-        literal(item["event_at"], q.c.event_at.type).label("event_at"),
-        literal(item["expires_at"], q.c.expires_at.type).label("expires_at"),
-        literal(item["title"], q.c.title.type).label("title"),
-        literal(item["body"], q.c.body.type).label("body"),
-        literal("pending").label("status"),
-        literal(now, q.c.created_at.type).label("created_at"),
-        literal(now, q.c.updated_at.type).label("updated_at"),
-        q.c.id.label("snoozed_from"),
-    ).where(q.c.id == origin_id)
-    columns = [c.name for c in copied.selected_columns]
-    stmt = insert_on_conflict(conn)(q).from_select(columns, copied).on_conflict_do_nothing().returning(q.c.id)
-    made = conn.scalar(stmt)
-    if made is not None:
-        announce_pending(conn, send_after)
-    return None if made is None else int(made)
-
-
-def acknowledge(
-    conn: Connection, device_id: str, item_id: str, event_between: tuple[Instant, Instant], now: Instant
-) -> int:
-    """Settle the item's pending reminders on this device whose event starts within
-    ``event_between`` ``acknowledged``; a claimed one is in flight and goes. Returns how many.
-    A snooze of it voided while its item was away (``REVIVABLE_VOIDS``), which a build would bring
-    back with the item, is acknowledged too (not counted): Done ends it as well. Locked in id order
-    first, as a build and a drain lock the rows they write (``lock_rows``), so none of them
-    deadlocks with another."""
-    occurrence = (
-        q.c.device_id == device_id,
-        q.c.item_id == item_id,
-        q.c.event_at >= event_between[0],
-        q.c.event_at <= event_between[1],
-    )
-    pending = (*occurrence, q.c.status == PENDING)
-    revivable = (
-        *occurrence,
-        q.c.snoozed_from.is_not(None),
-        q.c.outcome == "voided",
-        q.c.outcome_detail.in_(sorted(REVIVABLE_VOIDS)),
-    )
-    ids = list(conn.scalars(select(q.c.id).where(*pending).order_by(q.c.id)))
-    voided = list(conn.scalars(select(q.c.id).where(*revivable).order_by(q.c.id)))
-    lock_rows(conn, [*ids, *voided])
-    done = {"outcome": "acknowledged", "outcome_detail": "done", "settled_at": now, "updated_at": now}
-    if voided:
-        conn.execute(update(q).where(q.c.id.in_(voided), *revivable).values(**done))
-    if not ids:
-        return 0
-    stmt = update(q).where(q.c.id.in_(ids), *pending).values(status="settled", **done)
-    return int(conn.execute(stmt).rowcount or 0)
-
-
-# The voids an item's return undoes: a build brings such a row back with its item (``plan``).
-REVIVABLE_VOIDS = frozenset({"left_feed", "empty_day"})

@@ -1,5 +1,10 @@
 """The drain's side of a queue row: due ids, the claim (the only lock, which honours the halts of
-``halts.py``), settle, return to pending, and abandoned claims."""
+``halts.py``), settle, return to pending, and abandoned claims; and a person's Done, which settles
+rows as a settlement does.
+
+Longer than 350 lines because every statement that settles a row is here, where the claim's
+compare-and-swap they all honour is (``lock_rows``, ``_due``): split, a settle path could drift
+from the claim it must agree with."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from sqlalchemy.dialects import postgresql
 from ..schema import IsoTime, device_sources, devices, drain_halts
 from ..schema import notification_queue as q
 from ..times import Instant
-from ._common import CLAIMED, PENDING, now_param, rows_json, rows_text
+from ._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
 from .halts import HALT_SEPARATOR
 from .queue import announce_pending
 
@@ -334,3 +339,37 @@ def refund_attempts(conn: Connection, refunds: Mapping[int, int], now: Instant) 
             )
         ).rowcount
     return given
+
+
+def acknowledge(
+    conn: Connection, device_id: str, item_id: str, event_between: tuple[Instant, Instant], now: Instant
+) -> int:
+    """Settle the item's pending reminders on this device whose event starts within
+    ``event_between`` ``acknowledged``; a claimed one is in flight and goes. Returns how many.
+    A snooze of it voided while its item was away (``REVIVABLE_VOIDS``), which a build would bring
+    back with the item, is acknowledged too (not counted): Done ends it as well. Locked in id order
+    first, as a build and a drain lock the rows they write (``lock_rows``), so none of them
+    deadlocks with another."""
+    occurrence = (
+        q.c.device_id == device_id,
+        q.c.item_id == item_id,
+        q.c.event_at >= event_between[0],
+        q.c.event_at <= event_between[1],
+    )
+    pending = (*occurrence, q.c.status == PENDING)
+    revivable = (
+        *occurrence,
+        q.c.snoozed_from.is_not(None),
+        q.c.outcome == "voided",
+        q.c.outcome_detail.in_(sorted(REVIVABLE_VOIDS)),
+    )
+    ids = list(conn.scalars(select(q.c.id).where(*pending).order_by(q.c.id)))
+    voided = list(conn.scalars(select(q.c.id).where(*revivable).order_by(q.c.id)))
+    lock_rows(conn, [*ids, *voided])
+    done = {"outcome": "acknowledged", "outcome_detail": "done", "settled_at": now, "updated_at": now}
+    if voided:
+        conn.execute(update(q).where(q.c.id.in_(voided), *revivable).values(**done))
+    if not ids:
+        return 0
+    stmt = update(q).where(q.c.id.in_(ids), *pending).values(status="settled", **done)
+    return int(conn.execute(stmt).rowcount or 0)

@@ -1,5 +1,6 @@
-"""Queue rows as the build writes them: upserts, re-arms with their history, voids, and the
-NOTIFY that wakes dispatchers when pending rows arrive or move.
+"""Queue rows as the plan writes them: upserts, re-arms with their history, a person's snooze (a
+row of the item as the plan reads it), voids, and the NOTIFY that wakes dispatchers when pending
+rows arrive or move.
 
 Longer than 350 lines because the upsert, the re-arm and its history copy are three statements
 over one rows source that must agree on what "moved" means (``_MOVED``, ``REARM_BOUNDS``), and the
@@ -10,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, func, select, update
+from sqlalchemy import Connection, and_, bindparam, case, exists, func, literal, select, update
 
 from ..schema import device_sources, devices, notification_history, sources
 from ..schema import notification_queue as q
 from ..times import Instant
-from ._common import PENDING, batches, rows_json, rows_text
+from ._common import PENDING, batches, insert_on_conflict, rows_json, rows_text
 
 
 def existing_rows(
@@ -277,6 +278,36 @@ FROM ({rows}) AS r
 WHERE q.device_id = r.device_id AND q.item_id = r.item_id AND q.rule = r.rule AND q.status = 'pending'
 RETURNING id
 """
+
+
+def insert_snooze(
+    conn: Connection, origin_id: int, rule: str, send_after: Instant, item: Mapping[str, Any], now: Instant
+) -> int | None:
+    """A pending row of the origin's device and item under ``rule``, due at ``send_after``, with the
+    item as ``item`` gives it (``event_at``, ``expires_at``, ``title``, ``body``); None when another
+    request made this row's snooze, or took ``rule``, first (unique on ``snoozed_from`` and on
+    device, item and rule)."""
+    copied = select(
+        q.c.device_id,
+        q.c.source_id,
+        q.c.item_id,
+        literal(rule).label("rule"),
+        literal(send_after, q.c.send_after.type).label("send_after"),
+        literal(item["event_at"], q.c.event_at.type).label("event_at"),
+        literal(item["expires_at"], q.c.expires_at.type).label("expires_at"),
+        literal(item["title"], q.c.title.type).label("title"),
+        literal(item["body"], q.c.body.type).label("body"),
+        literal("pending").label("status"),
+        literal(now, q.c.created_at.type).label("created_at"),
+        literal(now, q.c.updated_at.type).label("updated_at"),
+        q.c.id.label("snoozed_from"),
+    ).where(q.c.id == origin_id)
+    columns = [c.name for c in copied.selected_columns]
+    stmt = insert_on_conflict(conn)(q).from_select(columns, copied).on_conflict_do_nothing().returning(q.c.id)
+    made = conn.scalar(stmt)
+    if made is not None:
+        announce_pending(conn, send_after)
+    return None if made is None else int(made)
 
 
 def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: Instant) -> set[int]:
