@@ -27,7 +27,7 @@ from typing import Any
 
 from . import ledger
 from .db import Database
-from .feed import Item, address_digest
+from .feed import Item, address_digest, series_key
 from .rules import MAX_SNOOZES, Rule
 from .times import Instant
 from .zones import zone_of
@@ -114,7 +114,7 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
 def _held(conn: Any, row: dict[str, Any], own_id: str) -> bool:
     """Whether the last read lacks the item only as the build keeps its rows as they were (a
     series dropped alone, an item the cap cut): the event may still be in its calendar."""
-    return bool(ledger.held_as_read(conn, row["source_id"], own_id, row["event_at"].whole_seconds))
+    return ledger.held_as_read(conn, row["source_id"], own_id, series_key(own_id), row["event_at"].whole_seconds)
 
 
 def _as_sent(row: dict[str, Any], now: Instant) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, text
 
-from ..feed import series_key
 from ..schema import device_sources, devices
 from ..schema import notification_queue as q
 
@@ -86,9 +85,10 @@ SELECT 1 FROM sources AS s WHERE s.id = :source_id AND (
 }
 
 
-def held_as_read(conn: Connection, source_id: int, own_id: str, starts_at: int) -> bool:
-    """Whether the source's last read, lacking item ``own_id``, still holds it may be there."""
-    params = {"source_id": source_id, "own_id": own_id, "series": series_key(own_id), "starts_at": starts_at}
+def held_as_read(conn: Connection, source_id: int, own_id: str, series: str, starts_at: int) -> bool:
+    """Whether the source's last read, lacking item ``own_id`` (of ``series``, ``feed.series_key``),
+    still holds it may be there."""
+    params = {"source_id": source_id, "own_id": own_id, "series": series, "starts_at": starts_at}
     return conn.scalar(text(_HOLDS_AS_READ[conn.dialect.name]), params) is not None
 
 
