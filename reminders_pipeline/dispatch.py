@@ -315,17 +315,21 @@ class Dispatcher:
             )  # fmt: skip
 
     def _note_answers(self, done: DrainResult, probe: str | None, now: Instant) -> None:
-        """A halted provider that sent a row (or whose probe was answered without a halt) is back:
-        its rows are read again."""
+        """A halted provider that sent a row (or whose probe it answered without a halt) is back:
+        its rows are read again. A probe the policy settled unsent (its event started while it
+        waited) heard nothing: the next probe goes now, with another row."""
         for provider in list(self._halted):
             if provider in done.halts:
                 continue
-            if done.providers.get(f"{provider}:sent") or (provider == probe and done.claimed):
+            if done.providers.get(f"{provider}:sent") or (
+                provider == probe and done.providers.get(f"{provider}:failed")
+            ):
                 del self._halted[provider]
                 self._rescan = True
                 log.warning("dispatcher %s: sending %s rows again", self.name, provider_name(provider))
             elif provider == probe:
-                self._halted[provider].probe_at = now + RETRY_SECONDS  # its row was another claimer's
+                # its row was another claimer's (look again shortly), or settled unsent (try another now)
+                self._halted[provider].probe_at = now if done.claimed else now + RETRY_SECONDS
 
     def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: Instant) -> None:
         """Rows of a batch another claimer held: look again shortly. Rows given back to pending

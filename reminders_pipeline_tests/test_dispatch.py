@@ -679,3 +679,32 @@ def test_apns_back_during_a_slow_refused_probe_sends_its_rows_within_a_probe_int
     sent_at = {row_id: t for _, row_id, t in sender.accepted}
     late = max(sent_at[r["id"]] - max(r["send_after"].unix, sender.end) for r in rows)
     assert late <= 5.0, (late, sender.end)
+
+
+def test_a_probe_row_settled_without_a_send_does_not_end_an_outage(db, live, feeds, caplog):
+    """During an APNs outage, the row a probe claims may be settled by the policy without a send
+    (its event started while it waited): APNs has not answered, so its rows stay halted and the
+    next probe tries another row. (Before: such a probe ended the halt, and every APNs row due by
+    then was sent into the outage, again and again.)"""
+    device(db, live, sources=[], lead=3600)
+    start = float(NOW_S)
+    rows_due = [(start + 4 * k, 2) for k in range(15)]  # these start 2 s after they are due
+    rows_due += [(start + 60 + 2.4 * k, 3600) for k in range(40)]  # these wait out the outage
+    with db.write() as conn:
+        queue_rows(conn, [
+            {"device_id": "dev-1", "source_id": None, "item_id": f"1:e{k}", "rule": "lead:3600",
+             "send_after": Instant.from_unix(t), "event_at": Instant.from_unix(t + lead),
+             "expires_at": Instant.from_unix(t + lead + 1800), "title": f"E{k}", "body": None}
+            for k, (t, lead) in enumerate(rows_due)
+        ], at(0))  # fmt: skip
+    timer = DrivenTimer(start)
+    sender = _ApnsDown(timer, start + 120, "unreachable")
+    with caplog.at_level("WARNING", logger="reminders_pipeline.dispatch"):
+        asyncio.run(Dispatcher(db, live, lambda: sender, timer=timer).run(until=Instant.from_unix(start + 200)))
+    rows = rows_of(db)
+    assert {(r["outcome"], r["attempts"]) for r in rows if r["event_at"].unix - r["send_after"].unix == 3600} == {
+        ("sent", 0)
+    }
+    assert len(sender.refused) <= live.apns_halt_after + 2 * 120 / 5, len(sender.refused)
+    back = [r.created for r in caplog.records if "sending APNs rows again" in r.getMessage()]
+    assert len(back) == 1 and {r["outcome"] for r in rows} == {"sent", "event_started"}
