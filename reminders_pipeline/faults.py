@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .alerts import raise_alert
-from .sender import NOT_WRITTEN, SendResult
+from .sender import NOT_WRITTEN, POOL_WAIT, SendResult
 from .settings import Settings
 from .settlement import Settlement
 from .summary import DrainResult
@@ -129,6 +129,11 @@ def not_written(result: SendResult) -> bool:
     return (result.reason or "").startswith(NOT_WRITTEN + ":")
 
 
+def pool_wait(result: SendResult) -> bool:
+    """Never written for want of a pooled connection: other rows' doing, not the row's endpoint's."""
+    return (result.reason or "").endswith(":" + POOL_WAIT)
+
+
 def return_undelivered(
     out: Settlement,
     rows: list[dict[str, Any]],
@@ -174,7 +179,7 @@ def return_undelivered(
         for r in results
         if r.retry
         and not not_written(r)
-        and (r.status is None and r.outage or out.providers.get(r.row_id, "apns") in out_now)
+        and (r.status is None and r.outage or out.providers.get(r.row_id, "apns") in out_now or pool_wait(r))
     }
     streaked = {
         r.row_id: outages.of(out.providers.get(r.row_id, "apns"))

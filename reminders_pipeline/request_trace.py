@@ -7,10 +7,11 @@ step of a request to its ``trace`` request extension (``connection.connect_tcp.s
 ``http11.send_request_headers.started``, ...); ``Attempt`` listens, so a failure is judged by
 whether the request was written, not by which timer fired first.
 
-The send timeout is given twice: once to get the request written, and again, from the moment its
-headers begin to leave, to get its answer. Only the second can end in "may have been delivered"
+The send timeout is given up to three times: to get a connection from the pool, again from the
+moment a connection of its own is opened to get the request written, and again, from the moment its
+headers begin to leave, to get its answer. Only the last can end in "may have been delivered"
 (``timeout``), so a row waiting for a connection that other rows' stalled connects hold is never
-failed for them. At that moment the claim's fence is checked too, as the APNs transport checks it
+failed for them, and a wait for the pool alone (``pool_timeout``) spends none of its attempts. At that moment the claim's fence is checked too, as the APNs transport checks it
 when it encodes HEADERS: no request leaves after its fence (``sender.fence_deadline``).
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 import httpx
 
 from .egress import AddressRefused
-from .sender import NOT_WRITTEN, SendResult, fence_expired
+from .sender import NOT_WRITTEN, POOL_WAIT, SendResult, fence_expired
 
 TIMEOUT = "timeout"  # written, no answer in time: it may have been delivered (once)
 NOT_SENT = "not-sent"  # reason prefix: certainly never reached the endpoint (``SendResult.retry``)
@@ -61,8 +62,12 @@ class Attempt:
     async def trace(self, event: str, info: dict[str, Any]) -> None:
         if event.endswith(HEADERS):
             self._writing()
-        elif not self.written:
-            self.connecting = True  # connect_tcp, start_tls, the HTTP/2 preface: a connection of its own
+        elif not self.written and not self.connecting:
+            # connect_tcp, start_tls, the HTTP/2 preface: a connection of its own, given the send
+            # timeout afresh, so a wait for the pool (other rows' doing) takes none of it
+            self.connecting = True
+            assert self.window is not None
+            self.window.reschedule(asyncio.get_running_loop().time() + self.seconds)
 
     def _writing(self) -> None:
         assert self.window is not None
@@ -105,5 +110,5 @@ def unreached(exc: Exception, connecting: bool) -> str:
     if isinstance(exc, httpx.ConnectTimeout) or isinstance(exc, TimeoutError) and connecting:
         return "connect_timeout"
     if isinstance(exc, httpx.PoolTimeout | TimeoutError):
-        return "pool_timeout"
+        return POOL_WAIT
     return type(exc).__name__

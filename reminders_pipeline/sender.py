@@ -99,6 +99,9 @@ FENCE_EXPIRED = "not-sent:fence_expired"
 # certainly not delivered, so it may go again, but spending an attempt (it may fail the same way),
 # and saying nothing of whether APNs is out.
 NOT_WRITTEN = "not-written"
+# What a request that waited out its send timeout for a pooled connection fails as (``not-sent:``
+# it): a wait other rows' connections caused, so it spends none of the row's attempts.
+POOL_WAIT = "pool_timeout"
 
 
 def fence_expired(row_id: int) -> SendResult:
