@@ -526,6 +526,8 @@ def dev_cmd(ui_port: int, demo_port: int, dagster_args: tuple[str, ...]) -> None
         sys.exit(run_dev(Path.cwd(), ui_port, demo_port, dagster_args))
     except SettingsError as exc:
         raise click.UsageError(f"configuration: {exc}") from None
+    except migrate.MigrationBlocked as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command("demo")
@@ -538,6 +540,8 @@ def demo_cmd(demo_port: int) -> None:
         serve_demo(demo_port)
     except SettingsError as exc:
         raise click.UsageError(f"configuration: {exc}") from None
+    except migrate.MigrationBlocked as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command("prune")

@@ -242,3 +242,19 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     assert len(feeds.posts["/hook"]) == 1 and shown in feeds.posts["/hook"][0]["text"]
     everything = json.dumps([[r.output for r in results], feeds.posts["/hook"], caplog.text])
     assert not any(secret in everything for secret in ("pa55secret", "p4thsecret", "qu3rysecret", "private-"))
+
+
+@pytest.mark.parametrize("command", [["demo", "--demo-port", "0"], ["dev", "--port", "0", "--demo-port", "0"]])
+def test_a_blocked_upgrade_under_demo_or_dev_is_one_line_not_a_traceback(tmp_path, monkeypatch, command):
+    """The quick start's commands upgrade the ledger first; an upgrade that cannot take its lock
+    (``migrate.MigrationBlocked``, shown for real in test_schema) ends them with its own words."""
+
+    def blocked(db, **_):
+        raise migrate.MigrationBlocked("could not take a table lock after 5 attempts")
+
+    monkeypatch.setattr(migrate, "upgrade", blocked)
+    monkeypatch.chdir(tmp_path)
+    env = {"REMINDERS_DATABASE_URL": f"sqlite:///{tmp_path}/ledger.sqlite3"}
+    result = CliRunner().invoke(main, command, env=env)
+    assert result.exit_code == 1, result.output
+    assert "could not take a table lock" in result.output and "Traceback" not in result.output
