@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.schema import CreateIndex
 
 from .db import TRANSIENT_ERRORS, Database
+from .migrations import readers
 from .quiet import first_line
 from .schema import metadata
 
@@ -89,6 +90,7 @@ def upgrade(
             _apply(db, step.revision, current, lock_timeout, attempts, waiting)
             current = step.revision
             _finish(db)
+        readers.record(db, _scripts(), current)
     db.at_head = False  # checked again on next use
 
 
@@ -272,15 +274,25 @@ def _scripts() -> ScriptDirectory:
     return ScriptDirectory.from_config(_config())
 
 
+def oldest_reader(revision: str) -> str:
+    """The oldest head that may run against a schema at ``revision`` (``migrations.readers``)."""
+    return readers.oldest_reader(_scripts(), revision)
+
+
 def head_revision() -> str | None:
     return _scripts().get_current_head()
 
 
-def schema_problem(current: str | None, head: str | None) -> str | None:
-    """The one line for a database at ``current`` when this release needs ``head``; None when they match."""
+def schema_problem(current: str | None, head: str | None, oldest_head: str | None = None) -> str | None:
+    """The one line for a database at ``current`` when this release needs ``head``; None when they
+    match, or when a newer release migrated it only additively since a head of this release's own
+    (``oldest_head``, its ``schema_readers``)."""
     if current == head:
         return None
-    known = current is None or current in {s.revision for s in _scripts().walk_revisions()}
+    ours = {s.revision for s in _scripts().walk_revisions()}
+    known = current is None or current in ours
+    if not known and oldest_head in ours:
+        return None
     advice = "run reminders db upgrade" if known else "it was migrated by a newer release: upgrade this package"
     return f"database at revision {current or 'none'}, this release needs {head}: {advice}"
 
@@ -292,9 +304,15 @@ def require_head(db: Database) -> None:
         return
     if db.sqlite_file is not None and not db.sqlite_file.exists():  # connecting would create it
         raise SchemaNotCurrent(f"no ledger at {db.sqlite_file}: run reminders db upgrade")
-    problem = schema_problem(current_revision(db), head_revision())
+    current, head = current_revision(db), head_revision()
+    oldest = readers.oldest_head(db) if current != head else None
+    problem = schema_problem(current, head, oldest)
     if problem:
         raise SchemaNotCurrent(problem)
+    if current != head:
+        log.warning(
+            "the ledger is at revision %s, from a newer release that may run with %s on: running", current, oldest
+        )
     db.at_head = True
 
 

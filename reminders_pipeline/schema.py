@@ -293,3 +293,13 @@ drain_halts = _table(
     Column("halted_at", IsoTime, nullable=False),
     Index("ix_drain_halts_halted", "halted_at"),
 )
+
+
+# The oldest release head that may run against this schema (one row): a newer release whose
+# migrations since that head only added what the older code neither reads nor must write leaves
+# it there, so an older release still running during a rolling upgrade, or rolled back to, keeps
+# working instead of refusing the ledger (``migrate.schema_problem``).
+schema_readers = _table(
+    "schema_readers",
+    Column("oldest_head", Text, primary_key=True),
+)

@@ -103,11 +103,28 @@ def test_a_database_behind_names_both_revisions_and_upgrade_fixes_it(old_url):
     assert json.loads(run(old_url, "queue", "list").stdout) == []
 
 
-def test_a_database_from_a_newer_release_says_so(db_url):
+def _as_if_a_newer_release_upgraded(db_url: str, oldest_head: str) -> None:
+    """The ledger as a release with a revision 9999 leaves it, saying which head may still run."""
     engine = create_engine(db_url)
     with engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        conn.execute(text("UPDATE schema_readers SET oldest_head = :h"), {"h": oldest_head})
     engine.dispose()
+
+
+def _back_to_this_release(db_url: str) -> None:
+    head = migrate.head_revision()
+    assert head is not None
+    engine = create_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": head})
+        conn.execute(text("UPDATE schema_readers SET oldest_head = :h"), {"h": migrate.oldest_reader(head)})
+    engine.dispose()
+
+
+def test_a_database_from_a_newer_release_says_so(db_url):
+    """A newer release whose migrations since this one's head were not all additive: refused."""
+    _as_if_a_newer_release_upgraded(db_url, "9999")
     try:
         result = run(db_url, "device", "list")
         assert result.exit_code == 1
@@ -116,10 +133,31 @@ def test_a_database_from_a_newer_release_says_so(db_url):
             "it was migrated by a newer release: upgrade this package\n"
         )
     finally:
-        engine = create_engine(db_url)
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": migrate.head_revision()})
-        engine.dispose()
+        _back_to_this_release(db_url)
+
+
+def test_a_newer_release_that_only_added_to_the_schema_leaves_this_one_running(db_url, caplog):
+    """Issue 38 (18): a newer release whose migrations since this release's head are additive
+    records this head in ``schema_readers``: this release (a dispatcher still running during a
+    rolling upgrade, or the code rolled back) keeps using the ledger instead of refusing it."""
+    head = migrate.head_revision()
+    assert head is not None
+    _as_if_a_newer_release_upgraded(db_url, head)
+    try:
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.migrate"):
+            result = run(db_url, "device", "list")
+        assert (result.exit_code, json.loads(result.stdout)) == (0, []), result.stderr
+        assert any("from a newer release that may run with" in m for m in caplog.messages)
+    finally:
+        _back_to_this_release(db_url)
+
+
+def test_each_upgrade_records_the_oldest_head_that_may_run_on(db_url):
+    """0020 only adds a table, so a release at 0019 may run against it (were it to look)."""
+    engine = create_engine(db_url)
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT oldest_head FROM schema_readers")) == migrate.oldest_reader("0020") == "0019"
+    engine.dispose()
 
 
 def test_routes_answer_503_with_the_line_and_recover_after_the_upgrade(serve, old_url, caplog):
