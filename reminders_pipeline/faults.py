@@ -155,7 +155,7 @@ def return_undelivered(
     ``settlement_of`` wrote them. An outage halts its provider's rows only."""
     by_provider: dict[str, list[SendResult]] = {}
     for r in results:
-        by_provider.setdefault(out.providers.get(r.row_id, "apns"), []).append(r)
+        by_provider.setdefault(out.provider_of(r.row_id), []).append(r)
     out_now = {}
     devices = {r["id"]: r["device_id"] for r in rows}
     for provider, answers in by_provider.items():
@@ -179,10 +179,10 @@ def return_undelivered(
         for r in results
         if r.retry
         and not not_written(r)
-        and (r.status is None and r.outage or out.providers.get(r.row_id, "apns") in out_now or pool_wait(r))
+        and (r.status is None and r.outage or out.provider_of(r.row_id) in out_now or pool_wait(r))
     }
     streaked = {
-        r.row_id: outages.of(out.providers.get(r.row_id, "apns"))
+        r.row_id: outages.of(out.provider_of(r.row_id))
         for r in results
         if r.retry and r.outage and r.status not in (None, 429) and not not_written(r) and r.row_id not in unreached
     }
@@ -200,7 +200,7 @@ def return_undelivered(
     waits = {r.row_id: r.retry_after for r in results if r.retry_after}  # the provider's Retry-After
     # A row its provider's outage answered waits for no backoff of its own: the halt paces its
     # provider's rows (a dispatcher's probe, the next drain), and it goes as soon as one is answered.
-    paced = {r.row_id for r in results if out.providers.get(r.row_id, "apns") in out_now}
+    paced = {r.row_id for r in results if out.provider_of(r.row_id) in out_now}
     if again:
         out.returned.extend(
             {"id": r["id"], "outcome_detail": r["outcome_detail"], "spent": r["id"] not in unreached,

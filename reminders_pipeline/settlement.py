@@ -45,6 +45,9 @@ class SlicePlan:
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind (``rules.rule_kind``)
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider
 
+    def provider_of(self, row_id: int) -> str:
+        return self.providers.get(row_id, "apns")
+
 
 @dataclass
 class Settlement:
@@ -57,6 +60,9 @@ class Settlement:
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind, for the counts
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider, for the counts
     refunds: dict[int, int] = field(default_factory=dict)  # row id -> attempts an outage spent: given back
+
+    def provider_of(self, row_id: int) -> str:
+        return self.providers.get(row_id, "apns")
 
 
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
@@ -133,7 +139,7 @@ def settlement_of(
             summary.lateness_seconds.append(sent_at - row["send_after"])
         if res.token_invalid:
             out.dead_tokens.append((row, res))
-        provider = plan.providers.get(res.row_id, "apns")
+        provider = plan.provider_of(res.row_id)
         if res.config_fault and summary.halt(provider, res.reason or f"http {res.status}"):
             log.error(
                 "%s configuration fault (%s): stopped claiming its rows; they stay pending",
@@ -266,7 +272,7 @@ def count_settlements(settlements: Sequence[Settlement], written: list[tuple[int
         for r in s.rows:
             summary.outcomes[r["outcome"]] += 1
             summary.kinds[f"{s.kinds.get(r['id'], 'lead')}:{r['outcome']}"] += 1
-            summary.providers[f"{s.providers.get(r['id'], 'apns')}:{r['outcome']}"] += 1
+            summary.providers[f"{s.provider_of(r['id'])}:{r['outcome']}"] += 1
             if r.get("outcome_detail"):
                 summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
         summary.returned_to_pending += len(s.returned)
