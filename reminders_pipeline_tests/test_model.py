@@ -289,6 +289,9 @@ class ReminderMachine(RuleBasedStateMachine):
         self.devices: dict[str, Device] = {}
         self.generations: dict[str, int] = {}
         self.basis: dict[tuple[str, int], tuple[Device, dict[str, Occurrence]]] = {}
+        # Each source's occurrences as its last successful read saw them, whoever read it (a build,
+        # a widget's feed request): what a snooze reads the event from (``actions._as_last_read``).
+        self.read_of: dict[int, dict[str, Occurrence]] = {}
         self.delivered: dict[tuple[str, str, str], int | None] = {}
         self.source_ids: dict[str, int] = {}
         self.checked = 0
@@ -662,6 +665,7 @@ class ReminderMachine(RuleBasedStateMachine):
         rows = {r["id"]: r for r in self._rows()}
         self._check_failed_reads(before, rows, failed)
         snapshot = {sid: self.feeds[url].occurrences() for url, sid in self.source_ids.items()}
+        self.read_of.update((sid, snapshot[sid]) for sid in ok)
         for device_id, device in self.devices.items():
             if device_id in invalid:
                 continue
@@ -761,6 +765,19 @@ class ReminderMachine(RuleBasedStateMachine):
                         raise PromiseBroken(
                             f"MISSING: {device_id} {sid}:{o.id} {name} due {Instant.from_unix(due)} has no row after a successful read at {self.iso}"
                         )
+
+    def _last_read(self, device_id: str, item_id: str) -> tuple[Device, Occurrence | None] | None:
+        """The occurrence as its source's last successful read has it, whoever made that read; a
+        series dropped as a flood stays as the device's rows were built from it."""
+        found = self._occurrence(device_id, item_id)
+        sid, raw = item_id.split(":", 1)
+        occs = self.read_of.get(int(sid)) if sid.isdigit() else None
+        if found is None or occs is None:
+            return found
+        occ = occs.get(raw)
+        if occ is None and found[1] is not None and found[1].series and self._flooding(int(sid)):
+            return found
+        return found[0], occ
 
     def _flooding(self, sid: int) -> bool:
         url = next(u for u, i in self.source_ids.items() if i == sid)
@@ -871,7 +888,7 @@ class ReminderMachine(RuleBasedStateMachine):
             return "event_ended"
         ends = row["expires_at"].unix
         if not row["item_id"].startswith(AGENDA_ITEM):
-            found, device = self._occurrence(row["device_id"], row["item_id"]), self.devices[row["device_id"]]
+            found, device = self._last_read(row["device_id"], row["item_id"]), self.devices[row["device_id"]]
             if row["source_id"] not in {self.source_ids[u] for u in device.urls}:
                 return "unsubscribed"
             occ = found[1] if found else None
@@ -1263,8 +1280,13 @@ class ReminderMachine(RuleBasedStateMachine):
         request reads no source (the first one's reads serve it)."""
         device_id = sorted(self.devices)[which % len(self.devices)]
         before = self._rows()
-        widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
+        first = len(self.transport.reads)
+        composed = widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
         n = len(self.transport.reads)
+        unusable = {f["url"] for f in composed.sources_failed} if composed else set()
+        for url, how in self.transport.reads[first:n]:
+            if how in ("ok", "not_modified") and sources_mod.shown_url(url) not in unusable:
+                self.read_of[self.source_ids[url]] = self.feeds[url].occurrences()
         widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
         if self._rows() != before:
             raise PromiseBroken(f"WIDGET_CHANGED_QUEUE: feed requests for {device_id} changed the queue")
