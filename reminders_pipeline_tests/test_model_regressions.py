@@ -105,3 +105,30 @@ def test_a_snooze_of_a_series_the_build_dropped_as_a_flood_takes_the_event_as_se
     assert made.created
     (snoozed,) = [r for r in rows(db) if r["id"] == made.snooze_id]
     assert (snoozed["title"], snoozed["event_at"]) == ("Standup", sent["event_at"])
+
+
+def test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
+    """The 07:00 agenda went, listing the day's one event; the event is deleted and a build reads
+    the day empty (the agenda, already sent, stays sent). Snoozed then, the agenda would repeat an
+    event that is gone: the snooze is refused or voided, never sent. The model (CI's 200 examples,
+    overlapping_builds(act='snooze') then send_next_due) found it made and sent, AGENDA_EMPTY_DAY."""
+    from reminders_pipeline import actions
+
+    live = settings.with_(enabled=True)
+    morning = 23 * 3600  # 2026-09-11T07:00Z
+    url = feeds.items("/items.json", [item("standup", morning + 3 * 3600)])
+    device(db, live, sources=[url], lead=0, rules=("agenda@07:00",))
+    build.build(db, live, now=at(morning - 1800))
+    sender = RecordingSender()
+    drain(db, live, lambda: sender, now=at(morning + 1))
+    (agenda,) = [r for r in rows(db) if r["rule"] == "agenda" and r["outcome"] == "sent"]
+    feeds.items("/items.json", [])
+    build.build(db, live, now=at(morning + 600))
+    try:
+        actions.snooze(db, agenda["device_id"], agenda["id"], None, seconds=600, now=at(morning + 660))
+    except actions.ActionError:
+        pass  # refused: as for a cancelled event
+    build.build(db, live, now=at(morning + 1200))
+    drain(db, live, lambda: sender, now=at(morning + 1320))
+    snoozes = [r for r in rows(db) if r["rule"].startswith("snooze")]
+    assert all(r["outcome"] != "sent" for r in snoozes), snoozes

@@ -305,9 +305,13 @@ def insert_snooze(
     columns = [c.name for c in copied.selected_columns]
     stmt = insert_on_conflict(conn)(q).from_select(columns, copied).on_conflict_do_nothing().returning(q.c.id)
     made = conn.scalar(stmt)
-    if made is not None:
-        announce_pending(conn, send_after)
-    return None if made is None else int(made)
+    if made is None:
+        return None
+    # The device's next build plans in full, so the snooze is planned as its rules' rows are.
+    device = select(q.c.device_id).where(q.c.id == origin_id).scalar_subquery()
+    conn.execute(update(devices).where(devices.c.id == device).values(planned_key=None, planned_until=None))
+    announce_pending(conn, send_after)
+    return int(made)
 
 
 def realign_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], now: Instant) -> set[int]:
