@@ -844,3 +844,28 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
     refused = result_from_error(8, ConnectionRefusedError(), written=False)
     tripped = Outage("apns", limit=3).count([refused, result, refused, refused], now=0.0)
     assert (tripped or "").startswith(f"apns_unreachable: {4 if unreached else 3} sends")
+
+
+def test_a_streak_is_shared_once_it_spans_two_rows():
+    """Two rows answered 503 may be the start of an outage: neither fails for the attempts it spent
+    on it (``return_undelivered``). One row answered 503 twice is that row's trouble."""
+    from reminders_pipeline.faults import Outage
+
+    def busy(row_id: int) -> SendResult:
+        return SendResult(row_id, False, reason="ServiceUnavailable", status=503, retry=True)
+
+    two_rows = Outage("apns", limit=10)
+    two_rows.count([busy(1), busy(2)], now=0.0)
+    one_row = Outage("apns", limit=10)
+    one_row.count([busy(1), busy(1)], now=0.0)
+    assert two_rows.shared() and not one_row.shared()
+
+
+def test_an_outage_halt_is_told_from_a_configuration_fault_by_its_reason():
+    """An outage's halt ends when its provider answers again; a configuration fault's waits for a mend."""
+    from reminders_pipeline.faults import Outage, is_outage
+
+    busy = [SendResult(i, False, reason="ServiceUnavailable", status=503, retry=True) for i in (1, 2)]
+    tripped = Outage("webpush", limit=2).count(busy, now=0.0)
+    assert tripped is not None and is_outage(tripped)
+    assert not any(is_outage(r) for r in ("InvalidProviderToken", "fcm:SENDER_ID_MISMATCH", None))

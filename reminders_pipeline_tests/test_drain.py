@@ -528,6 +528,14 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
     assert find_due(db, row["not_before"]) == ids
 
 
+def test_a_runs_halts_are_named_by_provider_in_one_line():
+    """What the Dagster drain logs and fails with: each halted provider by its name, in a fixed order."""
+    from reminders_pipeline.faults import describe_halts
+
+    halts = {"webpush": "webpush_unreachable: 3 sends", "apns": "InvalidProviderToken"}
+    assert describe_halts(halts) == "APNs: InvalidProviderToken; Web Push: webpush_unreachable: 3 sends"
+
+
 def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_halt(db, live, feeds, monkeypatch):
     """On SQLite the next slice's claim waits for the write lock in a thread while sends are on
     the wire. A configuration fault answered meanwhile must not be overwritten by the ledger's

@@ -173,3 +173,14 @@ def test_quiet_end_is_the_window_end_only_while_the_event_is_still_ahead():
     soon = row("lead:0", D + 23 * 3600, D + 23 * 3600, D + DAY, **QUIET)
     assert quiet_end(soon, Instant.from_unix(D + 23 * 3600)) is None  # the event begins before 07:00
     assert quiet_end({**late, "rule": "lead:3600!"}, Instant.from_unix(D + 22 * 3600 + 180)) is None
+    at_end = row("lead:3600", D + 22 * 3600, D + DAY + 7 * 3600, D + DAY + 8 * 3600, **QUIET)
+    assert quiet_end(at_end, Instant.from_unix(D + 23 * 3600)) is None  # it would go as its event begins
+    by_end = row("lead:600@expiry", D + 23 * 3600, D + 20 * 3600, D + DAY + 9 * 3600, **QUIET)
+    assert quiet_end(by_end, Instant.from_unix(D + 23 * 3600)) == Instant.from_unix(D + DAY + 7 * 3600)
+
+
+def test_quiet_end_reads_the_window_in_the_devices_zone():
+    """23:00 in New York is 03:00Z: inside the window there, which ends at 07:00 New York time (11:00Z)."""
+    ny = {"tz_name": "America/New_York", "quiet_hours": "22:00-07:00"}
+    late = row("lead:3600", D + DAY + 3 * 3600, D + DAY + 14 * 3600, D + DAY + 15 * 3600, **ny)
+    assert quiet_end(late, Instant.from_unix(D + DAY + 3 * 3600)) == Instant.from_unix(D + DAY + 11 * 3600)
