@@ -382,6 +382,42 @@ def test_a_retry_after_is_read_with_care_and_capped_at_a_day(header, waits):
     assert retry_after(header, time.time()) == waits
 
 
+def test_a_retry_after_date_counts_from_now_and_a_passed_one_waits_nothing():
+    from reminders_pipeline.webpush import retry_after  # noqa: PLC0415
+
+    now = 1_789_084_800.0  # Fri, 11 Sep 2026 00:00:00 GMT
+    assert retry_after("Fri, 11 Sep 2026 00:02:00 GMT", now) == 120.0
+    assert retry_after("Thu, 10 Sep 2026 23:00:00 GMT", now) == 0.0
+
+
+def test_a_request_never_answered_counts_toward_fcms_outage_and_never_toward_ours_for_a_users_endpoint():
+    """FCM's front end is our provider; a Web Push endpoint is a user's choice. Never written: back
+    to pending (``not-sent:`` and what held it); written: maybe delivered, failed, never retried."""
+    import httpx  # noqa: PLC0415
+
+    from reminders_pipeline import fcm, webpush  # noqa: PLC0415
+
+    for module, outage in ((fcm, True), (webpush, False)):
+        refused = module.transport_failure(1, httpx.ConnectError("refused"), written=False)
+        assert refused == SendResult(1, False, reason="not-sent:connect_failed", retry=True, outage=outage)
+        late = module.transport_failure(1, httpx.ReadTimeout("no answer"), written=True)
+        assert late == SendResult(1, False, reason="timeout", outage=outage)
+    stalled = fcm.transport_failure(1, httpx.ConnectTimeout("stalled"), written=False)
+    pooled = fcm.transport_failure(1, TimeoutError(), written=False, connecting=False)
+    assert (stalled.reason, pooled.reason) == ("not-sent:connect_timeout", "not-sent:pool_timeout")
+
+
+def test_fcm_token_endpoint_throttling_or_timing_out_is_unreachable_and_any_other_4xx_refuses_our_key():
+    """408 and 429 from the token endpoint say nothing of our key: the rows wait, nothing halts."""
+    from google.auth.exceptions import RefreshError  # noqa: PLC0415
+
+    from reminders_pipeline.fcm import REFUSED, UNREACHABLE, token_failure  # noqa: PLC0415
+
+    failed = RefreshError("token refresh failed")
+    assert [token_failure(failed, s) for s in (408, 429, 500, 503, None)] == [UNREACHABLE] * 5
+    assert [token_failure(failed, s) for s in (400, 401, 403, 404)] == [REFUSED] * 4
+
+
 def test_fcm_refusing_our_credentials_halts_the_drain_and_says_so(run, fcm, feeds, db, caplog):
     url = soon(feeds, "/a.json", "One")
     run("device", "put", "droid", "--fcm-token", FCM_TOKEN, "--lead", "1800", "--source", url)
