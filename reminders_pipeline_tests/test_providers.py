@@ -390,6 +390,35 @@ def test_a_retry_after_date_counts_from_now_and_a_passed_one_waits_nothing():
     assert retry_after("Thu, 10 Sep 2026 23:00:00 GMT", now) == 0.0
 
 
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (201, SendResult(1, True, status=201)),
+        (404, SendResult(1, False, reason="subscription_gone", status=404, token_invalid=True)),
+        (410, SendResult(1, False, reason="subscription_gone", status=410, token_invalid=True)),
+        (413, SendResult(1, False, reason="PayloadTooLarge", status=413)),
+        (503, SendResult(1, False, reason="http_503", status=503, retry=True, outage=False)),
+        (502, SendResult(1, False, reason="http_502", status=502, outage=False)),
+        (401, SendResult(1, False, reason="vapid_refused", status=401)),
+    ],
+)
+def test_a_push_services_answer_is_its_rows_outcome(status, expected):
+    """The module docstring's table of ``webpush.py``, answer by answer."""
+    from reminders_pipeline.webpush import answer  # noqa: PLC0415
+
+    assert answer(1, status, {}, answered_at=0.0) == expected
+
+
+def test_fcms_acceptance_keeps_the_messages_name_its_last_64_characters():
+    import httpx  # noqa: PLC0415
+
+    from reminders_pipeline.fcm import answer  # noqa: PLC0415
+
+    name = "projects/reminders-test/messages/0:" + "1" * 40
+    accepted = answer(1, httpx.Response(200, json={"name": name}), answered_at=0.0)
+    assert accepted == SendResult(1, True, status=200, apns_id=name[-64:])
+
+
 def test_a_request_never_answered_counts_toward_fcms_outage_and_never_toward_ours_for_a_users_endpoint():
     """FCM's front end is our provider; a Web Push endpoint is a user's choice. Never written: back
     to pending (``not-sent:`` and what held it); written: maybe delivered, failed, never retried."""
