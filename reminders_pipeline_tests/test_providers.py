@@ -409,6 +409,18 @@ def test_a_push_services_answer_is_its_rows_outcome(status, expected):
     assert answer(1, status, {}, answered_at=0.0) == expected
 
 
+def test_a_push_services_retry_after_date_counts_from_its_answer():
+    from email.utils import formatdate  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+
+    from reminders_pipeline.webpush import answer  # noqa: PLC0415
+
+    headers = httpx.Headers({"Retry-After": formatdate(time.time() + 120, usegmt=True)})  # as the client gives them
+    busy = answer(1, 429, headers, answered_at=0.0)
+    assert busy.retry and busy.retry_after is not None and 100 <= busy.retry_after <= 120
+
+
 def test_fcms_acceptance_keeps_the_messages_name_its_last_64_characters():
     import httpx  # noqa: PLC0415
 
