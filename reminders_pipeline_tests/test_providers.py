@@ -421,6 +421,37 @@ def test_a_push_services_retry_after_date_counts_from_its_answer():
     assert busy.retry and busy.retry_after is not None and 100 <= busy.retry_after <= 120
 
 
+def fcm_error(status: int, code: str) -> dict[str, Any]:
+    """FCM v1's error body: the FcmError's code in the details, else the status's name."""
+    details = [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": code}]
+    return {"error": {"code": status, "status": "NOT_FOUND" if status == 404 else "X", "details": details}}
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected"),
+    [
+        (404, "UNREGISTERED", SendResult(1, False, reason="UNREGISTERED", status=404, token_invalid=True)),
+        (401, "THIRD_PARTY_AUTH_ERROR", SendResult(1, False, reason="THIRD_PARTY_AUTH_ERROR", status=401)),
+        (
+            403,
+            "SENDER_ID_MISMATCH",
+            SendResult(1, False, reason="fcm:SENDER_ID_MISMATCH", status=403, config_fault=True),
+        ),
+        (503, "UNAVAILABLE", SendResult(1, False, reason="UNAVAILABLE", status=503, retry=True)),
+        (429, "QUOTA_EXCEEDED", SendResult(1, False, reason="QUOTA_EXCEEDED", status=429, retry=True)),
+        (502, "", SendResult(1, False, reason="X", status=502, outage=False)),
+        (400, "INVALID_ARGUMENT", SendResult(1, False, reason="INVALID_ARGUMENT", status=400)),
+    ],
+)
+def test_fcms_answer_is_its_rows_outcome(status, code, expected):
+    """The module docstring's table of ``fcm.py``, answer by answer."""
+    import httpx  # noqa: PLC0415
+
+    from reminders_pipeline.fcm import answer  # noqa: PLC0415
+
+    assert answer(1, httpx.Response(status, json=fcm_error(status, code)), answered_at=0.0) == expected
+
+
 def test_fcms_acceptance_keeps_the_messages_name_its_last_64_characters():
     import httpx  # noqa: PLC0415
 
