@@ -536,6 +536,29 @@ def test_a_runs_halts_are_named_by_provider_in_one_line():
     assert describe_halts(halts) == "APNs: InvalidProviderToken; Web Push: webpush_unreachable: 3 sends"
 
 
+def test_a_halts_alert_names_its_provider_and_what_ends_it(monkeypatch):
+    """An outage's alert says its rows wait for the provider; a configuration fault's names what to mend."""
+    from reminders_pipeline import faults
+
+    alerts: list[tuple[str, str]] = []
+    monkeypatch.setattr(faults, "raise_alert", lambda settings, title, text, **_: alerts.append((title, text)))
+    outage = "webpush_unreachable: 3 sends in a row not delivered (last: http_503)"
+    faults.alert_halt(Settings(), "webpush", outage, "run-1", DrainResult(Instant(0)))
+    faults.alert_halt(Settings(), "fcm", "fcm:SENDER_ID_MISMATCH", "run-1", DrainResult(Instant(0)))
+    assert alerts == [
+        (
+            "Web Push unreachable: drain stopped claiming its rows",
+            f"{outage}. Those rows are pending again, no attempt spent; the other providers' rows are sent on, "
+            "and Web Push rows go once it answers (each bounded by MAX_LATENESS).",
+        ),
+        (
+            "FCM configuration fault: drain stopped claiming its rows",
+            "FCM answered fcm:SENDER_ID_MISMATCH: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
+            "project is refused, not the row. Its rows not yet claimed stay pending; the other providers' are sent on.",
+        ),
+    ]
+
+
 def test_a_fault_found_while_the_next_claim_waits_still_halts_and_records_the_halt(db, live, feeds, monkeypatch):
     """On SQLite the next slice's claim waits for the write lock in a thread while sends are on
     the wire. A configuration fault answered meanwhile must not be overwritten by the ledger's
