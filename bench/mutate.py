@@ -70,7 +70,7 @@ def in_scope(name: str, scope: str) -> bool:
 
 
 def report(scopes: list[str]) -> int:
-    """The table and the survivors; the number of survivors and unchecked mutants (0: all killed)."""
+    """The table and every mutant tested but not killed; how many (0: every one tested was killed)."""
     status = results()
     print(f"| scope | mutants | {' | '.join(COLUMNS)} |")
     print("|---|---:|" + "---:|" * len(COLUMNS))
@@ -79,7 +79,7 @@ def report(scopes: list[str]) -> int:
         mine = {n: s for n, s in status.items() if in_scope(n, scope)}
         counts = Counter(s if s in COLUMNS else "other" for s in mine.values())
         print(f"| {scope} | {len(mine)} | {' | '.join(str(counts.get(c, 0)) for c in COLUMNS)} |")
-        open_ones += sorted(n for n, s in mine.items() if s != "killed")
+        open_ones += sorted(n for n, s in mine.items() if s not in ("killed", "not checked"))
     for name in open_ones:
         print(f"{status[name]}: {name}")
     return len(open_ones)
