@@ -537,24 +537,44 @@ def test_a_runs_halts_are_named_by_provider_in_one_line():
 
 
 def test_a_halts_alert_names_its_provider_and_what_ends_it(monkeypatch):
-    """An outage's alert says its rows wait for the provider; a configuration fault's names what to mend."""
+    """An outage's alert says its rows wait for the provider; a configuration fault's names what to
+    mend. Each carries the run's failed count."""
     from reminders_pipeline import faults
 
-    alerts: list[tuple[str, str]] = []
-    monkeypatch.setattr(faults, "raise_alert", lambda settings, title, text, **_: alerts.append((title, text)))
+    alerts: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(
+        faults, "raise_alert", lambda settings, title, text, *, claimer, failed: alerts.append((title, text, failed))
+    )
+    summary = DrainResult(Instant(0))
+    summary.outcomes["failed"] = 2
     outage = "webpush_unreachable: 3 sends in a row not delivered (last: http_503)"
-    faults.alert_halt(Settings(), "webpush", outage, "run-1", DrainResult(Instant(0)))
-    faults.alert_halt(Settings(), "fcm", "fcm:SENDER_ID_MISMATCH", "run-1", DrainResult(Instant(0)))
+    for provider, reason in [("webpush", outage), ("fcm", "fcm:SENDER_ID_MISMATCH"), ("webpush", "sender_error:X"),
+                             ("apns", "InvalidProviderToken")]:  # fmt: skip
+        faults.alert_halt(Settings(), provider, reason, "run-1", summary)
+    pending = "Its rows not yet claimed stay pending; the other providers' are sent on."
     assert alerts == [
         (
             "Web Push unreachable: drain stopped claiming its rows",
             f"{outage}. Those rows are pending again, no attempt spent; the other providers' rows are sent on, "
             "and Web Push rows go once it answers (each bounded by MAX_LATENESS).",
+            2,
         ),
         (
             "FCM configuration fault: drain stopped claiming its rows",
             "FCM answered fcm:SENDER_ID_MISMATCH: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
-            "project is refused, not the row. Its rows not yet claimed stay pending; the other providers' are sent on.",
+            f"project is refused, not the row. {pending}",
+            2,
+        ),
+        (
+            "Web Push configuration fault: drain stopped claiming its rows",
+            "Web Push failed with sender_error:X: the VAPID key (REMINDERS_VAPID_PRIVATE_KEY_FILE) or subject is "
+            f"refused, not the row. {pending}",
+            2,
+        ),
+        (
+            "APNs configuration fault: drain stopped claiming its rows",
+            f"APNs answered InvalidProviderToken: the credentials, key id, team or topic are wrong, not the row. {pending}",
+            2,
         ),
     ]
 
