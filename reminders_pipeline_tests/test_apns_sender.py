@@ -185,6 +185,7 @@ def test_error_answers_map_to_results(
     result = results[2]
     assert (result.ok, result.status, result.reason) == (False, status, reason)
     assert (result.token_invalid, result.token_invalid_at, result.config_fault) == (token_invalid, None, config_fault)
+    assert result.retry == (status in (429, 500, 503))  # not processed: it may go again
     assert result.apns_id == mock.requests[-1].headers["apns-id"]
     assert results[1].ok
 
@@ -446,7 +447,9 @@ def test_refused_stream_is_certainly_not_sent_and_frees_its_slot(mock: MockApns,
             await sender.aclose()
 
     results = by_row(run(scenario))
-    assert [(results[i].reason, results[i].retry) for i in (2, 3)] == [("not-sent:REFUSED_STREAM", True)] * 2
+    assert [(results[i].ok, results[i].reason, results[i].retry) for i in (2, 3)] == [
+        (False, "not-sent:REFUSED_STREAM", True)
+    ] * 2
     assert all(results[i].ok for i in (1, 4, 5, 6, 7))
     assert mock.connections_opened == 1
 
@@ -839,7 +842,7 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
     from reminders_pipeline.faults import Outage
 
     result = result_from_error(7, exc, written=False)
-    assert result.retry and result.status is None
+    assert result.retry and result.status is None and not result.ok
     assert result.reason == f"{'not-sent' if unreached else 'not-written'}:{type(exc).__name__}"
     refused = result_from_error(8, ConnectionRefusedError(), written=False)
     tripped = Outage("apns", limit=3).count([refused, result, refused, refused], now=0.0)
@@ -869,3 +872,13 @@ def test_an_outage_halt_is_told_from_a_configuration_fault_by_its_reason():
     tripped = Outage("webpush", limit=2).count(busy, now=0.0)
     assert tripped is not None and is_outage(tripped)
     assert not any(is_outage(r) for r in ("InvalidProviderToken", "fcm:SENDER_ID_MISMATCH", None))
+
+
+def test_an_outage_lasts_from_its_first_undelivered_send_not_its_last():
+    """Two 503s ten seconds apart are an outage by the window, however far below ``limit`` the streak is."""
+    from reminders_pipeline.faults import Outage
+
+    outage = Outage("apns", limit=100, window=10.0)
+    assert outage.count([SendResult(1, False, reason="ServiceUnavailable", status=503, retry=True)], now=0.0) is None
+    later = outage.count([SendResult(2, False, reason="ServiceUnavailable", status=503, retry=True)], now=10.0)
+    assert later is not None and later.startswith("apns_unreachable: 2 sends")

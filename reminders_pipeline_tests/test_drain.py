@@ -528,6 +528,16 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
     assert find_due(db, row["not_before"]) == ids
 
 
+def test_a_rows_sent_at_is_when_its_own_answer_came_on_the_drains_clock():
+    """Each row's lateness is its own answer's, not its slice's end (``settlement._answered_at``)."""
+    from reminders_pipeline.settlement import _answered_at
+
+    started, done = (Instant.from_unix(1000), 5000.0), Instant.from_unix(1010)
+    answered = SendResult(1, True, status=200, answered_at=5002.5)
+    assert _answered_at(answered, done, started) == Instant.from_unix(1002.5)
+    assert _answered_at(SendResult(1, True, status=200), done, started) == done  # no answer time: the slice's end
+
+
 def test_a_runs_halts_are_named_by_provider_in_one_line():
     """What the Dagster drain logs and fails with: each halted provider by its name, in a fixed order."""
     from reminders_pipeline.faults import describe_halts
