@@ -882,3 +882,14 @@ def test_an_outage_lasts_from_its_first_undelivered_send_not_its_last():
     assert outage.count([SendResult(1, False, reason="ServiceUnavailable", status=503, retry=True)], now=0.0) is None
     later = outage.count([SendResult(2, False, reason="ServiceUnavailable", status=503, retry=True)], now=10.0)
     assert later is not None and later.startswith("apns_unreachable: 2 sends")
+
+
+def test_the_end_of_an_alerted_outage_is_logged_with_its_provider_and_streak(caplog):
+    from reminders_pipeline.faults import Outage
+
+    outage = Outage("webpush", limit=2)
+    outage.count([SendResult(i, False, reason="http_503", status=503, retry=True) for i in (1, 2)], now=0.0)
+    outage.alerted = True
+    with caplog.at_level("WARNING", logger="reminders_pipeline.faults"):
+        outage.count([SendResult(3, True, status=201)], now=1.0)
+    assert [r.getMessage() for r in caplog.records] == ["Web Push answers again after 2 sends not delivered"]

@@ -184,3 +184,11 @@ def test_quiet_end_reads_the_window_in_the_devices_zone():
     ny = {"tz_name": "America/New_York", "quiet_hours": "22:00-07:00"}
     late = row("lead:3600", D + DAY + 3 * 3600, D + DAY + 14 * 3600, D + DAY + 15 * 3600, **ny)
     assert quiet_end(late, Instant.from_unix(D + DAY + 3 * 3600)) == Instant.from_unix(D + DAY + 11 * 3600)
+
+
+def test_a_calendar_let_through_quiet_hours_sends_inside_them():
+    """``calendar_breakthrough``: the device lets this calendar through its quiet hours (``!`` per calendar)."""
+    late = row("lead:3600", D + 23 * 3600, D + DAY + 9 * 3600, D + DAY + 10 * 3600, **QUIET)
+    now = Instant.from_unix(D + 23 * 3600)
+    assert decide({**late, "calendar_breakthrough": True}, now, LIVE) == "send"
+    assert decide({**late, "calendar_breakthrough": False}, now, LIVE) == "held"
