@@ -538,6 +538,28 @@ def test_a_rows_sent_at_is_when_its_own_answer_came_on_the_drains_clock():
     assert _answered_at(SendResult(1, True, status=200), done, started) == done  # no answer time: the slice's end
 
 
+def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_its_rows_spend_none():
+    from reminders_pipeline.faults import Outages, return_undelivered
+    from reminders_pipeline.settlement import Settlement
+
+    def busy(row_id: int) -> SendResult:
+        return SendResult(row_id, False, reason="UNAVAILABLE", status=503, retry=True)
+
+    def slice_of(ids: list[int], at: Instant) -> tuple[Settlement, list[dict]]:
+        rows = [{"id": i, "outcome_detail": "UNAVAILABLE"} for i in ids]
+        return Settlement(at, rows, [], providers=dict.fromkeys(ids, "fcm")), [{"id": i, "attempts": 0} for i in ids]
+
+    outages, settings = Outages(limit=3), Settings()
+    first, rows = slice_of([1, 2], Instant.from_unix(1000))
+    return_undelivered(first, rows, [busy(1), busy(2)], settings, outages, DrainResult(first.at))
+    assert [r["spent"] for r in first.returned] == [True, True] and first.refunds == {}
+    second, rows = slice_of([3], Instant.from_unix(1001))
+    summary = DrainResult(second.at)
+    return_undelivered(second, rows, [busy(3)], settings, outages, summary)
+    assert second.refunds == {1: 1, 2: 1} and list(summary.halts) == ["fcm"]
+    assert second.returned == [{"id": 3, "outcome_detail": "UNAVAILABLE", "spent": False, "not_before": None}]
+
+
 def test_a_runs_halts_are_named_by_provider_in_one_line():
     """What the Dagster drain logs and fails with: each halted provider by its name, in a fixed order."""
     from reminders_pipeline.faults import describe_halts
