@@ -549,10 +549,11 @@ def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_
         rows = [{"id": i, "outcome_detail": "UNAVAILABLE"} for i in ids]
         return Settlement(at, rows, [], providers=dict.fromkeys(ids, "fcm")), [{"id": i, "attempts": 0} for i in ids]
 
+    throttled = SendResult(4, False, reason="QUOTA_EXCEEDED", status=429, retry=True)  # one target's, no outage
     outages, settings = Outages(limit=3), Settings()
-    first, rows = slice_of([1, 2], Instant.from_unix(1000))
-    return_undelivered(first, rows, [busy(1), busy(2)], settings, outages, DrainResult(first.at))
-    assert [r["spent"] for r in first.returned] == [True, True] and first.refunds == {}
+    first, rows = slice_of([4, 1, 2], Instant.from_unix(1000))
+    return_undelivered(first, rows, [throttled, busy(1), busy(2)], settings, outages, DrainResult(first.at))
+    assert [r["spent"] for r in first.returned] == [True, True, True] and first.refunds == {}
     second, rows = slice_of([3], Instant.from_unix(1001))
     summary = DrainResult(second.at)
     return_undelivered(second, rows, [busy(3)], settings, outages, summary)
