@@ -538,7 +538,7 @@ def test_a_rows_sent_at_is_when_its_own_answer_came_on_the_drains_clock():
     assert _answered_at(SendResult(1, True, status=200), done, started) == done  # no answer time: the slice's end
 
 
-def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_its_rows_spend_none():
+def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_its_rows_spend_none(caplog):
     from reminders_pipeline.faults import Outages, return_undelivered
     from reminders_pipeline.settlement import Settlement
 
@@ -556,8 +556,12 @@ def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_
     assert [r["spent"] for r in first.returned] == [True, True, True] and first.refunds == {}
     second, rows = slice_of([3], Instant.from_unix(1001))
     summary = DrainResult(second.at)
-    return_undelivered(second, rows, [busy(3)], settings, outages, summary)
+    with caplog.at_level("ERROR", logger="reminders_pipeline.faults"):
+        return_undelivered(second, rows, [busy(3)], settings, outages, summary)
     assert second.refunds == {1: 1, 2: 1} and list(summary.halts) == ["fcm"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"FCM unreachable ({summary.halts['fcm']}): stopped claiming its rows; they stay pending"
+    ]
     assert second.returned == [{"id": 3, "outcome_detail": "UNAVAILABLE", "spent": False, "not_before": None}]
 
 
