@@ -547,7 +547,9 @@ def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_
 
     def slice_of(ids: list[int], at: Instant) -> tuple[Settlement, list[dict]]:
         rows = [{"id": i, "outcome_detail": "UNAVAILABLE"} for i in ids]
-        return Settlement(at, rows, [], providers=dict.fromkeys(ids, "fcm")), [{"id": i, "attempts": 0} for i in ids]
+        return Settlement(at, rows, [], providers=dict.fromkeys(ids, "fcm")), [
+            {"id": i, "device_id": f"droid{i}", "attempts": 0} for i in ids
+        ]
 
     throttled = SendResult(4, False, reason="QUOTA_EXCEEDED", status=429, retry=True)  # one target's, no outage
     outages, settings = Outages(limit=3), Settings()

@@ -435,7 +435,9 @@ def fcm_error(status: int, code: str) -> dict[str, Any]:
         (
             403,
             "SENDER_ID_MISMATCH",
-            SendResult(1, False, reason="fcm:SENDER_ID_MISMATCH", status=403, config_fault=True),
+            SendResult(
+                1, False, reason="fcm:SENDER_ID_MISMATCH", status=403, retry=True, outage=False, maybe_ours=True
+            ),
         ),
         (503, "UNAVAILABLE", SendResult(1, False, reason="UNAVAILABLE", status=503, retry=True)),
         (429, "QUOTA_EXCEEDED", SendResult(1, False, reason="QUOTA_EXCEEDED", status=429, retry=True)),
