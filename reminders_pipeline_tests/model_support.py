@@ -7,6 +7,7 @@ edits, rendered as the wire formats (JSON items, iCalendar) a real source serves
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -38,7 +39,10 @@ ATTENDEE = "ann@model.test"  # the person some devices name (``Device.attendee``
 FAULTS = ("timeout", "http_500", "http_503", "http_404", "http_403", "malformed", "partial", "dropped")
 
 # What APNs answers a token (the model chooses). Only these two may have reached the phone.
-ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "dropped", "not_sent", "not_written")
+ANSWERS = ("200", "400", "403", "410", "410_stale", "429", "500", "503", "dropped", "not_sent", "not_written", "bad")
+# What a provider may answer every target for a while (``ApnsDouble.outages``): its outage (500,
+# 503, unreachable), its configuration fault (403), its throttling (429), or connections it drops.
+PROVIDER_ANSWERS = ("503", "500", "not_sent", "403", "429", "dropped")
 # A 410 whose timestamp is this long before the send: older than any registration in a run.
 STALE_410_SECONDS = 30 * 86400
 MAY_HAVE_DELIVERED = frozenset({"200", "dropped"})
@@ -318,6 +322,13 @@ class FeedTransport(httpx.AsyncBaseTransport):
     faults: dict[str, str] = field(default_factory=dict)
     reads: list[tuple[str, str]] = field(default_factory=list)  # (url, fault or "ok" / "not_modified")
     plain: set[str] = field(default_factory=set)  # served with no ETag: every read a 200, however unchanged
+    # The next read of this url takes the feed as it is, then waits for ``release`` before it answers
+    # (a build stalled on its read while the feed changes); ``held`` is set once it has its body.
+    hold: str | None = None
+    aside: int | None = None  # the thread of an overlapping build: its reads go to ``aside_reads``
+    aside_reads: list[tuple[str, str]] = field(default_factory=list)
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, *_: Any, **__: Any) -> FeedTransport:
         return self  # stands in for ``GuardedTransport(allow, limits)``
@@ -326,11 +337,17 @@ class FeedTransport(httpx.AsyncBaseTransport):
         url = str(request.url)
         feed = self.feeds.get(url)
         fault = self.faults.pop(url, None)
-        self.reads.append((url, fault or "ok"))
+        reads = self.aside_reads if threading.get_ident() == self.aside else self.reads
+        reads.append((url, fault or "ok"))
         if feed is None:
             return httpx.Response(404, content=b"not found")
         body, content_type = feed.body()
         etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        if self.hold == url:
+            self.hold = None
+            self.held.set()
+            while not self.release.is_set():
+                await asyncio.sleep(0.002)
         if fault == "timeout":
             raise httpx.ReadTimeout("timed out", request=request)
         if fault is not None and fault.startswith("http_"):
@@ -348,7 +365,7 @@ class FeedTransport(httpx.AsyncBaseTransport):
         if url in self.plain:
             return httpx.Response(200, content=body, headers={"content-type": content_type})
         if request.headers.get("if-none-match") == etag:
-            self.reads[-1] = (url, "not_modified")
+            reads[-1] = (url, "not_modified")
             return httpx.Response(304, headers={"etag": etag})
         return httpx.Response(200, content=body, headers={"content-type": content_type, "etag": etag})
 
@@ -383,6 +400,15 @@ class ApnsDouble:
     sent: list[Sent] = field(default_factory=list)
     monotonic: Callable[[], float] = time.monotonic  # the fence's clock, checked as each request leaves
     down_until: float = 0.0  # APNs unreachable for every token until then (the drain's clock)
+    # One provider's answer to every target of its own until then: provider -> (answer, until).
+    outages: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def answer_for(self, provider: str, token: str, at: float) -> str:
+        """What the double answers ``token`` of ``provider`` at ``at`` (in APNs' words)."""
+        if at < self.down_until:
+            return "not_sent"
+        answer, until = self.outages.get(provider, ("200", 0.0))
+        return answer if at < until else self.answers.get(token, "200")
 
     async def send_many(self, notifications: Sequence[Notification]) -> list[SendResult]:
         return [self._one(n) for n in notifications]
@@ -391,7 +417,7 @@ class ApnsDouble:
         if n.past_deadline(self.monotonic()):
             return fence_expired(n.row_id)
         token = token_in(n.device_token)
-        answer = "not_sent" if self.clock() < self.down_until else self.answers.get(token, "200")
+        answer = self.answer_for(n.provider, token, self.clock())
         if n.provider != "apns":
             answer = _IN_OTHER_WORDS.get(answer, answer)
         p = n.payload
@@ -399,6 +425,8 @@ class ApnsDouble:
             Sent(n.row_id, n.device_id, token, p["reminder"]["item_id"], p["reminder"]["rule"],
                  p["aps"]["alert"]["title"], int(p["reminder"]["starts_at"]), self.clock(), answer)
         )  # fmt: skip
+        if answer == "bad":  # a target its sender cannot use (an endpoint it cannot sign or encrypt for)
+            return SendResult(n.row_id, False, reason="sender_error:ValueError")
         if n.provider != "apns":
             return self._in_other_words(n, answer)
         if answer == "200":
@@ -449,9 +477,18 @@ class Aside:
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        thread = threading.Thread(target=self._main)
-        thread.start()
-        thread.join()
+        self.start()
+        self.join()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._main)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def running(self) -> bool:
+        return self.thread.is_alive()
 
     def _main(self) -> None:
         try:
@@ -478,6 +515,7 @@ ANSWER_KINDS = {
     "400": "gone",
     "410": "gone",
     "410_stale": "gone",  # APNs' 410 older than the registration (which must mark nothing)
+    "bad": "gone",  # a target its sender cannot use: that row fails, alone
     "403": "config",
 }
 FAULT_KINDS = ("ok", "retryable", "outage", "unreachable", "gone", "config", "dropped")
@@ -490,10 +528,17 @@ def answer_kind(provider: str, answer: str) -> str:
 
 @dataclass
 class Reach:
-    """How often the model ran each operation, and each operation while a provider was in each
-    fault kind (its devices' scripted answers, or everyone unreachable), over a test's examples;
-    and how many sends it checked. ``table`` is what the run prints."""
+    """How often the model ran each operation, and each sending operation while a provider was in
+    each fault kind (the answer its targets get: one provider's outage, a device's scripted answer,
+    or everyone unreachable), over a test's examples; and how many sends it checked. ``table`` is
+    what the run prints.
 
+    A pair is counted for a sending operation only (``sending``: one that may hand a notification
+    to a provider): a provider's fault never meets the code of an operation that sends nothing (a
+    feed edit, a device change, a build does the same whatever APNs answers); where its effect
+    meets the fault is the next send, and that operation's pairs count it."""
+
+    sending: frozenset[str] = frozenset()
     operations: Counter[str] = field(default_factory=Counter)
     pairs: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     sends_per_example: list[int] = field(default_factory=list)
@@ -509,8 +554,9 @@ class Reach:
     def ran(self, operation: str, faults: set[tuple[str, str]]) -> None:
         """``faults``: (provider, kind) for each provider a device uses, as the operation began."""
         self.operations[operation] += 1
-        for provider, kind in faults:
-            self.pairs[(operation, provider, kind)] += 1
+        if operation in self.sending:
+            for provider, kind in faults:
+                self.pairs[(operation, provider, kind)] += 1
 
     def example_ended(self, sends_checked: int) -> None:
         self.sends_per_example.append(sends_checked)
@@ -525,16 +571,13 @@ class Reach:
             f"median {n[len(n) // 2]}, {twice:.0%} of examples with two or more)"
         )
 
+    def _pair_keys(self, operations: Sequence[str]) -> list[tuple[str, str, str]]:
+        return [(op, p, k) for op in operations if op in self.sending for p in PROVIDERS for k in FAULT_KINDS]
+
     def under(self, floor: int, operations: Sequence[str]) -> list[str]:
-        """Every operation and (operation, provider, kind) pair run fewer than ``floor`` times."""
+        """Every operation and (sending operation, provider, kind) pair run fewer than ``floor`` times."""
         low = [op for op in operations if self.operations[op] < floor]
-        return low + [
-            f"{op}×{p}:{k}"
-            for op in operations
-            for p in PROVIDERS
-            for k in FAULT_KINDS
-            if self.pairs[(op, p, k)] < floor
-        ]
+        return low + [f"{op}×{p}:{k}" for op, p, k in self._pair_keys(operations) if self.pairs[(op, p, k)] < floor]
 
     def as_json(self, operations: Sequence[str]) -> dict[str, Any]:
         return {
@@ -542,13 +585,12 @@ class Reach:
             "sends_checked": self.sends_checked,
             "sends_per_example": self.sends_per_example,
             "operations": {op: self.operations[op] for op in operations},
-            "pairs": {
-                f"{op}|{p}|{k}": self.pairs[(op, p, k)] for op in operations for p in PROVIDERS for k in FAULT_KINDS
-            },
+            "sending": sorted(self.sending),
+            "pairs": {f"{op}|{p}|{k}": self.pairs[(op, p, k)] for op, p, k in self._pair_keys(operations)},
         }
 
     def table(self, operations: Sequence[str], floor: int = 20) -> list[str]:
-        """One line per operation: its runs, then its runs per provider and fault kind."""
+        """One line per operation: its runs, then (a sending one) its runs per provider and fault kind."""
         kinds = [k[:5] for k in FAULT_KINDS]
         width = max(map(len, operations))
         head = "  ".join(f"{p:<{6 * len(kinds) - 1}}" for p in PROVIDERS)
@@ -557,11 +599,16 @@ class Reach:
             f"{'operation':<{width}}  {'runs':>5}  " + "  ".join(" ".join(f"{k:>5}" for k in kinds) for _ in PROVIDERS),
         ]
         for op in operations:
-            cells = "  ".join(" ".join(f"{self.pairs[(op, p, k)]:>5}" for k in FAULT_KINDS) for p in PROVIDERS)
+            counts = [
+                f"{self.pairs[(op, p, k)]:>5}" if op in self.sending else f"{'-':>5}"
+                for p in PROVIDERS
+                for k in FAULT_KINDS
+            ]
+            cells = "  ".join(" ".join(counts[i : i + len(kinds)]) for i in range(0, len(counts), len(kinds)))
             lines.append(f"{op:<{width}}  {self.operations[op]:>5}  {cells}")
         low = self.under(floor, operations)
         lines.append(
-            f"{self.examples} examples, {self.sends_summary()}; "
-            f"{len(low)} of {len(operations) * (1 + len(PROVIDERS) * len(FAULT_KINDS))} operations and pairs under {floor}"
+            f"{self.examples} examples, {self.sends_summary()}; {len(low)} of "
+            f"{len(operations) + len(self._pair_keys(operations))} operations and pairs under {floor}"
         )
         return lines

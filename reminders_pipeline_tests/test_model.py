@@ -51,7 +51,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InternalError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from reminders_pipeline import actions, ledger, retention, widget_feed
 from reminders_pipeline import build as build_mod
@@ -79,6 +80,7 @@ from .model_support import (
     JSON_URL,
     MAY_HAVE_DELIVERED,
     OUTAGE,
+    PROVIDER_ANSWERS,
     PROVIDERS,
     RETRIED,
     ApnsDouble,
@@ -119,7 +121,11 @@ LEADS = (0, 300, 1800, 3600)
 AGENDA_ITEM = "agenda:"
 EXTRA = ((), ("lead:600",), ("lead:0@expiry",), ("lead:900!",), ("agenda@07:00",), ("lead:600", "agenda@02:30"))
 DAY_RULES = (("day:0@09:00",), ("day:1@20:00",), ("day:0@02:30",))
-DEVICES = ("d0", "d1", "d2")
+DEVICES = ("d0", "d1", "d2", "d3")
+# How each provider answers as an example begins (``ReminderMachine._initial_fault``): fine, one of
+# its devices gone, or for a while all its targets in an outage, unreachable, misconfigured,
+# throttled or dropping connections.
+INITIAL_FAULTS = ("200", "gone", "503", "not_sent", "403", "429", "dropped")
 CALENDAR_RULES = ("lead:1500", "day:0@07:00")  # a calendar's own rules (``Device.calendar == "rules"``)
 WALL_TIMES = (90, 135, 165, 195, 420, 540, 720, 1350)  # minutes after local midnight: 01:30, 02:15, ...
 MAX_EVENTS = 5
@@ -164,6 +170,28 @@ SETTLED_OUTCOMES = {
     "acknowledged",
 }
 NEEDS_DETAIL = {"failed", "voided"}
+# Open (issue 38; test_model_regressions.py::test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders):
+# a re-armed reminder keeps the row, so the id, of the alert sent for the old time: Done on that
+# alert settles the new time's reminders, and Done or a snooze of it before the new send is refused
+# ``not_sent``. Until it is mended ``act_around_change`` acts on no alert whose row was re-armed since
+# (counted, ``open_rearmed_alert_left_out``); set False to see it break (DONE_MISSED, DONE_REFUSED).
+OPEN_REARMED_ALERT = True
+# Open (issue 38; test_model_regressions.py::test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent):
+# a snooze of a sent agenda whose day holds no event as last read is made and sent, the agenda's old
+# text again. Until it is mended the model asks no such snooze (counted, ``open_agenda_snooze_left_out``
+# in the run's stats); set False to see it break (AGENDA_EMPTY_DAY).
+OPEN_AGENDA_SNOOZE = True
+# The database errors a send path can meet: a lost connection, a pool with no connection to give
+# within its timeout (a partition), a server turned read-only (a failover).
+DB_ERRORS = ("operational", "pool_timeout", "internal")
+
+
+def database_error(kind: str, statement: str) -> Exception:
+    if kind == "pool_timeout":
+        return PoolTimeout("QueuePool limit of size 5 overflow 10 reached, connection timed out, timeout 30.00")
+    if kind == "internal":
+        return InternalError(statement, {}, Exception("cannot execute UPDATE in a read-only transaction"))
+    return OperationalError(statement, {}, ConnectionResetError("server closed the connection"))
 
 
 class PromiseBroken(AssertionError):
@@ -295,6 +323,11 @@ class ReminderMachine(RuleBasedStateMachine):
         self.delivered: dict[tuple[str, str, str], int | None] = {}
         self.source_ids: dict[str, int] = {}
         self.checked = 0
+        self.steps = 0  # operations run (``_on_alternate_steps``)
+        self.streaked: set[int] = set()  # rows APNs or FCM answered 500/503: maybe an outage's
+        # When each source was last read successfully, and each device's basis made (``transport.reads`` then).
+        self.source_read: dict[int, int] = {}
+        self.basis_read: dict[tuple[str, int], int] = {}
         self.next_uid = 0
         self.snoozed: dict[int, float] = {}  # a snooze row's id: the time it was asked for
         self.acknowledged: dict[int, int] = {}  # a row Done settled: its item's start as it then read
@@ -322,10 +355,9 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def provider_faults(self) -> set[tuple[str, str]]:
         """(provider, fault kind) for each provider a device uses: how the double answers it now."""
-        if self.now < self.apns.down_until:
-            return {(d.provider, "unreachable") for d in self.devices.values()}
         return {
-            (d.provider, answer_kind(d.provider, self.apns.answers.get(d.token, "200"))) for d in self.devices.values()
+            (d.provider, answer_kind(d.provider, self.apns.answer_for(d.provider, d.token, self.now)))
+            for d in self.devices.values()
         }
 
     def _uid(self, prefix: str) -> str:
@@ -346,15 +378,36 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @initialize(start=st.sampled_from(STARTS), data=st.data())
     def start(self, start: str, data: st.DataObject) -> None:
-        """A morning to begin with: one to three devices, a few items in each feed, and a build."""
+        """A morning to begin with: two to four devices (the first three of each provider in turn),
+        a few items in each feed, how each provider answers for a while (``INITIAL_FAULTS``), and a
+        build."""
         self.now = self.clock_now = start.unix
-        for device_id in DEVICES[: data.draw(st.integers(1, 3), label="devices")]:
-            self.put(device_id, *(data.draw(s, label=name) for name, s in DEVICE_CHOICES.items()))
+        first = data.draw(st.integers(0, len(PROVIDERS) - 1), label="first provider")
+        for n, device_id in enumerate(DEVICES[: data.draw(st.integers(2, len(DEVICES)), label="devices")]):
+            choices = [data.draw(s, label=name) for name, s in DEVICE_CHOICES.items()]
+            if n < len(PROVIDERS):
+                choices[-1] = PROVIDERS[(first + n) % len(PROVIDERS)]
+            self.put(device_id, *choices)
+        for provider in PROVIDERS:
+            self._initial_fault(provider, data)
         for _ in range(data.draw(st.integers(1, 6), label="items")):
             self.add_event(*(data.draw(s, label=name) for name, s in EVENT_CHOICES.items()))
         if data.draw(st.booleans(), label="series"):
             self.add_series(data.draw(st.sampled_from(SERIES_OFFSETS), label="series offset"))
         self.build()
+
+    def _initial_fault(self, provider: str, data: st.DataObject) -> None:
+        """How ``provider`` answers from the start, for a while: each fault kind as often as the
+        rest, so every sending operation meets each provider in each kind."""
+        answer = data.draw(st.sampled_from(INITIAL_FAULTS), label=f"{provider} answers")
+        seconds = data.draw(st.sampled_from((6 * 3600, 86400, 3 * 86400)), label=f"{provider} for")
+        if answer == "gone":  # of one of its devices: the others answer
+            mine = [i for i, d in sorted(self.devices.items()) if d.provider == provider]
+            if mine:
+                dead = data.draw(st.sampled_from(("400", "410", "410_stale", "bad")), label=f"{provider} gone")
+                self.apns.answers[self.devices[mine[0]].token] = dead
+        elif answer != "200":
+            self.apns.outages[provider] = (answer, self.now + seconds)
 
     @rule(seconds=st.sampled_from((1, 30, 120, 600, 1800, 3600, 3 * 3600)))
     def advance(self, seconds: int) -> None:
@@ -591,7 +644,7 @@ class ReminderMachine(RuleBasedStateMachine):
             self._check_holds_ended(which)
 
     @precondition(lambda self: bool(self.devices))
-    @rule(which=st.integers(0, 2), tz=st.sampled_from(ZONES[1:]))
+    @rule(which=st.integers(0, 3), tz=st.sampled_from(ZONES[1:]))
     def zone_change(self, which: int, tz: str) -> None:
         """The widget reports a new zone (``ledger.store_tz_name``): holds decided in the old one end."""
         device_id = sorted(self.devices)[which % len(self.devices)]
@@ -615,7 +668,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 )
 
     @precondition(lambda self: bool(self.devices))
-    @rule(which=st.integers(0, 2))
+    @rule(which=st.integers(0, 3))
     def change_token(self, which: int) -> None:
         device_id = sorted(self.devices)[which % len(self.devices)]
         self.generations[device_id] += 1
@@ -624,7 +677,7 @@ class ReminderMachine(RuleBasedStateMachine):
         self.devices[device_id] = d
 
     @precondition(lambda self: bool(self.devices))
-    @rule(which=st.integers(0, 2))
+    @rule(which=st.integers(0, 3))
     def remove(self, which: int) -> None:
         device_id = sorted(self.devices)[which % len(self.devices)]
         remove_device(self.db, device_id, now=self.iso)
@@ -641,6 +694,31 @@ class ReminderMachine(RuleBasedStateMachine):
     def apns_answers(self, which: str, answer: str) -> None:
         """From now on APNs answers this device's current token this way."""
         self.apns.answers[token_of(DEVICES.index(which), self.generations.get(which, 0))] = answer
+
+    @rule(
+        provider=st.sampled_from(PROVIDERS),
+        answer=st.sampled_from(PROVIDER_ANSWERS),
+        seconds=st.sampled_from((30, 600, 6 * 3600, 86400)),
+    )
+    def provider_fault(self, provider: str, answer: str, seconds: int) -> None:
+        """From now on, for ``seconds``, one provider answers every target of its own this way (its
+        outage, unreachable, a configuration fault, throttling, dropped connections) while the
+        others answer as before: its rows wait or fail as that answer says, the others' are sent."""
+        self.apns.outages[provider] = (answer, self.now + seconds)
+
+    @precondition(lambda self: len(self.devices) >= 2)
+    @rule(which=st.integers(0, 3), answer=st.sampled_from(("bad", "400", "410")))
+    def bad_endpoint(self, which: int, answer: str) -> None:
+        """One device's target goes bad among good ones of the same provider (its sender cannot use
+        it, or the provider calls it dead), then what is due is sent: that row fails or its device
+        is marked, alone; the others' rows are sent and recorded sent."""
+        ids = sorted(self.devices)
+        device_id, other = ids[which % len(ids)], self.devices[ids[(which + 1) % len(ids)]]
+        device = self.devices[device_id]
+        if device.provider != other.provider:
+            self._reregister(device_id, replace(device, provider=other.provider))
+        self.apns.answers[device.token] = answer
+        self.send_next_due(0, which % 2 == 0)
 
     # -- builds ---------------------------------------------------------------------------------
 
@@ -673,9 +751,63 @@ class ReminderMachine(RuleBasedStateMachine):
                 sid = self.source_ids[url]
                 if sid in ok:
                     self.basis[(device_id, sid)] = (device, self._read_as(device_id, url, sid, snapshot[sid]))
+                    self.basis_read[(device_id, sid)] = len(self.transport.reads)
+        self.source_read.update({sid: len(self.transport.reads) for sid in ok})
         self._note_agenda_reads(ok, invalid)
         self._check_voids(rows)
         self._check_queued(rows, ok, invalid)
+
+    @rule(
+        ics=st.booleans(),
+        which=st.integers(0, MAX_EVENTS - 1),
+        edit=st.sampled_from(("cancel", "later", "earlier", "delete", "retitle")),
+        step=st.sampled_from((1, 30, 300)),
+        act=st.sampled_from((None, "snooze", "done")),
+    )
+    def overlapping_builds(self, ics: bool, which: int, edit: str, step: int, act: str | None) -> None:
+        """Two builds overlap: the older one has read a feed when one of its items changes; the
+        newer one, ``step`` seconds later, reads the change, records it and plans; then the older
+        one records its read, last. The calendar as last read is the newer read: nothing is planned
+        or sent from the older one, and a snooze or Done after both answers as the newer read says."""
+        url = ICS_URL if ics else JSON_URL
+        if not self.feeds[url].events or not any(url in d.urls for d in self.devices.values()):
+            return
+        self.transport.faults.pop(url, None)  # the older read is whole: it is its order that is wrong
+        older_now = self.iso
+
+        def older_build() -> None:
+            self.transport.aside = threading.get_ident()
+            build_mod.build(self.db, self.settings, now=older_now, reader=build_mod.make_reader(self.settings))
+
+        older = Aside(older_build)
+        self.transport.hold = url
+        older.start()
+        while not self.transport.held.wait(0.01) and older.running():
+            pass
+        try:
+            if self.transport.held.is_set():
+                if edit == "delete" or (edit == "cancel" and not ics):
+                    self.delete(ics, which)
+                elif edit == "cancel":
+                    self.cancel(which)
+                elif edit == "retitle":
+                    self.retitle(ics, which, "Retitled")
+                else:
+                    self.move(ics, which, 600 if edit == "later" else -600)
+                self.now += step
+                self.build()
+        finally:
+            self.transport.hold = None
+            self.transport.release.set()
+            older.join()
+            self.transport.aside = None
+            self.transport.held.clear()
+            self.transport.release.clear()
+        older.reraise()
+        if act == "snooze":
+            self.snooze(which, 300, False)
+        elif act == "done":
+            self.done(which)
 
     def _note_agenda_reads(self, ok: set[int], invalid: set[str]) -> None:
         """A build that read all of a device's unmuted calendars made its agenda from them."""
@@ -697,6 +829,21 @@ class ReminderMachine(RuleBasedStateMachine):
         due = wall_to_unix(midnight + rule.at_minutes * 60, config.tz)
         return config, due, wall_to_unix(midnight, config.tz), wall_to_unix(midnight + 86400, config.tz)
 
+    def _agenda_events(self, device_id: str, item_id: str) -> list[Occurrence]:
+        """The events of an agenda's day in its device's calendars as last all read."""
+        day = self._agenda_day(device_id, item_id)
+        if day is None:
+            return []
+        config, _, starts, ends = day
+        muted = {u for u, c in config.calendars.items() if c.muted}
+        return [
+            o
+            for occs in self.agenda_basis[device_id][1].values()
+            for o in occs.values()
+            if not o.cancelled and not (config.attendee and o.declined) and o.url not in muted
+            and o.instant(o.start, config.tz) < ends and o.instant(o.end, config.tz) > starts
+        ]  # fmt: skip
+
     def _check_agenda_send(self, s: Sent) -> None:
         """An agenda goes at its local time (a snooze of it at the time asked), within its day, for
         a day with an event, once."""
@@ -712,15 +859,7 @@ class ReminderMachine(RuleBasedStateMachine):
             raise PromiseBroken(f"EARLY: {where}: the agenda's time is {Instant.from_unix(due)}")
         if s.at >= ends:
             raise PromiseBroken(f"AGENDA_AFTER_DAY: {where}: the day ended at {Instant.from_unix(ends)}")
-        muted = {u for u, c in config.calendars.items() if c.muted}
-        live = [
-            o
-            for occs in self.agenda_basis[s.device_id][1].values()
-            for o in occs.values()
-            if not o.cancelled and not (config.attendee and o.declined) and o.url not in muted
-            and o.instant(o.start, config.tz) < ends and o.instant(o.end, config.tz) > starts
-        ]  # fmt: skip
-        if not live:
+        if not self._agenda_events(s.device_id, s.item_id):
             raise PromiseBroken(f"AGENDA_EMPTY_DAY: {where}: the calendars as read hold no event that day")
         STATS["agendas_sent"] = STATS.get("agendas_sent", 0) + 1
         if s.answer in MAY_HAVE_DELIVERED:
@@ -852,9 +991,13 @@ class ReminderMachine(RuleBasedStateMachine):
     def snooze(self, which: int, seconds: int, repeat: bool) -> None:
         """Snooze on a sent alert: one row, however often asked, or a refusal that changes nothing."""
         sent = self._sent_rows()
-        if not sent:
+        if sent:
+            self._snooze_row(sent[which % len(sent)], seconds, repeat)
+
+    def _snooze_row(self, row: dict[str, Any], seconds: int, repeat: bool) -> None:
+        if OPEN_AGENDA_SNOOZE and is_agenda(row["rule"]) and not self._agenda_events(row["device_id"], row["item_id"]):
+            STATS["open_agenda_snooze_left_out"] = STATS.get("open_agenda_snooze_left_out", 0) + 1
             return
-        row = sent[which % len(sent)]
         before = self._rows()
         try:
             made = actions.snooze(self.db, row["device_id"], row["id"], None, seconds=seconds, now=self.iso)
@@ -891,6 +1034,8 @@ class ReminderMachine(RuleBasedStateMachine):
             found, device = self._last_read(row["device_id"], row["item_id"]), self.devices[row["device_id"]]
             if row["source_id"] not in {self.source_ids[u] for u in device.urls}:
                 return "unsubscribed"
+            if self.basis_read.get((row["device_id"], row["source_id"])) != self.source_read.get(row["source_id"]):
+                return None  # read since for other devices only (this one's token was dead): the action reads that
             occ = found[1] if found else None
             muted = occ is not None and occ.url in device.calendars and device.calendars[occ.url].muted
             if occ is None or occ.cancelled or (device.attendee and occ.declined) or muted:
@@ -905,9 +1050,11 @@ class ReminderMachine(RuleBasedStateMachine):
         """Done on a sent alert: the occurrence's other pending reminders on the device go unsent,
         those of the instant the alert showed (within the re-arm threshold), not of a moved one."""
         sent = self._sent_rows()
-        if not sent:
-            return
-        row = sent[which % len(sent)]
+        if sent:
+            self._done_row(sent[which % len(sent)])
+
+    def _done_row(self, row: dict[str, Any]) -> None:
+        """``row`` as the alert showed it: its event's time then, whatever the row says now."""
         near = self.settings.rearm_threshold_seconds
         pending = [
             r for r in self._rows()
@@ -927,10 +1074,84 @@ class ReminderMachine(RuleBasedStateMachine):
         for r in pending:
             self.acknowledged[r["id"]] = r["event_at"].unix
 
+    @rule(
+        action=st.sampled_from(("snooze", "done")),
+        change=st.sampled_from(("unsubscribe", "cancel", "move", "rearm")),
+        built=st.booleans(),
+        which=st.integers(0, 20),
+        seconds=st.sampled_from((60, 300, 900)),
+    )
+    def act_around_change(self, action: str, change: str, built: bool, which: int, seconds: int) -> None:
+        """Snooze or Done on an alert still on screen while its item or device changes: unsubscribed
+        from its calendar, cancelled, moved a little, or moved past the re-arm threshold and its new
+        reminders sent; acted on before or after the build that reads the change, then built and
+        sent. The action answers as the calendar was last read, and Done settles the occurrence the
+        alert showed, never the re-armed one."""
+        if not self._sent_rows():
+            self.send_next_due(0, False)
+        sent = [r for r in self._sent_rows() if r["device_id"] in self.devices and r["source_id"] is not None]
+        if not sent:
+            return
+        row = sent[which % len(sent)]
+        url = next(u for u, sid in self.source_ids.items() if sid == row["source_id"])
+        if change == "unsubscribe":
+            device = self.devices[row["device_id"]]
+            urls = tuple(u for u in device.urls if u != url) or tuple(u for u in (JSON_URL, ICS_URL) if u != url)
+            self._reregister(row["device_id"], replace(device, urls=urls))
+        else:
+            uid = self._event_of(url, row["item_id"])
+            if uid is None:
+                return
+            if change == "cancel":
+                self._edit_uid(url, uid, lambda e: replace(e, cancelled=True))
+            else:
+                shift = 120 if change == "move" else 2 * self.settings.rearm_threshold_seconds + 600
+
+                def moved(e: Event) -> Event:
+                    by = 86400 if e.kind == "all_day" else shift  # a date moves by whole days
+                    return replace(e, start=e.start + by, end=e.end + by)
+
+                self._edit_uid(url, uid, moved)
+        if built or change == "rearm":
+            self.build()
+        if change == "rearm":
+            self.send_next_due(0, False)
+        now_row = {r["id"]: r for r in self._rows()}[row["id"]]
+        if OPEN_REARMED_ALERT and (now_row["outcome"], now_row["event_at"]) != ("sent", row["event_at"]):
+            STATS["open_rearmed_alert_left_out"] = STATS.get("open_rearmed_alert_left_out", 0) + 1
+        elif action == "snooze":
+            self._snooze_row(row, seconds, False)
+        else:
+            self._done_row(row)
+        self.build()
+        self.send_next_due(1, True)
+
+    def _event_of(self, url: str, item_id: str) -> str | None:
+        """The uid of the feed's single event a row's item is (None for a series' instance)."""
+        raw = item_id.split(":", 1)[1]
+        for uid in self.feeds[url].events:
+            if uid == raw or raw.startswith(f"{uid}/"):
+                return uid
+        return None
+
+    def _edit_uid(self, url: str, uid: str, change: Any) -> None:
+        feed = self.feeds[url]
+        if url == ICS_URL or change(feed.events[uid]).cancelled is False:
+            feed.events[uid] = change(feed.events[uid])
+        else:  # the JSON protocol cancels by leaving the item out
+            del feed.events[uid]
+
+    def _reregister(self, device_id: str, device: Device) -> None:
+        self.put(device_id, device.lead, device.extra, device.day_rules, device.tz, device.quiet, device.alarms,
+                 device.urls, device.attendee, device.calendar, device.provider)  # fmt: skip
+
     # -- drains ---------------------------------------------------------------------------------
 
-    @rule()
-    def drain(self) -> None:
+    @rule(at_next_due=st.booleans())
+    def drain(self, at_next_due: bool = False) -> None:
+        """A drain now, or once the next row is due."""
+        if at_next_due:
+            self.advance_to_next_due(0)
         self._pass(lambda: drain_mod.drain(self.db, self.settings, self.apns.factory(), now=self.iso), due_by=self.now)
 
     @rule(which=st.integers(0, 20))
@@ -946,9 +1167,11 @@ class ReminderMachine(RuleBasedStateMachine):
             only=row_id,
         )
 
-    @rule(span=st.sampled_from((5, 60, 600, 1800)))
-    def dispatcher_pass(self, span: int) -> None:
-        """The exact-time dispatcher, on a driven clock from now to now + span."""
+    @rule(span=st.sampled_from((5, 60, 600)), at_next_due=st.booleans())
+    def dispatcher_pass(self, span: int, at_next_due: bool = False) -> None:
+        """The exact-time dispatcher, on a driven clock from now (or the next row's time) to + span."""
+        if at_next_due:
+            self.advance_to_next_due(1)
         timer = DrivenTimer(self.now)
         dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), timer=timer)
         until = self.now + span
@@ -959,12 +1182,18 @@ class ReminderMachine(RuleBasedStateMachine):
         self._pass(go, due_by=until - 1, clock=lambda: timer.t)
         self.now = max(self.now, until)
 
-    @rule(span=st.sampled_from((60, 600)), lost=st.integers(1, 3), committed=st.booleans())
-    def dispatcher_pass_losing_writes(self, span: int, lost: int, committed: bool) -> None:
-        """The database fails the first ``lost`` settlement writes of a dispatcher pass, and answers
-        again for its last 10 s: a claim's transaction rolls back whole, a batch's last write loses
-        what APNs answered, or (``committed``) commits but is reported lost. Nothing is sent twice
-        and no row is left claimed once the pass ends."""
+    @rule(
+        span=st.sampled_from((60, 600)),
+        lost=st.integers(1, 3),
+        committed=st.booleans(),
+        error=st.sampled_from(DB_ERRORS),
+    )
+    def dispatcher_pass_losing_writes(self, span: int, lost: int, committed: bool, error: str) -> None:
+        """The database fails the first ``lost`` settlement writes of a dispatcher pass with
+        ``error`` (a lost connection, a pool timeout, a read-only server), and answers again for its
+        last 10 s: a claim's transaction rolls back whole, a batch's last write loses what APNs
+        answered, or (``committed``) commits but is reported lost. Nothing is sent twice and no row
+        is left claimed once the pass ends."""
         real, failed = settle_mod._write_returned, []
 
         def flaky(conn: Any, returned: Any, claimer: str) -> Any:
@@ -973,9 +1202,7 @@ class ReminderMachine(RuleBasedStateMachine):
                 if committed and len(failed) == 1:
                     real(conn, returned, claimer)
                     conn.commit()
-                raise OperationalError(
-                    "UPDATE notification_queue ...", {}, ConnectionResetError("server closed the connection")
-                )
+                raise database_error(error, "UPDATE notification_queue ...")
             return real(conn, returned, claimer)
 
         timer = DrivenTimer(self.now)
@@ -997,20 +1224,93 @@ class ReminderMachine(RuleBasedStateMachine):
                 f"CLAIM_LEFT: rows {stuck} still claimed after a dispatcher pass whose writes the database lost {failed}"
             )
 
-    def _pass(self, run: Any, due_by: float, only: int | None = None, clock: Any = None, stopped: bool = False) -> None:
+    @rule(
+        span=st.sampled_from((60, 600)),
+        lost=st.integers(1, 3),
+        committed=st.booleans(),
+        error=st.sampled_from(DB_ERRORS),
+    )
+    def dispatcher_pass_losing_claims(self, span: int, lost: int, committed: bool, error: str) -> None:
+        """The database fails the first ``lost`` claims of a dispatcher pass with ``error`` (and
+        answers again for its last 10 s): the claim's transaction rolls back, settlements written
+        with it included, or (``committed``) commits and is reported failed. The rows it claimed
+        were never sent: they are pending again, none is sent twice, none left claimed."""
+        real, failed = ledger.claim, []
+
+        def flaky(conn: Any, ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if ids and len(failed) < lost and timer.t < until - 10:
+                failed.append(len(ids))
+                if committed and len(failed) == 1:
+                    real(conn, ids, *args, **kwargs)
+                    conn.commit()
+                raise database_error(error, "UPDATE notification_queue SET status='claimed' ...")
+            return real(conn, ids, *args, **kwargs)
+
+        timer = DrivenTimer(self.now)
+        dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), name="lossy", timer=timer)
+        until = self.now + span
+        ledger.claim = flaky  # type: ignore[assignment]
+        try:
+            self._pass(
+                lambda: asyncio.run(dispatcher.run(until=Instant.from_unix(until))),
+                due_by=until - 1,
+                clock=lambda: timer.t,
+                settles=False,  # a failed claim backs the dispatcher off, maybe past the pass
+            )
+        finally:
+            ledger.claim = real  # type: ignore[assignment]
+        self.now = max(self.now, until)
+        stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
+        if stuck:
+            raise PromiseBroken(
+                f"CLAIM_LEFT: rows {stuck} still claimed after a pass whose claims failed {failed} ({error})"
+            )
+
+    def _pass(
+        self,
+        run: Any,
+        due_by: float,
+        only: int | None = None,
+        clock: Any = None,
+        stopped: bool = False,
+        settles: bool = True,
+    ) -> None:
+        """Run a send pass and check what it sent; ``settles``: every row due by ``due_by`` of a
+        healthy provider ends settled (not for a pass that may back off past its end)."""
         self.clock_now = self.now
         self.apns.clock = clock or (lambda: self.clock_now)
         first = len(self.apns.sent)
         before, invalid = {r["id"]: r for r in self._rows()}, self._invalid_devices()
         run()
         sends = self.apns.sent[first:]
+        self.streaked |= {
+            s.row_id
+            for s in sends
+            if s.answer in ("500", "503")
+            and s.device_id in self.devices
+            and self.devices[s.device_id].provider != "webpush"
+        }
         for s in sends:
             self._check_send(s)
             self._check_send_allowed(s, before.get(s.row_id), invalid)
         self._check_stale_410(sends, invalid)
+        self._check_accepted_recorded(sends)
         if not stopped:
             self._check_gone_marked(sends)
+        if not stopped and settles:
             self._check_settled_when_healthy(sends, due_by, only)
+
+    def _check_accepted_recorded(self, sends: list[Sent]) -> None:
+        """A send its provider accepted is recorded sent once settled, whatever its neighbours in
+        the batch met (a bad endpoint, another provider's outage): never failed while delivered."""
+        rows = {r["id"]: r for r in self._rows()}
+        for s in sends:
+            r = rows.get(s.row_id)
+            if s.answer == "200" and r is not None and r["status"] == "settled" and r["outcome"] != "sent":
+                raise PromiseBroken(
+                    f"ACCEPTED_NOT_SENT: row {s.row_id} ({s.device_id} {s.item_id} {s.rule}) accepted at "
+                    f"{Instant.from_unix(s.at)}, settled {r['outcome']} / {r['outcome_detail']}"
+                )
 
     def _check_gone_marked(self, sends: list[Sent]) -> None:
         """A target its provider called dead (APNs 400 and 410, Web Push 404 and 410, FCM
@@ -1122,15 +1422,25 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _check_settled_when_healthy(self, sends: list[Sent], due_by: float, only: int | None) -> None:
         """Every row that came due while sending is healthy is settled by a pass run after it came due."""
-        if any(s.answer == "403" or s.answer in OUTAGE for s in sends):
-            return  # a provider fault, or what may be an outage, halts the pass: nothing more is claimed
-        unhealthy = {t for t, a in self.apns.answers.items() if a in RETRIED or a == "403"}
+        # A provider's fault, or what may be its outage, halts that provider's rows, only its own.
+        halted = {
+            self.devices[s.device_id].provider
+            for s in sends
+            if (s.answer == "403" or s.answer in OUTAGE) and s.device_id in self.devices
+        }
         with self.db.read() as conn:
-            tokens = {i: token_in(t) for i, t in conn.execute(select(devices_t.c.id, devices_t.c.apns_token))}
+            targets = {
+                i: (p, token_in(t))
+                for i, t, p in conn.execute(select(devices_t.c.id, devices_t.c.apns_token, devices_t.c.provider))
+            }
         for r in self._rows():
             if r["status"] != "pending" or r["send_after"].unix > due_by or (only is not None and r["id"] != only):
                 continue
-            if r["device_id"] not in tokens or tokens[r["device_id"]] in unhealthy:
+            if r["device_id"] not in targets or targets[r["device_id"]][0] in halted:
+                continue
+            provider, token = targets[r["device_id"]]
+            answers = {self.apns.answer_for(provider, token, t) for t in (self.clock_now, due_by)}
+            if answers & (RETRIED | {"403"}):
                 continue
             if r["not_before"] is not None and r["not_before"].unix > due_by:
                 continue  # a retryable answer's backoff (no send before it is checked apart): not due yet
@@ -1245,10 +1555,12 @@ class ReminderMachine(RuleBasedStateMachine):
                 )
         drain_mod.fail_abandoned(self.db, self.settings, self.iso)
 
-    @rule()
-    def stopped_drain(self) -> None:
+    @rule(at_next_due=st.booleans())
+    def stopped_drain(self, at_next_due: bool) -> None:
         """A drain told to stop once its first slice is on the wire: it claims nothing more, and
         every row it claimed ends settled or pending."""
+        if at_next_due:
+            self.advance_to_next_due(0)
         stop, claims_after = threading.Event(), []
         machine = self
 
@@ -1274,7 +1586,7 @@ class ReminderMachine(RuleBasedStateMachine):
             raise PromiseBroken(f"CLAIM_LEFT: rows {stuck} still claimed after a stopped drain")
 
     @precondition(lambda self: bool(self.devices))
-    @rule(which=st.integers(0, 2))
+    @rule(which=st.integers(0, 3))
     def widget_feed(self, which: int) -> None:
         """A widget asks for its feed between builds, twice: the queue is untouched, and the second
         request reads no source (the first one's reads serve it)."""
@@ -1344,7 +1656,9 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _check_holds_and_attempts(self, rows: list[dict[str, Any]]) -> None:
         """A hold runs to the end of the device's quiet hours; a row's attempts never go back for the
-        same occurrence (voids, rebuilds and resurrections included) and stop at the bound."""
+        same occurrence (voids, rebuilds and resurrections included) and stop at the bound, but for
+        APNs' or FCM's 500/503 across several rows: maybe an outage not yet sure, which fails no
+        row for its attempts (docs/operations.md; the lateness policy bounds the row)."""
         attempts = {}
         for r in rows:
             where = f"row {r['id']} ({r['device_id']} {r['item_id']} {r['rule']})"
@@ -1357,7 +1671,11 @@ class ReminderMachine(RuleBasedStateMachine):
                     raise PromiseBroken(
                         f"HOLD_NOT_AT_QUIET_END: {where} held until {r['held_until']}; quiet hours {device.quiet} ({device.tz})"
                     )
-            if r["status"] == "pending" and r["attempts"] >= self.settings.send_max_attempts:
+            if (
+                r["status"] == "pending"
+                and r["attempts"] >= self.settings.send_max_attempts
+                and r["id"] not in self.streaked
+            ):
                 raise PromiseBroken(f"ATTEMPTS_EXCEEDED: {where} pending after {r['attempts']} attempts")
             anchor = r["item_at"] or r["event_at"]
             previous = self.attempts.get(r["id"])
@@ -1374,17 +1692,46 @@ class ReminderMachine(RuleBasedStateMachine):
 STATS: dict[str, int] = {}
 
 
-def _counted(machine: type[RuleBasedStateMachine]) -> tuple[str, ...]:
+# The operations that may hand a notification to a provider: where a provider's fault meets the
+# model's sequences, so the reach table counts their (operation × provider fault) pairs. Every
+# other step is one of them (``_on_alternate_steps``): the sends are where what the other operations
+# did meets the providers, and a sequence that sends once is a sequence that cannot send twice.
+SENDING = frozenset(
+    {
+        "act_around_change",
+        "bad_endpoint",
+        "cron_tick",
+        "dispatcher_pass",
+        "dispatcher_pass_losing_claims",
+        "dispatcher_pass_losing_writes",
+        "drain",
+        "drain_by_id",
+        "paused_drain",
+        "send_next_due",
+        "stopped_drain",
+    }
+)
+
+
+def _counted(machine: type[RuleBasedStateMachine], sending: frozenset[str]) -> tuple[str, ...]:
     """Make each rule hypothesis runs count in the machine's ``reach`` (a rule another rule calls
-    as a helper does not count); the operations' names."""
+    as a helper does not count), and each one not ``sending`` applicable on alternate steps only;
+    the operations' names."""
     names = []
     for _, f in inspect.getmembers(machine):
         for marker in (RULE_MARKER, INITIALIZE_RULE_MARKER):
             found = getattr(f, marker, None)
             if found is not None:
+                if marker == RULE_MARKER and f.__name__ not in sending:
+                    found.preconditions = (*found.preconditions, _on_alternate_steps)
                 found.function = _counting(found.function, initial=marker == INITIALIZE_RULE_MARKER)
                 names.append(found.function.__name__)
+    assert sending <= set(names), sending - set(names)
     return tuple(sorted(names))
+
+
+def _on_alternate_steps(machine: ReminderMachine) -> bool:
+    return machine.steps % 2 == 0
 
 
 def _counting(fn: Any, initial: bool) -> Any:
@@ -1393,6 +1740,7 @@ def _counting(fn: Any, initial: bool) -> Any:
     @functools.wraps(fn)
     def run(machine: ReminderMachine, **kwargs: Any) -> Any:
         if not initial:
+            machine.steps += 1
             machine.reach.ran(fn.__name__, machine.provider_faults())
         result = fn(machine, **kwargs)
         if initial:
@@ -1402,7 +1750,7 @@ def _counting(fn: Any, initial: bool) -> Any:
     return run
 
 
-OPERATIONS = _counted(ReminderMachine)
+OPERATIONS = _counted(ReminderMachine, SENDING)
 REACHES: dict[str, Reach] = {}  # per database, for the session's summary (``report_reach``)
 REACH_FLOOR = 20  # every operation and (operation, provider fault) pair, at CI's examples
 
@@ -1453,7 +1801,7 @@ def test_the_promises_hold(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(sources_mod, "GuardedTransport", CURRENT)
     db = Database(db_url)
     ReminderMachine.db, ReminderMachine.settings = db, model_settings(db_url)
-    ReminderMachine.reach = REACHES[db.dialect] = Reach()
+    ReminderMachine.reach = REACHES[db.dialect] = Reach(SENDING)
     if SEED is not None:
         monkeypatch.setattr(ReminderMachine, "_hypothesis_internal_use_seed", int(SEED), raising=False)
     try:
