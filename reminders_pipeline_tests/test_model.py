@@ -176,10 +176,12 @@ NEEDS_DETAIL = {"failed", "voided"}
 # ``not_sent``. Until it is mended ``act_around_change`` acts on no alert whose row was re-armed since
 # (counted, ``open_rearmed_alert_left_out``); set False to see it break (DONE_MISSED, DONE_REFUSED).
 OPEN_REARMED_ALERT = True
-# Open (issue 38; test_model_regressions.py::test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent):
-# a snooze of a sent agenda whose day holds no event as last read is made and sent, the agenda's old
-# text again. Until it is mended the model asks no such snooze (counted, ``open_agenda_snooze_left_out``
-# in the run's stats); set False to see it break (AGENDA_EMPTY_DAY).
+# Open in part (issue 38): a snooze of a sent agenda whose day holds no event as last read is made;
+# the device's next build voids it ``empty_day`` (test_model_regressions.py::
+# test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent), but one due before that build is sent,
+# the agenda's old text again. Until the snooze itself is refused the model asks no such snooze
+# (counted, ``open_agenda_snooze_left_out`` in the run's stats); set False to see it break
+# (AGENDA_EMPTY_DAY).
 OPEN_AGENDA_SNOOZE = True
 # The database errors a send path can meet: a lost connection, a pool with no connection to give
 # within its timeout (a partition), a server turned read-only (a failover).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reminders_pipeline import build
 from reminders_pipeline.drain import drain
 from reminders_pipeline.ics import parse_ics_feed
