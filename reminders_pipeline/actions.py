@@ -1,10 +1,12 @@
 """Snooze and Done: what a person does with a sent alert (the app's ``REMINDER`` category).
 
-Each alert carries its row's id and an action token (``action_token``): an HMAC of the device
-and row keyed by the device's credential hash. The app posts the action back with the device's
-credential and the token, so a row id alone acts on nothing; the token is never recorded, though
-whoever holds the credential can compute it. A new credential (``credential rotate``) ends the
-tokens of alerts sent before it.
+Each alert carries its row's id and an action token (``action_token``): an HMAC of the device,
+the row and the instant of the event the alert shows, keyed by the device's credential hash, with
+that instant after a dot. The app posts the action back with the device's credential and the token,
+so a row id alone acts on nothing, and Done knows which occurrence the person saw even after a
+build re-armed the row for a moved event; the token is never recorded, though whoever holds the
+credential can compute it. A new credential (``credential rotate``) ends the tokens of alerts sent
+before it. A token without the instant (alerts sent before tokens carried it) means the row's.
 
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
 ``MAX_SNOOZES``), of the item as its calendar was last read (that one item of the cached parse;
@@ -63,28 +65,43 @@ class Snoozed:
         }
 
 
-def action_token(credential_hash: str, device_id: str, row_id: int) -> str:
-    """The alert's action token: keyed by what the ledger keeps of the device's credential."""
-    message = f"reminder-action\x00{device_id}\x00{row_id}".encode()
-    return hmac.new(credential_hash.encode(), message, hashlib.sha256).hexdigest()[: TOKEN_BYTES * 2]
+def action_token(credential_hash: str, device_id: str, row_id: int, shown: Instant | None) -> str:
+    """The alert's action token: keyed by what the ledger keeps of the device's credential, and
+    naming the event's instant the alert shows (``shown``; None only for the tokens of old alerts)."""
+    at = "" if shown is None else f"\x00{shown.whole_seconds}"
+    message = f"reminder-action\x00{device_id}\x00{row_id}{at}".encode()
+    digest = hmac.new(credential_hash.encode(), message, hashlib.sha256).hexdigest()[: TOKEN_BYTES * 2]
+    return digest if shown is None else f"{digest}.{shown.whole_seconds}"
+
+
+def _shown_by(token: str) -> Instant | None:
+    """The instant a token says its alert showed; None for an old token or one that names none."""
+    _, dot, at = token.partition(".")
+    if not dot or not at.isascii() or not at.isdigit() or len(at) > 12:
+        return None
+    return Instant.from_unix(int(at))
 
 
 def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: Instant) -> dict[str, Any]:
-    """The sent alert an action names, or ``ActionError``: 404 for a row of no alert of this
-    device, 401 for a wrong token, 409 for a row that sent nothing or an item already over.
-    ``token`` None: an operator's action (the CLI), which needs none."""
+    """The sent alert an action names, with ``shown``, the event's instant the alert showed; or
+    ``ActionError``: 404 for a row of no alert of this device, 401 for a wrong token, 409 for a row
+    that sent nothing or an item already over. ``token`` None: an operator's action (the CLI),
+    which needs none and means the row as it stands. An alert of an instant the row no longer
+    holds was sent before a build re-armed the row; it is acted on while the re-armed send waits."""
     row = ledger.acted_on(conn, row_id)
     if row is None or row["device_id"] != device_id or not row["registered"]:
         raise ActionError(404, "no_reminder", f"device {device_id!r} has no reminder {row_id}")
+    shown = row["event_at"] if token is None else _shown_by(token)
     if token is not None:
-        expected = action_token(row["credential_hash"] or "", device_id, row_id)
+        expected = action_token(row["credential_hash"] or "", device_id, row_id, shown)
         if not row["credential_hash"] or not hmac.compare_digest(token.encode(), expected.encode()):
             raise ActionError(401, "wrong_action_token", "the action token is not this reminder's")
-    if row["outcome"] != "sent":
+    shown = shown or row["event_at"]
+    if row["outcome"] != "sent" and shown == row["event_at"]:
         raise ActionError(409, "not_sent", f"reminder {row_id} sent no alert: nothing to act on")
     if now >= row["expires_at"]:
         raise ActionError(409, "event_ended", f"the event of reminder {row_id} is over")
-    return row
+    return {**row, "shown": shown}
 
 
 def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any]:
@@ -186,6 +203,6 @@ def done(
     now = now or Instant.now()
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
-    seen = origin["event_at"]
+    seen = origin["shown"]
     with db.write() as conn:
         return ledger.acknowledge(conn, device_id, origin["item_id"], (seen - same_within, seen + same_within), now)

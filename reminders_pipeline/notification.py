@@ -177,7 +177,7 @@ def _assemble(
         aps["category"] = CATEGORY
         reminder["id"] = int(row["id"])
         if row.get("credential_hash"):  # last: the record of the send leaves it out (``stored_payload``)
-            reminder["token"] = action_token(row["credential_hash"], row["device_id"], int(row["id"]))
+            reminder["token"] = action_token(row["credential_hash"], row["device_id"], int(row["id"]), starts)
     payload = {"aps": aps, "reminder": reminder}
     return Notification(
         row_id=int(row["id"]),

@@ -30,6 +30,7 @@ from reminders_pipeline import fcm, webpush
 from reminders_pipeline.apns import result_from_apns, result_from_error
 from reminders_pipeline.ics import MAX_ALARM_REPEATS, _occurrence_id
 from reminders_pipeline.sender import Notification, SenderFactory, SendResult, fence_expired
+from reminders_pipeline.times import Instant
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"
@@ -387,8 +388,11 @@ class Sent:
     rule: str
     title: str
     starts_at: int
+    # The drain's clock as the product reads it (``Instant.floor``, to the millisecond): a float a
+    # ten-millionth of a second short of a due millisecond is that millisecond to the claim too.
     at: float
     answer: str
+    action_token: str | None  # the alert's ``reminder.token``: what the app posts its Snooze and Done with
 
 
 @dataclass
@@ -423,7 +427,8 @@ class ApnsDouble:
         p = n.payload
         self.sent.append(
             Sent(n.row_id, n.device_id, token, p["reminder"]["item_id"], p["reminder"]["rule"],
-                 p["aps"]["alert"]["title"], int(p["reminder"]["starts_at"]), self.clock(), answer)
+                 p["aps"]["alert"]["title"], int(p["reminder"]["starts_at"]), Instant.floor(self.clock()).unix, answer,
+                 p["reminder"].get("token"))
         )  # fmt: skip
         if answer == "bad":  # a target its sender cannot use (an endpoint it cannot sign or encrypt for)
             return SendResult(n.row_id, False, reason="sender_error:ValueError")

@@ -62,10 +62,22 @@ def test_an_alert_carries_the_category_its_row_and_a_token_the_ledger_never_show
     assert payload["aps"]["category"] == CATEGORY == "REMINDER"
     assert payload["reminder"]["id"] == sent["id"] and sent["outcome"] == "sent"
     token = payload["reminder"]["token"]
-    assert len(token) == 32 and token != action_token("", "phone", sent["id"])
+    digest, _, shown_at = token.partition(".")
+    assert len(digest) == 32 and int(shown_at) == payload["reminder"]["starts_at"] == sent["event_at"].whole_seconds
+    assert token != action_token("", "phone", sent["id"], sent["event_at"])
     shown = json.loads(sent["payload"])["payload"]
     assert "token" not in shown["reminder"] and token not in sent["payload"]
     assert "token" not in recorded(payload)["reminder"] and shown == recorded(payload)
+
+
+def test_a_token_naming_another_instant_acts_on_nothing(db, cli, mock, phone):
+    """The instant in the token is signed with the rest: changed, the token is not this alert's."""
+    payload = sent_alert(cli, mock)
+    digest, _, shown_at = payload["reminder"]["token"].partition(".")
+    for forged in (f"{digest}.{int(shown_at) + 3600}", digest, f"{digest}.", f"{digest}.x{shown_at}"):
+        r = act(phone, payload["reminder"]["id"], "done", token=forged)
+        assert (r.status_code, r.json()["error"]) == (401, "wrong_action_token"), (forged, r.text)
+    assert row_of(db, "lead:1800")["outcome"] == "sent"
 
 
 def test_snooze_queues_one_row_sent_at_its_time_and_snoozing_it_again_makes_the_next(db, cli, mock, phone):

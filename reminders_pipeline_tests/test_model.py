@@ -170,12 +170,6 @@ SETTLED_OUTCOMES = {
     "acknowledged",
 }
 NEEDS_DETAIL = {"failed", "voided"}
-# Open (issue 38; test_model_regressions.py::test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders):
-# a re-armed reminder keeps the row, so the id, of the alert sent for the old time: Done on that
-# alert settles the new time's reminders, and Done or a snooze of it before the new send is refused
-# ``not_sent``. Until it is mended ``act_around_change`` acts on no alert whose row was re-armed since
-# (counted, ``open_rearmed_alert_left_out``); set False to see it break (DONE_MISSED, DONE_REFUSED).
-OPEN_REARMED_ALERT = True
 # Open in part (issue 38): a snooze of a sent agenda whose day holds no event as last read is made;
 # the device's next build voids it ``empty_day`` (test_model_regressions.py::
 # test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent), but one due before that build is sent,
@@ -996,13 +990,21 @@ class ReminderMachine(RuleBasedStateMachine):
         if sent:
             self._snooze_row(sent[which % len(sent)], seconds, repeat)
 
+    def _token(self, row: dict[str, Any]) -> str | None:
+        """The action token of the alert ``row`` was sent as (as the row was then), as the app has it."""
+        shown = row["event_at"].whole_seconds
+        for s in reversed(self.apns.sent):
+            if (s.row_id, s.starts_at) == (row["id"], shown) and s.action_token:
+                return s.action_token
+        return None  # sent by a double that saw no token (a device with no credential): as an operator
+
     def _snooze_row(self, row: dict[str, Any], seconds: int, repeat: bool) -> None:
         if OPEN_AGENDA_SNOOZE and is_agenda(row["rule"]) and not self._agenda_events(row["device_id"], row["item_id"]):
             STATS["open_agenda_snooze_left_out"] = STATS.get("open_agenda_snooze_left_out", 0) + 1
             return
         before = self._rows()
         try:
-            made = actions.snooze(self.db, row["device_id"], row["id"], None, seconds=seconds, now=self.iso)
+            made = actions.snooze(self.db, row["device_id"], row["id"], self._token(row), seconds=seconds, now=self.iso)
         except actions.ActionError as exc:
             if exc.code == "no_reminder" and row["device_id"] not in self.devices:
                 return  # removed: its rows stay in the ledger and act on nothing
@@ -1020,7 +1022,9 @@ class ReminderMachine(RuleBasedStateMachine):
         elif made.snooze_id not in self.snoozed:
             raise PromiseBroken(f"SNOOZE_NOT_MADE: row {row['id']} answered with a snooze {made.snooze_id} never made")
         if repeat:
-            again = actions.snooze(self.db, row["device_id"], row["id"], None, seconds=seconds, now=self.iso)
+            again = actions.snooze(
+                self.db, row["device_id"], row["id"], self._token(row), seconds=seconds, now=self.iso
+            )
             if again.created or again.snooze_id != made.snooze_id:
                 raise PromiseBroken(f"SNOOZE_TWICE: a repeated snooze of row {row['id']} made a second row")
 
@@ -1064,7 +1068,9 @@ class ReminderMachine(RuleBasedStateMachine):
             and abs(r["event_at"].unix - row["event_at"].unix) <= near
         ]  # fmt: skip
         try:
-            settled = actions.done(self.db, row["device_id"], row["id"], None, same_within=near, now=self.iso)
+            settled = actions.done(
+                self.db, row["device_id"], row["id"], self._token(row), same_within=near, now=self.iso
+            )
         except actions.ActionError as exc:
             if exc.code == "no_reminder" and row["device_id"] not in self.devices:
                 return
@@ -1118,10 +1124,7 @@ class ReminderMachine(RuleBasedStateMachine):
             self.build()
         if change == "rearm":
             self.send_next_due(0, False)
-        now_row = {r["id"]: r for r in self._rows()}[row["id"]]
-        if OPEN_REARMED_ALERT and (now_row["outcome"], now_row["event_at"]) != ("sent", row["event_at"]):
-            STATS["open_rearmed_alert_left_out"] = STATS.get("open_rearmed_alert_left_out", 0) + 1
-        elif action == "snooze":
+        if action == "snooze":
             self._snooze_row(row, seconds, False)
         else:
             self._done_row(row)

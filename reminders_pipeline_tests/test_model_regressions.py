@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from reminders_pipeline import build
 from reminders_pipeline.drain import drain
 from reminders_pipeline.ics import parse_ics_feed
@@ -136,15 +134,13 @@ def test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent(db, settings, feeds
     assert all(r["outcome"] != "sent" for r in snoozes), snoozes
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 38): Done on an alert from before a re-arm settles the new time's")
 def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
     """The hour's alert of a 09:30 meeting went; the meeting moves to 09:50, past the re-arm
     threshold, and the hour's reminder goes again for the new time. Done pressed on the first alert,
     still on screen, is about the 09:30 occurrence: it settles nothing of 09:50, whose 10-minute
     reminder stays pending. The model (act_around_change(action='done', change='rearm')) found it
     acknowledged, DONE_MISSED: the re-armed row keeps the first alert's id, so its Done reads the
-    new time. (Snooze and Done of that alert between the re-arm and its new send are refused
-    ``not_sent``.)"""
+    new time. The alert's action token names the instant it showed, and Done settles that one."""
     from reminders_pipeline import actions
 
     live = settings.with_(enabled=True)
@@ -154,9 +150,34 @@ def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db,
     sender = RecordingSender()
     drain(db, live, lambda: sender, now=at(1801))  # 08:30:01Z: the hour's alert
     (first,) = [r for r in rows(db) if r["outcome"] == "sent"]
+    token = sender.sent[0].payload["reminder"]["token"]
     feeds.items("/items.json", [item("standup", 6600)])  # 09:50Z: 20 minutes later
     build.build(db, live, now=at(1900))
     drain(db, live, lambda: sender, now=at(3001))  # 08:50:01Z: the hour's alert again, for 09:50
-    actions.done(db, first["device_id"], first["id"], None, same_within=live.rearm_threshold_seconds, now=at(3100))
+    actions.done(db, first["device_id"], first["id"], token, same_within=live.rearm_threshold_seconds, now=at(3100))
     (ten,) = [r for r in rows(db) if r["rule"] == "lead:600"]
     assert (ten["status"], ten["outcome"]) == ("pending", None), ten
+
+
+def test_done_on_an_alert_whose_row_waits_to_go_again_is_answered_and_settles_nothing_new(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
+    """As above, but Done comes before the re-armed reminder's new send: the alert was shown, so
+    Done is answered (nothing of the old time is left to settle), and the row still goes for 09:50."""
+    from reminders_pipeline import actions
+
+    live = settings.with_(enabled=True)
+    url = feeds.items("/items.json", [item("standup", 5400)])
+    device(db, live, sources=[url], lead=3600, rules=("lead:600",))
+    build.build(db, live, now=NOW)
+    sender = RecordingSender()
+    drain(db, live, lambda: sender, now=at(1801))
+    (first,) = [r for r in rows(db) if r["outcome"] == "sent"]
+    token = sender.sent[0].payload["reminder"]["token"]
+    feeds.items("/items.json", [item("standup", 6600)])
+    build.build(db, live, now=at(1900))
+    settled = actions.done(
+        db, first["device_id"], first["id"], token, same_within=live.rearm_threshold_seconds, now=at(1950)
+    )
+    assert settled == 0
+    drain(db, live, lambda: sender, now=at(3001))
+    again = {r["id"]: r for r in rows(db)}[first["id"]]
+    assert (again["outcome"], again["event_at"]) == ("sent", at(6600)), again
