@@ -111,7 +111,7 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
     ``ActionError`` (409) for an item no longer to remind of, or of a calendar the device has
     dropped. An agenda is its row (its build made it, and re-plans its snooze with the day)."""
     if row["source_id"] is None:
-        return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
+        return _as_sent(row)
     if not row["subscribed"]:
         raise ActionError(409, "unsubscribed", "the device no longer subscribes to this reminder's calendar")
     own_id = str(row["item_id"]).split(":", 1)[1]
@@ -119,7 +119,7 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
     raw = None if cached is None else Item.from_json(cached)
     attendees = frozenset(address_digest(a) for a in (row["attendees"] or "").split())
     if raw is None and not row["calendar_muted"] and _held(conn, row, own_id):
-        return _as_sent(row, now)
+        return _as_sent(row)
     if raw is None or row["calendar_muted"] or raw.declined_by(attendees):
         raise ActionError(409, "event_changed", "the event is no longer in its calendar (cancelled, declined or muted)")
     item = raw.for_local(zone_of(row))
@@ -134,10 +134,9 @@ def _held(conn: Any, row: dict[str, Any], own_id: str) -> bool:
     return ledger.held_as_read(conn, row["source_id"], own_id, series_key(own_id), row["event_at"].whole_seconds)
 
 
-def _as_sent(row: dict[str, Any], now: Instant) -> dict[str, Any]:
-    """The item as its row has it, for an event the last read kept as it was."""
-    if now >= row["expires_at"]:
-        raise ActionError(409, "event_ended", f"the event of reminder {row['id']} is over")
+def _as_sent(row: dict[str, Any]) -> dict[str, Any]:
+    """The item as its row has it (``_acted_on`` refused it if over): an agenda, or an event the
+    last read kept as it was."""
     return {k: row[k] for k in ("event_at", "expires_at", "title", "body")}
 
 

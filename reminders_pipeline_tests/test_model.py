@@ -100,7 +100,7 @@ from .model_support import (
 )
 
 EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
-STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "50"))
+STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "100"))
 RANDOM = os.environ.get("REMINDERS_MODEL_RANDOM") == "1"  # explore new sequences (CI repeats the same ones)
 # Another fixed set of sequences. Without it they follow from the machine's source: any edit of the
 # class draws others, so a change's effect on the reach is compared over several seeds.
@@ -126,6 +126,12 @@ DEVICES = ("d0", "d1", "d2", "d3")
 # its devices gone, or for a while all its targets in an outage, unreachable, misconfigured,
 # throttled or dropping connections.
 INITIAL_FAULTS = ("200", "gone", "503", "not_sent", "403", "429", "dropped")
+# Then every few steps each provider turns to the next answer of this round (each provider at its
+# own place in it): hypothesis draws an example's first answers in clusters, so a kind drawn for no
+# provider in a run would meet no sending operation; the round brings every kind to every one.
+# "gone": one target of its own the provider's sender cannot use, while the others answer.
+ROTATION = ("503", "not_sent", "403", "200", "429", "dropped", "gone")
+ROTATION_HOLDS = 3 * 86400  # a turn lasts until the next one, however far the clock moves meanwhile
 CALENDAR_RULES = ("lead:1500", "day:0@07:00")  # a calendar's own rules (``Device.calendar == "rules"``)
 WALL_TIMES = (90, 135, 165, 195, 420, 540, 720, 1350)  # minutes after local midnight: 01:30, 02:15, ...
 MAX_EVENTS = 5
@@ -320,6 +326,7 @@ class ReminderMachine(RuleBasedStateMachine):
         self.source_ids: dict[str, int] = {}
         self.checked = 0
         self.steps = 0  # operations run (``_on_alternate_steps``)
+        self.rotated_bad: list[str] = []  # targets ``rotate_faults`` made unusable for its turn
         self.streaked: set[int] = set()  # rows APNs or FCM answered 500/503: maybe an outage's
         # When each source was last read successfully, and each device's basis made (``transport.reads`` then).
         self.source_read: dict[int, int] = {}
@@ -374,18 +381,20 @@ class ReminderMachine(RuleBasedStateMachine):
 
     @initialize(start=st.sampled_from(STARTS), data=st.data())
     def start(self, start: str, data: st.DataObject) -> None:
-        """A morning to begin with: two to four devices (the first three of each provider in turn),
+        """A morning to begin with: three or four devices (the first three of each provider in turn),
         a few items in each feed, how each provider answers for a while (``INITIAL_FAULTS``), and a
         build."""
         self.now = self.clock_now = start.unix
         first = data.draw(st.integers(0, len(PROVIDERS) - 1), label="first provider")
-        for n, device_id in enumerate(DEVICES[: data.draw(st.integers(2, len(DEVICES)), label="devices")]):
+        for n, device_id in enumerate(DEVICES[: data.draw(st.integers(len(PROVIDERS), len(DEVICES)), label="devices")]):
             choices = [data.draw(s, label=name) for name, s in DEVICE_CHOICES.items()]
             if n < len(PROVIDERS):
                 choices[-1] = PROVIDERS[(first + n) % len(PROVIDERS)]
             self.put(device_id, *choices)
         for provider in PROVIDERS:
             self._initial_fault(provider, data)
+        self.rotation = data.draw(st.integers(0, len(ROTATION) - 1), label="rotation")
+        self.rotate_every = data.draw(st.sampled_from((2, 3, 5)), label="rotate every")
         for _ in range(data.draw(st.integers(1, 6), label="items")):
             self.add_event(*(data.draw(s, label=name) for name, s in EVENT_CHOICES.items()))
         if data.draw(st.booleans(), label="series"):
@@ -393,8 +402,8 @@ class ReminderMachine(RuleBasedStateMachine):
         self.build()
 
     def _initial_fault(self, provider: str, data: st.DataObject) -> None:
-        """How ``provider`` answers from the start, for a while: each fault kind as often as the
-        rest, so every sending operation meets each provider in each kind."""
+        """How ``provider`` answers from the start, for a while (each fault kind drawn as likely as
+        the rest; ``rotate_faults`` then turns it to the next kind every few steps)."""
         answer = data.draw(st.sampled_from(INITIAL_FAULTS), label=f"{provider} answers")
         seconds = data.draw(st.sampled_from((6 * 3600, 86400, 3 * 86400)), label=f"{provider} for")
         if answer == "gone":  # of one of its devices: the others answer
@@ -404,6 +413,28 @@ class ReminderMachine(RuleBasedStateMachine):
                 self.apns.answers[self.devices[mine[0]].token] = dead
         elif answer != "200":
             self.apns.outages[provider] = (answer, self.now + seconds)
+
+    def rotate_faults(self) -> None:
+        """Every ``rotate_every`` steps, each provider answers all its targets the next way of
+        ``ROTATION`` (a provider-wide outage, unreachable, misconfigured, throttled or dropping
+        connections, or fine), until the next turn."""
+        if self.steps % self.rotate_every:
+            return
+        turn = self.rotation + self.steps // self.rotate_every
+        for token in self.rotated_bad:  # the last turn's unusable targets are usable again
+            if self.apns.answers.get(token) == "bad":
+                del self.apns.answers[token]
+        self.rotated_bad = []
+        for i, provider in enumerate(PROVIDERS):
+            answer = ROTATION[(turn + 3 * i) % len(ROTATION)]
+            if answer in ("200", "gone"):
+                self.apns.outages.pop(provider, None)
+            else:
+                self.apns.outages[provider] = (answer, self.now + ROTATION_HOLDS)
+            mine = [d.token for _, d in sorted(self.devices.items()) if d.provider == provider]
+            if answer == "gone" and mine and mine[0] not in self.apns.answers:
+                self.apns.answers[mine[0]] = "bad"
+                self.rotated_bad.append(mine[0])
 
     @rule(seconds=st.sampled_from((1, 30, 120, 600, 1800, 3600, 3 * 3600)))
     def advance(self, seconds: int) -> None:
@@ -1199,35 +1230,8 @@ class ReminderMachine(RuleBasedStateMachine):
         last 10 s: a claim's transaction rolls back whole, a batch's last write loses what APNs
         answered, or (``committed``) commits but is reported lost. Nothing is sent twice and no row
         is left claimed once the pass ends."""
-        real, failed = settle_mod._write_returned, []
-
-        def flaky(conn: Any, returned: Any, claimer: str) -> Any:
-            if returned and len(failed) < lost and timer.t < until - 10:
-                failed.append(len(returned))
-                if committed and len(failed) == 1:
-                    real(conn, returned, claimer)
-                    conn.commit()
-                raise database_error(error, "UPDATE notification_queue ...")
-            return real(conn, returned, claimer)
-
-        timer = DrivenTimer(self.now)
-        dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), name="lossy", timer=timer)
-        until = self.now + span
-        settle_mod._write_returned = flaky  # type: ignore[assignment]
-        try:
-            self._pass(
-                lambda: asyncio.run(dispatcher.run(until=Instant.from_unix(until))),
-                due_by=until - 1,
-                clock=lambda: timer.t,
-            )
-        finally:
-            settle_mod._write_returned = real  # type: ignore[assignment]
-        self.now = max(self.now, until)
-        stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
-        if stuck:
-            raise PromiseBroken(
-                f"CLAIM_LEFT: rows {stuck} still claimed after a dispatcher pass whose writes the database lost {failed}"
-            )
+        statement = "UPDATE notification_queue ..."
+        self._lossy_pass(settle_mod, "_write_returned", statement, span, lost, committed, error, settles=True)
 
     @rule(
         span=st.sampled_from((60, 600)),
@@ -1240,35 +1244,45 @@ class ReminderMachine(RuleBasedStateMachine):
         answers again for its last 10 s): the claim's transaction rolls back, settlements written
         with it included, or (``committed``) commits and is reported failed. The rows it claimed
         were never sent: they are pending again, none is sent twice, none left claimed."""
-        real, failed = ledger.claim, []
+        statement = "UPDATE notification_queue SET status='claimed' ..."
+        # A failed claim backs the dispatcher off, maybe past the pass: not every due row settles.
+        self._lossy_pass(ledger, "claim", statement, span, lost, committed, error, settles=False)
 
-        def flaky(conn: Any, ids: Any, *args: Any, **kwargs: Any) -> Any:
-            if ids and len(failed) < lost and timer.t < until - 10:
-                failed.append(len(ids))
+    def _lossy_pass(
+        self, owner: Any, name: str, statement: str, span: int, lost: int, committed: bool, error: str, settles: bool
+    ) -> None:
+        """A dispatcher pass of ``span`` seconds whose first ``lost`` calls of ``owner.name`` with
+        rows to write fail with ``error`` (the first one, if ``committed``, after committing), until
+        its last 10 s; then no row may be left claimed by it."""
+        real, failed = getattr(owner, name), []
+
+        def flaky(conn: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if batch and len(failed) < lost and timer.t < until - 10:
+                failed.append(len(batch))
                 if committed and len(failed) == 1:
-                    real(conn, ids, *args, **kwargs)
+                    real(conn, batch, *args, **kwargs)
                     conn.commit()
-                raise database_error(error, "UPDATE notification_queue SET status='claimed' ...")
-            return real(conn, ids, *args, **kwargs)
+                raise database_error(error, statement)
+            return real(conn, batch, *args, **kwargs)
 
         timer = DrivenTimer(self.now)
         dispatcher = Dispatcher(self.db, self.settings, self.apns.factory(), name="lossy", timer=timer)
         until = self.now + span
-        ledger.claim = flaky  # type: ignore[assignment]
+        setattr(owner, name, flaky)
         try:
             self._pass(
                 lambda: asyncio.run(dispatcher.run(until=Instant.from_unix(until))),
                 due_by=until - 1,
                 clock=lambda: timer.t,
-                settles=False,  # a failed claim backs the dispatcher off, maybe past the pass
+                settles=settles,
             )
         finally:
-            ledger.claim = real  # type: ignore[assignment]
+            setattr(owner, name, real)
         self.now = max(self.now, until)
         stuck = [r["id"] for r in self._rows() if r["claimed_by"] == "lossy" and r["status"] == "claimed"]
         if stuck:
             raise PromiseBroken(
-                f"CLAIM_LEFT: rows {stuck} still claimed after a pass whose claims failed {failed} ({error})"
+                f"CLAIM_LEFT: rows {stuck} still claimed after a pass that lost {name} {failed} ({error})"
             )
 
     def _pass(
@@ -1746,6 +1760,7 @@ def _counting(fn: Any, initial: bool) -> Any:
     def run(machine: ReminderMachine, **kwargs: Any) -> Any:
         if not initial:
             machine.steps += 1
+            machine.rotate_faults()
             machine.reach.ran(fn.__name__, machine.provider_faults())
         result = fn(machine, **kwargs)
         if initial:
