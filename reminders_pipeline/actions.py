@@ -79,7 +79,10 @@ def _shown_by(token: str) -> Instant | None:
     _, dot, at = token.partition(".")
     if not dot or not at.isascii() or not at.isdigit() or len(at) > 12:
         return None
-    return Instant.from_unix(int(at))
+    try:
+        return Instant.from_unix(int(at))
+    except ValueError:  # past the year 9999: no alert showed it
+        return None
 
 
 def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: Instant) -> dict[str, Any]:

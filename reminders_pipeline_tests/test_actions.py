@@ -74,7 +74,14 @@ def test_a_token_naming_another_instant_acts_on_nothing(db, cli, mock, phone):
     """The instant in the token is signed with the rest: changed, the token is not this alert's."""
     payload = sent_alert(cli, mock)
     digest, _, shown_at = payload["reminder"]["token"].partition(".")
-    for forged in (f"{digest}.{int(shown_at) + 3600}", digest, f"{digest}.", f"{digest}.x{shown_at}"):
+    forged_tokens = (
+        f"{digest}.{int(shown_at) + 3600}",
+        digest,
+        f"{digest}.",
+        f"{digest}.x{shown_at}",
+        f"{digest}.999999999999",
+    )
+    for forged in forged_tokens:
         r = act(phone, payload["reminder"]["id"], "done", token=forged)
         assert (r.status_code, r.json()["error"]) == (401, "wrong_action_token"), (forged, r.text)
     assert row_of(db, "lead:1800")["outcome"] == "sent"
