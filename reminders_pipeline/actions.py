@@ -6,7 +6,8 @@ that instant after a dot. The app posts the action back with the device's creden
 so a row id alone acts on nothing, and Done knows which occurrence the person saw even after a
 build re-armed the row for a moved event; the token is never recorded, though whoever holds the
 credential can compute it. A new credential (``credential rotate``) ends the tokens of alerts sent
-before it. A token without the instant (alerts sent before tokens carried it) means the row's.
+before it. A token without the instant (alerts sent before tokens carried it) names the event as
+the row has it now.
 
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
 ``MAX_SNOOZES``), of the item as its calendar was last read (that one item of the cached parse;
@@ -17,7 +18,9 @@ hours, never after the item's end). From then on the build plans it like a rule'
 the answer (``uq_queue_snoozed_from``). Done settles the occurrence's other pending reminders on
 the device ``acknowledged`` (repeats, snoozes, later leads): those of the instant the person saw,
 not those a build has since moved to another time by the re-arm threshold (another appointment);
-one already claimed is on its way and goes. Both refuse a late or foreign action and change nothing.
+one already claimed is on its way and goes. Done on an alert of a row re-armed since is answered
+(it settles what is left of that instant); Snooze of one is refused ``event_moved``: the re-armed
+row's own alert is the one to snooze. Both refuse a late or foreign action and change nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from . import ledger
 from .db import Database
 from .feed import Item, address_digest, series_key
 from .rules import MAX_SNOOZES, Rule
-from .times import Instant
+from .times import MAX_UNIX, Instant
 from .zones import zone_of
 
 CATEGORY = "REMINDER"  # the app registers it with the actions below
@@ -77,29 +80,28 @@ def action_token(credential_hash: str, device_id: str, row_id: int, shown: Insta
 def _shown_by(token: str) -> Instant | None:
     """The instant a token says its alert showed; None for an old token or one that names none."""
     _, dot, at = token.partition(".")
-    if not dot or not at.isascii() or not at.isdigit() or len(at) > 12:
+    if not dot or not at.isascii() or not at.isdigit() or int(at) > MAX_UNIX:
         return None
-    try:
-        return Instant.from_unix(int(at))
-    except ValueError:  # past the year 9999: no alert showed it
-        return None
+    return Instant.from_unix(int(at))
 
 
 def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: Instant) -> dict[str, Any]:
-    """The sent alert an action names, with ``shown``, the event's instant the alert showed; or
+    """The row an alert names, with ``shown``, the event's instant the alert showed; or
     ``ActionError``: 404 for a row of no alert of this device, 401 for a wrong token, 409 for a row
     that sent nothing or an item already over. ``token`` None: an operator's action (the CLI),
     which needs none and means the row as it stands. An alert of an instant the row no longer
-    holds was sent before a build re-armed the row; it is acted on while the re-armed send waits."""
+    holds was sent before a build re-armed the row (a sent row's event changes only so): it is
+    answered whatever the re-armed row's state."""
     row = ledger.acted_on(conn, row_id)
     if row is None or row["device_id"] != device_id or not row["registered"]:
         raise ActionError(404, "no_reminder", f"device {device_id!r} has no reminder {row_id}")
-    shown = row["event_at"] if token is None else _shown_by(token)
+    shown = None if token is None else _shown_by(token)
     if token is not None:
         expected = action_token(row["credential_hash"] or "", device_id, row_id, shown)
         if not row["credential_hash"] or not hmac.compare_digest(token.encode(), expected.encode()):
             raise ActionError(401, "wrong_action_token", "the action token is not this reminder's")
-    shown = shown or row["event_at"]
+    if shown is None:
+        shown = row["event_at"]
     if row["outcome"] != "sent" and shown == row["event_at"]:
         raise ActionError(409, "not_sent", f"reminder {row_id} sent no alert: nothing to act on")
     if now >= row["expires_at"]:
@@ -157,6 +159,8 @@ def snooze(
     now = now or Instant.now()
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
+        if origin["shown"] != origin["event_at"]:
+            raise ActionError(409, "event_moved", "the event moved since this alert: snooze its newer alert")
         at = _snooze_time(now, seconds, until)
         item = _as_last_read(conn, origin, now)
     with db.write() as conn:
@@ -198,13 +202,15 @@ def done(
 ) -> int:
     """Settle the occurrence's other pending reminders on this device ``acknowledged``; how many.
 
-    Only those whose event is within ``same_within`` seconds (``REMINDERS_REARM_THRESHOLD_SECONDS``)
-    of the one the alert showed: a build that moved the event further, before or during this
+    Only those whose event is less than ``same_within`` seconds (``REMINDERS_REARM_THRESHOLD_SECONDS``)
+    from the one the alert showed, as a build tells a small move from a re-arm: a build that moved the event further, before or during this
     call, made another appointment of it, whose reminders stay. The statement checks it itself,
     so a build committing between the read here and the write cannot widen it."""
     now = now or Instant.now()
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
-    seen = origin["shown"]
+    seen: Instant = origin["shown"]
+    near = same_within * 1000  # kept within the instants there are: a token may name 1970 or 9999
+    window = (Instant(max(0, seen.ms - near)), Instant(min(MAX_UNIX * 1000, seen.ms + near)))
     with db.write() as conn:
-        return ledger.acknowledge(conn, device_id, origin["item_id"], (seen - same_within, seen + same_within), now)
+        return ledger.acknowledge(conn, device_id, origin["item_id"], window, now)

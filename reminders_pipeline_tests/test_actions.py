@@ -87,6 +87,26 @@ def test_a_token_naming_another_instant_acts_on_nothing(db, cli, mock, phone):
     assert row_of(db, "lead:1800")["outcome"] == "sent"
 
 
+def test_a_signed_token_naming_the_ends_of_time_is_answered(db, cli, mock, phone):
+    """Whoever holds the credential can sign any instant: one at 1970 or 9999 settles nothing of
+    this alert's event and is answered, never a 500."""
+    from sqlalchemy import select
+
+    from reminders_pipeline.schema import devices
+    from reminders_pipeline.times import MAX_UNIX
+
+    payload = sent_alert(cli, mock)
+    row_id = payload["reminder"]["id"]
+    with db.read() as conn:
+        key = conn.scalar(select(devices.c.credential_hash).where(devices.c.id == "phone"))
+    for at in (0, 5, MAX_UNIX):
+        r = act(phone, row_id, "done", token=action_token(key, "phone", row_id, Instant.from_unix(at)))
+        assert (r.status_code, r.json()["acknowledged"]) == (200, 0), r.text
+    assert [r["status"] for r in rows(db, device_id="phone") if r["rule"] != "lead:1800"] == ["pending"] * (
+        len(rows(db, device_id="phone")) - 1
+    )
+
+
 def test_snooze_queues_one_row_sent_at_its_time_and_snoozing_it_again_makes_the_next(db, cli, mock, phone):
     payload = sent_alert(cli, mock)
     token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]

@@ -100,7 +100,7 @@ from .model_support import (
 )
 
 EXAMPLES = int(os.environ.get("REMINDERS_MODEL_EXAMPLES", "200"))
-STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "100"))
+STEPS = int(os.environ.get("REMINDERS_MODEL_STEPS", "150"))
 RANDOM = os.environ.get("REMINDERS_MODEL_RANDOM") == "1"  # explore new sequences (CI repeats the same ones)
 # Another fixed set of sequences. Without it they follow from the machine's source: any edit of the
 # class draws others, so a change's effect on the reach is compared over several seeds.
@@ -1029,6 +1029,15 @@ class ReminderMachine(RuleBasedStateMachine):
                 return s.action_token
         return None  # sent by a double that saw no token (a device with no credential): as an operator
 
+    def _token_ended(self, row: dict[str, Any]) -> bool:
+        """Whether the device's credential changed since the alert's token was made (removed and
+        registered again): a new credential ends the tokens of the alerts sent before it."""
+        token = self._token(row)
+        with self.db.read() as conn:
+            key = conn.scalar(select(devices_t.c.credential_hash).where(devices_t.c.id == row["device_id"]))
+        shown = Instant.from_unix(int(token.rpartition(".")[2])) if token and "." in token else None
+        return token is not None and token != actions.action_token(key or "", row["device_id"], row["id"], shown)
+
     def _snooze_row(self, row: dict[str, Any], seconds: int, repeat: bool) -> None:
         if OPEN_AGENDA_SNOOZE and is_agenda(row["rule"]) and not self._agenda_events(row["device_id"], row["item_id"]):
             STATS["open_agenda_snooze_left_out"] = STATS.get("open_agenda_snooze_left_out", 0) + 1
@@ -1039,6 +1048,8 @@ class ReminderMachine(RuleBasedStateMachine):
         except actions.ActionError as exc:
             if exc.code == "no_reminder" and row["device_id"] not in self.devices:
                 return  # removed: its rows stay in the ledger and act on nothing
+            if exc.code == "wrong_action_token" and self._token_ended(row) and self._rows() == before:
+                return
             if self._rows() != before:
                 raise PromiseBroken(f"REFUSED_ACTION_CHANGED_ROWS: snooze of row {row['id']} ({exc.code})") from None
             expected = self._snooze_refusal(row, seconds)
@@ -1064,6 +1075,9 @@ class ReminderMachine(RuleBasedStateMachine):
         the model cannot say (a device with a dead token is not read for)."""
         if row["device_id"] in self._invalid_devices():
             return None
+        now_row = {r["id"]: r for r in self._rows()}.get(row["id"])
+        if now_row is not None and now_row["event_at"] != row["event_at"]:
+            return "event_moved"  # re-armed since its alert: the newer alert is the one to snooze
         if self.now >= row["expires_at"].unix:
             return "event_ended"
         ends = row["expires_at"].unix
@@ -1096,7 +1110,7 @@ class ReminderMachine(RuleBasedStateMachine):
         pending = [
             r for r in self._rows()
             if (r["device_id"], r["item_id"], r["status"]) == (row["device_id"], row["item_id"], "pending")
-            and abs(r["event_at"].unix - row["event_at"].unix) <= near
+            and abs(r["event_at"].unix - row["event_at"].unix) < near
         ]  # fmt: skip
         try:
             settled = actions.done(
@@ -1104,6 +1118,8 @@ class ReminderMachine(RuleBasedStateMachine):
             )
         except actions.ActionError as exc:
             if exc.code == "no_reminder" and row["device_id"] not in self.devices:
+                return
+            if exc.code == "wrong_action_token" and self._token_ended(row):
                 return
             if exc.code != "event_ended" or self.now < row["expires_at"].unix:
                 raise PromiseBroken(f"DONE_REFUSED: row {row['id']} at {self.iso}: {exc.code}") from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reminders_pipeline import build
 from reminders_pipeline.drain import drain
 from reminders_pipeline.ics import parse_ics_feed
@@ -134,11 +136,13 @@ def test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent(db, settings, feeds
     assert all(r["outcome"] != "sent" for r in snoozes), snoozes
 
 
-def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("shift", [1200, 300])
+def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db, settings, feeds, shift) -> None:  # type: ignore[no-untyped-def]
     """The hour's alert of a 09:30 meeting went; the meeting moves to 09:50, past the re-arm
     threshold, and the hour's reminder goes again for the new time. Done pressed on the first alert,
     still on screen, is about the 09:30 occurrence: it settles nothing of 09:50, whose 10-minute
-    reminder stays pending. The model (act_around_change(action='done', change='rearm')) found it
+    reminder stays pending; so too for a move of exactly the threshold (300 s), which re-arms. The
+    model (act_around_change(action='done', change='rearm')) found it
     acknowledged, DONE_MISSED: the re-armed row keeps the first alert's id, so its Done reads the
     new time. The alert's action token names the instant it showed, and Done settles that one."""
     from reminders_pipeline import actions
@@ -151,9 +155,10 @@ def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db,
     drain(db, live, lambda: sender, now=at(1801))  # 08:30:01Z: the hour's alert
     (first,) = [r for r in rows(db) if r["outcome"] == "sent"]
     token = sender.sent[0].payload["reminder"]["token"]
-    feeds.items("/items.json", [item("standup", 6600)])  # 09:50Z: 20 minutes later
+    assert shift >= live.rearm_threshold_seconds == 300
+    feeds.items("/items.json", [item("standup", 5400 + shift)])  # 09:50Z, or 09:35Z
     build.build(db, live, now=at(1900))
-    drain(db, live, lambda: sender, now=at(3001))  # 08:50:01Z: the hour's alert again, for 09:50
+    drain(db, live, lambda: sender, now=at(1801 + shift))  # the hour's alert again, for the new time
     actions.done(db, first["device_id"], first["id"], token, same_within=live.rearm_threshold_seconds, now=at(3100))
     (ten,) = [r for r in rows(db) if r["rule"] == "lead:600"]
     assert (ten["status"], ten["outcome"]) == ("pending", None), ten
@@ -174,6 +179,9 @@ def test_done_on_an_alert_whose_row_waits_to_go_again_is_answered_and_settles_no
     token = sender.sent[0].payload["reminder"]["token"]
     feeds.items("/items.json", [item("standup", 6600)])
     build.build(db, live, now=at(1900))
+    with pytest.raises(actions.ActionError) as refused:  # the re-armed row's own alert is the one to snooze
+        actions.snooze(db, first["device_id"], first["id"], token, seconds=60, now=at(1950))
+    assert refused.value.code == "event_moved"
     settled = actions.done(
         db, first["device_id"], first["id"], token, same_within=live.rearm_threshold_seconds, now=at(1950)
     )

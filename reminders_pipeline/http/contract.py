@@ -156,7 +156,10 @@ class DrainRequest(Request):
 
 
 ACTION_TOKEN = Field(
-    min_length=1, max_length=64, description="The alert's `reminder.token`: proves the action names an alert sent here."
+    min_length=1,
+    max_length=64,
+    description="The alert's `reminder.token`, as it came: proves the action names an alert sent here, and names "
+    "the event's start the alert showed (after the dot, Unix seconds).",
 )
 
 
@@ -667,8 +670,9 @@ VAPID_PUBLIC_KEY = Operation(
 ACTION_ANSWERS = {
     404: Answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),
     409: Answer(
-        "`not_sent` (the row sent no alert), `event_ended`, `snooze_limit` (12 snoozes already) or `busy` "
-        "(try again). Nothing was changed."
+        "`not_sent` (the row sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted), "
+        "`unsubscribed`, `event_moved` (snooze only: the event moved since this alert; snooze its newer one), "
+        "`snooze_limit` (12 snoozes already) or `busy` (try again). Nothing was changed."
     ),
 }
 ACTION_UNAUTHORIZED = Answer(

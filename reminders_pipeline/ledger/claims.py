@@ -344,7 +344,7 @@ def refund_attempts(conn: Connection, refunds: Mapping[int, int], now: Instant) 
 def acknowledge(
     conn: Connection, device_id: str, item_id: str, event_between: tuple[Instant, Instant], now: Instant
 ) -> int:
-    """Settle the item's pending reminders on this device whose event starts within
+    """Settle the item's pending reminders on this device whose event starts strictly between
     ``event_between`` ``acknowledged``; a claimed one is in flight and goes. Returns how many.
     A snooze of it voided while its item was away (``REVIVABLE_VOIDS``), which a build would bring
     back with the item, is acknowledged too (not counted): Done ends it as well. Locked in id order
@@ -353,8 +353,8 @@ def acknowledge(
     occurrence = (
         q.c.device_id == device_id,
         q.c.item_id == item_id,
-        q.c.event_at >= event_between[0],
-        q.c.event_at <= event_between[1],
+        q.c.event_at > event_between[0],
+        q.c.event_at < event_between[1],
     )
     pending = (*occurrence, q.c.status == PENDING)
     revivable = (
