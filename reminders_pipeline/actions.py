@@ -202,10 +202,11 @@ def done(
 ) -> int:
     """Settle the occurrence's other pending reminders on this device ``acknowledged``; how many.
 
-    Only those whose event is less than ``same_within`` seconds (``REMINDERS_REARM_THRESHOLD_SECONDS``)
-    from the one the alert showed, as a build tells a small move from a re-arm: a build that moved the event further, before or during this
-    call, made another appointment of it, whose reminders stay. The statement checks it itself,
-    so a build committing between the read here and the write cannot widen it."""
+    Only those whose event is less than ``same_within`` seconds
+    (``REMINDERS_REARM_THRESHOLD_SECONDS``) from the one the alert showed, as a build tells a small
+    move from a re-arm: a build that moved the event further, before or during this call, made
+    another appointment of it, whose reminders stay. The statement checks it itself, so a build
+    committing between the read here and the write cannot widen it."""
     now = now or Instant.now()
     with db.read() as conn:  # refused without taking the write lock
         origin = _acted_on(conn, device_id, row_id, token, now)
