@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .times import Instant
@@ -118,10 +118,11 @@ class PayloadLimit:
     wire: Callable[[Notification], bytes]
 
 
+@cache
 def payload_limit(provider: str) -> PayloadLimit:
     """The payload limit of ``provider`` (``devices.provider``), from its own module: imported
     here, on first use, as ``default_sender_factory`` imports its sender, so what composes an
-    alert depends on no provider."""
+    alert depends on no provider. Cached: every row of a drain asks."""
     if provider == "webpush":
         from .webpush import PAYLOAD_LIMIT as webpush_limit  # noqa: PLC0415
 
