@@ -12,7 +12,7 @@ the row has it now.
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
 ``MAX_SNOOZES``), of the item as its calendar was last read (that one item of the cached parse;
 a sent row keeps it as sent; one since cancelled or declined, or of a calendar the device dropped,
-is refused), sent at the time asked with the same guards as any reminder (claimed once, quiet
+is refused; an agenda's lists its day as the device's calendars were last read), sent at the time asked with the same guards as any reminder (claimed once, quiet
 hours, never after the item's end). From then on the build plans it like a rule's row
 (``plan.want_snoozes``). A repeated Snooze of one alert makes no second row: the row it made is
 the answer (``uq_queue_snoozed_from``). Done settles the occurrence's other pending reminders on
@@ -32,8 +32,11 @@ from typing import Any
 
 from . import ledger
 from .db import Database
-from .feed import Item, address_digest, series_key
+from .feed import Item, ParsedFeed, address_digest, series_key
+from .plan import plan_device
 from .rules import MAX_SNOOZES, Rule
+from .sources import SourceRead
+from .subscription import CalendarSettings
 from .times import MAX_UNIX, Instant
 from .zones import zone_of
 
@@ -77,7 +80,7 @@ def action_token(credential_hash: str, device_id: str, row_id: int, shown: Insta
     return digest if shown is None else f"{digest}.{shown.whole_seconds}"
 
 
-def _shown_by(token: str) -> Instant | None:
+def shown_by(token: str) -> Instant | None:
     """The instant a token says its alert showed; None for an old token or one that names none."""
     _, dot, at = token.partition(".")
     if not dot or not at.isascii() or not at.isdigit() or int(at) > MAX_UNIX:
@@ -95,7 +98,7 @@ def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: In
     row = ledger.acted_on(conn, row_id)
     if row is None or row["device_id"] != device_id or not row["registered"]:
         raise ActionError(404, "no_reminder", f"device {device_id!r} has no reminder {row_id}")
-    shown = None if token is None else _shown_by(token)
+    shown = None if token is None else shown_by(token)
     if token is not None:
         expected = action_token(row["credential_hash"] or "", device_id, row_id, shown)
         if not row["credential_hash"] or not hmac.compare_digest(token.encode(), expected.encode()):
@@ -116,7 +119,7 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
     ``ActionError`` (409) for an item no longer to remind of, or of a calendar the device has
     dropped. An agenda is its row (its build made it, and re-plans its snooze with the day)."""
     if row["source_id"] is None:
-        return _as_sent(row)
+        return _agenda_as_last_read(conn, row, now)
     if not row["subscribed"]:
         raise ActionError(409, "unsubscribed", "the device no longer subscribes to this reminder's calendar")
     own_id = str(row["item_id"]).split(":", 1)[1]
@@ -131,6 +134,43 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
     if now >= item.expires:
         raise ActionError(409, "event_ended", f"the event of reminder {row['id']} is over")
     return {"event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
+
+
+def _agenda_as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any]:
+    """An agenda's day as the device's calendars were last read (each one's cached parse) and as
+    the device is set now, worded as a build would: a snooze of it lists what the day holds now,
+    and one of a day left with no event is refused (409), as a snooze of a cancelled event is.
+    While one of those calendars has never been read whole, the day is as the agenda was sent: a
+    build too leaves agendas as they are then. Reads every cached parse of the device's
+    calendars, which only an agenda's snooze needs."""
+    found = ledger.select_build_devices(conn, device_ids=[row["device_id"]])
+    if not found:
+        return _as_sent(row)
+    device, device_id = found[0], row["device_id"]
+    own = ledger.calendar_settings(conn, [device_id])[device_id]
+    device["calendars"] = {sid: CalendarSettings.of_columns(c) for sid, c in sorted(own.items())}
+    subscribed = ledger.subscriptions(conn, [device_id])[device_id]
+    reads = {
+        sid: SourceRead(sid, source["url"], feed=feed)
+        for sid, source in ledger.sources_by_id(conn, subscribed).items()
+        if (feed := _cached_feed(source["feed_cache"])) is not None
+    }
+    plan = plan_device(device, subscribed, reads, now, 0, after=now)
+    if plan.agenda_of is None:  # no agenda rule now, or a calendar with no read: as sent
+        return _as_sent(row)
+    day = plan.agenda_of(row["item_id"])
+    if day is None:
+        raise ActionError(409, "event_changed", "the agenda's day holds no event now (cancelled, declined or muted)")
+    return {**_as_sent(row), "title": day["title"], "body": day["body"]}
+
+
+def _cached_feed(cached: str | None) -> ParsedFeed | None:
+    """A calendar's cached parse, or None for one never read (or unreadable, as a widget's feed
+    takes it: read again by the next build)."""
+    try:
+        return None if cached is None else ParsedFeed.from_json(cached)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _held(conn: Any, row: dict[str, Any], own_id: str) -> bool:

@@ -233,3 +233,39 @@ def test_a_snoozed_agenda_says_the_day_as_last_read(db, cli, feeds, mock):
     cli("drain", "--now", "2026-09-10T08:01:01Z")
     (again,) = [r for r in mock.wait_for_requests(2) if r.payload["reminder"]["rule"] == "snooze:1"]
     assert again.payload["aps"]["alert"] == {"title": "Today: 1 event", "body": "11:00 Review (back)"}
+
+
+def test_a_snooze_due_before_the_next_build_says_the_day_as_last_read(db, cli, feeds, mock):
+    """Issue 38 (3): the agenda went; a build reads Standup cancelled; the agenda is snoozed 5
+    minutes and drained before any build re-plans the snooze. It lists the day as last read, not
+    the agenda's old words. (Before: "10:00 Standup · 11:00 Review" again.)"""
+    url = feeds.items("/a.json", [event("standup", DAY + 10 * 3600), event("review", DAY + 11 * 3600)])
+    put(cli, "--source", url, "--rule", "agenda@07:00", "--tz", "UTC")
+    cli("build", "--all", "--now", "2026-09-10T06:30:00Z")
+    cli("drain", "--now", "2026-09-10T07:00:01Z")
+    (sent,) = mock.wait_for_requests(1)
+    feeds.items("/a.json", [event("review", DAY + 11 * 3600)])
+    cli("build", "--all", "--now", "2026-09-10T07:10:00Z")
+    row_id = str(sent.payload["reminder"]["id"])
+    cli("queue", "snooze", "phone", row_id, "--seconds", "300", "--now", "2026-09-10T07:11:00Z")
+    cli("drain", "--now", "2026-09-10T07:16:01Z")
+    (again,) = [r for r in mock.wait_for_requests(2) if r.payload["reminder"]["rule"] == "snooze:1"]
+    assert again.payload["aps"]["alert"] == {"title": "Today: 1 event", "body": "11:00 Review"}
+
+
+def test_a_snooze_of_an_agenda_whose_day_was_read_empty_is_refused(db, cli, feeds, mock):
+    """Issue 38 (3): the agenda went; a build reads the day's only event cancelled. A snooze of
+    the agenda is refused as a snooze of a cancelled event is (409 ``event_changed``), and nothing
+    is queued: before, it was made and, due before the next build, sent with the old words."""
+    url = feeds.items("/a.json", [event("standup", DAY + 10 * 3600)])
+    put(cli, "--source", url, "--rule", "agenda@07:00", "--tz", "UTC")
+    cli("build", "--all", "--now", "2026-09-10T06:30:00Z")
+    cli("drain", "--now", "2026-09-10T07:00:01Z")
+    (sent,) = mock.wait_for_requests(1)
+    feeds.items("/a.json", [])
+    cli("build", "--all", "--now", "2026-09-10T07:10:00Z")
+    before = rows(db, device_id="phone")
+    row_id = str(sent.payload["reminder"]["id"])
+    refused = cli("queue", "snooze", "phone", row_id, "--seconds", "300", "--now", "2026-09-10T07:11:00Z", code=1)
+    assert "event_changed" in refused.output
+    assert rows(db, device_id="phone") == before

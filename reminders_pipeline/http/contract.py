@@ -670,8 +670,8 @@ VAPID_PUBLIC_KEY = Operation(
 ACTION_ANSWERS = {
     404: Answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),
     409: Answer(
-        "`not_sent` (the row sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted), "
-        "`unsubscribed`, `event_moved` (snooze only: the event moved since this alert; snooze its newer one), "
+        "`not_sent` (the row sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted; "
+        "an agenda: its day left with no event), `unsubscribed`, `event_moved` (snooze only: the event moved since this alert; snooze its newer one), "
         "`snooze_limit` (12 snoozes already) or `busy` (try again). Nothing was changed."
     ),
 }
