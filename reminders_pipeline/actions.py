@@ -12,8 +12,9 @@ the row has it now.
 Snooze queues one new row, ``snooze:N`` (the item's N-th snooze on this device, at most
 ``MAX_SNOOZES``), of the item as its calendar was last read (that one item of the cached parse;
 a sent row keeps it as sent; one since cancelled or declined, or of a calendar the device dropped,
-is refused; an agenda's lists its day as the device's calendars were last read), sent at the time asked with the same guards as any reminder (claimed once, quiet
-hours, never after the item's end). From then on the build plans it like a rule's row
+is refused; an agenda's lists its day as the device's calendars were last read), sent at the
+time asked with the same guards as any reminder (claimed once, quiet hours, never after the
+item's end). From then on the build plans it like a rule's row
 (``plan.want_snoozes``). A repeated Snooze of one alert makes no second row: the row it made is
 the answer (``uq_queue_snoozed_from``). Done settles the occurrence's other pending reminders on
 the device ``acknowledged`` (repeats, snoozes, later leads): those of the instant the person saw,
@@ -117,7 +118,7 @@ def _as_last_read(conn: Any, row: dict[str, Any], now: Instant) -> dict[str, Any
     in the device's zone: a sent row keeps the item as it was sent, and the item may since have
     moved a little (too little to be sent again), been retitled, cancelled or declined.
     ``ActionError`` (409) for an item no longer to remind of, or of a calendar the device has
-    dropped. An agenda is its row (its build made it, and re-plans its snooze with the day)."""
+    dropped. An agenda is its day as last read (``_agenda_as_last_read``)."""
     if row["source_id"] is None:
         return _agenda_as_last_read(conn, row, now)
     if not row["subscribed"]:
