@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 from aioapns import APNs, NotificationRequest, PushType  # noqa: E402
 from aioapns.connection import APNsProductionClientProtocol  # noqa: E402
 
-from reminders_pipeline.apns import AioApnsSender  # noqa: E402
-from reminders_pipeline.sender import Notification  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.domain.wire import Notification  # noqa: E402
+from reminders_pipeline.providers.apns import AioApnsSender  # noqa: E402
 
 
 class MockHandle:

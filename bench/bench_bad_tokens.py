@@ -27,10 +27,10 @@ from bench_ledger import fresh, subscribe_every_device  # noqa: E402
 from bench_timeliness import Running, percentiles, queue  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
-from reminders_pipeline.build import queue_rows
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
+from reminders_pipeline.ledger.schema import devices, notification_queue  # noqa: E402
+from reminders_pipeline.planning.build import queue_rows
 
 BAD = 20
 BAR_P99_SECONDS = 1.0

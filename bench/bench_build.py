@@ -40,13 +40,13 @@ from bench_ledger import fresh  # noqa: E402
 from feed_server import ZONES  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
-from reminders_pipeline.build import build  # noqa: E402
-from reminders_pipeline.devices import chunk_of  # noqa: E402
-from reminders_pipeline.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.source_reads import make_reader, read_window  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
-from reminders_pipeline.zones import Zone, _wall_to_unix  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
+from reminders_pipeline.devices.registration import chunk_of  # noqa: E402
+from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, device_rules, parse_rule  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.domain.zones import Zone, _wall_to_unix  # noqa: E402
+from reminders_pipeline.planning.build import build  # noqa: E402
+from reminders_pipeline.planning.source_reads import make_reader, read_window  # noqa: E402
 from reminders_pipeline_testing.stack import free_port  # noqa: E402
 
 TOKEN = "ab" * 32
@@ -237,7 +237,7 @@ def register(
                 values |= RICH_DEVICE if rich else {}
                 ledger.upsert_device(conn, {**values, "tz_name": (zones or {}).get(d)}, now)
         from reminders_pipeline.ledger._common import insert_on_conflict  # noqa: PLC0415
-        from reminders_pipeline.schema import device_sources, sources
+        from reminders_pipeline.ledger.schema import device_sources, sources
 
         conn.execute(
             insert_on_conflict(conn)(sources).on_conflict_do_nothing(), [{"url": u, "created_at": now} for u in urls]

@@ -28,11 +28,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_build import FAST_HOSTS, register, start_server  # noqa: E402
 from bench_ledger import PG_SERVER  # noqa: E402
 
-from reminders_pipeline import migrate  # noqa: E402
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.devices import chunk_of  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
+from reminders_pipeline.devices.registration import chunk_of  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger import migrate  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
 from reminders_pipeline_testing.celery_workers import (  # noqa: E402
     Worker,
     celery_config,

@@ -33,13 +33,14 @@ from typing import Any
 
 import dagster as dg
 
-from reminders_pipeline import migrate
-from reminders_pipeline.build import build
-from reminders_pipeline.db import Database
-from reminders_pipeline.demo import DEV_INSTANCE_YAML
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.drain import drain
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.dev.demo import DEV_INSTANCE_YAML
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.sending.drain import drain
 
 CHUNKS = Settings.from_env().chunk_count
 TOKEN = "ab" * 32
@@ -215,7 +216,7 @@ def core_drain_baseline(tmp: Path, due: int) -> dict[str, Any]:
         db = Database(settings.database_url)
         build(db, settings)
     started = time.perf_counter()
-    summary = drain(db, settings)
+    summary = drain(db, settings, checked_sender_factory(db, settings))
     wall = time.perf_counter() - started
     db.dispose()
     return {"due_rows": due, "settled": summary.outcomes.get("disabled", 0), "wall_seconds": round(wall, 2)}

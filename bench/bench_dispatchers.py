@@ -27,8 +27,8 @@ from bench_apns_raw import MockHandle  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
 from bench_timeliness import load, queue, settled_of, start_dispatchers, stop_dispatchers  # noqa: E402
 
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
 
 BAR = 1.7
 LEAD_SECONDS = 6.0  # the burst's send_after, this far after the dispatchers start

@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_apns_raw import MockHandle, notifications, send_raw, send_with_sender  # noqa: E402
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
-from reminders_pipeline import apns_transport  # noqa: E402
-from reminders_pipeline.drain import drain  # noqa: E402
-from reminders_pipeline.sender import default_sender_factory  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.providers import apns_transport  # noqa: E402
+from reminders_pipeline.providers.routing import default_sender_factory  # noqa: E402
+from reminders_pipeline.sending.drain import drain  # noqa: E402
 
 
 def full_drain(mock: MockHandle, kind: str, n: int, concurrency: int) -> dict:

@@ -18,14 +18,15 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.build import queue_rows
-from reminders_pipeline.db import Database
-from reminders_pipeline.drain import send_batch
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger import migrate
 from reminders_pipeline.ledger import queue as ledger_queue
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import queue_rows
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import send_batch
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 T0 = 1_789_000_000

@@ -33,10 +33,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import fresh  # noqa: E402  one way to make a throwaway ledger for every benchmark
 
-from reminders_pipeline.db import Database
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.http.metrics import Metrics
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.ledger.db import Database
 
 T0 = 1_789_000_000  # the scrape's now
 NOW = Instant.from_unix(T0)

@@ -27,8 +27,8 @@ import uuid
 
 from sqlalchemy import create_engine, text
 
-from reminders_pipeline import migrate
-from reminders_pipeline.db import Database
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 
 PG_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -37,12 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # reminders_pip
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
-from reminders_pipeline.drain import drain  # noqa: E402
-from reminders_pipeline.push_subscription import _b64, parse_subscription  # noqa: E402
-from reminders_pipeline.sender import default_sender_factory  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
-from reminders_pipeline.webpush import generate_key  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.providers.push_subscription import _b64, parse_subscription  # noqa: E402
+from reminders_pipeline.providers.routing import default_sender_factory  # noqa: E402
+from reminders_pipeline.providers.webpush import generate_key  # noqa: E402
+from reminders_pipeline.sending.drain import drain  # noqa: E402
 from reminders_pipeline_testing.mock_fcm import MockFcm  # noqa: E402
 from reminders_pipeline_testing.mock_webpush import MockWebPush  # noqa: E402
 

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_build import register  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
 
-from reminders_pipeline import build as build_mod  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.planning import build as build_mod  # noqa: E402
 
 T0 = 1_789_000_000
 DEVICES = 300

@@ -33,15 +33,15 @@ from bench_ledger import fresh, rows_for  # noqa: E402
 from sqlalchemy import Connection, event, text  # noqa: E402
 
 from reminders_pipeline import ledger  # noqa: E402
-from reminders_pipeline.build import queue_rows
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.drain import send_batch  # noqa: E402
-from reminders_pipeline.notification import sent_payload  # noqa: E402
-from reminders_pipeline.rules import expiry_anchored  # noqa: E402
-from reminders_pipeline.schema import IsoTime, notification_queue  # noqa: E402
-from reminders_pipeline.sender import RecordingSender  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.domain.notification import sent_payload  # noqa: E402
+from reminders_pipeline.domain.rules import expiry_anchored  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
+from reminders_pipeline.ledger.schema import IsoTime, notification_queue  # noqa: E402
+from reminders_pipeline.planning.build import queue_rows
+from reminders_pipeline.providers.base import RecordingSender  # noqa: E402
+from reminders_pipeline.sending.drain import send_batch  # noqa: E402
 
 # Rows made in SQL from generate_series: one statement instead of a million round trips. The texts
 # have the lengths the build writes: "<source id>:<item id>" item ids, ISO-8601 times, the alert

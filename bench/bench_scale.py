@@ -25,10 +25,10 @@ from bench_drain import full_drain  # noqa: E402
 from bench_ledger import fresh  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from reminders_pipeline.build import build  # noqa: E402
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
+from reminders_pipeline.planning.build import build  # noqa: E402
 
 
 def _worker(url: str, chunks: list[int], now: str, out: mp.Queue) -> None:

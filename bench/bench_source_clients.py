@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_build import start_server  # noqa: E402
 
-from reminders_pipeline.egress import GuardedTransport, parse_networks  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS  # noqa: E402
+from reminders_pipeline.sources.egress import GuardedTransport, parse_networks  # noqa: E402
 
 
 def main() -> None:

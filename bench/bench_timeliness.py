@@ -43,15 +43,15 @@ from bench_build import register, start_server  # noqa: E402
 from bench_ledger import fresh, subscribe_every_device  # noqa: E402
 from sqlalchemy import func, select  # noqa: E402
 
-from reminders_pipeline.apns import apns_sender_factory  # noqa: E402
-from reminders_pipeline.build import build, queue_rows  # noqa: E402
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.dispatch import Dispatcher  # noqa: E402
-from reminders_pipeline.drain import drain  # noqa: E402
-from reminders_pipeline.schema import devices, notification_queue  # noqa: E402
-from reminders_pipeline.sender import default_sender_factory  # noqa: E402
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, env_name  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings, env_name  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
+from reminders_pipeline.ledger.schema import devices, notification_queue  # noqa: E402
+from reminders_pipeline.planning.build import build, queue_rows  # noqa: E402
+from reminders_pipeline.providers.apns import apns_sender_factory  # noqa: E402
+from reminders_pipeline.providers.routing import default_sender_factory  # noqa: E402
+from reminders_pipeline.sending.dispatch import Dispatcher  # noqa: E402
+from reminders_pipeline.sending.drain import drain  # noqa: E402
 
 DRAIN_TICKS = (5, 20, 35, 50)  # minutes past the hour: the default REMINDERS_DRAIN_CRON
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,14 +45,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_ledger import fresh  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
-from reminders_pipeline import migrate  # noqa: E402
-from reminders_pipeline.build import queue_rows  # noqa: E402
-from reminders_pipeline.db import Database  # noqa: E402
-from reminders_pipeline.devices import DeviceSpec, put_device  # noqa: E402
-from reminders_pipeline.schema import notification_queue  # noqa: E402
-from reminders_pipeline.settings import Settings  # noqa: E402
-from reminders_pipeline.times import Instant  # noqa: E402
-from reminders_pipeline.webpush import generate_key  # noqa: E402
+from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.devices.registration import DeviceSpec, put_device  # noqa: E402
+from reminders_pipeline.domain.times import Instant  # noqa: E402
+from reminders_pipeline.ledger import migrate  # noqa: E402
+from reminders_pipeline.ledger.db import Database  # noqa: E402
+from reminders_pipeline.ledger.schema import notification_queue  # noqa: E402
+from reminders_pipeline.planning.build import queue_rows  # noqa: E402
+from reminders_pipeline.providers.webpush import generate_key  # noqa: E402
 from reminders_pipeline_testing.mock_apns import MockApns  # noqa: E402
 from reminders_pipeline_testing.mock_fcm import MockFcm  # noqa: E402
 from reminders_pipeline_testing.mock_webpush import MockWebPush  # noqa: E402

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from sqlalchemy import insert, text
 
-from reminders_pipeline import migrate
-from reminders_pipeline.build import queue_rows
-from reminders_pipeline.db import Database
-from reminders_pipeline.schema import devices
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import devices
+from reminders_pipeline.planning.build import queue_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 

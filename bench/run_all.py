@@ -166,7 +166,7 @@ def render(r: dict) -> str:
         "",
         "The client process is CPU-bound (its CPU time is within a few percent of the wall time), so the",
         "drain reaches raw aioapns' rate only by spending less CPU per request than aioapns does, to",
-        "pay for the ledger work. Where the sender saves it (`reminders_pipeline/apns_transport.py`):",
+        "pay for the ledger work. Where the sender saves it (`reminders_pipeline/providers/apns_transport.py`):",
         "",
         "- **HPACK**: the provider token and the other constant headers are indexed once per connection",
         "  (h2's default re-sends the ~250-byte token as a never-indexed literal in every request), and",
@@ -345,7 +345,7 @@ def render_latency(r: dict) -> list[str]:
             f"One slow host ({h['slow_host_sources']} sources, every answer 3 s) beside the others, concurrency {h['concurrency']},",
             f"per host {h['per_host']}: the other hosts' reads finished after {h['with_slow_host']['fast_hosts_done_after_s']} s with it and",
             f"{h['without_slow_host']['fast_hosts_done_after_s']} s without it ({h['fast_rate_ratio']:.2f}× the rate): a read waiting for its host's",
-            "slot holds no shared slot (`sources.py`), so one slow host cannot starve the others.",
+            "slot holds no shared slot (`sources/reader.py`), so one slow host cannot starve the others.",
             "",
         ]
         if b.get("note"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,22 +22,33 @@ from typing import Any, TypeVar
 
 import click
 
-from . import actions, ledger, migrate
-from .build import build as run_build
-from .check import check as run_check
-from .db import Database
-from .devices import CredentialChanged, DeviceError, DeviceSpec, put_device, rechunk, remove_device, rotate_credential
-from .drain import checked_sender_factory
-from .drain import drain as run_drain
-from .notification import as_shown
-from .phrases import CLOCKS
-from .rules import DEFAULT_ALL_DAY_RULES, MAX_TRAVEL_SECONDS
-from .schema import OUTCOMES, STATUSES
-from .settings import Settings, SettingsError
-from .sources import shown_url
-from .subscription import LEVELS, CalendarSettings, SubscriptionError, checked
-from .times import Instant
-from .webpush import generate_key
+from reminders_pipeline import ledger
+from reminders_pipeline.config import dev_run
+from reminders_pipeline.config.settings import Settings, SettingsError
+from reminders_pipeline.devices import actions
+from reminders_pipeline.devices.registration import (
+    CredentialChanged,
+    DeviceError,
+    DeviceSpec,
+    put_device,
+    rechunk,
+    remove_device,
+    rotate_credential,
+)
+from reminders_pipeline.domain.calendar_settings import LEVELS, CalendarSettings, SubscriptionError, checked
+from reminders_pipeline.domain.notification import as_shown
+from reminders_pipeline.domain.phrases import CLOCKS
+from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, MAX_TRAVEL_SECONDS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import OUTCOMES, STATUSES
+from reminders_pipeline.ops.check import check as run_check
+from reminders_pipeline.planning.build import build as run_build
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.providers.webpush import generate_key
+from reminders_pipeline.sending.drain import drain as run_drain
+from reminders_pipeline.sources.reader import shown_url
 
 T = TypeVar("T")
 
@@ -64,8 +76,14 @@ class When(click.ParamType):
 
 class Ctx:
     def __init__(self) -> None:
+        env, dev_env = dev_run.with_dev_run(os.environ, Path.cwd())
+        if dev_env is not None:
+            click.echo(
+                f"reminders: with the settings of `reminders dev` in {dev_env} (the environment overrides them)",
+                err=True,
+            )
         try:
-            self.settings = Settings.from_env()
+            self.settings = Settings.from_env(env)
         except SettingsError as exc:
             raise click.UsageError(f"configuration: {exc}") from None
         self._db: Database | None = None
@@ -326,8 +344,28 @@ def device_put(
     try:
         registration = put_device(ctx.db, ctx.settings, spec)
     except DeviceError as exc:
-        raise click.BadParameter(exc.message, param_hint=exc.field) from None
+        raise click.BadParameter(exc.message, param_hint=OPTION_OF_FIELD.get(exc.field, exc.field)) from None
     _emit(registration.as_dict())
+
+
+# What a registration's error names (its HTTP field) as the option typed here.
+OPTION_OF_FIELD = {
+    "id": "DEVICE_ID",
+    "apns_token": "--apns-token",
+    "webpush_subscription": "--webpush-subscription",
+    "fcm_token": "--fcm-token",
+    "target": "--apns-token / --webpush-subscription / --fcm-token",
+    "reminder_lead_seconds": "--lead",
+    "rules": "--rule",
+    "all_day_rules": "--all-day-rule",
+    "sources": "--source",
+    "tz": "--tz",
+    "quiet_hours": "--quiet-hours",
+    "attendees": "--attendee",
+    "locale": "--locale",
+    "clock": "--clock",
+    "calendars": "--calendar-*",
+}
 
 
 def _subscription_json(file: Any) -> dict[str, Any] | None:
@@ -429,10 +467,11 @@ def build_cmd(
 def drain_cmd(ctx: Ctx, row_id: int | None, now: Instant | None) -> None:
     """Claim due rows, apply the send-time policy, send, settle; print one JSON summary."""
     try:
-        with progress("drain", "due rows claimed") as shown:
-            summary = run_drain(ctx.db, ctx.settings, now=now, row_id=row_id, progress=shown)
-    except ValueError as exc:  # APNs credentials missing or unreadable: nothing was claimed
+        factory = checked_sender_factory(ctx.db, ctx.settings)  # every provider in use checked before any claim
+    except ValueError as exc:  # credentials missing or unreadable: nothing was claimed
         raise click.UsageError(str(exc)) from None
+    with progress("drain", "due rows claimed") as shown:
+        summary = run_drain(ctx.db, ctx.settings, factory, now=now, row_id=row_id, progress=shown)
     _emit(summary.as_dict())
 
 
@@ -448,7 +487,7 @@ def dispatch_cmd(ctx: Ctx, seconds: float | None) -> None:
     """Send each row at its own send_after, in the foreground; SIGTERM or Ctrl-C stops it cleanly
     (in-flight sends finish and settle). Prints one JSON summary. Safe beside Dagster's dispatcher
     and the cron drain: the claim decides who sends."""
-    from .dispatch import run_in_foreground
+    from reminders_pipeline.sending.dispatch import run_in_foreground
 
     try:
         factory = checked_sender_factory(ctx.db, ctx.settings)  # every provider in use checked before any claim
@@ -520,7 +559,7 @@ def dev_cmd(ui_port: int, demo_port: int, dagster_args: tuple[str, ...]) -> None
     """The whole pipeline in `dagster dev`: ledger and Dagster home under ./var/, a demo source and device, dry run."""
     from pathlib import Path
 
-    from .demo import run_dev
+    from reminders_pipeline.dev.demo import run_dev
 
     try:
         sys.exit(run_dev(Path.cwd(), ui_port, demo_port, dagster_args))
@@ -534,7 +573,7 @@ def dev_cmd(ui_port: int, demo_port: int, dagster_args: tuple[str, ...]) -> None
 @click.option("--demo-port", type=int, default=8765, show_default=True)
 def demo_cmd(demo_port: int) -> None:
     """Serve the demo source and register the demo device (no Dagster) until Ctrl-C."""
-    from .demo import serve_demo
+    from reminders_pipeline.dev.demo import serve_demo
 
     try:
         serve_demo(demo_port)
@@ -549,7 +588,7 @@ def demo_cmd(demo_port: int) -> None:
 @pass_ctx
 def prune_cmd(ctx: Ctx, now: Instant | None) -> None:
     """Delete rows settled longer ago than REMINDERS_RETENTION_SECONDS, in small batches."""
-    from .retention import prune
+    from reminders_pipeline.ops.retention import prune
 
     with progress("prune", "rows deleted") as shown:
         deleted = prune(ctx.db, ctx.settings, now=now, progress=shown)
@@ -562,7 +601,7 @@ def prune_cmd(ctx: Ctx, now: Instant | None) -> None:
 @pass_ctx
 def serve_cmd(ctx: Ctx, host: str, port: int) -> None:
     """Serve the HTTP routes (build/drain, device API, widget feed, /healthz, /metrics) under uvicorn."""
-    from .http.serve import serve  # imported here: the other commands do not need uvicorn/starlette
+    from reminders_pipeline.http.serve import serve  # imported here: the other commands do not need uvicorn/starlette
 
     serve(host, port, ctx.settings)
 

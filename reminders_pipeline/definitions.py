@@ -11,8 +11,8 @@ from pathlib import Path
 import dagster as dg
 
 from reminders_pipeline import defs as defs_package
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs.executors import job_executor
-from reminders_pipeline.settings import Settings
 
 # Binding resources to a job a sensor targets (the dispatcher's) makes Dagster copy the sensor
 # through its own beta ``owners`` parameter, later, when the repository is resolved in the webserver

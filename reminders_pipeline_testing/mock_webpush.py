@@ -44,8 +44,6 @@ its own process, prints where it listens as JSON, and answers ``subscribe`` / ``
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import http
 import json
 import re
@@ -70,6 +68,9 @@ from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
 from h2.exceptions import ProtocolError, StreamClosedError
 
+from reminders_pipeline.domain.b64url import decode as b64url_decode
+from reminders_pipeline.domain.b64url import encode as b64url
+
 from .tls_loop import LoopServer
 
 MAX_PAYLOAD_BYTES = 4096
@@ -81,22 +82,6 @@ TOPIC = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 VAPID_PARAM = re.compile(r"^\s*(?P<name>[A-Za-z]+)\s*=\s*(?P<value>[^\s,]*)\s*$")
 MORE_INFO = "http://autopush.readthedocs.io/en/latest/http.html#error-codes"
 AES128GCM_HEADER_BYTES = 21  # salt(16) rs(4) idlen(1), then the keyid: the sender's 65-byte public point
-
-
-def b64url(data: bytes) -> str:
-    """Base64url without padding, as the Push API and VAPID write keys."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def b64url_decode(text: str) -> bytes:
-    """Base64url, padding optional; raises ``ValueError`` on anything else."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]*={0,2}", text):
-        raise ValueError("not base64url")
-    stripped = text.rstrip("=")
-    try:
-        return base64.urlsafe_b64decode(stripped + "=" * (-len(stripped) % 4))
-    except binascii.Error as exc:
-        raise ValueError(str(exc)) from exc
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from reminders_pipeline import migrate
 from reminders_pipeline.cli import main
-from reminders_pipeline.db import Database
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 from reminders_pipeline_testing.mock_apns import MockApns
 
 from . import postgres_server
@@ -218,6 +218,6 @@ def cli(db_url: str, fresh_mock: MockApns) -> Callable[..., Result]:
 def _dispose_shared_engines() -> Iterator[None]:
     """Dagster resources keep one engine per process (``db.shared``); each test's ledger is new."""
     yield
-    from reminders_pipeline.db import dispose_shared
+    from reminders_pipeline.ledger.db import dispose_shared
 
     dispose_shared()

@@ -7,12 +7,12 @@ import asyncio
 import threading
 from typing import Any
 
-from reminders_pipeline.db import Database
-from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.sender import SenderFactory
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.providers.base import SenderFactory
+from reminders_pipeline.sending.dispatch import Dispatcher
 
 
 class DrivenTimer:

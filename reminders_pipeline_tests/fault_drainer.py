@@ -21,10 +21,11 @@ import logging
 import os
 import sys
 
-from reminders_pipeline import drain as drain_module
 from reminders_pipeline import ledger
-from reminders_pipeline.db import Database
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.sending import drain as drain_module
 
 
 def main() -> int:
@@ -43,7 +44,7 @@ def main() -> int:
     print(json.dumps({"ready": os.getpid()}), flush=True)
     if args.wait_go and sys.stdin.readline().strip() != "go":
         return 2
-    summary = drain_module.drain(db, settings)
+    summary = drain_module.drain(db, settings, checked_sender_factory(db, settings))
     print(json.dumps({"claimer": args.claimer, "summary": summary.as_dict()}), flush=True)
     db.dispose()
     return 0

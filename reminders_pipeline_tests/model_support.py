@@ -26,11 +26,12 @@ from aioapns.common import NotificationResult
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from reminders_pipeline import fcm, webpush
-from reminders_pipeline.apns import result_from_apns, result_from_error
-from reminders_pipeline.ics import MAX_ALARM_REPEATS, _occurrence_id
-from reminders_pipeline.sender import Notification, SenderFactory, SendResult, fence_expired
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.providers import fcm, webpush
+from reminders_pipeline.providers.apns import result_from_apns, result_from_error
+from reminders_pipeline.providers.base import SenderFactory, SendResult, fence_expired
+from reminders_pipeline.sources.ics import MAX_ALARM_REPEATS, _occurrence_id
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"

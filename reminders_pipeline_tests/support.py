@@ -6,11 +6,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from reminders_pipeline import ledger
-from reminders_pipeline.db import Database
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.notification import as_shown
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.notification import as_shown
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
 
 NOW = Instant.from_stored("2026-09-10T08:00:00.000Z")
 NOW_S = NOW.whole_seconds
@@ -49,7 +49,7 @@ def subscribe(conn: Any, source_id: int, device_ids: Iterable[str], now: Instant
     device dropped is voided at its claim)."""
     from sqlalchemy import insert, select  # noqa: PLC0415
 
-    from reminders_pipeline.schema import device_sources, sources  # noqa: PLC0415
+    from reminders_pipeline.ledger.schema import device_sources, sources  # noqa: PLC0415
 
     if conn.scalar(select(sources.c.id).where(sources.c.id == source_id)) is None:
         url = f"https://tests.example/{source_id}.json"

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reminders_pipeline.actions import CATEGORY, action_token
-from reminders_pipeline.build import build
-from reminders_pipeline.rules import MAX_SNOOZES
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.action_tokens import CATEGORY, action_token
+from reminders_pipeline.domain.rules import MAX_SNOOZES
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
 
 from .support import recorded, rows
 from .test_http_support import APNS_TOKEN, http_settings
@@ -92,8 +92,8 @@ def test_a_signed_token_naming_the_ends_of_time_is_answered(db, cli, mock, phone
     this alert's event and is answered, never a 500."""
     from sqlalchemy import select
 
-    from reminders_pipeline.schema import devices
-    from reminders_pipeline.times import MAX_UNIX
+    from reminders_pipeline.domain.times import MAX_UNIX
+    from reminders_pipeline.ledger.schema import devices
 
     payload = sent_alert(cli, mock)
     row_id = payload["reminder"]["id"]
@@ -371,7 +371,7 @@ def test_done_settles_the_occurrence_it_showed_never_the_reminders_of_a_move_mad
     moves the event by an hour commits in between (its reminders are another appointment's): the
     Done must leave them, and settle only reminders of the instant the alert showed. (Before: it
     settled every pending reminder of the item, the moved ones included, and they were lost.)"""
-    from reminders_pipeline import actions
+    from reminders_pipeline.devices import actions
 
     payload = sent_alert(cli, mock)
     real = actions._acted_on

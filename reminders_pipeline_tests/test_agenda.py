@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
 
 from .support import TOKEN, rows
 

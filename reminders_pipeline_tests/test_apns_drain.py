@@ -15,12 +15,12 @@ from collections import Counter
 import pytest
 
 from reminders_pipeline import ledger
-from reminders_pipeline.apns import AioApnsSender
-from reminders_pipeline.build import build
-from reminders_pipeline.drain import drain, fail_abandoned, send_batch_async
-from reminders_pipeline.sender import default_sender_factory
-from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.apns import AioApnsSender
+from reminders_pipeline.providers.routing import default_sender_factory
+from reminders_pipeline.sending.drain import drain, fail_abandoned, send_batch_async
 
 from .support import device, rows
 

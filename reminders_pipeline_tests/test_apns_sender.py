@@ -24,7 +24,10 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import RequestReceived
 
-from reminders_pipeline.apns import (
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.providers.apns import (
     TIMEOUT,
     TIMEOUT_NOT_SENT,
     AioApnsSender,
@@ -35,15 +38,13 @@ from reminders_pipeline.apns import (
     result_from_apns,
     validate_apns_settings,
 )
-from reminders_pipeline.apns_transport import (
+from reminders_pipeline.providers.apns_transport import (
     CONNECTION_IDLE_SECONDS,
     PER_REQUEST_HEADERS,
     StreamSlots,
     WireH2Connection,
 )
-from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.providers.base import FENCE_EXPIRED, SendResult
 from reminders_pipeline_testing.mock_apns import MockApns, write_p8_key
 
 T = TypeVar("T")
@@ -838,8 +839,8 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
     it counts toward an outage. Anything else before the write goes again too, but spends an
     attempt (it may fail the same way every time) and says nothing of APNs (a033bef counted it
     as unreached: such a row came back forever, and two of them halted every send as an outage)."""
-    from reminders_pipeline.apns import result_from_error
-    from reminders_pipeline.faults import Outage
+    from reminders_pipeline.providers.apns import result_from_error
+    from reminders_pipeline.sending.faults import Outage
 
     result = result_from_error(7, exc, written=False)
     assert result.retry and result.status is None and not result.ok
@@ -852,7 +853,7 @@ def test_only_failing_to_reach_apns_spends_no_attempt_and_counts_toward_an_outag
 def test_a_streak_is_shared_once_it_spans_two_rows():
     """Two rows answered 503 may be the start of an outage: neither fails for the attempts it spent
     on it (``return_undelivered``). One row answered 503 twice is that row's trouble."""
-    from reminders_pipeline.faults import Outage
+    from reminders_pipeline.sending.faults import Outage
 
     def busy(row_id: int) -> SendResult:
         return SendResult(row_id, False, reason="ServiceUnavailable", status=503, retry=True)
@@ -866,7 +867,7 @@ def test_a_streak_is_shared_once_it_spans_two_rows():
 
 def test_an_outage_halt_is_told_from_a_configuration_fault_by_its_reason():
     """An outage's halt ends when its provider answers again; a configuration fault's waits for a mend."""
-    from reminders_pipeline.faults import Outage, is_outage
+    from reminders_pipeline.sending.faults import Outage, is_outage
 
     busy = [SendResult(i, False, reason="ServiceUnavailable", status=503, retry=True) for i in (1, 2)]
     tripped = Outage("webpush", limit=2).count(busy, now=0.0)
@@ -876,7 +877,7 @@ def test_an_outage_halt_is_told_from_a_configuration_fault_by_its_reason():
 
 def test_an_outage_lasts_from_its_first_undelivered_send_not_its_last():
     """Two 503s ten seconds apart are an outage by the window, however far below ``limit`` the streak is."""
-    from reminders_pipeline.faults import Outage
+    from reminders_pipeline.sending.faults import Outage
 
     outage = Outage("apns", limit=100, window=10.0)
     assert outage.count([SendResult(1, False, reason="ServiceUnavailable", status=503, retry=True)], now=0.0) is None
@@ -885,11 +886,11 @@ def test_an_outage_lasts_from_its_first_undelivered_send_not_its_last():
 
 
 def test_the_end_of_an_alerted_outage_is_logged_with_its_provider_and_streak(caplog):
-    from reminders_pipeline.faults import Outage
+    from reminders_pipeline.sending.faults import Outage
 
     outage = Outage("webpush", limit=2)
     outage.count([SendResult(i, False, reason="http_503", status=503, retry=True) for i in (1, 2)], now=0.0)
     outage.alerted = True
-    with caplog.at_level("WARNING", logger="reminders_pipeline.faults"):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.sending.faults"):
         outage.count([SendResult(3, True, status=201)], now=1.0)
     assert [r.getMessage() for r in caplog.records] == ["Web Push answers again after 2 sends not delivered"]

@@ -9,15 +9,15 @@ from dataclasses import replace
 from sqlalchemy import update
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build, queue_rows
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.drain import drain
-from reminders_pipeline.feed import ParsedFeed
-from reminders_pipeline.plan import item_moved
-from reminders_pipeline.schema import notification_queue
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.sources import shown_url
-from reminders_pipeline.times import Instant
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.items import ParsedFeed
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.schema import notification_queue
+from reminders_pipeline.planning.build import build, queue_rows
+from reminders_pipeline.planning.plan import item_moved
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
+from reminders_pipeline.sources.reader import shown_url
 
 from .http_sources import Route
 from .support import NOW, NOW_S, TOKEN, at, by_key, device, item, rows

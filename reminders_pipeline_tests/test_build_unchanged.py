@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from reminders_pipeline import build as build_mod
 from reminders_pipeline import ledger
-from reminders_pipeline import sources as sources_mod
-from reminders_pipeline.build import build
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.plan import FULL_PLAN_SECONDS
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.planning import build as build_mod
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.planning.plan import FULL_PLAN_SECONDS
+from reminders_pipeline.sources import reader as sources_mod
 
 from .calendars import calendar
 from .http_sources import Route

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from dagster._utils.schedules import cron_string_iterator
 
-from reminders_pipeline.cadence import CronError, cron_cadence_seconds, crons_after, firing_minutes
-from reminders_pipeline.settings import Settings, SettingsError
+from reminders_pipeline.config.cadence import CronError, cron_cadence_seconds, crons_after, firing_minutes
+from reminders_pipeline.config.settings import Settings, SettingsError
 
 DAY = datetime(2026, 9, 10, tzinfo=UTC)
 

@@ -14,12 +14,12 @@ import pytest
 import recurring_ical_events
 from icalendar.alarms import Alarms
 
-from reminders_pipeline.build import build
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules, parse_ics_feed
-from reminders_pipeline.rules import ALARM_REACH_SECONDS
-from reminders_pipeline.times import Instant
-from reminders_pipeline.zones import MAX_OFFSET_SECONDS
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.rules import ALARM_REACH_SECONDS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.zones import MAX_OFFSET_SECONDS
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.sources.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules, parse_ics_feed
 
 from .support import TOKEN, rows
 

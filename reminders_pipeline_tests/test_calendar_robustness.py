@@ -13,12 +13,13 @@ import icalendar
 import pytest
 import recurring_ical_events
 
-from reminders_pipeline import ledger, sources
-from reminders_pipeline.build import build
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.egress import parse_networks
-from reminders_pipeline.settings import LOOPBACK_NETWORKS
-from reminders_pipeline.times import Instant
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.sources import reader as sources
+from reminders_pipeline.sources.egress import parse_networks
 
 from .support import TOKEN, rows
 
@@ -181,7 +182,7 @@ def test_read_window_is_per_device_not_the_longest_lead_in_the_chunk(db, setting
 
 def test_each_occurrence_once_though_slices_meet_on_it():
     """Slices of the expansion end on whole minutes here: an occurrence on a boundary is yielded once."""
-    from reminders_pipeline.ics import parse_ics_feed
+    from reminders_pipeline.sources.ics import parse_ics_feed
 
     feed = parse_ics_feed(MINUTELY, NOW_S, NOW_S + 3 * DAY, max_items=100_000)
     assert feed.rejected == {} and len(feed.items) == 3 * 1440 + 14 * 60 + 1  # to the window's end + 14 h

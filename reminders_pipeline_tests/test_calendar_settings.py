@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reminders_pipeline.notification import sent_payload
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.notification import sent_payload
+from reminders_pipeline.domain.times import Instant
 
 from .support import TOKEN, recorded, rows
 
@@ -88,7 +88,7 @@ def test_muting_a_calendar_voids_its_pending_reminders_at_once_and_unmuting_queu
 def test_a_row_queued_again_as_its_calendar_was_muted_is_voided_at_the_claim(db, cli, feeds, mock):
     from sqlalchemy import update
 
-    from reminders_pipeline.schema import device_sources
+    from reminders_pipeline.ledger.schema import device_sources
 
     starts = Instant.now().whole_seconds + 600
     work = feeds.items("/work.json", items("work", starts, 1))

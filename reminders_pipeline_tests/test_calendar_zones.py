@@ -16,12 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import event
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
 from reminders_pipeline.cli import main
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.drain import drain
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.times import Instant
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
 
 from .support import TOKEN, rows
 from .test_http_support import error_of

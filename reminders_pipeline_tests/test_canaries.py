@@ -1,4 +1,4 @@
-"""Canaries for the library internals that reminders_pipeline/apns_transport.py patches or reads.
+"""Canaries for the library internals that reminders_pipeline/providers/apns_transport.py patches or reads.
 
 aioapns, h2 and hpack are pinned to exact versions in pyproject.toml because apns_transport.py
 overrides their methods and reads their attributes. Each test here checks one such internal and,
@@ -41,8 +41,8 @@ from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
 from hpack import HeaderTuple, NeverIndexedHeaderTuple
 
-from reminders_pipeline import apns_transport
-from reminders_pipeline.apns_transport import StreamSlots
+from reminders_pipeline.providers import apns_transport
+from reminders_pipeline.providers.apns_transport import StreamSlots
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHED = ("aioapns", "h2", "hpack")
@@ -59,7 +59,7 @@ def changed(library: str, attribute: str, expected: str) -> str:
     """The failure message: which library, which version, which attribute, and where to look."""
     return (
         f"{library} {version(library)} (pyproject.toml pins {pins().get(library, 'nothing')}): {attribute} "
-        f"is no longer {expected}. reminders_pipeline/apns_transport.py relies on it: re-check the patch its "
+        f"is no longer {expected}. reminders_pipeline/providers/apns_transport.py relies on it: re-check the patch its "
         f"docstring lists for it before moving the pin."
     )
 
@@ -370,7 +370,7 @@ def test_each_library_the_expansion_reads_is_pinned_to_the_installed_version(lib
 
 def expansion_changed(library: str, attribute: str) -> str:
     return (
-        f"{library} {version(library)}: {attribute} is gone or changed. reminders_pipeline/ics.py "
+        f"{library} {version(library)}: {attribute} is gone or changed. reminders_pipeline/sources/ics.py "
         "(metered_series, _bounded, _passes, _OccurrenceEvent) relies on it: re-check before moving the pin."
     )
 
@@ -426,7 +426,7 @@ def test_the_day_filter_agrees_with_dateutils_own_iteration(rule_text: str) -> N
     "matches" exactly on the days dateutil itself yields."""
     from dateutil.rrule import rrulestr
 
-    from reminders_pipeline.ics import _day_matches
+    from reminders_pipeline.sources.ics import _day_matches
 
     rule = rrulestr(rule_text, dtstart=datetime(2026, 1, 1))
     first, last = date(2026, 1, 1), date(2027, 12, 31)
@@ -478,7 +478,7 @@ def test_an_occurrence_read_in_place_is_the_item_as_component_builds() -> None:
     import icalendar
     import recurring_ical_events
 
-    from reminders_pipeline.ics import _durations, _OccurrenceEvent, _raw_item
+    from reminders_pipeline.sources.ics import _durations, _OccurrenceEvent, _raw_item
 
     calendar = icalendar.Calendar.from_ical(
         "\r\n".join(

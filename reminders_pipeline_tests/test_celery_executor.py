@@ -29,13 +29,15 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.build import build
-from reminders_pipeline.db import Database
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
-from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
-from reminders_pipeline.notification import as_shown, collapse_id
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.devices.registration import DeviceSpec, chunk_of, put_device
+from reminders_pipeline.domain.notification import as_shown, collapse_id
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import checked_sender_factory
 from reminders_pipeline_testing.celery_workers import BROKER, Worker, celery_config, delete_queue, worker_command
 from reminders_pipeline_testing.mock_apns import MockApns
 from reminders_pipeline_testing.stack import BIN, ROOT, ThrowawayDatabases, dagster_url, wait_for
@@ -503,7 +505,9 @@ def _settle_leftovers(c: Cluster) -> None:
     with c.db.read() as conn:
         pending = [r["id"] for r in ledger.list_queue(conn, status="pending")]
     if pending:
-        from reminders_pipeline import drain as core
+        from reminders_pipeline.sending import drain as core
 
-        summary = core.drain(c.db, c.settings.with_(enabled=False))
+        summary = core.drain(
+            c.db, c.settings.with_(enabled=False), checked_sender_factory(c.db, c.settings.with_(enabled=False))
+        )
         assert summary.claimed >= len(pending)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from reminders_pipeline import migrate
 from reminders_pipeline.cli import main
+from reminders_pipeline.dev.demo import dev_environment
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 
 from .support import NOW, NOW_S, TOKEN, at, item
 
@@ -96,12 +98,21 @@ def test_drain_single_row_by_id(cli, feeds):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["device", "put", "p", "--apns-token", "xyz"], "apns_token"),
+        (["device", "put", "p", "--apns-token", "xyz"], "Invalid value for --apns-token"),
         (["device", "put", "p", "--apns-token", TOKEN, "--rule", "lead:-1"], "negative"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--rule", "lead:-1"], "Invalid value for --rule"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--tz", "Mars/Olympus"], "Invalid value for --tz"),
         (["device", "put", "p", "--apns-token", TOKEN, "--rule", "lead:5@end"], "unknown anchor"),
         (["device", "put", "p", "--apns-token", TOKEN, "--lead", "-5"], "--lead"),
-        (["device", "put", "p", "--apns-token", TOKEN, "--source", "ftp://x/y"], "http(s)"),
-        (["device", "put", "bad id!", "--apns-token", TOKEN], "id"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--source", "ftp://x/y"], "the ftp: scheme is refused"),
+        (
+            ["device", "put", "p", "--apns-token", TOKEN, "--source", "file:///etc/passwd"],
+            "the file: scheme is refused",
+        ),
+        (["device", "put", "p", "--apns-token", TOKEN, "--source", "file:///etc/passwd"], "Invalid value for --source"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--source", "example.com/cal.ics"], "no scheme"),
+        (["device", "put", "p", "--apns-token", TOKEN, "--source", "https:///cal.ics"], "with no host"),
+        (["device", "put", "bad id!", "--apns-token", TOKEN], "Invalid value for DEVICE_ID"),
         (["build"], "exactly one of"),
         (["build", "--all", "--now", "yesterday"], "not an ISO-8601"),
         (["build", "--all", "--now", "2026-09-10T08:00:00"], "no UTC offset"),
@@ -218,7 +229,7 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     """Issue 19 item 12: userinfo, a secret path (Google's ``private-<token>``) and a query never
     leave the ledger: not in build summaries, the alert webhook, logs or ``sources``; the URL is
     shown as scheme, host and a stable id."""
-    from reminders_pipeline.sources import shown_url
+    from reminders_pipeline.sources.reader import shown_url
 
     feeds.fail("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret", 503)
     url = feeds.url("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret").replace(
@@ -258,3 +269,24 @@ def test_a_blocked_upgrade_under_demo_or_dev_is_one_line_not_a_traceback(tmp_pat
     result = CliRunner().invoke(main, command, env=env)
     assert result.exit_code == 1, result.output
     assert "could not take a table lock" in result.output and "Traceback" not in result.output
+
+
+def test_commands_typed_beside_reminders_dev_use_its_settings_and_say_so(tmp_path, monkeypatch):
+    """`reminders dev` records its settings in ./var/dev.env; `reminders check` started in that
+    folder judges the dev run's one chunk, not the default 16, and says whose settings it uses."""
+    monkeypatch.chdir(tmp_path)
+    _, settings, _ = dev_environment(tmp_path, {})
+    db = Database(settings.database_url)
+    migrate.upgrade(db)
+    db.dispose()
+    unset = {name: None for name in os.environ if name.startswith("REMINDERS_")}
+    beside = CliRunner().invoke(main, ["check"], env=unset)
+    assert "REMINDERS_CHUNK_COUNT 1 " in beside.output, beside.output
+    assert f"with the settings of `reminders dev` in {tmp_path / 'var' / 'dev.env'}" in beside.stderr
+    elsewhere = tmp_path / "other.sqlite3"
+    other = CliRunner().invoke(
+        main, ["db", "upgrade"], env={**unset, "REMINDERS_DATABASE_URL": f"sqlite:///{elsewhere}"}
+    )
+    assert other.exit_code == 0, other.output
+    other = CliRunner().invoke(main, ["check"], env={**unset, "REMINDERS_DATABASE_URL": f"sqlite:///{elsewhere}"})
+    assert "REMINDERS_CHUNK_COUNT 16 " in other.output and "reminders dev" not in other.stderr

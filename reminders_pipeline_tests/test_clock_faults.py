@@ -10,10 +10,10 @@ import dagster as dg
 from click.testing import CliRunner
 
 from reminders_pipeline import ledger
-from reminders_pipeline.check import check
 from reminders_pipeline.cli import main
 from reminders_pipeline.defs.monitoring import queue_checks_schedule, sweep_status
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ops.check import check
 
 from .support import device
 from .test_dagster_support import AlertReceiver, definitions_for, resources_for

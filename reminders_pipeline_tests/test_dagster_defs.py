@@ -12,9 +12,9 @@ from pathlib import Path
 import dagster as dg
 from dagster._core.instance.config import dagster_instance_config
 
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.definitions import defs
-from reminders_pipeline.demo import DEV_INSTANCE_YAML
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.dev.demo import DEV_INSTANCE_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def test_dagster_definitions_validate_on_the_workspace(tmp_path):
 EXECUTORS = """
 import json
 from reminders_pipeline.definitions import defs
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
 print(json.dumps({job.name: job.executor_def.name for job in defs().get_repository_def().get_all_jobs()}))
 """
 

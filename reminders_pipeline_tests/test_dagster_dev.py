@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.db import Database
-from reminders_pipeline.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
-from reminders_pipeline.devices import DeviceSpec, put_device
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.dev.demo import DEMO_DEVICE_ID, DEV_INSTANCE_YAML, DemoSource, dev_environment, prepare_ledger
+from reminders_pipeline.devices.registration import DeviceSpec, put_device
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import build
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +86,15 @@ def test_dev_command_starts_dagster_dev_without_warnings_builds_the_demo_and_dis
     log_path = tmp_path / "dev.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "reminders_pipeline.demo", "--ui-port", str(ui), "--demo-port", str(free_port())],
+            [
+                sys.executable,
+                "-m",
+                "reminders_pipeline.dev.demo",
+                "--ui-port",
+                str(ui),
+                "--demo-port",
+                str(free_port()),
+            ],
             cwd=tmp_path,
             env=env,
             stdout=log,

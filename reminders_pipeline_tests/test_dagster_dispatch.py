@@ -16,7 +16,7 @@ import dagster as dg
 import pytest
 from dagster._core.events import DagsterEvent, DagsterEventType
 
-from reminders_pipeline.build import build
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs import dispatch as dispatch_defs
 from reminders_pipeline.defs.dispatch import (
     dispatch_check_job,
@@ -25,8 +25,9 @@ from reminders_pipeline.defs.dispatch import (
     dispatcher_sensor,
     successor_request,
 )
-from reminders_pipeline.schema import dispatchers
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.ledger.schema import dispatchers
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import checked_sender_factory
 
 from .support import rows
 from .test_dagster_support import (
@@ -125,9 +126,9 @@ def test_sensor_runs_the_check_when_due_rows_start_and_stop_waiting(db, settings
     assert len(late) == 1 and json.loads(cursor) == {"on_time": False}
     assert check_requests(instance, db_url, cursor)[0] == []  # still late: no second run
 
-    from reminders_pipeline.drain import drain
+    from reminders_pipeline.sending.drain import drain
 
-    drain(db, settings)  # the row is settled (disabled: a dry run)
+    drain(db, settings, checked_sender_factory(db, settings))  # the row is settled (disabled: a dry run)
     recovered, cursor = check_requests(instance, db_url, cursor)
     assert len(recovered) == 1 and json.loads(cursor) == {"on_time": True}
 
@@ -193,7 +194,7 @@ with dg.instance_for_test() as instance:
 def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(db_url, mock, tmp_path):
     """Run termination (SIGINT to the run worker) lands while sends are on the wire: the op stops
     claiming, lets them answer and settle, records its stop, and the run fails saying why."""
-    from reminders_pipeline.db import Database
+    from reminders_pipeline.ledger.db import Database
 
     from .test_faults import ids_where, ledger_rows, load_due, wait_until
 

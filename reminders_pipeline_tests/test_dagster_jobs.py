@@ -7,9 +7,9 @@ from collections import Counter
 import dagster as dg
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
 from reminders_pipeline.defs.build import RANGE_END_TAG, RANGE_START_TAG
-from reminders_pipeline.sender import SendResult
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import SendResult
 
 from .support import TOKEN, rows
 from .test_dagster_support import (

@@ -11,13 +11,15 @@ import dagster as dg
 import pytest
 from dagster._utils.schedules import cron_string_iterator
 
-from reminders_pipeline import alerts, ledger
-from reminders_pipeline.build import build
+from reminders_pipeline import ledger
+from reminders_pipeline.config import alerts
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs.build import RANGE_END_TAG, RANGE_START_TAG, build_job, build_schedule, contiguous_ranges
 from reminders_pipeline.defs.drain import drain_schedule
 from reminders_pipeline.defs.monitoring import queue_checks_schedule, sweep_period_sensor
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import checked_sender_factory
 
 from .test_dagster_support import AlertReceiver, add_device, definitions_for, device_in_chunk, live_item, resources_for
 
@@ -168,9 +170,9 @@ def test_checks_pass_fail_and_alert_on_transitions(db, settings, db_url, feeds, 
     assert second["sweep_period_invariant"].metadata["budget_seconds"].value == 3000
     assert receiver.titles()[2:] == ["[reminders] check sweep_period_invariant failed"]  # the others: unchanged
 
-    from reminders_pipeline.drain import drain
+    from reminders_pipeline.sending.drain import drain
 
-    drain(db, settings)  # settles the late row too_late
+    drain(db, settings, checked_sender_factory(db, settings))  # settles the late row too_late
     build(db, settings, device_ids=[device_id])
     third = run_checks(db_url, instance, receiver.url)
     assert third["sweep_period_invariant"].passed and third["drain_backlog"].passed and third["dispatch_on_time"].passed
@@ -201,7 +203,7 @@ def test_run_failure_sensor_alerts(db_url, instance, receiver, monkeypatch):
 
 
 def test_raise_alert_logs_and_never_raises_when_the_webhook_fails(caplog):
-    caplog.set_level(logging.ERROR, logger="reminders_pipeline.alerts")
+    caplog.set_level(logging.ERROR, logger="reminders_pipeline.config.alerts")
     dead = Settings(alert_webhook_url="http://127.0.0.1:9/hooks/secret-path")
     assert alerts.raise_alert(dead, "title", "detail", n=1) is False
     assert "[reminders] title\ndetail\nn: 1" in caplog.text
@@ -213,7 +215,7 @@ def test_one_short_lead_among_a_hundred_is_a_finding_not_a_breach(db, settings, 
     """Issue 20's bar: one device at ``lead:300`` among 100. After a build the sweep alert passes
     and requests no catch-up (a033bef: budget 300 - 600 = -300 s, breached forever, a catch-up on
     every tick); ``reminders check`` reports the short lead, and the check's metadata counts it."""
-    from reminders_pipeline.check import check
+    from reminders_pipeline.ops.check import check
 
     url = feeds.items("/a.json", [])
     add_device(db, settings, "short", [url], lead=300)
@@ -235,8 +237,8 @@ def test_two_hours_of_ticks_with_a_lead_900_device_breach_only_on_a_real_stall(d
     in two hours (a033bef flapped 31 times: its budget, 300 s, was under the build cadence). Then
     the builds stop: one breach once the device is older than the sweep promises, and one recovery
     at the next build."""
-    from reminders_pipeline.check import sweep_status
-    from reminders_pipeline.times import Instant
+    from reminders_pipeline.domain.times import Instant
+    from reminders_pipeline.ops.check import sweep_status
 
     add_device(db, settings, "d900", [feeds.items("/a.json", [])], lead=900)
     add_device(db, settings, "d3600", [feeds.items("/b.json", [])])
@@ -259,9 +261,9 @@ def test_forty_thousand_distinct_leads_are_each_judged_against_their_own_budget(
     """A device may choose any lead, so the sweep alert must not pass one value per distinct lead
     to the database (a CASE of 40,000 branches exceeds PostgreSQL's 65,535 parameters). Half the devices are a minute past their budget, half a minute short of it;
     leads run from under the floor budget to far above it."""
-    from reminders_pipeline.check import device_budget, sweep_period_seconds, sweep_status
-    from reminders_pipeline.schema import devices
-    from reminders_pipeline.times import Instant
+    from reminders_pipeline.domain.times import Instant
+    from reminders_pipeline.ledger.schema import devices
+    from reminders_pipeline.ops.check import device_budget, sweep_period_seconds, sweep_status
 
     count, now = 40_000, Instant.now()
     period = sweep_period_seconds(settings, {c: count // 16 for c in range(16)})

@@ -28,7 +28,7 @@ from reminders_pipeline.defs.run_queue import (
     RUN_KIND_TAG,
     TaggingRunCoordinator,
 )
-from reminders_pipeline.demo import DEV_INSTANCE_YAML
+from reminders_pipeline.dev.demo import DEV_INSTANCE_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO = RemoteRepositoryOrigin(

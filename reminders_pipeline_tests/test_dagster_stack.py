@@ -21,9 +21,10 @@ import dagster as dg
 import httpx
 import pytest
 
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.db import Database
-from reminders_pipeline.settings import Settings
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 from reminders_pipeline_testing.stack import (
     BIN,
     ROOT,
@@ -91,7 +92,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, postgres_server_url: str) ->
         add_device(db, settings, device_in_chunk(2, "never"), [url])  # never built: the sensor's catch-up
         for chunk in (5, 9, 11):
             add_device(db, settings, device_in_chunk(chunk, "built"), [url])
-        from reminders_pipeline.build import build
+        from reminders_pipeline.planning.build import build
 
         build(db, settings, chunks=[5, 9, 11])  # fresh: no breach, nothing else for the sensor to do
         db.dispose()

@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs.build import LOAD_SETTINGS, build_job, build_schedule, notification_queue
 from reminders_pipeline.defs.dispatch import (
     dispatch_check_job,
@@ -32,9 +33,8 @@ from reminders_pipeline.defs.monitoring import (
     sweep_period_sensor,
 )
 from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
-from reminders_pipeline.devices import DeviceSpec, chunk_of, put_device
-from reminders_pipeline.sender import RecordingSender, SenderFactory
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.devices.registration import DeviceSpec, chunk_of, put_device
+from reminders_pipeline.providers.base import RecordingSender, SenderFactory
 
 from .support import TOKEN
 

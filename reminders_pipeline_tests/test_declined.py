@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reminders_pipeline.devices import MAX_ATTENDEES, DeviceError, DeviceSpec, put_device
-from reminders_pipeline.feed import ParsedFeed, address_digest, address_of
-from reminders_pipeline.ics import MAX_DECLINED, parse_ics_feed
-from reminders_pipeline.times import Instant
+from reminders_pipeline.devices.registration import MAX_ATTENDEES, DeviceError, DeviceSpec, put_device
+from reminders_pipeline.domain.items import ParsedFeed, address_digest, address_of
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.sources.ics import MAX_DECLINED, parse_ics_feed
 
 from .support import TOKEN, rows
 

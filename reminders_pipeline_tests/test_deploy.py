@@ -96,7 +96,7 @@ def test_the_dispatcher_has_its_own_run_slots_and_a_standalone_deployment():
     assert container["command"] == ["reminders", "-v", "dispatch"]
     assert {e["configMapRef"]["name"] for e in container["envFrom"] if "configMapRef" in e} == {"reminders-env"}
     # A rollout's SIGTERM lets sends on the wire settle: the grace period outlasts a send's timeout.
-    from reminders_pipeline.settings import Settings
+    from reminders_pipeline.config.settings import Settings
 
     assert pod["terminationGracePeriodSeconds"] > Settings().send_timeout_seconds
 

@@ -10,13 +10,13 @@ import pytest
 from sqlalchemy import text
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build, queue_rows
-from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.drain import drain
-from reminders_pipeline.schema import dispatchers
-from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.schema import dispatchers
+from reminders_pipeline.planning.build import build, queue_rows
+from reminders_pipeline.providers.base import RecordingSender, SendResult
+from reminders_pipeline.sending.dispatch import Dispatcher
+from reminders_pipeline.sending.drain import drain
 
 from .dispatching import DrivenTimer
 from .support import NOW_S, TOKEN, at, by_key, device, item
@@ -157,7 +157,7 @@ def test_the_dispatcher_beats_and_records_its_stop(db, live):
     ],
 )
 def test_dispatcher_settings_refuse_what_cannot_work(env, message):
-    from reminders_pipeline.settings import Settings, SettingsError
+    from reminders_pipeline.config.settings import Settings, SettingsError
 
     with pytest.raises(SettingsError, match=message):
         Settings.from_env(env)
@@ -273,9 +273,11 @@ def test_a_database_outage_logs_a_few_lines_and_the_dispatcher_recovers(db, live
 
     dispatcher._read_due = read_due  # type: ignore[method-assign]
     dispatcher._beat = beat  # type: ignore[method-assign]
-    with caplog.at_level(logging.INFO, logger="reminders_pipeline.dispatch"):
+    with caplog.at_level(logging.INFO, logger="reminders_pipeline.sending.dispatch"):
         asyncio.run(dispatcher.run(until=Instant.from_unix(start + 180)))
-    lines = [r for r in caplog.records if r.name == "reminders_pipeline.dispatch" and r.levelno >= logging.WARNING]
+    lines = [
+        r for r in caplog.records if r.name == "reminders_pipeline.sending.dispatch" and r.levelno >= logging.WARNING
+    ]
     assert 4 <= len(lines) <= 8, [r.getMessage() for r in lines]
     assert not any(r.exc_info for r in lines)
     reads = [r.getMessage() for r in lines if "reading the queue" in r.getMessage()]
@@ -295,7 +297,7 @@ def test_settlements_the_database_failed_under_are_written_once_it_answers(db, l
     abandoned sweep fails it (a sent reminder recorded as failed; an unsent one lost)."""
     from sqlalchemy.exc import OperationalError
 
-    from reminders_pipeline import settlement as settlement_mod
+    from reminders_pipeline.sending import settlement as settlement_mod
 
     start = one_row_due(db, live, in_seconds=5)
     real, failures = settlement_mod._write_returned, []
@@ -326,8 +328,8 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     would land on the new claim, and the row would go a second time."""
     from sqlalchemy.exc import OperationalError
 
-    from reminders_pipeline import dispatch as dispatch_mod
-    from reminders_pipeline import drain as drain_mod
+    from reminders_pipeline.sending import dispatch as dispatch_mod
+    from reminders_pipeline.sending import drain as drain_mod
 
     start = one_row_due(db, live, in_seconds=5)
     timer = DrivenTimer(start)
@@ -375,7 +377,7 @@ def test_a_database_outage_retries_the_abandoned_sweep_once_a_heartbeat_not_once
     tried again at the heartbeat's pace (a033bef tried it on every poll, 120 times)."""
     from sqlalchemy.exc import OperationalError
 
-    import reminders_pipeline.dispatch as dispatch_module
+    import reminders_pipeline.sending.dispatch as dispatch_module
 
     live = live.with_(dispatch_poll_seconds=1.0, dispatch_heartbeat_seconds=15)
     start = float(NOW_S)
@@ -539,8 +541,8 @@ def test_a_row_queued_unannounced_is_found_by_the_periodic_full_read(db, live):
     """A LISTEN connection that died silently hears nothing: an overdue row queued meanwhile
     (written here without its announcement) is still found, by the full read every
     ``FULL_READ_SECONDS``, while the polls in between read only what came due since."""
-    from reminders_pipeline.dispatch import FULL_READ_SECONDS
-    from reminders_pipeline.schema import notification_queue
+    from reminders_pipeline.ledger.schema import notification_queue
+    from reminders_pipeline.sending.dispatch import FULL_READ_SECONDS
 
     start, _, dispatcher = driven_dispatcher(db, live, "deaf", first=1)
 
@@ -600,7 +602,7 @@ def test_an_apns_outage_halts_apns_alone_while_web_push_and_fcm_send_on(db, live
         vapid_private_key_file="unread.pem",
         fcm_credentials_file="unread.json",
     )
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
 
     for i, provider in enumerate(("apns", "webpush", "fcm")):
         put_device(db, live, DeviceSpec(f"dev-{provider}", **target_of(provider, f"{i}" * 64)), now=at(0))
@@ -699,7 +701,7 @@ def test_a_probe_row_settled_without_a_send_does_not_end_an_outage(db, live, fee
         ], at(0))  # fmt: skip
     timer = DrivenTimer(start)
     sender = _ApnsDown(timer, start + 120, "unreachable")
-    with caplog.at_level("WARNING", logger="reminders_pipeline.dispatch"):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.sending.dispatch"):
         asyncio.run(Dispatcher(db, live, lambda: sender, timer=timer).run(until=Instant.from_unix(start + 200)))
     rows = rows_of(db)
     assert {(r["outcome"], r["attempts"]) for r in rows if r["event_at"].unix - r["send_after"].unix == 3600} == {

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from reminders_pipeline import build as build_module
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.db import Database
-from reminders_pipeline.drain import drain, fail_abandoned
-from reminders_pipeline.schema import devices
-from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import devices
+from reminders_pipeline.planning import build as build_module
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender, SendResult
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.sending.drain import drain, fail_abandoned
 
 from .dispatching import DispatcherThread
 from .support import device, rows, subscribe
@@ -156,7 +157,7 @@ def test_two_dispatchers_and_a_cron_drain_race_over_5000_rows_each_sent_exactly_
     def cron() -> None:
         cron_db = Database(db_url)
         try:
-            drained["summary"] = drain(cron_db, settings)
+            drained["summary"] = drain(cron_db, settings, checked_sender_factory(cron_db, settings))
         finally:
             cron_db.dispose()
 
@@ -191,7 +192,7 @@ def test_two_dispatchers_and_a_cron_drain_race_over_5000_rows_each_sent_exactly_
 
 
 def _apns(settings):
-    from reminders_pipeline.apns import apns_sender_factory
+    from reminders_pipeline.providers.apns import apns_sender_factory
 
     return apns_sender_factory(settings)
 
@@ -247,7 +248,7 @@ def test_a_dispatcher_killed_mid_burst_leaves_claims_that_are_failed_never_resen
         successor.stop()
     assert ids_where(ledger_rows(db), status="claimed") == left_claimed  # not before the abandon limit
     assert fail_abandoned(db, settings, (Instant.now() + settings.abandon_after_seconds + 1)) == len(left_claimed)
-    assert drain(db, settings).claimed == 0
+    assert drain(db, settings, checked_sender_factory(db, settings)).claimed == 0
 
     final = ledger_rows(db)
     db.dispose()
@@ -306,7 +307,7 @@ def test_a_sqlite_write_lock_held_elsewhere_never_stalls_the_event_loop_sends_wa
     taken once the first slice is on the wire, not after a 0.3 s head start."""
     import sqlite3
 
-    from reminders_pipeline.drain import find_due, send_batch_async
+    from reminders_pipeline.sending.drain import find_due, send_batch_async
 
     live = settings.with_(enabled=True, claim_batch_size=10, apns_concurrency=10)
     queue_rows(db, {"d": [time.time() - 5] * 200})

@@ -15,14 +15,15 @@ from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.db import Database
-from reminders_pipeline.drain import batches_of, drain, fail_abandoned, find_due, send_batch, send_batch_async
-from reminders_pipeline.sender import RecordingSender, SendResult
-from reminders_pipeline.settings import Settings, SettingsError
-from reminders_pipeline.settlement import SettlementsNotWritten, write_settlement
-from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import Settings, SettingsError
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender, SendResult
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.sending.drain import batches_of, drain, fail_abandoned, find_due, send_batch, send_batch_async
+from reminders_pipeline.sending.settlement import SettlementsNotWritten, write_settlement
 
 from .support import NOW, TOKEN, at, by_key, device, item, recorded, rows
 
@@ -75,7 +76,9 @@ def test_a_second_drain_sends_nothing(db, live, feeds):
 
 def test_dry_run_settles_disabled_with_what_would_have_been_sent(db, settings, feeds):
     queue_one(db, settings, feeds)
-    summary = drain(db, settings, now=at(3605))  # enabled=False: no sender is even built
+    summary = drain(
+        db, settings, checked_sender_factory(db, settings), now=at(3605)
+    )  # enabled=False: no sender is even built
     (row,) = rows(db)
     assert summary.outcomes == {"disabled": 1}
     assert row["outcome"] == "disabled" and row["sent_at"] is None
@@ -245,7 +248,7 @@ def test_a_dead_token_answer_older_than_the_devices_registration_marks_nothing(d
     timestamped before the device's last registration (the same token) is stale, and so is a
     BadDeviceToken (no timestamp) for a send claimed before the device registered again while it
     was on the wire: neither marks the device nor voids its other rows."""
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
 
     url = feeds.items("/a.json", [item("now", 3600), item("soon", 3660), item("later", 7200)])
     spec = DeviceSpec("dev-1", TOKEN, 3600, (), (url,))
@@ -331,7 +334,7 @@ def test_batches_are_bounded():
 def test_apns_credentials_missing_fail_fast_before_any_claim(db, live, feeds):
     queue_one(db, live, feeds)
     with pytest.raises(ValueError, match="REMINDERS_APNS_KEY_FILE"):
-        drain(db, live, now=at(3600))
+        drain(db, live, checked_sender_factory(db, live), now=at(3600))
     assert {r["status"] for r in rows(db)} == {"pending"}
 
 
@@ -419,7 +422,7 @@ def test_a_few_bad_tokens_are_just_dead_tokens(db, live, feeds):
 def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
     """Neither database stores a lone surrogate, but a row that cannot become a payload must fail
     by itself after the claim, not abort the slice and leave its neighbours claimed."""
-    from reminders_pipeline.settlement import decide_all
+    from reminders_pipeline.sending.settlement import decide_all
 
     def row(i, title):
         return {
@@ -468,11 +471,11 @@ def test_a_halt_stops_every_other_batch_of_its_scope_in_any_process_without_a_se
     # another process of the same run: nothing of the first batch's is in its memory
     code = (
         "import json, sys\n"
-        "from reminders_pipeline.db import Database\n"
-        "from reminders_pipeline.drain import send_batch\n"
-        "from reminders_pipeline.sender import RecordingSender\n"
-        "from reminders_pipeline.settings import Settings\n"
-        "from reminders_pipeline.times import Instant\n"
+        "from reminders_pipeline.ledger.db import Database\n"
+        "from reminders_pipeline.sending.drain import send_batch\n"
+        "from reminders_pipeline.providers.base import RecordingSender\n"
+        "from reminders_pipeline.config.settings import Settings\n"
+        "from reminders_pipeline.domain.times import Instant\n"
         "sender = RecordingSender()\n"
         f"s = send_batch(Database({db_url!r}), Settings(database_url={db_url!r}, enabled=True), {ids[3:6]!r}, sender.factory(),"
         f" now=Instant.from_stored({at(0).stored!r}), claimer='run-1:b1', halt_scope='run-1')\n"
@@ -530,7 +533,7 @@ def test_rows_returned_to_pending_wake_listening_dispatchers_on_postgresql(db, l
 
 def test_a_rows_sent_at_is_when_its_own_answer_came_on_the_drains_clock():
     """Each row's lateness is its own answer's, not its slice's end (``settlement._answered_at``)."""
-    from reminders_pipeline.settlement import _answered_at
+    from reminders_pipeline.sending.settlement import _answered_at
 
     started, done = (Instant.from_unix(1000), 5000.0), Instant.from_unix(1010)
     answered = SendResult(1, True, status=200, answered_at=5002.5)
@@ -539,8 +542,8 @@ def test_a_rows_sent_at_is_when_its_own_answer_came_on_the_drains_clock():
 
 
 def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_its_rows_spend_none(caplog):
-    from reminders_pipeline.faults import Outages, return_undelivered
-    from reminders_pipeline.settlement import Settlement
+    from reminders_pipeline.sending.faults import Outages, return_undelivered
+    from reminders_pipeline.sending.settlement import Settlement
 
     def busy(row_id: int) -> SendResult:
         return SendResult(row_id, False, reason="UNAVAILABLE", status=503, retry=True)
@@ -558,7 +561,7 @@ def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_
     assert [r["spent"] for r in first.returned] == [True, True, True] and first.refunds == {}
     second, rows = slice_of([3], Instant.from_unix(1001))
     summary = DrainResult(second.at)
-    with caplog.at_level("ERROR", logger="reminders_pipeline.faults"):
+    with caplog.at_level("ERROR", logger="reminders_pipeline.sending.faults"):
         return_undelivered(second, rows, [busy(3)], settings, outages, summary)
     assert second.refunds == {1: 1, 2: 1} and list(summary.halts) == ["fcm"]
     assert [r.getMessage() for r in caplog.records] == [
@@ -569,7 +572,7 @@ def test_once_fcms_streak_is_an_outage_its_answers_spent_attempts_come_back_and_
 
 def test_a_runs_halts_are_named_by_provider_in_one_line():
     """What the Dagster drain logs and fails with: each halted provider by its name, in a fixed order."""
-    from reminders_pipeline.faults import describe_halts
+    from reminders_pipeline.sending.faults import describe_halts
 
     halts = {"webpush": "webpush_unreachable: 3 sends", "apns": "InvalidProviderToken"}
     assert describe_halts(halts) == "APNs: InvalidProviderToken; Web Push: webpush_unreachable: 3 sends"
@@ -578,7 +581,7 @@ def test_a_runs_halts_are_named_by_provider_in_one_line():
 def test_a_halts_alert_names_its_provider_and_what_ends_it(monkeypatch):
     """An outage's alert says its rows wait for the provider; a configuration fault's names what to
     mend. Each carries the run's failed count."""
-    from reminders_pipeline import faults
+    from reminders_pipeline.sending import faults
 
     alerts: list[tuple[str, str, int]] = []
     monkeypatch.setattr(
@@ -807,7 +810,7 @@ def test_a_rebuild_of_a_pending_row_keeps_its_attempts_and_backoff(db, live, fee
 
 
 def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings):
-    from reminders_pipeline.faults import retry_not_before
+    from reminders_pipeline.sending.faults import retry_not_before
 
     s = settings.with_(send_retry_base_seconds=5, send_retry_max_seconds=30)
     lowest, highest = (lambda a, b: a), (lambda a, b: b)
@@ -817,7 +820,7 @@ def test_backoff_doubles_per_attempt_with_jitter_down_to_half_and_a_cap(settings
 
 def _quiet_device(db, live, feeds, starts_in, lead):
     """Quiet hours 10:05-11:00 UTC; NOW is 08:00."""
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
 
     url = feeds.items("/a.json", [item("e", starts_in)])
     put_device(
@@ -850,7 +853,7 @@ def test_a_row_claimed_late_inside_quiet_hours_is_held_to_their_end_then_sent(db
 
 def _held_to_eleven(db, live, feeds):
     """A row held at 10:06 to the end of quiet hours (11:00); returns the device's spec."""
-    from reminders_pipeline.devices import DeviceSpec
+    from reminders_pipeline.devices.registration import DeviceSpec
 
     _quiet_device(db, live, feeds, starts_in=4 * 3600, lead=7200)
     drain(db, live, RecordingSender().factory(), now=at(7200 + 360))
@@ -864,7 +867,7 @@ def test_a_held_row_retried_at_its_hold_end_is_still_counted_from_it(db, live, f
     from 11:00, so the retry a minute later is sent, not dropped too_late (send_after was 10:00)."""
     from dataclasses import replace
 
-    from reminders_pipeline.devices import put_device
+    from reminders_pipeline.devices.registration import put_device
 
     spec = _held_to_eleven(db, live, feeds)
     failing = RecordingSender(
@@ -889,7 +892,7 @@ def test_a_hold_ends_when_the_device_changes_its_quiet_hours_or_zone(db, live, f
     the row is sent at once, counted from the change."""
     from dataclasses import replace
 
-    from reminders_pipeline.devices import put_device
+    from reminders_pipeline.devices.registration import put_device
 
     spec = _held_to_eleven(db, live, feeds)
     put_device(db, live, replace(spec, quiet_hours=None), now=at(7800))
@@ -901,7 +904,7 @@ def test_a_hold_ends_when_the_device_changes_its_quiet_hours_or_zone(db, live, f
 def test_a_hold_ends_when_the_device_changes_zone(db, live, feeds):
     from dataclasses import replace
 
-    from reminders_pipeline.devices import put_device
+    from reminders_pipeline.devices.registration import put_device
 
     spec = _held_to_eleven(db, live, feeds)
     put_device(db, live, replace(spec, tz_name="Asia/Tokyo"), now=at(7800))  # 19:10 in Tokyo: not quiet
@@ -950,7 +953,7 @@ def test_one_providers_configuration_fault_halts_its_rows_only(db, live, feeds):
     """Issue 38: APNs refusing our key halts APNs rows alone; the Web Push and FCM rows of the same
     drain are claimed and sent, APNs' stay pending unclaimed, and the halt names APNs. (Before:
     the whole drain stopped claiming at the first APNs answer.)"""
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
 
     from .model_support import target_of
 

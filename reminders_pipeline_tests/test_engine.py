@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from reminders_pipeline import db as db_module
-from reminders_pipeline.db import Database
+from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.defs.resources import LedgerResource
 from reminders_pipeline.http import create_app
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.ledger import db as db_module
+from reminders_pipeline.ledger.db import Database
 from reminders_pipeline_testing.stack import free_port
 
 from .test_dagster_support import definitions_for, resources_for
@@ -145,9 +145,9 @@ def test_a_lost_listen_connection_logs_once_while_it_stays_lost(caplog, monkeypa
                 heard.clear()
                 wakes += 1
 
-    with caplog.at_level(logging.INFO, logger="reminders_pipeline.db"):
+    with caplog.at_level(logging.INFO, logger="reminders_pipeline.ledger.db"):
         asyncio.run(run())
-    lines = [r.getMessage() for r in caplog.records if r.name == "reminders_pipeline.db"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "reminders_pipeline.ledger.db"]
     assert wakes == 10
     assert len(lines) == 1 and "LISTEN reminders_due" in lines[0] and "failed" in lines[0], lines
 

@@ -40,16 +40,18 @@ import pytest
 from sqlalchemy import create_engine, insert, select, text
 from sqlalchemy.exc import OperationalError
 
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.build import build, queue_rows
-from reminders_pipeline.db import Database
-from reminders_pipeline.drain import drain, fail_abandoned
-from reminders_pipeline.egress import parse_networks
-from reminders_pipeline.schema import device_sources, devices, notification_queue, sources
-from reminders_pipeline.sender import RecordingSender, SendResult, default_sender_factory
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.sources import SourceReader, shown_url
-from reminders_pipeline.times import Instant, stored_or_none
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
+from reminders_pipeline.domain.times import Instant, stored_or_none
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import device_sources, devices, notification_queue, sources
+from reminders_pipeline.planning.build import build, queue_rows
+from reminders_pipeline.providers.base import RecordingSender, SendResult
+from reminders_pipeline.providers.routing import default_sender_factory
+from reminders_pipeline.sending.drain import drain, fail_abandoned
+from reminders_pipeline.sources.egress import parse_networks
+from reminders_pipeline.sources.reader import SourceReader, shown_url
 from reminders_pipeline_testing.mock_apns import MockApns, RecordedRequest
 from reminders_pipeline_testing.stack import free_port
 
@@ -1316,7 +1318,7 @@ def test_prune_of_30000_old_rows_beside_a_claiming_drainer_blocks_no_claim(pg):
     prune stays under a second. An observer sees the old rows go down in steps, so the batches
     really commit one by one (one big DELETE would be all-or-nothing).
     """
-    from reminders_pipeline.retention import prune  # the lead's module: prune(db, settings, now=None) -> int
+    from reminders_pipeline.ops.retention import prune  # the lead's module: prune(db, settings, now=None) -> int
 
     now = Instant.now()
     settings = Settings(database_url=pg.url, retention_seconds=7 * 86400, prune_batch_size=500)

@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 from starlette.routing import Route
 
-from reminders_pipeline.db import Database
 from reminders_pipeline.http import app as app_module
+from reminders_pipeline.ledger.db import Database
 
 from .test_http_support import SECRET, error_of, http_settings
 

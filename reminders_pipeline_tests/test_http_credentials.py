@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from reminders_pipeline import ledger
 from reminders_pipeline.cli import main
-from reminders_pipeline.devices import CREDENTIAL_BYTES
-from reminders_pipeline.schema import devices
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices.registration import CREDENTIAL_BYTES
+from reminders_pipeline.ledger.schema import devices
 
 from .support import NOW, TOKEN, item
 from .test_http_support import SECRET, error_of, http_settings
@@ -206,7 +206,7 @@ def test_a_rotation_swaps_only_the_credential_it_read(db, settings):
     whatever is stored."""
     import threading
 
-    from reminders_pipeline.devices import CredentialChanged, credential_hash, rotate_credential
+    from reminders_pipeline.devices.registration import CredentialChanged, credential_hash, rotate_credential
 
     from .support import device
 
@@ -237,7 +237,7 @@ def test_registrations_adding_the_same_new_sources_in_opposite_orders_never_dead
     unique-index entries in the reverse order)."""
     import threading
 
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
 
     from .support import TOKEN
 

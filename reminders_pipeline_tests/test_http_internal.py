@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from reminders_pipeline.devices import chunk_of
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.times import Instant
+from reminders_pipeline.devices.registration import chunk_of
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.providers.base import RecordingSender
 
 from .support import NOW, at, item
 from .test_http_support import SECRET, error_of, http_settings

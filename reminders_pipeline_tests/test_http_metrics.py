@@ -9,11 +9,11 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build, queue_rows
-from reminders_pipeline.db import Database
-from reminders_pipeline.drain import drain
 from reminders_pipeline.http.metrics import Metrics
-from reminders_pipeline.sender import RecordingSender, SendResult
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.planning.build import build, queue_rows
+from reminders_pipeline.providers.base import RecordingSender, SendResult
+from reminders_pipeline.sending.drain import drain
 
 from .support import NOW, device
 from .test_dagster_support import definitions_for, resources_for

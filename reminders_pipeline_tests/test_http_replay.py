@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.config.settings import Settings
 
 from .support import NOW, NOW_S
 from .test_http_support import APNS_TOKEN, SECRET, Served, http_settings, serve  # noqa: F401 - fixtures

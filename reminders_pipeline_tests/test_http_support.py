@@ -21,11 +21,11 @@ import uvicorn
 from starlette.applications import Starlette
 
 from reminders_pipeline import ledger
-from reminders_pipeline.db import Database
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.notification import as_shown
 from reminders_pipeline.http import create_app
-from reminders_pipeline.notification import as_shown
-from reminders_pipeline.sender import SenderFactory
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.providers.base import SenderFactory
 
 SECRET = "test-secret-token"
 APNS_TOKEN = "ab" * 32

@@ -1,5 +1,6 @@
-"""The package's layout rules, checked on its source: every SQL statement lives under ``ledger/``, and a
-module over 350 lines says in its docstring why its one job needs them."""
+"""The package's layout rules, checked on its source: every SQL statement lives under ``ledger/``, the
+layout in docs/development.md names every folder, and no module is over 400 lines. Which part may
+import which is import-linter's contract (``[tool.importlinter]``, run by ``.ci/run``)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,12 @@ import reminders_pipeline
 
 PACKAGE = Path(reminders_pipeline.__file__).parent
 
-# Outside ledger/: the table definitions (DDL, CHECK constraints), the database owner's connection
-# settings (PRAGMAs, BEGIN, LISTEN) and Alembic's migrations.
-NOT_LEDGER_BUT_ALLOWED = {"schema.py", "db.py", "migrate.py"}
 STATEMENT_BUILDERS = {"select", "insert", "update", "delete", "text", "func", "literal_column"}
 SQL_TEXT = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+INTO|UPDATE\b.+\bSET|DELETE\s+FROM)\b", re.S)
 
 
 def _outside_ledger() -> list[Path]:
-    return [
-        p
-        for p in PACKAGE.rglob("*.py")
-        if p.relative_to(PACKAGE).parts[0] not in ("ledger", "migrations") and p.name not in NOT_LEDGER_BUT_ALLOWED
-    ]
+    return [p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "ledger"]
 
 
 def _sql_written_in(source: str, name: str) -> list[str]:
@@ -57,18 +51,10 @@ def _readme_layout() -> str:
     return block.split("```", 2)[1]
 
 
-def test_the_readme_layout_names_every_module_of_the_package():
-    layout = _readme_layout()
-    named = set(re.findall(r"[\w/]+\.py|[\w]+/", layout))
-    missing = [
-        str(p.relative_to(PACKAGE))
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if p.name != "__init__.py"
-        and "migrations" not in p.parts
-        and p.name not in named
-        and f"{p.parent.name}/{p.name}" not in named
-    ]
-    assert missing == [], f"docs/development.md Layout does not name: {missing}"
+def test_the_layout_names_every_folder_of_the_package():
+    named = set(re.findall(r"\b(\w+)/", _readme_layout()))
+    folders = [p.name for p in sorted(PACKAGE.iterdir()) if (p / "__init__.py").exists()]
+    assert [f for f in folders if f not in named] == [], "docs/development.md Layout does not name them"
 
 
 def test_every_path_the_readme_layout_names_exists():
@@ -78,32 +64,38 @@ def test_every_path_the_readme_layout_names_exists():
     assert missing == []
 
 
-MAX_MODULE_LINES = 350
-LONG_MODULE_MARKER = "Longer than 350 lines because"
+MAX_MODULE_LINES = 400
+# Modules that still hold several jobs, each to be split (issue 39); the list only shrinks.
+NOT_YET_SPLIT = {
+    "cli.py",
+    "config/settings.py",
+    "http/app.py",
+    "http/contract.py",
+    "ledger/devices.py",
+    "ledger/queue.py",
+    "planning/plan.py",
+    "providers/apns.py",
+    "providers/apns_transport.py",
+    "sending/dispatch.py",
+    "sources/ics.py",
+    "sources/reader.py",
+}
 
 
-def _unexplained_length(source: str, name: str) -> list[str]:
-    """A module over ``MAX_MODULE_LINES`` whose docstring does not say why its one job needs them."""
-    lines = len(source.splitlines())
-    if lines <= MAX_MODULE_LINES or LONG_MODULE_MARKER in (ast.get_docstring(ast.parse(source)) or ""):
-        return []
-    return [f"{name}: {lines} lines, and no {LONG_MODULE_MARKER!r} in its docstring"]
-
-
-def test_a_module_over_350_lines_says_in_its_docstring_why_its_one_job_needs_them():
-    offenders = [
-        hit
+def _module_lengths() -> dict[str, int]:
+    return {
+        str(p.relative_to(PACKAGE)): len(p.read_text().splitlines())
         for p in sorted(PACKAGE.rglob("*.py"))
         if "migrations" not in p.relative_to(PACKAGE).parts
-        for hit in _unexplained_length(p.read_text(), str(p.relative_to(PACKAGE)))
-    ]
-    assert offenders == []
+    }
 
 
-def test_the_length_rule_catches_a_long_module_and_accepts_one_that_says_why():
-    body = "x = 1\n" * MAX_MODULE_LINES
-    assert _unexplained_length('"""Short."""\n' + body, "x.py") == [
-        f"x.py: {MAX_MODULE_LINES + 1} lines, and no {LONG_MODULE_MARKER!r} in its docstring"
-    ]
-    assert _unexplained_length(f'"""Long.\n\n{LONG_MODULE_MARKER} it must be."""\n' + body, "x.py") == []
-    assert _unexplained_length('"""Short."""\n' + body[: -len("x = 1\n")], "x.py") == []
+def test_no_module_is_over_400_lines_but_those_still_to_split():
+    lengths = _module_lengths()
+    assert [name for name, n in lengths.items() if n > MAX_MODULE_LINES and name not in NOT_YET_SPLIT] == []
+
+
+def test_every_module_still_to_split_exists_and_is_still_long():
+    """A module split below the bound leaves the list, so the list says what is left to split."""
+    lengths = _module_lengths()
+    assert [name for name in NOT_YET_SPLIT if lengths.get(name, 0) <= MAX_MODULE_LINES] == []

@@ -13,12 +13,12 @@ from zoneinfo import ZoneInfo
 import pytest
 from babel.dates import format_skeleton, format_timedelta
 
-from reminders_pipeline.build import build
-from reminders_pipeline.drain import drain
-from reminders_pipeline.notification import compose
-from reminders_pipeline.phrases import LocaleError, canonical_locale, speaker
-from reminders_pipeline.sender import default_sender_factory
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.notification import compose
+from reminders_pipeline.domain.phrases import LocaleError, canonical_locale, speaker
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import default_sender_factory
+from reminders_pipeline.sending.drain import drain
 
 from .support import TOKEN, rows
 
@@ -232,8 +232,8 @@ def test_the_widget_reports_its_locale_and_the_next_alert_follows_it(db, served,
 def _sent_bodies(db, live, feeds, locale: str | None) -> list[str]:
     """A ``lead:900`` reminder sent 5 minutes before its 11:00 (Berlin) start, 10 minutes late,
     and a ``lead:0`` one sent 5 minutes after it: the alert bodies in the order sent."""
-    from reminders_pipeline.devices import DeviceSpec, put_device
-    from reminders_pipeline.sender import RecordingSender
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
+    from reminders_pipeline.providers.base import RecordingSender
 
     from .support import NOW, at, item
 

@@ -20,7 +20,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02
 
-from reminders_pipeline_testing.mock_webpush import Answer, MockWebPush, b64url, b64url_decode
+from reminders_pipeline.domain.b64url import decode as b64url_decode
+from reminders_pipeline.domain.b64url import encode as b64url
+from reminders_pipeline_testing.mock_webpush import Answer, MockWebPush
 
 SUB = "mailto:ops@example.com"
 

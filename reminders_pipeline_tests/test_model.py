@@ -54,21 +54,25 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import InternalError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from reminders_pipeline import actions, ledger, retention, widget_feed
-from reminders_pipeline import build as build_mod
-from reminders_pipeline import drain as drain_mod
-from reminders_pipeline import settlement as settle_mod
-from reminders_pipeline import sources as sources_mod
-from reminders_pipeline.db import Database
-from reminders_pipeline.devices import DeviceSpec, put_device, remove_device
-from reminders_pipeline.dispatch import Dispatcher
-from reminders_pipeline.rules import Rule, agenda_rule, is_agenda, parse_rule
-from reminders_pipeline.schema import devices as devices_t
-from reminders_pipeline.schema import notification_queue as queue_t
-from reminders_pipeline.schema import sources as sources_t
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.subscription import CalendarSettings
-from reminders_pipeline.times import Instant
+from reminders_pipeline import ledger
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices import actions
+from reminders_pipeline.devices.registration import DeviceSpec, put_device, remove_device
+from reminders_pipeline.domain.action_tokens import action_token, shown_by
+from reminders_pipeline.domain.calendar_settings import CalendarSettings
+from reminders_pipeline.domain.rules import Rule, agenda_rule, is_agenda, parse_rule
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import devices as devices_t
+from reminders_pipeline.ledger.schema import notification_queue as queue_t
+from reminders_pipeline.ledger.schema import sources as sources_t
+from reminders_pipeline.ops import retention
+from reminders_pipeline.planning import build as build_mod
+from reminders_pipeline.planning import widget_feed
+from reminders_pipeline.sending import drain as drain_mod
+from reminders_pipeline.sending import settlement as settle_mod
+from reminders_pipeline.sending.dispatch import Dispatcher
+from reminders_pipeline.sources import reader as sources_mod
 
 from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
@@ -1075,7 +1079,7 @@ class ReminderMachine(RuleBasedStateMachine):
             key = conn.scalar(select(devices_t.c.credential_hash).where(devices_t.c.id == row["device_id"]))
         if token is None:
             return False
-        return token != actions.action_token(key or "", row["device_id"], row["id"], actions.shown_by(token))
+        return token != action_token(key or "", row["device_id"], row["id"], shown_by(token))
 
     def _snooze_row(self, row: dict[str, Any], seconds: int, repeat: bool) -> None:
         day = self._agenda_as_read(row["device_id"], row["item_id"]) if is_agenda(row["rule"]) else None

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from reminders_pipeline import build
-from reminders_pipeline.drain import drain
-from reminders_pipeline.ics import parse_ics_feed
-from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.planning import build
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
+from reminders_pipeline.sources.ics import parse_ics_feed
 
 from .support import NOW, NOW_S, at, by_key, device, item, rows
 
@@ -91,7 +91,7 @@ def test_a_snooze_of_a_series_the_build_dropped_as_a_flood_takes_the_event_as_se
     series may still be in the source, so a snooze of the sent alert is made from the row as sent,
     not refused ``event_changed`` (the model, at 2,000 examples: start, build,
     flood_series(on=True), cron_tick(15), snooze)."""
-    from reminders_pipeline import actions
+    from reminders_pipeline.devices import actions
 
     settings = settings.with_(enabled=True)
     url = feeds.calendar("/standup.ics", _series("FREQ=DAILY;COUNT=5"))
@@ -114,7 +114,7 @@ def test_a_snooze_of_an_agenda_whose_day_emptied_is_not_sent(db, settings, feeds
     the day empty (the agenda, already sent, stays sent). Snoozed then, the agenda would repeat an
     event that is gone: the snooze is refused or voided, never sent. The model (CI's 200 examples,
     overlapping_builds(act='snooze') then send_next_due) found it made and sent, AGENDA_EMPTY_DAY."""
-    from reminders_pipeline import actions
+    from reminders_pipeline.devices import actions
 
     live = settings.with_(enabled=True)
     morning = 23 * 3600  # 2026-09-11T07:00Z
@@ -145,7 +145,7 @@ def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db,
     model (act_around_change(action='done', change='rearm')) found it
     acknowledged, DONE_MISSED: the re-armed row keeps the first alert's id, so its Done reads the
     new time. The alert's action token names the instant it showed, and Done settles that one."""
-    from reminders_pipeline import actions
+    from reminders_pipeline.devices import actions
 
     live = settings.with_(enabled=True)
     url = feeds.items("/items.json", [item("standup", 5400)])  # 09:30Z
@@ -167,7 +167,7 @@ def test_done_on_an_alert_from_before_a_rearm_leaves_the_new_times_reminders(db,
 def test_done_on_an_alert_whose_row_waits_to_go_again_is_answered_and_settles_nothing_new(db, settings, feeds) -> None:  # type: ignore[no-untyped-def]
     """As above, but Done comes before the re-armed reminder's new send: the alert was shown, so
     Done is answered (nothing of the old time is left to settle), and the row still goes for 09:50."""
-    from reminders_pipeline import actions
+    from reminders_pipeline.devices import actions
 
     live = settings.with_(enabled=True)
     url = feeds.items("/items.json", [item("standup", 5400)])

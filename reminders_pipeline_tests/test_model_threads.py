@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from reminders_pipeline import sources as sources_mod
-from reminders_pipeline.db import Database
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.sources import reader as sources_mod
 
 from .model_support import JSON_URL, Aside
 from .test_model import CURRENT, STARTS, PromiseBroken, ReminderMachine, model_settings

@@ -4,13 +4,12 @@ import json
 
 import pytest
 
-from reminders_pipeline.apns import PAYLOAD_LIMIT
-from reminders_pipeline.notification import compose as compose_at
-from reminders_pipeline.sender import payload_limit
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.notification import compose as compose_at
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import PAYLOAD_LIMITS, payload_limit
 
 T = 1_789_029_000  # 2026-09-10T08:30:00Z
-MAX_PAYLOAD_BYTES = PAYLOAD_LIMIT.max_bytes
+MAX_PAYLOAD_BYTES = PAYLOAD_LIMITS["apns"].max_bytes
 LEAD_TIME = Instant.from_unix(T - 600)
 
 

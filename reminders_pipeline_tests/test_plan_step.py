@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reminders_pipeline import plan as plan_mod
-from reminders_pipeline.feed import Item, ParsedFeed
-from reminders_pipeline.plan import plan_device
-from reminders_pipeline.sources import SourceRead
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.items import Item, ParsedFeed
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning import plan as plan_mod
+from reminders_pipeline.planning.plan import plan_device
+from reminders_pipeline.sources.reader import SourceRead
 
 NOW = 1_789_000_000
 DAY = 86400

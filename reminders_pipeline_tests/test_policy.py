@@ -2,9 +2,9 @@
 
 import pytest
 
-from reminders_pipeline.policy import decide, quiet_end
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.policy import decide, quiet_end
+from reminders_pipeline.domain.times import Instant
 
 T = 1_789_000_000  # an event start
 LIVE = Settings(enabled=True, max_lateness_seconds=1800)
@@ -157,9 +157,9 @@ def test_enabled_only_when_exactly_true():
 def test_a_hold_in_the_second_pass_of_the_fold_never_moves_a_send_earlier():
     """Berlin, quiet 22:00-02:30, a reminder due 02:15 CET (01:15Z, after the clocks went back at
     01:00Z) for an event at 04:00 CET: held to 02:30 CET (01:30Z), not to 02:30 CEST (00:30Z)."""
-    from reminders_pipeline.policy import held_send_after
-    from reminders_pipeline.rules import parse_rule
-    from reminders_pipeline.zones import Zone, parse_quiet_hours
+    from reminders_pipeline.domain.policy import held_send_after
+    from reminders_pipeline.domain.rules import parse_rule
+    from reminders_pipeline.domain.zones import Zone, parse_quiet_hours
 
     due, start = Instant.from_unix(1792891800 - 900), Instant.from_unix(1792897200)  # 01:15Z, 03:00Z
     held = held_send_after(due, parse_rule("lead:6300"), start, parse_quiet_hours("22:00-02:30"), Zone("Europe/Berlin"))

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reminders_pipeline.build import build
-from reminders_pipeline.drain import drain
-from reminders_pipeline.retention import prune
-from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.ops.retention import prune
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
 
 from .support import NOW, at, device, item
 
@@ -25,7 +25,7 @@ def calls() -> tuple[list[tuple[int, int | None]], object]:
 
 
 def test_the_core_reports_progress_of_build_drain_and_prune(db, settings, feeds, monkeypatch):
-    monkeypatch.setattr("reminders_pipeline.build.WRITE_BATCH_DEVICES", 2)
+    monkeypatch.setattr("reminders_pipeline.planning.build.WRITE_BATCH_DEVICES", 2)
     url = feeds.items("/feed.json", [item("a", 3600), item("b", 3700)])
     for i in range(5):
         device(db, settings, f"d{i}", sources=[url])

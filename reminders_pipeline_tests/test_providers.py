@@ -19,12 +19,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from reminders_pipeline.cli import main
-from reminders_pipeline.fcm import FcmSender
-from reminders_pipeline.push_subscription import origin_of
-from reminders_pipeline.sender import Notification, SendResult
-from reminders_pipeline.settings import Settings, SettingsError
-from reminders_pipeline.times import Instant
-from reminders_pipeline.webpush import PushServices, WebPushSender, generate_key
+from reminders_pipeline.config.settings import Settings, SettingsError
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.providers.base import SendResult
+from reminders_pipeline.providers.fcm import FcmSender
+from reminders_pipeline.providers.push_subscription import origin_of
+from reminders_pipeline.providers.webpush import PushServices, WebPushSender, generate_key
 from reminders_pipeline_testing.mock_apns import MockApns
 from reminders_pipeline_testing.mock_fcm import Answer as FcmAnswer
 from reminders_pipeline_testing.mock_fcm import MockFcm
@@ -377,13 +378,13 @@ def test_many_users_endpoints_failing_are_no_outage_of_ours(run, push, fresh_moc
     [("\u00b2", None), ("100000000000000000000", 86400.0), ("Fri, 31 Dec 9999 23:59:59 GMT", 86400.0), ("7", 7.0)],
 )
 def test_a_retry_after_is_read_with_care_and_capped_at_a_day(header, waits):
-    from reminders_pipeline.webpush import retry_after  # noqa: PLC0415
+    from reminders_pipeline.providers.webpush import retry_after  # noqa: PLC0415
 
     assert retry_after(header, time.time()) == waits
 
 
 def test_a_retry_after_date_counts_from_now_and_a_passed_one_waits_nothing():
-    from reminders_pipeline.webpush import retry_after  # noqa: PLC0415
+    from reminders_pipeline.providers.webpush import retry_after  # noqa: PLC0415
 
     now = 1_789_084_800.0  # Fri, 11 Sep 2026 00:00:00 GMT
     assert retry_after("Fri, 11 Sep 2026 00:02:00 GMT", now) == 120.0
@@ -404,7 +405,7 @@ def test_a_retry_after_date_counts_from_now_and_a_passed_one_waits_nothing():
 )
 def test_a_push_services_answer_is_its_rows_outcome(status, expected):
     """The module docstring's table of ``webpush.py``, answer by answer."""
-    from reminders_pipeline.webpush import answer  # noqa: PLC0415
+    from reminders_pipeline.providers.webpush import answer  # noqa: PLC0415
 
     assert answer(1, status, {}, answered_at=0.0) == expected
 
@@ -414,7 +415,7 @@ def test_a_push_services_retry_after_date_counts_from_its_answer():
 
     import httpx  # noqa: PLC0415
 
-    from reminders_pipeline.webpush import answer  # noqa: PLC0415
+    from reminders_pipeline.providers.webpush import answer  # noqa: PLC0415
 
     headers = httpx.Headers({"Retry-After": formatdate(time.time() + 120, usegmt=True)})  # as the client gives them
     busy = answer(1, 429, headers, answered_at=0.0)
@@ -449,7 +450,7 @@ def test_fcms_answer_is_its_rows_outcome(status, code, expected):
     """The module docstring's table of ``fcm.py``, answer by answer."""
     import httpx  # noqa: PLC0415
 
-    from reminders_pipeline.fcm import answer  # noqa: PLC0415
+    from reminders_pipeline.providers.fcm import answer  # noqa: PLC0415
 
     assert answer(1, httpx.Response(status, json=fcm_error(status, code)), answered_at=0.0) == expected
 
@@ -457,7 +458,7 @@ def test_fcms_answer_is_its_rows_outcome(status, code, expected):
 def test_fcms_acceptance_keeps_the_messages_name_its_last_64_characters():
     import httpx  # noqa: PLC0415
 
-    from reminders_pipeline.fcm import answer  # noqa: PLC0415
+    from reminders_pipeline.providers.fcm import answer  # noqa: PLC0415
 
     name = "projects/reminders-test/messages/0:" + "1" * 40
     accepted = answer(1, httpx.Response(200, json={"name": name}), answered_at=0.0)
@@ -469,7 +470,10 @@ def test_a_request_never_answered_counts_toward_fcms_outage_and_never_toward_our
     to pending (``not-sent:`` and what held it); written: maybe delivered, failed, never retried."""
     import httpx  # noqa: PLC0415
 
-    from reminders_pipeline import fcm, webpush  # noqa: PLC0415
+    from reminders_pipeline.providers import (
+        fcm,  # noqa: PLC0415
+        webpush,  # noqa: PLC0415
+    )
 
     for module, outage in ((fcm, True), (webpush, False)):
         refused = module.transport_failure(1, httpx.ConnectError("refused"), written=False)
@@ -485,7 +489,7 @@ def test_fcm_token_endpoint_throttling_or_timing_out_is_unreachable_and_any_othe
     """408 and 429 from the token endpoint say nothing of our key: the rows wait, nothing halts."""
     from google.auth.exceptions import RefreshError  # noqa: PLC0415
 
-    from reminders_pipeline.fcm import REFUSED, UNREACHABLE, token_failure  # noqa: PLC0415
+    from reminders_pipeline.providers.fcm import REFUSED, UNREACHABLE, token_failure  # noqa: PLC0415
 
     failed = RefreshError("token refresh failed")
     assert [token_failure(failed, s) for s in (408, 429, 500, 503, None)] == [UNREACHABLE] * 5
@@ -524,7 +528,7 @@ def test_a_provider_devices_use_but_the_deployment_cannot_reach_is_refused_befor
 def _lengthen_titles(db: Any, title: str) -> None:
     """Give every queued row ``title``: feeds cap titles at 256 characters, so only a row written
     directly reaches a longer one."""
-    from reminders_pipeline.schema import notification_queue  # noqa: PLC0415
+    from reminders_pipeline.ledger.schema import notification_queue  # noqa: PLC0415
 
     with db.write() as conn:
         conn.execute(notification_queue.update().values(title=title))

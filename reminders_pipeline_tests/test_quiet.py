@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from reminders_pipeline.quiet import RepeatFilter
+from reminders_pipeline.config.log_throttle import RepeatFilter
 
 
 def _record(msg: str, args: tuple, created: float) -> logging.LogRecord:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from reminders_pipeline.build import build
-from reminders_pipeline.check import evaluate
-from reminders_pipeline.drain import drain
-from reminders_pipeline.retention import prune
-from reminders_pipeline.sender import RecordingSender
+from reminders_pipeline.ops.check import evaluate
+from reminders_pipeline.ops.retention import prune
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
 
 from .support import at, device, item, rows
 

@@ -1,7 +1,7 @@
 import pytest
 
-from reminders_pipeline.rules import Rule, RuleError, device_rules, parse_rule
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.rules import Rule, RuleError, device_rules, parse_rule
+from reminders_pipeline.domain.times import Instant
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Text, insert, text, type_coerce
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from reminders_pipeline.db import Database
-from reminders_pipeline.schema import metadata, notification_queue
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import metadata, notification_queue
 
 from .support import NOW
 
@@ -125,8 +125,8 @@ def test_migration_0007_keeps_rows_adds_device_columns_and_the_quiet_hours_outco
     CHECK widened (on SQLite by copying the table, whose partial due index must survive)."""
     from sqlalchemy import select, update
 
-    from reminders_pipeline import migrate
-    from reminders_pipeline.schema import devices
+    from reminders_pipeline.ledger import migrate
+    from reminders_pipeline.ledger.schema import devices
 
     device = dict(id="d", apns_token="ab" * 32, chunk=0, created_at=NOW, updated_at=NOW)
     try:
@@ -168,8 +168,8 @@ def test_upgrading_a_first_release_database_keeps_every_subscription(db_url):
     cascaded and deleted every ``device_sources`` row. Migrations run with them off, checked after."""
     from sqlalchemy import text
 
-    from reminders_pipeline import migrate
-    from reminders_pipeline.db import Database
+    from reminders_pipeline.ledger import migrate
+    from reminders_pipeline.ledger.db import Database
 
     db = Database(db_url)
     try:
@@ -205,8 +205,9 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
     downgrade writes their whole payload back."""
     from sqlalchemy import select, update
 
-    from reminders_pipeline import ledger, migrate
-    from reminders_pipeline.notification import as_shown, compose, stored_payload
+    from reminders_pipeline import ledger
+    from reminders_pipeline.domain.notification import as_shown, compose, stored_payload
+    from reminders_pipeline.ledger import migrate
 
     base = dict(
         _queue_row(),
@@ -256,7 +257,7 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
 def test_migration_0011_keeps_a_drain_hold_as_the_rows_held_until(db):
     """A row the drain held to the end of quiet hours before 0011 (pending, outcome_detail
     quiet_hours, a not_before) keeps that end as its lateness base; a retry's backoff is no hold."""
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     end, backoff = Instant.from_stored("2026-09-11T07:30:00.000Z"), Instant.from_stored("2026-09-11T07:30:04.000Z")
     held = dict(_queue_row(item_id="1:held"), outcome_detail="quiet_hours", not_before=end)
@@ -280,7 +281,7 @@ def test_an_upgrade_behind_a_held_transaction_holds_up_no_claim(postgres_url):
     the upgrade fails with one clear line and has changed nothing; once the holder ends it completes."""
     import time
 
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     db = Database(postgres_url)
     try:
@@ -334,7 +335,7 @@ def test_a_new_check_is_validated_after_its_migration_commits_not_under_its_lock
     validated afterwards, under a lock no claim waits for. A row that breaks it shows the order:
     0007 commits, its validation stops the upgrade with one line naming the rows, and once they are
     corrected the upgrade completes with every CHECK validated."""
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     db = Database(postgres_url)
     try:
@@ -383,7 +384,7 @@ def test_the_not_before_index_is_built_concurrently_beside_claims_and_rebuilt_if
     interrupted build does; the next upgrade drops and builds it again, then applies 0011."""
     import time
 
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     db = Database(postgres_url)
     monkeypatch.setattr(migrate, "FINISH_WAIT_SECONDS", 1.0)
@@ -442,7 +443,7 @@ def test_two_upgrades_at_once_wait_for_each_other_and_both_succeed(postgres_url)
     import subprocess
     import sys
 
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     db = Database(postgres_url)
     try:
@@ -471,7 +472,7 @@ def test_two_upgrades_at_once_wait_for_each_other_and_both_succeed(postgres_url)
 
 def _upgrading(db: Database, **options: Any) -> tuple[threading.Thread, list[BaseException | None]]:
     """``migrate.upgrade`` started in a thread; the list gets None or what it raised."""
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     outcome: list[BaseException | None] = []
 
@@ -493,8 +494,8 @@ def test_migration_0017_adds_acknowledged_and_a_downgrade_leaves_what_0016_reads
     an acknowledged row stays settled (``event_expired``), so the release before queues nothing again."""
     from sqlalchemy import select, update
 
-    from reminders_pipeline import migrate
-    from reminders_pipeline.schema import devices
+    from reminders_pipeline.ledger import migrate
+    from reminders_pipeline.ledger.schema import devices
 
     q = notification_queue
     device = dict(
@@ -540,8 +541,8 @@ def test_migration_0019_keeps_every_row_and_id_and_gives_no_id_twice(db):
     never gives its id to the next (SQLite reused both without AUTOINCREMENT)."""
     from sqlalchemy import delete, select
 
-    from reminders_pipeline import migrate
-    from reminders_pipeline.schema import notification_history
+    from reminders_pipeline.ledger import migrate
+    from reminders_pipeline.ledger.schema import notification_history
 
     q, h = notification_queue, notification_history
     states = [
@@ -609,7 +610,7 @@ def test_a_sqlite_upgrade_waits_for_the_write_lock_and_says_so_once(sqlite_ledge
     import logging
     import time
 
-    from reminders_pipeline import migrate
+    from reminders_pipeline.ledger import migrate
 
     db = Database(sqlite_ledger)
     try:
@@ -618,7 +619,7 @@ def test_a_sqlite_upgrade_waits_for_the_write_lock_and_says_so_once(sqlite_ledge
         release = threading.Timer(1.0, holder.commit)
         release.start()
         started = time.monotonic()
-        with caplog.at_level(logging.INFO, logger="reminders_pipeline.migrate"):
+        with caplog.at_level(logging.INFO, logger="reminders_pipeline.ledger.migrate"):
             migrate.upgrade(db)
         waited = time.monotonic() - started
         release.join()
@@ -640,8 +641,8 @@ def test_a_sqlite_upgrade_behind_a_lock_never_released_stops_with_one_line(sqlit
 
     from click.testing import CliRunner
 
-    from reminders_pipeline import migrate
     from reminders_pipeline.cli import main
+    from reminders_pipeline.ledger import migrate
 
     monkeypatch.setattr(migrate, "SQLITE_LOCK_WAIT_SECONDS", 1.0, raising=False)  # none before the fix
     db = Database(sqlite_ledger)

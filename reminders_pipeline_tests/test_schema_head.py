@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import make_url
 
-from reminders_pipeline import migrate
 from reminders_pipeline.cli import main
-from reminders_pipeline.db import Database
-from reminders_pipeline.settings import Settings
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 
 from .support import TOKEN
 from .test_dagster_support import definitions_for, resources_for
@@ -144,7 +144,7 @@ def test_a_newer_release_that_only_added_to_the_schema_leaves_this_one_running(d
     assert head is not None
     _as_if_a_newer_release_upgraded(db_url, head)
     try:
-        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.migrate"):
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.ledger.migrate"):
             result = run(db_url, "device", "list")
         assert (result.exit_code, json.loads(result.stdout)) == (0, []), result.stderr
         assert any("from a newer release that may run with" in m for m in caplog.messages)
@@ -237,7 +237,7 @@ def upgrade_soon(url: str) -> subprocess.Popen[bytes]:
     """Another process (as an operator's upgrade is) upgrades the ledger at ``url`` in a second."""
     code = (
         "import sys, time; time.sleep(1); from reminders_pipeline import migrate; "
-        "from reminders_pipeline.db import Database; migrate.upgrade(Database(sys.argv[1]))"
+        "from reminders_pipeline.ledger.db import Database; migrate.upgrade(Database(sys.argv[1]))"
     )
     return subprocess.Popen([sys.executable, "-c", code, url])
 
@@ -253,7 +253,7 @@ def test_a_long_lived_process_waits_for_the_ledger_an_upgrade_brings_to_its_head
     upgrader = upgrade_soon(old_url)
     started = time.monotonic()
     try:
-        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.migrate"):
+        with caplog.at_level(logging.WARNING, logger="reminders_pipeline.ledger.migrate"):
             asyncio.run(migrate.wait_for_head(db, time.monotonic() + 60, every=0.2))
     finally:
         assert upgrader.wait(60) == 0

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from reminders_pipeline.fcm import FcmSender
-from reminders_pipeline.sender import FENCE_EXPIRED, Notification, SendResult
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.webpush import WebPushSender
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.providers.base import FENCE_EXPIRED, SendResult
+from reminders_pipeline.providers.fcm import FcmSender
+from reminders_pipeline.providers.webpush import WebPushSender
 from reminders_pipeline_testing.mock_fcm import Answer as FcmAnswer
 from reminders_pipeline_testing.mock_webpush import Answer, MockWebPush
 

@@ -11,13 +11,13 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
 from reminders_pipeline.cli import main
-from reminders_pipeline.drain import drain
-from reminders_pipeline.notification import as_shown, stored_payload
-from reminders_pipeline.schema import notification_queue as q
-from reminders_pipeline.sender import RecordingSender
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.notification import as_shown, stored_payload
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.schema import notification_queue as q
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.base import RecordingSender
+from reminders_pipeline.sending.drain import drain
 
 from .support import NOW, at, by_key, device, item, rows
 
@@ -60,7 +60,7 @@ def test_the_payload_shown_is_the_one_sent_after_the_device_changes_zone(db, set
 
 def test_a_title_cut_to_fit_is_stored_whole():
     """Feeds cap titles, so only a direct row reaches this: the re-render would show it uncut."""
-    from reminders_pipeline.notification import compose, record_of_send, sent_payload
+    from reminders_pipeline.domain.notification import compose, record_of_send, sent_payload
 
     row = {
         "id": 1,
@@ -120,7 +120,7 @@ def test_the_cli_lists_the_payload_as_sent(db, db_url, settings, feeds):
 @pytest.mark.parametrize("body", ["", None])
 def test_a_send_without_a_body_to_keep_is_stored_whole(body):
     """``record_of_send`` never keeps an empty body: the re-render would fall back to the rule's."""
-    from reminders_pipeline.notification import compose, record_of_send
+    from reminders_pipeline.domain.notification import compose, record_of_send
 
     row = {
         "id": 1,
@@ -167,7 +167,7 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
     row gives back the bytes sent, for every rule kind, zone, level, provider and cut (each
     provider cuts to its own limit; the device's zone and provider are gone from the row when it is
     read back: the clock text must come from what was kept)."""
-    from reminders_pipeline.notification import compose, record_of_send, sent_payload
+    from reminders_pipeline.domain.notification import compose, record_of_send, sent_payload
 
     row = {
         **MATRIX_ROW,
@@ -215,6 +215,6 @@ PINNED_PAYLOAD = (
 
 
 def test_a_stored_body_re_renders_to_the_bytes_earlier_releases_sent():
-    from reminders_pipeline.notification import sent_payload
+    from reminders_pipeline.domain.notification import sent_payload
 
     assert sent_payload(PINNED_ROW) == PINNED_PAYLOAD

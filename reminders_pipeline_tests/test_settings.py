@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from reminders_pipeline.config.settings import Settings, SettingsError
 from reminders_pipeline.defs.resources import (
     AlertingResource,
     LedgerResource,
@@ -13,7 +14,6 @@ from reminders_pipeline.defs.resources import (
     SourcesResource,
     core_settings,
 )
-from reminders_pipeline.settings import Settings, SettingsError
 
 
 @pytest.mark.parametrize(

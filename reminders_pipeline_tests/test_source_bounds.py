@@ -8,10 +8,10 @@ import subprocess
 import sys
 import textwrap
 
-from reminders_pipeline.egress import parse_networks
-from reminders_pipeline.settings import LOOPBACK_NETWORKS
-from reminders_pipeline.sources import SourceReader
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.sources.egress import parse_networks
+from reminders_pipeline.sources.reader import SourceReader
 
 from .http_sources import Route, gzip_bomb
 
@@ -48,8 +48,8 @@ def test_unknown_or_too_deep_encodings_fail_with_their_own_code(feeds):
 PEAK_RSS = textwrap.dedent(
     """
     import resource, sys
-    from reminders_pipeline.egress import parse_networks
-    from reminders_pipeline.sources import SourceReader
+    from reminders_pipeline.sources.egress import parse_networks
+    from reminders_pipeline.sources.reader import SourceReader
     reader = SourceReader(timeout=60, allow_networks=parse_networks(["127.0.0.0/8"]))
     read = reader.read_all({1: sys.argv[1]})[1]
     print(read.error or "ok", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
@@ -81,7 +81,7 @@ def test_the_item_cap_keeps_the_soonest_future_items_whatever_the_feed_order(db,
     """Issue 19 item 4: past items first, then future ones latest first, cap 3. The cap keeps the
     three soonest future items; a row already queued for a later item stays pending (the cap says
     nothing about whether it left the feed)."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device, rows
 
@@ -128,8 +128,8 @@ def test_eight_secondly_series_cost_little_and_the_rest_of_the_build_is_built(db
     calendar whose 8 such series started in 2020 keeps its one real meeting."""
     import time
 
-    from reminders_pipeline.build import build
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
+    from reminders_pipeline.planning.build import build
 
     from .support import TOKEN, rows
 
@@ -166,8 +166,8 @@ def test_an_abandoned_expansion_stops_at_its_next_occurrence():
     import threading
     import time
 
-    from reminders_pipeline.feed import FeedError
-    from reminders_pipeline.ics import parse_ics_feed
+    from reminders_pipeline.domain.items import FeedError
+    from reminders_pipeline.sources.ics import parse_ics_feed
 
     # COUNT is counted from DTSTART, so each of these walks from 1900: slow, one occurrence at a time.
     slow = _calendar(
@@ -207,8 +207,8 @@ def test_rules_that_never_match_cost_little_and_the_rest_of_the_build_is_built(d
     stays within the issue's 3 s bar (measured: well under 1 s for the never-matching calendar)."""
     import time
 
-    from reminders_pipeline.build import build
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
+    from reminders_pipeline.planning.build import build
 
     from .support import TOKEN, rows
 
@@ -232,7 +232,7 @@ def test_a_dense_series_from_years_ago_is_read_in_full_on_its_own_instants():
     """A quarter-hourly check since 2020 was walked from its DTSTART and dropped ``runaway_series``
     on f9efcae. Now its walk starts just before the window: every quarter hour of the window is an
     item, each keyed by its original instant, and an EXDATE still removes its occurrence."""
-    from reminders_pipeline.ics import parse_ics_feed
+    from reminders_pipeline.sources.ics import parse_ics_feed
 
     dense = _event(
         "dense", "20200101T000700Z", "DURATION:PT10M", "RRULE:FREQ=MINUTELY;INTERVAL=15", "EXDATE:20261018T130700Z"
@@ -258,7 +258,7 @@ def _statuses(db) -> dict[str, tuple[str, str | None]]:
 def test_rows_of_a_dropped_series_stay_while_a_deleted_event_is_voided(db, settings, feeds):
     """A series dropped ``runaway_series`` makes the feed partial for that series only: its queued
     rows stay pending (f9efcae voided them ``left_feed``), and an event deleted beside it is voided."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -281,7 +281,7 @@ def _capped_build(db, settings, feeds, publish) -> None:
     """Cap 4: A, B, C, D queued; then D is deleted at the source while E and F arrive, five items:
     F is cut and its absence says nothing, but D is in no part of the feed (f9efcae kept it, being
     after where the cap cut, and sent it)."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -306,7 +306,7 @@ def test_the_item_cap_keeps_only_what_it_cut_json(db, settings, feeds):
 
 
 def test_the_item_cap_keeps_only_what_it_cut_icalendar(db, settings, feeds):
-    from reminders_pipeline.times import Instant
+    from reminders_pipeline.domain.times import Instant
 
     def stamp(h: float) -> str:
         return Instant.from_unix(NOW_S + int(h * 3600)).stored.replace("-", "").replace(":", "").replace(".000", "")
@@ -347,7 +347,7 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
 
     import pytest
 
-    from reminders_pipeline.sources import ReadFailed, StackedDecoder
+    from reminders_pipeline.sources.reader import ReadFailed, StackedDecoder
 
     body = FEED * 50
     for coding, encoded in (
@@ -364,7 +364,7 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
 
 
 def _later(seconds: int) -> Instant:
-    from reminders_pipeline.times import Instant
+    from reminders_pipeline.domain.times import Instant
 
     return Instant.from_unix(NOW_S + seconds)
 
@@ -373,7 +373,7 @@ def test_an_unchanged_feed_over_the_cap_lets_a_cut_item_in_once_a_kept_one_is_ov
     """Cap 2, items A (in 1 h), B (2 h), C (3 h), the feed never changing and answering 304. Once A
     is over, C is among the two soonest and gets its row: a cached cut is not reused at a later
     now (a033bef reused it, so C was never queued while the ETag held)."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -392,7 +392,7 @@ def test_an_unchanged_feed_over_the_cap_lets_a_cut_item_in_once_a_kept_one_is_ov
 
 def test_an_unchanged_calendar_over_the_cap_lets_a_cut_occurrence_in_once_a_kept_one_is_over(db, settings, feeds):
     """The same through a calendar: cap 2, three events an hour apart, 304 on every read after the first."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -416,7 +416,7 @@ def test_a_series_dropped_as_a_flood_takes_no_place_under_the_cap(db, settings, 
     """Cap 4: a FREQ=SECONDLY series starting in 30 minutes beside four real meetings. It is dropped
     ``runaway_series`` and the four meetings are queued; a033bef queued four of its seconds instead
     (each slice's walk stopped at the cap before the flood could be told) and cut the meetings."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -433,7 +433,7 @@ def test_a_series_dropped_as_a_flood_takes_no_place_under_the_cap(db, settings, 
 def test_a_series_dropped_after_its_first_slice_gives_its_places_back():
     """A series over its CPU share in a later slice, after its first occurrences were counted under
     the cap: the calendar is expanded again without it, so the cap keeps the other events."""
-    import reminders_pipeline.ics as ics
+    import reminders_pipeline.sources.ics as ics
 
     stamp = lambda s: _later(s).stored.replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
     hourly = _event("hourly", stamp(600), "DURATION:PT5M", "RRULE:FREQ=HOURLY")
@@ -461,7 +461,7 @@ def test_a_series_dropped_after_its_first_slice_gives_its_places_back():
 def _dropped_after_the_first_day(uids: set[str], seen: dict[str, list[float]]):
     """An ``ics._expand`` that drops the series ``uids`` as runaway after their first day, and
     records what each other series had been charged when each expansion reached it first."""
-    import reminders_pipeline.ics as ics
+    import reminders_pipeline.sources.ics as ics
 
     real = ics._expand
 
@@ -481,7 +481,7 @@ def test_replays_are_bounded_and_each_charges_a_series_afresh():
     calendar is expanded again without them at most ``MAX_REPLAYS`` times (a033bef: once per
     series, without bound), the others are not charged again for the expansions thrown away, and
     every dropped series is still counted and its rows kept."""
-    import reminders_pipeline.ics as ics
+    import reminders_pipeline.sources.ics as ics
 
     stamp = lambda s: _later(s).stored.replace("-", "").replace(":", "").replace(".000", "")  # noqa: E731
     floods = {f"h{i}" for i in range(6)}
@@ -507,7 +507,7 @@ def test_a_row_of_an_item_the_cap_cut_follows_the_item_when_it_moves(db, setting
     then C moves an hour later. Its row is not voided (the cap says nothing of C leaving) and no
     new row is queued for it, but the one it has moves with it: sending at its old time would be
     an hour early, with the old start in the alert (a033bef kept it as it was)."""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 
@@ -531,8 +531,8 @@ def test_a_row_of_an_all_day_event_the_cap_cut_follows_the_devices_zone(db, sett
     """An all-day event's ``day:0@09:00`` row queued in UTC, then the event is cut by a sooner one
     and the device moves to New York: the row is re-timed to 09:00 there, not sent at 09:00 UTC,
     four hours before its rule's time."""
-    from reminders_pipeline.build import build
-    from reminders_pipeline.devices import DeviceSpec, put_device
+    from reminders_pipeline.devices.registration import DeviceSpec, put_device
+    from reminders_pipeline.planning.build import build
 
     from .support import TOKEN
 
@@ -567,7 +567,7 @@ def _rows(db):
 def test_a_json_feed_sets_aside_at_most_ten_caps_of_what_it_cut():
     """Cap 2, 50 future items: 2 kept, 48 counted and their ids kept, the 20 soonest of them set
     aside whole (what a calendar's cut builds at most), so a feed far over the cap costs bounded memory."""
-    from reminders_pipeline.feed import parse_items
+    from reminders_pipeline.domain.items import parse_items
 
     raw = [
         {"id": f"i{n:02}", "title": "x", "startsAt": NOW_S + 60 * (n + 1), "expiresAt": NOW_S + 60 * (n + 2)}
@@ -585,7 +585,7 @@ def test_a_floating_event_leaves_the_cap_when_the_expansion_stops_counting_it(db
     expansion is widened for every zone), so B is cut beside A. At 19:30Z it no longer counts:
     the unchanged calendar is read again instead of answering 304, and B is queued. (The long model
     run found this: the cut was kept until A ended, the next day.)"""
-    from reminders_pipeline.build import build
+    from reminders_pipeline.planning.build import build
 
     from .support import device
 

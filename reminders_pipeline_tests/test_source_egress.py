@@ -20,12 +20,12 @@ import pytest
 import trustme
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.egress import GuardedBackend, is_allowed, parse_networks
-from reminders_pipeline.settings import LOOPBACK_NETWORKS, Settings, SettingsError
-from reminders_pipeline.sources import SourceReader, SourceState, shown_url
-from reminders_pipeline.times import Instant
-from reminders_pipeline.widget_feed import compose_feed
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings, SettingsError
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.planning.widget_feed import compose_feed
+from reminders_pipeline.sources.egress import GuardedBackend, is_allowed, parse_networks
+from reminders_pipeline.sources.reader import SourceReader, SourceState, shown_url
 
 from .http_sources import FeedServer, Route
 from .support import device

@@ -9,11 +9,11 @@ import icalendar
 import recurring_ical_events
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.egress import parse_networks
-from reminders_pipeline.settings import LOOPBACK_NETWORKS
-from reminders_pipeline.sources import SourceReader, SourceState, shown_url
-from reminders_pipeline.times import Instant
+from reminders_pipeline.config.settings import LOOPBACK_NETWORKS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.sources.egress import parse_networks
+from reminders_pipeline.sources.reader import SourceReader, SourceState, shown_url
 
 from .calendars import ALL_DAY, CANCELLED, FLOATING, UTC_EVENT, WEEKLY, calendar
 from .http_sources import Route
@@ -276,7 +276,7 @@ def test_httpcore_finds_sniffio_so_no_read_pays_for_a_failed_import():
 def test_a_304_leaves_its_connection_open_for_the_next_read(feeds, monkeypatch):
     """A 304 read to its (empty) end goes back to the pool: closing it unread would close the
     connection too, and every source of an unchanged tick would pay a new TCP handshake."""
-    from reminders_pipeline import egress
+    from reminders_pipeline.sources import egress
 
     connects: list[str] = []
     real = egress.GuardedBackend.connect_tcp
@@ -319,7 +319,7 @@ def test_a_cookie_one_source_sets_goes_with_no_other_read(feeds):
 
 
 def test_a_parse_cached_by_an_earlier_parser_is_read_again_not_reused():
-    from reminders_pipeline.sources import PARSE_VERSION, content_hash, parsed_under
+    from reminders_pipeline.sources.reader import PARSE_VERSION, content_hash, parsed_under
 
     current = content_hash(b"body", 2000, "ics")
     assert parsed_under(current, 2000) and not parsed_under(current, 100)

@@ -27,11 +27,12 @@ import psutil
 import pytest
 from sqlalchemy import insert
 
-from reminders_pipeline import ledger, migrate
-from reminders_pipeline.build import queue_rows
-from reminders_pipeline.db import Database
-from reminders_pipeline.schema import devices
-from reminders_pipeline.times import Instant
+from reminders_pipeline import ledger
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import devices
+from reminders_pipeline.planning.build import queue_rows
 from reminders_pipeline_testing.stack import answers, free_port, wait_for
 
 from .support import subscribe
@@ -364,16 +365,22 @@ def test_sigterm_to_reminders_serve_mid_drain_claims_nothing_more_and_settles_wh
 
 ORPHANS_SCRIPT = """
 import json, os, subprocess, sys, time
-from reminders_pipeline.proctree import become_subreaper, descendants, end_tree
+from reminders_pipeline.dev.proctree import become_subreaper, descendants, end_tree
 assert become_subreaper()
-# An orphan in a session of its own (its parent shell exits at once), and a child that ignores SIGTERM.
+# An orphan in a session of its own: its parent shell has exited when run() returns.
 subprocess.run(["/bin/sh", "-c", "setsid sleep 300 & echo $! > orphan.pid"], check=True)
-stubborn = subprocess.Popen(["/bin/sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
-time.sleep(0.5)
 orphan = int(open("orphan.pid").read())
 found = {pid for pid, _ in descendants(os.getpid())}
-killed = {pid for pid, _ in end_tree(os.getpid(), set(), time.monotonic() + 1.5)}
-print(json.dumps({"orphan": orphan, "stubborn": stubborn.pid, "found": sorted(found), "killed": sorted(killed),
+# A grace no load outlasts: end_tree returns as soon as nothing is left, so a SIGTERM that works
+# is never mistaken for one that did not.
+ended = {pid for pid, _ in end_tree(os.getpid(), set(), time.monotonic() + 60)}
+# A child that ignores SIGTERM, started only once the orphan is gone, and known ready to ignore it.
+stubborn = subprocess.Popen(["/bin/sh", "-c", "trap '' TERM; : > ready; while true; do sleep 0.1; done"])
+while not os.path.exists("ready"):
+    time.sleep(0.01)
+found |= {pid for pid, _ in descendants(os.getpid())}
+killed = {pid for pid, _ in end_tree(os.getpid(), set(), time.monotonic() + 0.5)}
+print(json.dumps({"orphan": orphan, "stubborn": stubborn.pid, "found": sorted(found), "killed": sorted(ended | killed),
                   "left": sorted(pid for pid, _ in descendants(os.getpid()))}))
 """
 

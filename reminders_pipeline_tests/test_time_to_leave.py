@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reminders_pipeline.ics import parse_ics_feed
-from reminders_pipeline.policy import decide
-from reminders_pipeline.rules import MAX_TRAVEL_SECONDS
-from reminders_pipeline.times import Instant
+from reminders_pipeline.domain.policy import decide
+from reminders_pipeline.domain.rules import MAX_TRAVEL_SECONDS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.sources.ics import parse_ics_feed
 
 from .support import TOKEN, recorded, rows
 

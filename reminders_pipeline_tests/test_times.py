@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reminders_pipeline.times import ISO_PATTERN, Instant
+from reminders_pipeline.domain.times import ISO_PATTERN, Instant
 
 PACKAGE = Path(__file__).resolve().parents[1] / "reminders_pipeline"
 

@@ -20,12 +20,12 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from reminders_pipeline import ledger
-from reminders_pipeline.build import build
-from reminders_pipeline.demo import DEMO_ITEMS, DemoSource, prepare_ledger
-from reminders_pipeline.drain import drain
-from reminders_pipeline.sender import default_sender_factory
-from reminders_pipeline.webdemo import DEVICE_ID, WebDemo
-from reminders_pipeline.webpush import generate_key
+from reminders_pipeline.dev.demo import DEMO_ITEMS, DemoSource, prepare_ledger
+from reminders_pipeline.dev.webdemo import DEVICE_ID, WebDemo
+from reminders_pipeline.planning.build import build
+from reminders_pipeline.providers.routing import default_sender_factory
+from reminders_pipeline.providers.webpush import generate_key
+from reminders_pipeline.sending.drain import drain
 from reminders_pipeline_testing.mock_webpush import MockWebPush
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -102,3 +102,41 @@ def test_the_demo_page_subscribes_the_browser_and_registers_it(settings, db, pus
     assert summary.providers.get("webpush:sent", 0) >= 1, summary.as_dict()
     titles = {r.payload["title"] for r in push.wait_for_requests(1)}
     assert titles and titles <= {title for _, title, _ in DEMO_ITEMS}
+
+
+# A push service that never answers: subscribe() neither resolves nor rejects.
+UNREACHABLE = """
+PushManager.prototype.subscribe = function () { window.__subscribing = true; return new Promise(() => {}); };
+"""
+
+
+def test_the_demo_page_says_why_when_the_push_service_never_answers(settings, db, tmp_path):
+    key = tmp_path / "vapid.pem"
+    generate_key(str(key))
+    web_settings = settings.with_(vapid_private_key_file=str(key), vapid_subject="mailto:demo@example.org")
+    with DemoSource(0) as source:
+        prepare_ledger(web_settings, source.url)
+        source.web = WebDemo(db, web_settings, source.url)
+        page_url = source.url.removesuffix("/demo.json") + "/web/"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                context = browser.new_context()
+                context.grant_permissions(["notifications"], origin=page_url.removesuffix("/web/"))
+                context.add_init_script(UNREACHABLE)
+                page = context.new_page()
+                page.clock.install()
+                page.goto(page_url)
+                page.click("#subscribe")
+                page.wait_for_function("window.__subscribing === true", timeout=20_000)
+                page.clock.run_for(19_000)
+                before = page.text_content("#status")
+                page.clock.run_for(2_000)
+                page.wait_for_function("document.getElementById('status').textContent !== ''", timeout=20_000)
+                status = page.text_content("#status")
+            finally:
+                browser.close()
+    assert before == ""
+    assert status.startswith("failed: TimeoutError: the browser's push service did not answer within 20 s"), status
+    with db.read() as conn:
+        assert DEVICE_ID not in {d.id for d in ledger.list_devices(conn)}

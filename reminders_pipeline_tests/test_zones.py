@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reminders_pipeline.feed import Item
-from reminders_pipeline.notification import compose
-from reminders_pipeline.rules import RuleError, device_rules, parse_rule
-from reminders_pipeline.times import Instant
-from reminders_pipeline.zones import Zone, ZoneError, parse_quiet_hours, zone_info, zone_of
+from reminders_pipeline.domain.items import Item
+from reminders_pipeline.domain.notification import compose
+from reminders_pipeline.domain.rules import RuleError, device_rules, parse_rule
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.zones import Zone, ZoneError, parse_quiet_hours, zone_info, zone_of
 
 UTC = UTC
 
@@ -199,7 +199,7 @@ def test_a_stored_zone_the_database_no_longer_knows_falls_back_to_the_offset():
 def test_json_feeds_are_capped_too_and_the_cut_counted():
     import json
 
-    from reminders_pipeline.feed import parse_json_feed
+    from reminders_pipeline.domain.items import parse_json_feed
 
     items = [
         {"id": f"e{i}", "title": "t", "startsAt": 1_789_000_000 + i, "expiresAt": 1_789_000_100 + i} for i in range(5)

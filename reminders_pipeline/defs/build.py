@@ -12,14 +12,13 @@ from typing import Any
 import dagster as dg
 from sqlalchemy import Connection
 
-from reminders_pipeline.build import build
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SourcesResource, core_settings
+from reminders_pipeline.defs.run_queue import BUILD_TAGS, RUN_KIND_TAG
+from reminders_pipeline.domain.run_summary import BuildResult
+from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger import stalest_chunks
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.summary import BuildResult
-from reminders_pipeline.times import Instant
-
-from .resources import AlertingResource, LedgerResource, SourcesResource, core_settings
-from .run_queue import BUILD_TAGS, RUN_KIND_TAG
+from reminders_pipeline.planning.build import build
 
 # Read once when the code location loads: the partition keys and the cron strings are part of the
 # definitions. The same Settings reads the same variables in every run process.

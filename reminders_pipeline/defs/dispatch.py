@@ -1,7 +1,7 @@
 """The exact-time dispatcher under Dagster's eyes: one long-running op, kept in flight by a sensor.
 
 Dagster is not a timer (sensors tick every 30 s at best and a run takes seconds to start), so the
-timing lives in the core's loop (``reminders_pipeline.dispatch``). Dagster keeps it alive and shows
+timing lives in the core's loop (``reminders_pipeline.sending.dispatch``). Dagster keeps it alive and shows
 it: one run at a time for ``REMINDERS_DISPATCH_RUN_SECONDS``, a log line per batch, lateness
 percentiles as run metadata, run monitoring (``dagster/max_runtime``) for a run that hangs. The
 sensor requests the successor shortly before the current run ends, so there is no gap; the overlap
@@ -15,18 +15,17 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from reminders_pipeline.check import dispatch_health
-from reminders_pipeline.dispatch import Dispatcher, batch_line
-from reminders_pipeline.settings import Settings
-from reminders_pipeline.times import Instant
-
-from .build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
-from .drain import summary_metadata
-from .monitoring import check_result
-from .resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
-from .run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
-from .sensors import running_sensor
-from .signals import stop_on_signals
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.defs.build import IN_FLIGHT, LOAD_SETTINGS, notification_queue
+from reminders_pipeline.defs.drain import summary_metadata
+from reminders_pipeline.defs.monitoring import check_result
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
+from reminders_pipeline.defs.run_queue import CHECK_TAGS, DISPATCH_PRIORITY, MAX_RUNTIME_TAG, PRIORITY_TAG, RUN_KIND_TAG
+from reminders_pipeline.defs.sensors import running_sensor
+from reminders_pipeline.defs.signals import stop_on_signals
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ops.check import dispatch_health
+from reminders_pipeline.sending.dispatch import Dispatcher, batch_line
 
 MAX_RUNTIME_MARGIN_SECONDS = 600  # run monitoring fails a dispatcher run this long past its planned end
 

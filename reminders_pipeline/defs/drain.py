@@ -10,16 +10,15 @@ from typing import Any
 
 import dagster as dg
 
-from reminders_pipeline import drain as core
-from reminders_pipeline.faults import describe_halts
-from reminders_pipeline.schema import OUTCOMES
-from reminders_pipeline.summary import DrainResult
-from reminders_pipeline.times import Instant
-
-from .build import LOAD_SETTINGS
-from .resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
-from .run_queue import MAX_RUNTIME_TAG, RUN_KIND_TAG
-from .signals import stop_on_signals
+from reminders_pipeline.defs.build import LOAD_SETTINGS
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, core_settings, in_use
+from reminders_pipeline.defs.run_queue import MAX_RUNTIME_TAG, RUN_KIND_TAG
+from reminders_pipeline.defs.signals import stop_on_signals
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger.schema import OUTCOMES
+from reminders_pipeline.sending import drain as core
+from reminders_pipeline.sending.faults import describe_halts
 
 
 class FindDueConfig(dg.Config):

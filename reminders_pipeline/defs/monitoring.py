@@ -1,5 +1,5 @@
 """Watching the two invariants: a sensor on the oldest ``reminders_built_at``, two asset checks, and
-an alert for every failed run. All alerts go through ``reminders_pipeline.alerts``.
+an alert for every failed run. All alerts go through ``reminders_pipeline.config.alerts``.
 
 Missing the sweep period does not make reminders late: they never queue. So the sensor watches the
 oldest build, requests a catch-up build of the stale chunks (run keys bound it to one request per
@@ -16,11 +16,8 @@ from dagster._core.storage.asset_check_execution_record import (  # no public na
     AssetCheckExecutionRecordStatus as CheckStatus,
 )
 
-from reminders_pipeline.cadence import crons_after
-from reminders_pipeline.check import oldest_due_wait, stale_chunks, sweep_status
-from reminders_pipeline.times import Instant
-
-from .build import (
+from reminders_pipeline.config.cadence import crons_after
+from reminders_pipeline.defs.build import (
     LOAD_SETTINGS,
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -29,9 +26,11 @@ from .build import (
     builds_in_flight,
     notification_queue,
 )
-from .resources import AlertingResource, LedgerResource
-from .run_queue import CHECK_TAGS
-from .sensors import running_sensor
+from reminders_pipeline.defs.resources import AlertingResource, LedgerResource
+from reminders_pipeline.defs.run_queue import CHECK_TAGS
+from reminders_pipeline.defs.sensors import running_sensor
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ops.check import oldest_due_wait, stale_chunks, sweep_status
 
 CATCH_UP_TAG = "reminders/trigger"
 # The checks run this long after each drain tick (REMINDERS_DRAIN_CRON), so drain_backlog sees what

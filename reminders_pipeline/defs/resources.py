@@ -19,11 +19,12 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from reminders_pipeline import ledger as core_ledger
-from reminders_pipeline import migrate
-from reminders_pipeline.alerts import raise_alert
-from reminders_pipeline.db import Database, shared
-from reminders_pipeline.sender import SenderFactory, default_sender_factory
-from reminders_pipeline.settings import ENV_PREFIX, Settings
+from reminders_pipeline.config.alerts import raise_alert
+from reminders_pipeline.config.settings import ENV_PREFIX, Settings
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database, shared
+from reminders_pipeline.providers.base import SenderFactory
+from reminders_pipeline.providers.routing import default_sender_factory
 
 
 def env_var(name: str) -> dg.EnvVar | None:
@@ -131,7 +132,7 @@ class SourcesResource(SettingsResource):
 
 
 class AlertingResource(SettingsResource):
-    """The one alert path (``reminders_pipeline.alerts``) with the webhook this deployment uses."""
+    """The one alert path (``reminders_pipeline.config.alerts``) with the webhook this deployment uses."""
 
     VARIABLES: ClassVar[dict[str, str]] = {"webhook_url": "REMINDERS_ALERT_WEBHOOK_URL"}
     webhook_url: str | None = None

@@ -4,6 +4,6 @@ A thin Starlette app over the same core functions the CLI and Dagster call; it h
 ledger logic, only request parsing, authentication and the mapping of core answers to responses.
 """
 
-from .app import create_app
+from reminders_pipeline.http.app import create_app
 
 __all__ = ["create_app"]

@@ -37,10 +37,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .. import actions, ledger, migrate
-from ..build import build as run_build
-from ..db import Database
-from ..devices import (
+from reminders_pipeline import ledger
+from reminders_pipeline.config.log_throttle import first_line
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices import actions
+from reminders_pipeline.devices.registration import (
     DEVICE_ID_PATTERN,
     DEVICE_ID_SHAPE,
     CredentialChanged,
@@ -52,20 +53,12 @@ from ..devices import (
     rotate_credential,
     stored_credential_hash,
 )
-from ..drain import checked_sender_factory
-from ..drain import drain as run_drain
-from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
-from ..quiet import first_line
-from ..rules import DEFAULT_ALL_DAY_RULES
-from ..schema import MAX_ROW_ID
-from ..sender import SenderFactory
-from ..settings import Settings
-from ..subscription import CalendarSettings
-from ..times import Instant
-from ..webpush import load_key, public_key_text
-from ..widget_feed import ComposedFeed, compose_feed
-from ..zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
-from .contract import (
+from reminders_pipeline.domain.calendar_settings import CalendarSettings
+from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
+from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
+from reminders_pipeline.http.contract import (
     BUILD,
     DELETE_DEVICE,
     DONE,
@@ -90,7 +83,16 @@ from .contract import (
     SnoozeRequest,
     document,
 )
-from .metrics import Metrics
+from reminders_pipeline.http.metrics import Metrics
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import MAX_ROW_ID
+from reminders_pipeline.planning.build import build as run_build
+from reminders_pipeline.planning.widget_feed import ComposedFeed, compose_feed
+from reminders_pipeline.providers.base import SenderFactory
+from reminders_pipeline.providers.routing import checked_sender_factory
+from reminders_pipeline.providers.webpush import load_key, public_key_text
+from reminders_pipeline.sending.drain import drain as run_drain
 
 log = logging.getLogger(__name__)
 

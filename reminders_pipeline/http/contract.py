@@ -36,8 +36,9 @@ import httpx
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
 
-from ..actions import MAX_SNOOZE_SECONDS
-from ..devices import (
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices.actions import MAX_SNOOZE_SECONDS
+from reminders_pipeline.devices.registration import (
     APNS_TOKEN_PATTERN,
     DEVICE_ID_PATTERN,
     FCM_TOKEN_PATTERN,
@@ -47,16 +48,15 @@ from ..devices import (
     MAX_SOURCES,
     MAX_URL_LENGTH,
 )
-from ..feed import ADDRESS_TEXT_LENGTH
-from ..phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
-from ..push_subscription import MAX_ENDPOINT_LENGTH
-from ..rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
-from ..schema import MAX_ROW_ID
-from ..settings import Settings
-from ..sources import shown_url
-from ..subscription import MAX_CALENDAR_RULES
-from ..times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
-from ..zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
+from reminders_pipeline.domain.calendar_settings import MAX_CALENDAR_RULES
+from reminders_pipeline.domain.items import ADDRESS_TEXT_LENGTH
+from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
+from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
+from reminders_pipeline.domain.times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
+from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
+from reminders_pipeline.ledger.schema import MAX_ROW_ID
+from reminders_pipeline.providers.push_subscription import MAX_ENDPOINT_LENGTH
+from reminders_pipeline.sources.reader import shown_url
 
 # The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
 MAX_BODY_BYTES = 256 * 1024

@@ -25,12 +25,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .. import ledger, migrate
-from ..db import Database
-from ..quiet import first_line
-from ..settings import Settings
-from ..summary import DrainResult
-from ..times import Instant
+from reminders_pipeline import ledger
+from reminders_pipeline.config.log_throttle import first_line
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.run_summary import DrainResult
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger import migrate
+from reminders_pipeline.ledger.db import Database
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from types import FrameType
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from ..settings import Settings, SettingsError
-from .app import create_app
+from reminders_pipeline.config.settings import Settings, SettingsError
+from reminders_pipeline.http.app import create_app
 
 
 def serve(host: str, port: int, settings: Settings, *, log_level: str = "info") -> None:

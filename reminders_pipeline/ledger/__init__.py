@@ -22,15 +22,9 @@ Callers use the package (``ledger.claim(conn, ...)``); the modules are how it is
 
 from __future__ import annotations
 
-from ._common import CLAIMED, IN_LIST_MAX, PENDING, REVIVABLE_VOIDS, SETTLED
-from .actions import (
-    acted_on,
-    count_snoozes,
-    held_as_read,
-    item_as_read,
-    snooze_of,
-)
-from .claims import (
+from reminders_pipeline.ledger._common import CLAIMED, IN_LIST_MAX, PENDING, REVIVABLE_VOIDS, SETTLED
+from reminders_pipeline.ledger.actions import acted_on, count_snoozes, held_as_read, item_as_read, snooze_of
+from reminders_pipeline.ledger.claims import (
     SETTLE_FIELDS,
     acknowledge,
     claim,
@@ -41,7 +35,7 @@ from .claims import (
     return_to_pending,
     settle,
 )
-from .devices import (
+from reminders_pipeline.ledger.devices import (
     DeviceRecord,
     count_devices_with_lead_below,
     delete_device,
@@ -69,20 +63,15 @@ from .devices import (
     swap_device_credential,
     upsert_device,
 )
-from .halts import (
-    halt_key,
-    halts_of,
-    prune_halts,
-    record_halt,
-)
-from .heartbeats import (
+from reminders_pipeline.ledger.halts import halt_key, halts_of, prune_halts, record_halt
+from reminders_pipeline.ledger.heartbeats import (
     beat,
     dispatcher_stopped,
     latest_beat,
     live_dispatchers,
     prune_dispatchers,
 )
-from .queue import (
+from reminders_pipeline.ledger.queue import (
     DUE_CHANNEL,
     REARM_BOUNDS,
     UPSERT_COLUMNS,
@@ -100,7 +89,7 @@ from .queue import (
     void_pending_of_urls,
     void_rows,
 )
-from .reports import (
+from reminders_pipeline.ledger.reports import (
     COUNT_CAP,
     QUEUE_COLUMNS,
     QueueGauges,
@@ -113,11 +102,8 @@ from .reports import (
     ping,
     queue_gauges,
 )
-from .retention import (
-    prune_history,
-    prune_settled,
-)
-from .sources import (
+from reminders_pipeline.ledger.retention import prune_history, prune_settled
+from reminders_pipeline.ledger.sources import (
     calendar_settings,
     claim_source_alerts,
     list_sources,

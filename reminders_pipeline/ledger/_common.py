@@ -25,8 +25,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from ..schema import IsoTime
-from ..times import Instant, as_json
+from reminders_pipeline.domain.times import Instant, as_json
+from reminders_pipeline.ledger.schema import IsoTime
 
 # Literal, not bound: the partial indexes are defined on these exact predicates.
 PENDING: ColumnClause[str] = literal_column("'pending'")

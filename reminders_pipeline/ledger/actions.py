@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, text
 
-from ..schema import device_sources, devices
-from ..schema import notification_queue as q
+from reminders_pipeline.ledger.schema import device_sources, devices
+from reminders_pipeline.ledger.schema import notification_queue as q
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
 # calendar subscription (still there, muted).
@@ -86,7 +86,7 @@ SELECT 1 FROM sources AS s WHERE s.id = :source_id AND (
 
 
 def held_as_read(conn: Connection, source_id: int, own_id: str, series: str, starts_at: int) -> bool:
-    """Whether the source's last read, lacking item ``own_id`` (of ``series``, ``feed.series_key``),
+    """Whether the source's last read, lacking item ``own_id`` (of ``series``, ``items.series_key``),
     still holds it may be there."""
     params = {"source_id": source_id, "own_id": own_id, "series": series, "starts_at": starts_at}
     return conn.scalar(text(_HOLDS_AS_READ[conn.dialect.name]), params) is not None

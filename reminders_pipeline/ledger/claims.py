@@ -28,12 +28,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
-from ..schema import IsoTime, device_sources, devices, drain_halts
-from ..schema import notification_queue as q
-from ..times import Instant
-from ._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
-from .halts import HALT_SEPARATOR
-from .queue import announce_pending
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
+from reminders_pipeline.ledger.halts import HALT_SEPARATOR
+from reminders_pipeline.ledger.queue import announce_pending
+from reminders_pipeline.ledger.schema import IsoTime, device_sources, devices, drain_halts
+from reminders_pipeline.ledger.schema import notification_queue as q
 
 
 def lock_rows(conn: Connection, ids: Iterable[int]) -> None:

@@ -28,11 +28,11 @@ from sqlalchemy import (
     update,
 )
 
-from ..schema import IsoTime, device_sources, devices, sources
-from ..times import Instant
-from ._common import batches, insert_on_conflict, unix_of
-from .queue import end_holds, void_pending_of_device
-from .sources import HAS_CALENDAR_SETTINGS
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import batches, insert_on_conflict, unix_of
+from reminders_pipeline.ledger.queue import end_holds, void_pending_of_device
+from reminders_pipeline.ledger.schema import IsoTime, device_sources, devices, sources
+from reminders_pipeline.ledger.sources import HAS_CALENDAR_SETTINGS
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, delete, select
 
-from ..schema import drain_halts
-from ..times import Instant
-from ._common import insert_on_conflict
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import insert_on_conflict
+from reminders_pipeline.ledger.schema import drain_halts
 
 
 def halt_key(scope: str, provider: str) -> str:

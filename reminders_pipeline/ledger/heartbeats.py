@@ -1,4 +1,4 @@
-"""Exact-time dispatchers' heartbeats (``reminders_pipeline.dispatch``)."""
+"""Exact-time dispatchers' heartbeats (``reminders_pipeline.sending.dispatch``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, update
 
-from ..schema import dispatchers
-from ..times import Instant
-from ._common import insert_on_conflict
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import insert_on_conflict
+from reminders_pipeline.ledger.schema import dispatchers
 
 
 def beat(

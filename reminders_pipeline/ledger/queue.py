@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, bindparam, case, exists, func, literal, select, update
 
-from ..schema import device_sources, devices, notification_history, sources
-from ..schema import notification_queue as q
-from ..times import Instant
-from ._common import PENDING, batches, insert_on_conflict, rows_json, rows_text
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import PENDING, batches, insert_on_conflict, rows_json, rows_text
+from reminders_pipeline.ledger.schema import device_sources, devices, notification_history, sources
+from reminders_pipeline.ledger.schema import notification_queue as q
 
 
 def existing_rows(

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, func, literal, select
 
-from ..schema import devices, dispatchers, notification_history
-from ..schema import notification_queue as q
-from ..times import Instant
-from ._common import CLAIMED, PENDING, SETTLED
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import CLAIMED, PENDING, SETTLED
+from reminders_pipeline.ledger.schema import devices, dispatchers, notification_history
+from reminders_pipeline.ledger.schema import notification_queue as q
 
 QUEUE_COLUMNS = [c.name for c in q.c]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, delete, select
 
-from ..schema import notification_history
-from ..schema import notification_queue as q
-from ..times import Instant
-from ._common import SETTLED
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import SETTLED
+from reminders_pipeline.ledger.schema import notification_history
+from reminders_pipeline.ledger.schema import notification_queue as q
 
 
 def prune_settled(conn: Connection, before: Instant, limit: int, *, ended_before: Instant) -> int:

@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Text, bindparam, case, delete, func, literal, or_, select, update
 
-from ..schema import IsoTime, device_sources, sources
-from ..times import Instant
-from ._common import batches, insert_on_conflict
+from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.ledger._common import batches, insert_on_conflict
+from reminders_pipeline.ledger.schema import IsoTime, device_sources, sources
 
 
 def set_subscriptions(
