@@ -31,7 +31,7 @@ from reminders_pipeline.domain.wire import Notification
 from reminders_pipeline.providers import fcm, webpush
 from reminders_pipeline.providers.apns import result_from_apns, result_from_error
 from reminders_pipeline.providers.base import SenderFactory, SendResult, fence_expired
-from reminders_pipeline.sources.ics import MAX_ALARM_REPEATS, _occurrence_id
+from reminders_pipeline.sources.ics_items import MAX_ALARM_REPEATS, _occurrence_id
 
 JSON_URL = "http://feeds.model.test/items.json"
 ICS_URL = "http://feeds.model.test/calendar.ics"

@@ -19,7 +19,8 @@ from reminders_pipeline.domain.rules import ALARM_REACH_SECONDS
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.zones import MAX_OFFSET_SECONDS
 from reminders_pipeline.planning.build import build
-from reminders_pipeline.sources.ics import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules, parse_ics_feed
+from reminders_pipeline.sources.ics import parse_ics_feed
+from reminders_pipeline.sources.ics_items import MAX_ALARM_REPEATS, MAX_ALARM_RULES, alarm_rules
 
 from .support import TOKEN, rows
 

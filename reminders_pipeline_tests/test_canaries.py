@@ -426,7 +426,7 @@ def test_the_day_filter_agrees_with_dateutils_own_iteration(rule_text: str) -> N
     "matches" exactly on the days dateutil itself yields."""
     from dateutil.rrule import rrulestr
 
-    from reminders_pipeline.sources.ics import _day_matches
+    from reminders_pipeline.sources.ics_expansion import _day_matches
 
     rule = rrulestr(rule_text, dtstart=datetime(2026, 1, 1))
     first, last = date(2026, 1, 1), date(2027, 12, 31)
@@ -478,7 +478,7 @@ def test_an_occurrence_read_in_place_is_the_item_as_component_builds() -> None:
     import icalendar
     import recurring_ical_events
 
-    from reminders_pipeline.sources.ics import _durations, _OccurrenceEvent, _raw_item
+    from reminders_pipeline.sources.ics_items import _durations, _OccurrenceEvent, _raw_item
 
     calendar = icalendar.Calendar.from_ical(
         "\r\n".join(

@@ -15,7 +15,8 @@ import pytest
 from reminders_pipeline.devices.registration import MAX_ATTENDEES, DeviceError, DeviceSpec, put_device
 from reminders_pipeline.domain.items import ParsedFeed, address_digest, address_of
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.sources.ics import MAX_DECLINED, parse_ics_feed
+from reminders_pipeline.sources.ics import parse_ics_feed
+from reminders_pipeline.sources.ics_items import MAX_DECLINED
 
 from .support import TOKEN, rows
 

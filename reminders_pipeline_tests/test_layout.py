@@ -77,7 +77,6 @@ NOT_YET_SPLIT = {
     "providers/apns.py",
     "providers/apns_transport.py",
     "sending/dispatch.py",
-    "sources/ics.py",
     "sources/reader.py",
 }
 

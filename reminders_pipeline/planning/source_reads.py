@@ -53,7 +53,7 @@ def source_windows(
 ) -> dict[int, Window]:
     """Each source's read window: the widest of its own subscribers' (not the chunk's longest lead),
     so one device with a year-long lead makes only its own calendars expand over a year. A series
-    with alarms is read further by the parser itself, by its own alarms' reach (``ics.alarm_reaches``)."""
+    with alarms is read further by the parser itself, by its own alarms' reach (``ics_items.alarm_reaches``)."""
     windows: dict[int, Window] = {}
     for device in devices:
         own = {r.name: r for r in rules_of(device)}

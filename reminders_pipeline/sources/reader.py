@@ -122,7 +122,7 @@ class SourceRead:
 
 # Bumped whenever a parse keeps more of an item (declines, travel times): a cached parse made by an
 # earlier version is read and parsed again, not reused on a 304 or an identical body.
-PARSE_VERSION = 3  # 3: a series with alarms is read on by its alarms' reach (``ics.alarm_reaches``)
+PARSE_VERSION = 3  # 3: a series with alarms is read on by its alarms' reach (``ics_items.alarm_reaches``)
 
 
 def content_hash(body: bytes, max_items: int | None, kind: str = "cache") -> str:
