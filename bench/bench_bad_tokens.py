@@ -49,7 +49,7 @@ def load_round(db: Database, t: float, good_offset: float) -> None:
         conn.execute(
             devices.insert(),
             [
-                {"id": d, "apns_token": token(n), "chunk": 0, "created_at": now, "updated_at": now}
+                {"id": d, "target": token(n), "chunk": 0, "created_at": now, "updated_at": now}
                 for n, d in enumerate(due)
             ],
         )

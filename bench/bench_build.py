@@ -229,7 +229,7 @@ def register(
             for d in part:
                 values = {
                     "id": d,
-                    "apns_token": TOKEN,
+                    "target": TOKEN,
                     "reminder_lead_seconds": 3600,
                     "extra_rules": "",
                     "chunk": chunk_of(d, 16),

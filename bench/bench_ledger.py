@@ -174,7 +174,7 @@ def load_due(db: Database, n: int) -> list[int]:
         conn.execute(text("DELETE FROM devices"))
         conn.execute(
             text(
-                "INSERT INTO devices (id, apns_token, chunk, created_at, updated_at) "
+                "INSERT INTO devices (id, target, chunk, created_at, updated_at) "
                 "SELECT DISTINCT device_id, :tok, 0, :now, :now FROM notification_queue"
             ),
             {"tok": "ab" * 32, "now": NOW.stored},

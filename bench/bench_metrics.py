@@ -170,7 +170,7 @@ def seed(db: Database, total: int, window_rows: int) -> None:
                 cur.executemany(insert, batch)
             marks = "?"
         cur.executemany(
-            "INSERT INTO devices (id, apns_token, chunk, reminders_built_at, created_at, updated_at) "
+            "INSERT INTO devices (id, target, chunk, reminders_built_at, created_at, updated_at) "
             f"VALUES ({marks}, {marks}, {marks}, {marks}, {marks}, {marks})",
             [(d, t, c, b, a, a) for d, t, c, b, a in devices],
         )

@@ -125,7 +125,7 @@ def full_drain(kind: str, settings: Settings, provider: str, target: str, n: int
     try:
         ids = load_due(db, n)
         with db.write() as conn:
-            conn.execute(text("UPDATE devices SET provider = :p, apns_token = :t"), {"p": provider, "t": target})
+            conn.execute(text("UPDATE devices SET provider = :p, target = :t"), {"p": provider, "t": target})
         settings = settings.with_(database_url=db.url, enabled=True, max_lateness_seconds=10**9)
         started = time.perf_counter()
         summary = drain(db, settings, default_sender_factory(settings), now=Instant.from_unix(T0 + 7210))

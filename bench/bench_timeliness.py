@@ -75,7 +75,7 @@ def load(db: Database, send_afters: list[float], devices_n: int = 500) -> None:
         conn.execute(
             devices.insert(),
             [
-                {"id": f"dev-{d}", "apns_token": f"{d + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
+                {"id": f"dev-{d}", "target": f"{d + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
                 for d in range(devices_n)
             ],
         )
@@ -266,7 +266,7 @@ def _watched_rows(db: Database, start: float, n: int, seconds: float) -> None:
     now = Instant.now()
     with db.write() as conn:
         conn.execute(
-            devices.insert().values(id="watched", apns_token="cd" * 32, chunk=0, created_at=now, updated_at=now)
+            devices.insert().values(id="watched", target="cd" * 32, chunk=0, created_at=now, updated_at=now)
         )
         queue_rows(conn, [
             {"device_id": "watched", "source_id": None, "item_id": f"0:w{k}", "rule": "lead:0",

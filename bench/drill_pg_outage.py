@@ -80,7 +80,7 @@ def seed(db: Database, now: float, offsets: range) -> int:
     stamp = Instant.from_unix(now)
     with db.write() as conn:
         conn.execute(
-            insert(devices).values(id="drill", apns_token="00" * 32, chunk=0, created_at=stamp, updated_at=stamp)
+            insert(devices).values(id="drill", target="00" * 32, chunk=0, created_at=stamp, updated_at=stamp)
         )
         rows = [
             {"device_id": "drill", "source_id": None, "item_id": f"1:item-{o}", "rule": "lead:60",

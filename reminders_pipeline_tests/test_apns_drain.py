@@ -217,7 +217,7 @@ def test_attempts_are_bounded_then_the_row_fails(db, live_on_mock, feeds, mock):
 
 
 def test_an_outage_halts_the_drain_and_alerts_once_instead_of_failing_every_due_row(db, live_on_mock, feeds, mock):
-    live_on_mock = live_on_mock.with_(alert_webhook_url=feeds.url("/hook"), apns_halt_after=3, claim_batch_size=3)
+    live_on_mock = live_on_mock.with_(alert_webhook_url=feeds.url("/hook"), send_halt_after=3, claim_batch_size=3)
     queue(db, live_on_mock, feeds, items=12)
     mock.refuse("connect")
     summary = run_drain(db, live_on_mock)
@@ -259,7 +259,7 @@ def test_1500_error_answers_on_one_connection_settle_with_apns_reason_and_mark_e
                 conn,
                 {
                     "id": f"dev-{i:04d}",
-                    "apns_token": token,
+                    "target": token,
                     "reminder_lead_seconds": 1800,
                     "extra_rules": "",
                     "chunk": 0,

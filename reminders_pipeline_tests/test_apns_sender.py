@@ -119,7 +119,7 @@ def failures(results: list[SendResult]) -> Counter[str | None]:
 def test_200_answers_ok_and_keeps_the_apns_id(mock: MockApns, settings: Settings) -> None:
     [result] = send(settings, [note(1)])
     [request] = mock.requests
-    assert result == SendResult(1, True, status=200, apns_id=request.headers["apns-id"])
+    assert result == SendResult(1, True, status=200, provider_message_id=request.headers["apns-id"])
 
 
 def test_request_carries_alert_headers_topic_token_and_compact_payload(mock: MockApns, settings: Settings) -> None:
@@ -187,7 +187,7 @@ def test_error_answers_map_to_results(
     assert (result.ok, result.status, result.reason) == (False, status, reason)
     assert (result.token_invalid, result.token_invalid_at, result.config_fault) == (token_invalid, None, config_fault)
     assert result.retry == (status in (429, 500, 503))  # not processed: it may go again
-    assert result.apns_id == mock.requests[-1].headers["apns-id"]
+    assert result.provider_message_id == mock.requests[-1].headers["apns-id"]
     assert results[1].ok
 
 

@@ -275,7 +275,7 @@ def test_forty_thousand_distinct_leads_are_each_judged_against_their_own_budget(
         rows.append(
             {
                 "id": f"d{i}",
-                "apns_token": "ab" * 32,
+                "target": "ab" * 32,
                 "reminder_lead_seconds": lead,
                 "chunk": chunk,
                 "reminders_built_at": built,

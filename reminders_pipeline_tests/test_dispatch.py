@@ -102,7 +102,7 @@ def test_a_row_is_never_sent_before_its_send_after(db, live, feeds):
 
     def record(note):
         handed[note.payload["reminder"]["item_id"]] = timer.now()
-        return SendResult(note.row_id, True, status=200, apns_id="x")
+        return SendResult(note.row_id, True, status=200, provider_message_id="x")
 
     asyncio.run(
         Dispatcher(db, live, RecordingSender(script={TOKEN: record}).factory(), timer=timer).run(
@@ -228,7 +228,7 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
         if timer.t < outage_end:
             refused.append(timer.t)
             return SendResult(note.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True)
-        return SendResult(note.row_id, True, status=200, apns_id="x")
+        return SendResult(note.row_id, True, status=200, provider_message_id="x")
 
     asyncio.run(
         Dispatcher(db, live, RecordingSender(script={TOKEN: answer}).factory(), timer=timer).run(
@@ -236,7 +236,7 @@ def test_an_apns_outage_halts_once_loses_nothing_and_sends_everything_when_apns_
         )
     )
     # once halted, each probe (every 5 s) sends one row, not every row due by then
-    assert len(refused) <= live.apns_halt_after + 2 * 120 / 5, len(refused)  # before: 593
+    assert len(refused) <= live.send_halt_after + 2 * 120 / 5, len(refused)  # before: 593
     rows = rows_of(db)
     assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
     late = max(r["sent_at"].unix - max(r["send_after"].unix, outage_end) for r in rows)
@@ -338,7 +338,7 @@ def test_a_kept_settlement_never_lands_on_a_later_claim_of_its_row(db, live, mon
     def answer(n):
         r = next(answers, None)
         return (
-            SendResult(n.row_id, True, status=200, apns_id="ok")
+            SendResult(n.row_id, True, status=200, provider_message_id="ok")
             if r is None
             else SendResult(n.row_id, **{k: v for k, v in vars(r).items() if k != "row_id"})
         )
@@ -579,7 +579,7 @@ class _ApnsDown:
                     out.append(SendResult(n.row_id, False, reason="not-sent:ConnectionRefusedError", retry=True))
                 continue
             self.accepted.append((n.provider, n.row_id, self.timer.t))
-            out.append(SendResult(n.row_id, True, status=200 if n.provider == "apns" else 201, apns_id="x"))
+            out.append(SendResult(n.row_id, True, status=200 if n.provider == "apns" else 201, provider_message_id="x"))
         return out
 
     async def aclose(self):
@@ -631,7 +631,7 @@ def test_an_apns_outage_halts_apns_alone_while_web_push_and_fcm_send_on(db, live
             assert sent_at[r["id"]] - max(r["send_after"].unix, outage_end) <= 5.0, r
         else:
             assert late <= 1.0, (provider, late)  # on time throughout APNs' outage
-    assert len(sender.refused) <= live.apns_halt_after + 2 * 120 / 5  # one probe every 5 s once halted
+    assert len(sender.refused) <= live.send_halt_after + 2 * 120 / 5  # one probe every 5 s once halted
     alerts = [p["text"] for p in feeds.posts["/hook"]]
     assert len(alerts) == 1 and "APNs unreachable" in alerts[0], alerts
 
@@ -674,7 +674,7 @@ def test_apns_back_during_a_slow_refused_probe_sends_its_rows_within_a_probe_int
             for k in range(40)
         ], at(0))  # fmt: skip
     timer = DrivenTimer(start)
-    sender = _SlowRefusals(timer, back_at=live.apns_halt_after // 2 + 8)
+    sender = _SlowRefusals(timer, back_at=live.send_halt_after // 2 + 8)
     asyncio.run(Dispatcher(db, live, lambda: sender, timer=timer).run(until=Instant.from_unix(start + 180)))
     rows = rows_of(db)
     assert {(r["status"], r["outcome"], r["attempts"]) for r in rows} == {("settled", "sent", 0)}
@@ -707,6 +707,6 @@ def test_a_probe_row_settled_without_a_send_does_not_end_an_outage(db, live, fee
     assert {(r["outcome"], r["attempts"]) for r in rows if r["event_at"].unix - r["send_after"].unix == 3600} == {
         ("sent", 0)
     }
-    assert len(sender.refused) <= live.apns_halt_after + 2 * 120 / 5, len(sender.refused)
+    assert len(sender.refused) <= live.send_halt_after + 2 * 120 / 5, len(sender.refused)
     back = [r.created for r in caplog.records if "sending APNs rows again" in r.getMessage()]
     assert len(back) == 1 and {r["outcome"] for r in rows} == {"sent", "event_started"}

@@ -91,7 +91,7 @@ def queue_rows(db: Database, send_afters: dict[str, list[float]]) -> None:
     now = Instant.from_unix(time.time())
     with db.write() as conn:
         for n, (dev, times) in enumerate(send_afters.items()):
-            device_row = {"id": dev, "apns_token": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
+            device_row = {"id": dev, "target": f"{n + 1:064x}", "chunk": 0, "created_at": now, "updated_at": now}
             conn.execute(devices.insert(), [device_row])
             subscribe(conn, 1, [dev], now)
             build_module.queue_rows(conn, [

@@ -388,7 +388,7 @@ def test_429s_to_one_token_are_its_backoff_never_an_outage_halt(db, live, feeds)
     device(db, live, "other", sources=[url])
     build(db, live, now=NOW)
     throttled = SendResult(0, False, reason="TooManyRequests", status=429, retry=True)
-    live = live.with_(apns_halt_after=5, claim_batch_size=10)
+    live = live.with_(send_halt_after=5, claim_batch_size=10)
     summary = drain(db, live, RecordingSender(script={"cd" * 32: throttled}).factory(), now=at(0))
     assert summary.halted is None and summary.outcomes == {"sent": 20} and summary.returned_to_pending == 20
 
@@ -400,7 +400,7 @@ def test_an_outage_of_500s_still_halts(db, live, feeds):
     down = SendResult(0, False, reason="InternalServerError", status=500, retry=True)
     summary = drain(
         db,
-        live.with_(apns_halt_after=3, claim_batch_size=3),
+        live.with_(send_halt_after=3, claim_batch_size=3),
         RecordingSender(script={TOKEN: down}).factory(),
         now=at(0),
     )
@@ -435,7 +435,7 @@ def test_a_row_whose_text_cannot_be_encoded_fails_alone(live):
             "send_after": at(3600),
             "event_at": at(7200),
             "expires_at": at(9000),
-            "apns_token": TOKEN,
+            "target": TOKEN,
             "token_invalid_at": None,
             "last_tz_offset_seconds": 0,
         }
@@ -1074,7 +1074,7 @@ def test_a_users_endpoint_that_cannot_be_reached_spends_its_attempts_and_then_fa
     endpoint_gone = SendResult(0, False, reason="not-sent:connect_failed", retry=True, outage=False)
     apns_down = SendResult(0, False, reason="not-sent:ConnectionRefusedError", retry=True)
     sender = RecordingSender(script={"cd" * 32: endpoint_gone, TOKEN: apns_down})
-    live = live.with_(apns_halt_after=100)
+    live = live.with_(send_halt_after=100)
     t = 0
     for _ in range(live.send_max_attempts):
         drain(db, live, sender.factory(), now=at(t))

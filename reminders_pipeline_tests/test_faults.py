@@ -136,7 +136,7 @@ def load_due(db: Database, n_devices: int, items_per_device: int) -> dict[Key, i
                 }
             )
     device_rows = [
-        {"id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": now, "updated_at": now}
+        {"id": f"dev-{d}", "target": token_of(d), "chunk": 0, "created_at": now, "updated_at": now}
         for d in range(n_devices)
     ]
     with db.write() as conn:
@@ -605,8 +605,8 @@ def test_hostile_apns_the_ledger_matches_what_the_mock_recorded_row_for_row(pg, 
         elif cls != "ok":
             mock.script(token_of(d), **ANSWER_CLASSES[d % 20][1])
     # Outage halting is not this test's subject (test_apns_drain covers it): a dropped connection fails
-    # every stream in flight on it, and under load more than REMINDERS_APNS_HALT_AFTER (20) can be.
-    settings = live_settings(pg.url, mock, send_timeout_seconds=1, apns_halt_after=100_000)
+    # every stream in flight on it, and under load more than REMINDERS_SEND_HALT_AFTER (20) can be.
+    settings = live_settings(pg.url, mock, send_timeout_seconds=1, send_halt_after=100_000)
     started = time.perf_counter()
     summary = drain(pg, settings, default_sender_factory(settings))
     elapsed = time.perf_counter() - started
@@ -695,7 +695,7 @@ def add_devices(
             [
                 {
                     "id": f"dev-{i}",
-                    "apns_token": token_of(i),
+                    "target": token_of(i),
                     "chunk": chunk_of(i),
                     "created_at": NOW,
                     "updated_at": NOW,

@@ -92,7 +92,7 @@ def _row(**extra):
     starts = Instant.from_unix(1_781_000_000)
     base = {
         "id": 1, "device_id": "d", "item_id": "1:x", "rule": "lead:900", "title": "Zahnarzt", "body": None,
-        "event_at": starts, "expires_at": starts + 1800, "send_after": starts - 900, "apns_token": TOKEN,
+        "event_at": starts, "expires_at": starts + 1800, "send_after": starts - 900, "target": TOKEN,
         "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None,
     }  # fmt: skip
     return {**base, **extra}

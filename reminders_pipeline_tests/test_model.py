@@ -1563,7 +1563,7 @@ class ReminderMachine(RuleBasedStateMachine):
         with self.db.read() as conn:
             targets = {
                 i: (p, token_in(t))
-                for i, t, p in conn.execute(select(devices_t.c.id, devices_t.c.apns_token, devices_t.c.provider))
+                for i, t, p in conn.execute(select(devices_t.c.id, devices_t.c.target, devices_t.c.provider))
             }
         for r in self._rows():
             if r["status"] != "pending" or r["send_after"].unix > due_by or (only is not None and r["id"] != only):

@@ -28,7 +28,7 @@ def row(**over):
         "body": None,
         "event_at": Instant.from_unix(T),
         "expires_at": Instant.from_unix(T + 1800),
-        "apns_token": "ab" * 32,
+        "target": "ab" * 32,
         "last_tz_offset_seconds": 7200,
     }
     return base | over
@@ -75,5 +75,5 @@ def test_long_text_is_fitted_to_each_providers_own_form_and_limit(provider):
     plaintext, FCM's whole message; cut to just under it."""
     limit = payload_limit(provider)
     for title, body in (("T" * 300, "é" * 5_000), ("🎉" * 3_000, None), ('"' * 5_000, "\x01" * 1_200)):
-        note = compose(row(provider=provider, apns_token="f" * 160, title=title, body=body))
+        note = compose(row(provider=provider, target="f" * 160, title=title, body=body))
         assert limit.max_bytes - 16 <= len(limit.wire(note)) <= limit.max_bytes, (title[:1], len(limit.wire(note)))

@@ -362,7 +362,7 @@ def test_what_one_users_endpoint_answers_fails_its_row_alone(
 
 def test_many_users_endpoints_failing_are_no_outage_of_ours(run, push, fresh_mock, feeds, tmp_path, db):
     url = soon(feeds)
-    for i in range(25):  # past REMINDERS_APNS_HALT_AFTER: an outage, were it APNs answering
+    for i in range(25):  # past REMINDERS_SEND_HALT_AFTER: an outage, were it APNs answering
         subscription = push.subscribe(Answer(status=503))
         (tmp_path / f"sub{i}.json").write_text(json.dumps(subscription))
         run("device", "put", f"web{i}", "--webpush-subscription", str(tmp_path / f"sub{i}.json"), "--lead", "1800",
@@ -462,7 +462,7 @@ def test_fcms_acceptance_keeps_the_messages_name_its_last_64_characters():
 
     name = "projects/reminders-test/messages/0:" + "1" * 40
     accepted = answer(1, httpx.Response(200, json={"name": name}), answered_at=0.0)
-    assert accepted == SendResult(1, True, status=200, apns_id=name[-64:])
+    assert accepted == SendResult(1, True, status=200, provider_message_id=name[-64:])
 
 
 def test_a_request_never_answered_counts_toward_fcms_outage_and_never_toward_ours_for_a_users_endpoint():

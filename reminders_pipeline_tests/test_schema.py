@@ -218,7 +218,7 @@ def test_migration_0008_keeps_stored_payloads_and_a_downgrade_restores_new_rows_
         event_at=Instant.from_stored("2026-09-10T10:00:00.000Z"),
     )
     rows = [dict(base, item_id=f"1:{i}", title=f"Meeting {i}") for i in range(3)]
-    device = {"apns_token": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
+    device = {"target": "ab", "tz_name": "Europe/Berlin", "last_tz_offset_seconds": None}
     # As an earlier release sent them (``sent_format`` None): "Starts at 12:00", and another level.
     sent = base["event_at"] - 3600
     rows[0]["payload"] = stored_payload(compose({**rows[0], "id": 1, **device}, sent_format=None, now=sent))
@@ -499,7 +499,7 @@ def test_migration_0017_adds_acknowledged_and_a_downgrade_leaves_what_0016_reads
 
     q = notification_queue
     device = dict(
-        id="d", apns_token="ab" * 32, chunk=0, created_at=NOW, updated_at=NOW, extra_rules="lead:600 agenda@07:00"
+        id="d", target="ab" * 32, chunk=0, created_at=NOW, updated_at=NOW, extra_rules="lead:600 agenda@07:00"
     )
     with db.write() as conn:
         conn.execute(insert(devices).values(**device))
@@ -665,3 +665,43 @@ def test_a_sqlite_upgrade_behind_a_lock_never_released_stops_with_one_line(sqlit
         assert migrate.current_revision(db) == "0016"
     finally:
         db.dispose()
+
+
+def test_migration_0021_renames_the_target_and_keeps_every_row(db):
+    """A ledger at 0020 with a device and rows pending, claimed and settled: after the upgrade the
+    device's token is its ``target``, every row is as it was, and no older head may run on."""
+    from sqlalchemy import select
+
+    from reminders_pipeline.ledger import migrate
+    from reminders_pipeline.ledger.schema import devices
+
+    def queue_rows(conn):
+        return conn.execute(text("SELECT id, status, outcome, claimed_by FROM notification_queue ORDER BY id")).all()
+
+    try:
+        migrate.downgrade(db, "0020")
+        with db.write() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO devices (id, apns_token, provider, chunk, created_at, updated_at) "
+                    "VALUES ('d', :token, 'apns', 0, :n, :n)"
+                ),
+                {"token": "ab" * 32, "n": NOW.stored},
+            )
+            for i, (status, outcome, claimed_by) in enumerate(
+                [("pending", None, None), ("claimed", None, "run-1"), ("settled", "sent", None)]
+            ):
+                row = _queue_row(item_id=f"1:{i}", status=status, outcome=outcome, claimed_by=claimed_by)
+                if status == "claimed":
+                    row["claimed_at"] = NOW
+                conn.execute(insert(notification_queue).values(**row))
+            before = queue_rows(conn)
+        migrate.upgrade(db)
+        with db.read() as conn:
+            assert conn.execute(select(devices.c.id, devices.c.target, devices.c.provider)).all() == [
+                ("d", "ab" * 32, "apns")
+            ]
+            assert queue_rows(conn) == before
+            assert conn.scalar(text("SELECT oldest_head FROM schema_readers")) == "0021"
+    finally:
+        migrate.upgrade(db)

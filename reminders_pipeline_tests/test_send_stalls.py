@@ -88,7 +88,7 @@ def test_an_fcm_front_end_that_never_answers_tls_is_fcms_outage_and_the_iphone_i
     run("build", "--all")
     with stalling() as (port,):
         summary = json.loads(
-            run("drain", REMINDERS_FCM_URL=f"https://127.0.0.1:{port}", REMINDERS_APNS_HALT_AFTER="2", **QUICK).output
+            run("drain", REMINDERS_FCM_URL=f"https://127.0.0.1:{port}", REMINDERS_SEND_HALT_AFTER="2", **QUICK).output
         )
     assert summary["providers"] == {"apns:sent": 1}, summary
     assert summary["halts"].keys() == {"fcm"} and summary["halts"]["fcm"].startswith("fcm_unreachable"), summary

@@ -71,7 +71,7 @@ def test_a_title_cut_to_fit_is_stored_whole():
         "expires_at": NOW,
         "title": "x" * 5000,
         "body": None,
-        "apns_token": "ab",
+        "target": "ab",
     }
     note = compose(row, now=NOW - 60)
     assert note.payload["aps"]["alert"]["title"].endswith("…")
@@ -131,7 +131,7 @@ def test_a_send_without_a_body_to_keep_is_stored_whole(body):
         "expires_at": NOW,
         "title": "t",
         "body": None,
-        "apns_token": "ab",
+        "target": "ab",
     }
     note = compose(row, now=NOW - 60)
     note.payload["aps"]["alert"]["body"] = body
@@ -144,7 +144,7 @@ MATRIX_ROW = {
     "item_id": "3:standup",
     "event_at": Instant.from_stored("2026-09-10T08:30:00.000Z"),
     "expires_at": Instant.from_stored("2026-09-10T09:00:00.000Z"),
-    "apns_token": "ab" * 32,
+    "target": "ab" * 32,
 }
 
 
@@ -180,7 +180,7 @@ def test_what_a_row_records_reads_back_as_the_exact_bytes_sent(rule, zone, level
     }
     note = compose(row, level, now=row["event_at"] - 600)
     record = record_of_send(row, note)
-    gone = ("tz_name", "last_tz_offset_seconds", "apns_token", "provider")
+    gone = ("tz_name", "last_tz_offset_seconds", "target", "provider")
     stored_row = {k: v for k, v in row.items() if k not in gone}
     assert sent_payload({**stored_row, **record}) == stored_payload(note)
     uncut = note.payload["aps"]["alert"]["title"] == title
@@ -202,7 +202,7 @@ PINNED_ROW = dict(
     body=None,
     payload=None,
     sent_body="Starts at 12:00",
-    apns_token="ab",
+    target="ab",
     tz_name="Europe/Berlin",
     last_tz_offset_seconds=None,
 )

@@ -141,3 +141,24 @@ def test_a_resource_reads_the_environment_once(monkeypatch):
     assert ledger.settings() is ledger.settings() and ledger.settings().chunk_count == 3
     sender = SenderResource(enabled="false")
     assert sender.factory() is sender.factory()
+
+
+def test_a_renamed_setting_is_still_read_by_its_old_name_with_a_deprecation_line(caplog):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+        old = Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "7"})
+    assert old.send_halt_after == 7
+    assert "REMINDERS_APNS_HALT_AFTER is deprecated" in caplog.text and "REMINDERS_SEND_HALT_AFTER" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+        both = Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "7", "REMINDERS_SEND_HALT_AFTER": "9"})
+    assert both.send_halt_after == 9
+    assert "ignored" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+        assert Settings.from_env({"REMINDERS_SEND_HALT_AFTER": "9"}).send_halt_after == 9
+    assert caplog.text == ""
+
+
+def test_a_bad_value_under_the_old_name_is_refused_naming_the_new_one():
+    with pytest.raises(SettingsError, match="REMINDERS_SEND_HALT_AFTER"):
+        Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "0"})

@@ -197,7 +197,7 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
             insert(devices),
             [
                 {
-                    "id": f"dev-{d}", "apns_token": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp,
+                    "id": f"dev-{d}", "target": token_of(d), "chunk": 0, "created_at": stamp, "updated_at": stamp,
                     "reminders_built_at": built,
                 }
                 for d in range(n_devices)

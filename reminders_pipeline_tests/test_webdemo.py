@@ -93,7 +93,7 @@ def test_the_demo_page_subscribes_the_browser_and_registers_it(settings, db, pus
         assert visible is True and workers == 1
         with db.read() as conn:
             device = next(d for d in ledger.list_devices(conn) if d.id == DEVICE_ID)
-        assert device.provider == "webpush" and json.loads(device.apns_token)["endpoint"] == subscription["endpoint"]
+        assert device.provider == "webpush" and json.loads(device.target)["endpoint"] == subscription["endpoint"]
 
         # The registered browser gets the demo's reminders: a build and a drain send to its subscription.
         live = web_settings.with_(enabled=True, max_lateness_seconds=10**9)  # the demo starts with one 40 min late

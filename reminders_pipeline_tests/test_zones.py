@@ -69,7 +69,7 @@ def test_clock_text_follows_the_zone_across_dst():
     row = {
         "id": 1,
         "device_id": "d",
-        "apns_token": "ab" * 32,
+        "target": "ab" * 32,
         "item_id": "1:x",
         "title": "Dentist",
         "body": None,
@@ -95,7 +95,7 @@ def test_all_day_alert_names_the_day(rule, sent, body):
     row = {
         "id": 1,
         "device_id": "d",
-        "apns_token": "ab" * 32,
+        "target": "ab" * 32,
         "item_id": "1:x",
         "title": "Birthday",
         "body": None,

@@ -11,6 +11,7 @@ operator's only reference: split across modules, the table and the model would n
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from reminders_pipeline.config.cadence import CronError, cron_cadence_seconds
 
 DEFAULT_DATABASE_PATH = Path("var") / "reminders.sqlite3"
+log = logging.getLogger(__name__)
 ENV_PREFIX = "REMINDERS_"
 
 # What ``reminders dev``, the demo, the tests and the benchmarks allow: their feeds are on this host.
@@ -233,11 +235,11 @@ class Settings(BaseSettings):
         description="sends of one row APNs answered 429/500/503 before it settles `failed` (a send that never "
         "reached APNs spends none)",
     )
-    apns_halt_after: Whole = Field(
+    send_halt_after: Whole = Field(
         20,
         ge=1,
         description="that many sends of one provider in a row certainly not delivered (429 excepted: one target's "
-        "throttle), or two or more over 10 s, across batches, halt that provider's rows and alert (`apns_unreachable`)",
+        "throttle), or two or more over 10 s, across batches, halt that provider's rows and alert (`apns_unreachable`, `webpush_unreachable`, `fcm_unreachable`)",
     )
     send_retry_base_seconds: Seconds = Field(
         5.0,
@@ -445,7 +447,7 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings ``env`` (default ``os.environ``) gives; unset or empty variables keep their default."""
-        env = os.environ if env is None else env
+        env = _with_renamed(os.environ if env is None else env)
         # Names count only in capitals, as the docs write them; an empty variable is unset.
         values = {
             field: env[name] for field in cls.model_fields if (name := env_name(field)) in env and env[name] != ""
@@ -454,6 +456,25 @@ class Settings(BaseSettings):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError(_one_line(exc.errors()[0])) from None
+
+
+# Settings renamed, by their old name: accepted for one release, with a deprecation line, where the
+# new name is not set. Those that apply to every provider are REMINDERS_SEND_*.
+RENAMED = {"REMINDERS_APNS_HALT_AFTER": "REMINDERS_SEND_HALT_AFTER"}
+
+
+def _with_renamed(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with each old name's value under its new name, unless the new name is set too."""
+    moved = {}
+    for old, new in RENAMED.items():
+        if env.get(old, "") == "":
+            continue
+        if env.get(new, "") == "":
+            moved[new] = env[old]
+            log.warning("%s is deprecated and will be refused in the next release: set %s instead", old, new)
+        else:
+            log.warning("%s is deprecated and ignored: %s is set", old, new)
+    return {**env, **moved} if moved else env
 
 
 def env_name(field: str) -> str:
@@ -486,8 +507,13 @@ def _parsed(field: str, value: object) -> object:
 def markdown_table() -> str:
     """The configuration table of docs/operations.md: a test keeps the two the same."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]
+    old_names = {new: old for old, new in RENAMED.items()}
     for field, info in Settings.model_fields.items():
-        lines.append(f"| `{env_name(field)}` | {_default_text(info)} | {info.description} |")
+        name = env_name(field)
+        renamed = (
+            f" (named `{old_names[name]}` before: still read, with a deprecation line)" if name in old_names else ""
+        )
+        lines.append(f"| `{name}` | {_default_text(info)} | {info.description}{renamed} |")
     return "\n".join(lines) + "\n"
 
 

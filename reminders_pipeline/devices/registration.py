@@ -23,6 +23,7 @@ from reminders_pipeline.domain.items import address_of
 from reminders_pipeline.domain.phrases import LocaleError, canonical_locale, valid_clock
 from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, RuleError, is_agenda, parse_rule
 from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.domain.zones import ZoneError, parse_quiet_hours, valid_zone_name
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.providers.push_subscription import (
@@ -76,7 +77,7 @@ class DeviceSpec:
     # subscription is the browser's ``PushSubscription`` JSON; an FCM registration token, text.
     webpush: Mapping[str, Any] | None = None
     fcm_token: str | None = None
-    provider: str = "apns"  # set by ``validate`` from the target given; ``apns_token`` then holds it
+    provider: str = Provider.APNS  # set by ``validate`` from the target given; ``apns_token`` then holds it
 
 
 @dataclass(frozen=True)
@@ -173,14 +174,14 @@ def validate(spec: DeviceSpec) -> DeviceSpec:
 
 def _check_configured(provider: str, settings: Settings) -> None:
     """A device of a provider this deployment cannot send to is refused now, not failed at each send."""
-    if provider == "webpush" and not settings.vapid_private_key_file:
+    if provider == Provider.WEBPUSH and not settings.vapid_private_key_file:
         raise DeviceError("webpush_subscription", "this deployment sends no Web Push (no VAPID key)")
-    if provider == "fcm" and not settings.fcm_credentials_file:
+    if provider == Provider.FCM and not settings.fcm_credentials_file:
         raise DeviceError("fcm_token", "this deployment sends no FCM (no service-account key)")
 
 
 def _target(spec: DeviceSpec) -> tuple[str, str]:
-    """The device's one delivery target as (provider, what ``devices.apns_token`` keeps)."""
+    """The device's one delivery target as (provider, what ``devices.target`` keeps)."""
     given = [name for name, value in (("apns_token", spec.apns_token), ("webpush", spec.webpush),
                                        ("fcm_token", spec.fcm_token)) if value]  # fmt: skip
     if not given:
@@ -189,16 +190,16 @@ def _target(spec: DeviceSpec) -> tuple[str, str]:
         raise DeviceError("target", f"exactly one of apns_token, webpush_subscription or fcm_token, not {given}")
     if spec.webpush:
         try:
-            return "webpush", parse_subscription(spec.webpush).canonical
+            return Provider.WEBPUSH, parse_subscription(spec.webpush).canonical
         except PushSubscriptionError as exc:
             raise DeviceError("webpush_subscription", str(exc)) from None
     if spec.fcm_token:
         if not isinstance(spec.fcm_token, str) or not FCM_TOKEN_PATTERN.fullmatch(spec.fcm_token):
             raise DeviceError("fcm_token", "an FCM registration token: 32 to 4096 letters, digits, - _ :")
-        return "fcm", spec.fcm_token
+        return Provider.FCM, spec.fcm_token
     if not isinstance(spec.apns_token, str) or not APNS_TOKEN_PATTERN.fullmatch(spec.apns_token):
         raise DeviceError("apns_token", "hex string of 64 to 200 characters")
-    return "apns", spec.apns_token.lower()
+    return Provider.APNS, spec.apns_token.lower()
 
 
 def _calendars(calendars: Mapping[str, CalendarSettings], urls: Sequence[str]) -> dict[str, CalendarSettings]:
@@ -274,7 +275,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
     """
     spec = validate(spec)
     _check_configured(spec.provider, settings)
-    if spec.provider == "webpush":
+    if spec.provider == Provider.WEBPUSH:
         try:
             check_reachable(
                 Subscription.stored(spec.apns_token).endpoint, parse_networks(settings.webpush_allow_networks)
@@ -285,7 +286,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
     now = now or Instant.now()
     values = {
         "id": spec.id,
-        "apns_token": spec.apns_token,
+        "target": spec.apns_token,
         "provider": spec.provider,
         "reminder_lead_seconds": spec.reminder_lead_seconds,
         "extra_rules": " ".join(spec.extra_rules),

@@ -29,7 +29,7 @@ from reminders_pipeline.domain import phrases
 from reminders_pipeline.domain.action_tokens import CATEGORY, action_token
 from reminders_pipeline.domain.rules import Rule, parse_rule
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.domain.wire import Notification, PayloadLimit, payload_limit
+from reminders_pipeline.domain.wire import Notification, PayloadLimit, Provider, payload_limit
 from reminders_pipeline.domain.zones import wall_datetime, zone_of
 
 DEFAULT_INTERRUPTION_LEVEL = "time-sensitive"  # what a re-render assumes; another level is stored in full
@@ -146,7 +146,7 @@ def compose(
     *,
     now: Instant,
 ) -> Notification:
-    """The notification for a queue row joined with its device (``apns_token``, ``last_tz_offset_seconds``,
+    """The notification for a queue row joined with its device (``target``, ``last_tz_offset_seconds``,
     ``credential_hash``: the key of the alert's action token, ``actions``), sent at ``now``: its
     words say how far the item's start (or end) is then, not when the row was due.
     ``sent_format``: the format composed (``SENT_FORMAT``; None, as a release before it did)."""
@@ -182,8 +182,8 @@ def _assemble(
     return Notification(
         row_id=int(row["id"]),
         device_id=row["device_id"],
-        device_token=row["apns_token"],
-        provider=row.get("provider") or "apns",
+        device_token=row["target"],
+        provider=row.get("provider") or Provider.APNS,
         payload=payload,
         collapse_id=collapse_id(row["device_id"], row["item_id"]),
         expiration=(starts if rule.anchor == "start" else ends).whole_seconds,  # day rules: the end of the last day
@@ -244,5 +244,5 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
     return stored_payload(
-        _assemble({**row, "apns_token": ""}, parse_rule(row["rule"]), body, sent_format=row.get("sent_format"))
+        _assemble({**row, "target": ""}, parse_rule(row["rule"]), body, sent_format=row.get("sent_format"))
     )

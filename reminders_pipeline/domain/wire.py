@@ -12,8 +12,23 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from typing import Any
+
+
+class Provider(StrEnum):
+    """Who delivers a device's alerts (``devices.provider``): each its own wire shape, limit and sender."""
+
+    APNS = "apns"
+    WEBPUSH = "webpush"
+    FCM = "fcm"
+
+    @property
+    def display(self) -> str:
+        """The provider's name as people write it."""
+        return {"apns": "APNs", "webpush": "Web Push", "fcm": "FCM"}[self.value]
+
 
 WEBPUSH_MAX_PAYLOAD_BYTES = 4096  # RFC 8291: one record; what the push service accepts at most
 # RFC 8291's aes128gcm header (salt 16, record size 4, key id length 1, the sender's 65-byte
@@ -34,7 +49,7 @@ class Notification:
     expiration: int  # apns-expiration, Unix seconds: when the reminder stops being useful
     priority: int = 10
     push_type: str = "alert"
-    provider: str = "apns"  # who delivers it (``devices.provider``): apns, webpush or fcm
+    provider: str = Provider.APNS  # who delivers it (``devices.provider``)
     # time.monotonic() after which the request must not leave: the claim's fence (base.fence_deadline).
     send_by: float | None = None
 
@@ -108,13 +123,13 @@ def fcm_message_bytes(note: Notification) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
-PAYLOAD_LIMITS = {
-    "apns": PayloadLimit(APNS_MAX_PAYLOAD_BYTES, lambda note: note.body),
-    "webpush": PayloadLimit(WEBPUSH_MAX_PLAINTEXT_BYTES, web_payload),  # fitted before encryption
-    "fcm": PayloadLimit(FCM_MAX_MESSAGE_BYTES, fcm_message_bytes),
+PAYLOAD_LIMITS: dict[str, PayloadLimit] = {
+    Provider.APNS: PayloadLimit(APNS_MAX_PAYLOAD_BYTES, lambda note: note.body),
+    Provider.WEBPUSH: PayloadLimit(WEBPUSH_MAX_PLAINTEXT_BYTES, web_payload),  # fitted before encryption
+    Provider.FCM: PayloadLimit(FCM_MAX_MESSAGE_BYTES, fcm_message_bytes),
 }
 
 
 def payload_limit(provider: str) -> PayloadLimit:
     """The payload limit of ``provider`` (``devices.provider``); APNs' for a row of no known provider."""
-    return PAYLOAD_LIMITS.get(provider, PAYLOAD_LIMITS["apns"])
+    return PAYLOAD_LIMITS.get(provider, PAYLOAD_LIMITS[Provider.APNS])

@@ -53,6 +53,7 @@ from reminders_pipeline.domain.items import ADDRESS_TEXT_LENGTH
 from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH
 from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, MAX_LEAD_SECONDS, MAX_TRAVEL_SECONDS
 from reminders_pipeline.domain.times import MAX_NOW_UNIX, MIN_NOW_UNIX, Instant
+from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 from reminders_pipeline.ledger.schema import MAX_ROW_ID
 from reminders_pipeline.providers.push_subscription import MAX_ENDPOINT_LENGTH
@@ -368,7 +369,7 @@ class CalendarShown(BaseModel):
 
 class Device(BaseModel):
     id: str
-    provider: Literal["apns", "webpush", "fcm"] = Field("apns", description="Who delivers its alerts.")
+    provider: Provider = Field(Provider.APNS, description="Who delivers its alerts.")
     apns_token: str | None = Field(None, description="An APNs device's token.")
     fcm_token: str | None = Field(None, description="An FCM device's registration token.")
     webpush_endpoint: str | None = Field(

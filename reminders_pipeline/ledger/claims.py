@@ -170,7 +170,7 @@ def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) ->
 
 
 _CLAIM_DEVICE_COLUMNS = (
-    devices.c.apns_token,
+    devices.c.target,
     devices.c.provider,
     devices.c.last_tz_offset_seconds,
     devices.c.token_invalid_at,

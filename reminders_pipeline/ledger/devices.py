@@ -29,16 +29,19 @@ from sqlalchemy import (
 )
 
 from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.ledger._common import batches, insert_on_conflict, unix_of
 from reminders_pipeline.ledger.queue import end_holds, void_pending_of_device
 from reminders_pipeline.ledger.schema import IsoTime, device_sources, devices, sources
 from reminders_pipeline.ledger.sources import HAS_CALENDAR_SETTINGS
 
+SHOWN_AS = {"target": "apns_token"}  # a field the CLI and HTTP name as they always have
+
 
 @dataclass(frozen=True)
 class DeviceRecord:
     id: str
-    apns_token: str
+    target: str  # the device's target at its provider: an APNs token, a Web Push subscription, an FCM token
     reminder_lead_seconds: int
     extra_rules: tuple[str, ...]
     source_urls: tuple[str, ...]
@@ -58,19 +61,19 @@ class DeviceRecord:
     locale: str | None = None
     clock: str | None = None
     calendars: tuple[dict[str, Any], ...] = ()  # subscriptions with settings of their own, as shown
-    provider: str = "apns"  # who delivers: apns, webpush (``apns_token`` holds the subscription) or fcm
+    provider: str = Provider.APNS  # who delivers: apns, webpush (``target`` holds the subscription) or fcm
 
     def as_dict(self) -> dict[str, Any]:
-        """As the CLI and the HTTP routes show it: lists, and each time as its stored text. The
+        """As the CLI and the HTTP routes show it (the target as ``apns_token``, its name there): lists, and each time as its stored text. The
         target by its provider: an APNs or FCM token as it is, a Web Push subscription by its
         push service's origin alone (the endpoint's path is the subscription's capability)."""
-        d = {k: v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
-        if self.provider != "apns":
+        d = {SHOWN_AS.get(k, k): v.stored if isinstance(v, Instant) else v for k, v in self.__dict__.items()}
+        if self.provider != Provider.APNS:
             d["apns_token"] = None
-            if self.provider == "fcm":
-                d["fcm_token"] = self.apns_token
+            if self.provider == Provider.FCM:
+                d["fcm_token"] = self.target
             else:
-                parts = urlsplit(json.loads(self.apns_token)["endpoint"])
+                parts = urlsplit(json.loads(self.target)["endpoint"])
                 d["webpush_endpoint"] = f"{parts.scheme}://{parts.netloc}/…"
         d["extra_rules"], d["source_urls"] = list(self.extra_rules), list(self.source_urls)
         d["all_day_rules"], d["attendees"] = list(self.all_day_rules), list(self.attendees)
@@ -117,7 +120,7 @@ def upsert_device(conn: Connection, values: Mapping[str, Any], now: Instant) -> 
     stmt = ins.on_conflict_do_update(
         index_elements=[devices.c.id],
         set_={
-            "apns_token": ins.excluded.apns_token,
+            "target": ins.excluded.target,
             "provider": ins.excluded.provider,
             "reminder_lead_seconds": ins.excluded.reminder_lead_seconds,
             "extra_rules": ins.excluded.extra_rules,
@@ -171,7 +174,7 @@ def _device_records(conn: Connection, where: Any = None) -> list[DeviceRecord]:
     return [
         DeviceRecord(
             id=r["id"],
-            apns_token=r["apns_token"],
+            target=r["target"],
             reminder_lead_seconds=r["reminder_lead_seconds"],
             extra_rules=tuple(r["extra_rules"].split()),
             source_urls=tuple(urls[r["id"]]),
@@ -382,7 +385,7 @@ def mark_token_invalid(
     fresh = or_(devices.c.registered_at.is_(None), devices.c.registered_at <= (since or at))
     marked = conn.execute(
         update(devices)
-        .where(devices.c.id == device_id, devices.c.apns_token == token, devices.c.token_invalid_at.is_(None), fresh)
+        .where(devices.c.id == device_id, devices.c.target == token, devices.c.token_invalid_at.is_(None), fresh)
         .values(token_invalid_at=at, token_invalid_reason=reason, updated_at=now)
     ).rowcount
     if not marked:

@@ -88,7 +88,8 @@ def _table(name: str, *parts: Any, **options: Any) -> Table:
 devices = _table(
     "devices",
     Column("id", Text, primary_key=True),
-    Column("apns_token", Text, nullable=False),
+    # Renamed from ``apns_token`` by 0021: the device's target at its provider (``provider``, below).
+    Column("target", Text, nullable=False),
     Column("reminder_lead_seconds", Integer, nullable=False, server_default=text("3600")),
     Column("extra_rules", Text, nullable=False, server_default=text("''")),  # space-separated rules
     Column("last_tz_offset_seconds", Integer),
@@ -120,7 +121,7 @@ devices = _table(
     # locale's own), ``phrases``. NULL locale: English, 24 hours.
     Column("locale", Text),
     Column("clock", Text),
-    # From 0018: who delivers: ``apns``, ``webpush`` or ``fcm``; ``apns_token`` is that provider's
+    # From 0018: who delivers: ``apns``, ``webpush`` or ``fcm``; ``target`` is that provider's
     # target (an APNs token, a Web Push subscription as ``webpush.canonical`` JSON, an FCM token).
     Column("provider", Text, nullable=False, server_default=text("'apns'")),
     CheckConstraint("reminder_lead_seconds >= 0", name="ck_lead_nonnegative"),

@@ -243,7 +243,7 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
     """APNs' answer as a SendResult; the table is spelled out in test_apns_sender.py."""
     status = int(answer.status) if str(answer.status).isdigit() else None
     if status == 200:
-        return SendResult(row_id, True, status=200, apns_id=answer.notification_id, answered_at=answered_at)
+        return SendResult(row_id, True, status=200, provider_message_id=answer.notification_id, answered_at=answered_at)
     reason = answer.description or f"HTTP {answer.status}"
     invalid_at = None
     if status == 410 and answer.timestamp is not None:
@@ -254,7 +254,7 @@ def result_from_apns(row_id: int, answer: NotificationResult, answered_at: float
         False,
         reason=reason,
         status=status,
-        apns_id=answer.notification_id,
+        provider_message_id=answer.notification_id,
         token_invalid=status == 410 or reason in TOKEN_INVALID_REASONS,
         token_invalid_at=invalid_at,
         config_fault=config_fault,

@@ -32,7 +32,9 @@ class SendResult:
     ok: bool
     reason: str | None = None  # APNs reason ("Unregistered"), or a transport error ("timeout")
     status: int | None = None  # HTTP status, when there was one
-    apns_id: str | None = None
+    provider_message_id: str | None = (
+        None  # the provider's id of the message (apns-id, FCM's name), kept as the row's apns_id
+    )
     token_invalid: bool = False  # stop sending to this token (410, BadDeviceToken, ...)
     token_invalid_at: Instant | None = None  # APNs' timestamp for 410
     config_fault: bool = False  # our credentials/topic are wrong: stop claiming in this run
@@ -95,7 +97,9 @@ class RecordingSender:
             self.sent.append(n)
             scripted = self.script.get(n.device_token)
             if scripted is None:
-                results.append(SendResult(n.row_id, True, status=200, apns_id=f"recorded-{next(self._ids)}"))
+                results.append(
+                    SendResult(n.row_id, True, status=200, provider_message_id=f"recorded-{next(self._ids)}")
+                )
             elif callable(scripted):
                 results.append(scripted(n))
             else:

@@ -219,7 +219,9 @@ def answer(row_id: int, response: httpx.Response, answered_at: float) -> SendRes
     """FCM's answer as a ``SendResult`` (see the module docstring)."""
     status = response.status_code
     if status == 200:
-        return SendResult(row_id, True, status=status, apns_id=_message_id(response), answered_at=answered_at)
+        return SendResult(
+            row_id, True, status=status, provider_message_id=_message_id(response), answered_at=answered_at
+        )
     code = error_code(response)
     reason = code or f"http_{status}"
     if code in TOKEN_INVALID:

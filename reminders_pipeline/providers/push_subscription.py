@@ -34,7 +34,7 @@ class Subscription:
 
     @property
     def canonical(self) -> str:
-        """How the ledger keeps it (``devices.apns_token`` of a ``webpush`` device): compact JSON."""
+        """How the ledger keeps it (``devices.target`` of a ``webpush`` device): compact JSON."""
         return json.dumps({"endpoint": self.endpoint, "p256dh": self.p256dh, "auth": self.auth}, separators=(",", ":"))
 
     @classmethod

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings
-from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.domain.wire import Notification, Provider
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.providers.base import Sender, SenderFactory, SendResult
 
@@ -48,16 +48,16 @@ def default_sender_factory(settings: Settings, in_use: Collection[str] = ()) -> 
         from reminders_pipeline.providers.webpush import WebPushSender, signing_key  # noqa: PLC0415
 
         signing_key(settings)
-        factories["webpush"] = lambda: WebPushSender(settings)
+        factories[Provider.WEBPUSH] = lambda: WebPushSender(settings)
     if settings.fcm_credentials_file:
         from reminders_pipeline.providers.fcm import FcmSender, load_credentials  # noqa: PLC0415
 
         load_credentials(settings)
-        factories["fcm"] = lambda: FcmSender(settings)
+        factories[Provider.FCM] = lambda: FcmSender(settings)
     if not factories or any(getattr(settings, name) for name in APNS_SETTINGS):
         from reminders_pipeline.providers.apns import apns_sender_factory  # noqa: PLC0415
 
-        factories["apns"] = apns_sender_factory(settings)
+        factories[Provider.APNS] = apns_sender_factory(settings)
     missing = sorted(set(in_use) - set(factories))
     if missing:
         raise ValueError(
@@ -68,10 +68,10 @@ def default_sender_factory(settings: Settings, in_use: Collection[str] = ()) -> 
 
 
 APNS_SETTINGS = ("apns_key_file", "apns_key_id", "apns_team_id", "apns_topic")
-PROVIDER_SETTINGS = {
-    "apns": "REMINDERS_APNS_KEY_FILE, _KEY_ID, _TEAM_ID and _TOPIC",
-    "webpush": "REMINDERS_VAPID_PRIVATE_KEY_FILE and REMINDERS_VAPID_SUBJECT",
-    "fcm": "REMINDERS_FCM_CREDENTIALS_FILE",
+PROVIDER_SETTINGS: dict[str, str] = {
+    Provider.APNS: "REMINDERS_APNS_KEY_FILE, _KEY_ID, _TEAM_ID and _TOPIC",
+    Provider.WEBPUSH: "REMINDERS_VAPID_PRIVATE_KEY_FILE and REMINDERS_VAPID_SUBJECT",
+    Provider.FCM: "REMINDERS_FCM_CREDENTIALS_FILE",
 }
 NOT_CONFIGURED = "provider_not_configured"
 

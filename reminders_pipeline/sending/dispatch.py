@@ -116,7 +116,7 @@ class Dispatcher:
         self._rescan = True  # the next read is of every due row, not only those due since ``_seen``
         self._full_read_at = Instant(0)
         self._not_before = Instant(0)  # no dispatch at all before this: a failed batch's backoff
-        self._outages = Outages(self.settings.apns_halt_after)  # across batches: one-row batches trip it too
+        self._outages = Outages(self.settings.send_halt_after)  # across batches: one-row batches trip it too
         self._halted: dict[str, ProviderHalt] = {}  # halted providers: their rows wait, one probe at a time
         self._probes: dict[asyncio.Task[DrainResult], str] = {}
         self._reads = QuietFailures(log, f"dispatcher {self.name}: reading the queue")

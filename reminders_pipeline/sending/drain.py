@@ -23,6 +23,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.ledger.db import TRANSIENT_ERRORS, Database, waiting_off_the_loop
 from reminders_pipeline.providers.base import (
     FENCE_EXPIRED,
@@ -139,7 +140,7 @@ async def send_batch_async(
     clock = clock_for(now) if now or clock is None else clock
     claimer = claimer or new_claimer()
     scope = halt_scope or f"{claimer}:{uuid.uuid4().hex[:8]}"
-    outages = outages or Outages(settings.apns_halt_after)
+    outages = outages or Outages(settings.send_halt_after)
     batch = _Batch(db, settings, sender_factory, sender, clock, claimer, scope, outages, monotonic)
     return await batch.run(ids, stop, progress)
 
@@ -220,7 +221,7 @@ class _Batch:
                 log.warning("stopped claiming %s rows: drain scope %s halted (%s)", provider, self.scope, reason)
         # A send on the wire may have found a provider's fault while this claim ran in its thread
         # (SQLite): that provider's rows just claimed were never sent, so they go back to pending.
-        stopped = {r["id"] for r in rows if (r.get("provider") or "apns") in self.summary.halts}
+        stopped = {r["id"] for r in rows if (r.get("provider") or Provider.APNS) in self.summary.halts}
         if stopped:
             self.returned.append(
                 Settlement(self.clock(), [], [], [{"id": i, "outcome_detail": "halted"} for i in sorted(stopped)])

@@ -20,15 +20,15 @@ from reminders_pipeline.config.alerts import raise_alert
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
+from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.providers.base import NOT_WRITTEN, POOL_WAIT, SendResult
 from reminders_pipeline.sending.settlement import Settlement
 
 log = logging.getLogger(__name__)
 
 UNREACHABLE = "_unreachable"  # the reason of an outage halt: ``apns_unreachable: ...``
-APNS_UNREACHABLE = "apns" + UNREACHABLE
+APNS_UNREACHABLE = Provider.APNS + UNREACHABLE
 FCM_FAULT = "fcm:"  # the reason prefix of FCM's configuration faults (``fcm.answer``)
-PROVIDER_NAMES = {"apns": "APNs", "webpush": "Web Push", "fcm": "FCM"}
 
 OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
 MAYBE_OURS_DEVICES = 3  # distinct devices in a row answering ``SendResult.maybe_ours``: our fault, not theirs
@@ -41,7 +41,11 @@ def is_outage(reason: str | None) -> bool:
 
 
 def provider_name(provider: str) -> str:
-    return PROVIDER_NAMES.get(provider, provider)
+    """How people write ``provider``'s name; an unknown one as it is."""
+    try:
+        return Provider(provider).display
+    except ValueError:
+        return provider
 
 
 @dataclass
@@ -238,13 +242,13 @@ def alert_halt(settings: Settings, provider: str, reason: str, claimer: str, sum
             f"{reason}. Those rows are pending again, no attempt spent; the other providers' rows are sent on, "
             f"and {name} rows go once it answers (each bounded by MAX_LATENESS)."
         )
-    elif provider == "fcm":
+    elif provider == Provider.FCM:
         title = "FCM configuration fault: drain stopped claiming its rows"
         text = (
             f"FCM answered {reason}: the service-account key (REMINDERS_FCM_CREDENTIALS_FILE) or its "
             "project is refused, not the row. Its rows not yet claimed stay pending; the other providers' are sent on."
         )
-    elif provider == "webpush":
+    elif provider == Provider.WEBPUSH:
         title = "Web Push configuration fault: drain stopped claiming its rows"
         text = (
             f"Web Push failed with {reason}: the VAPID key (REMINDERS_VAPID_PRIVATE_KEY_FILE) or subject is refused, "

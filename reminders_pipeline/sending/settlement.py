@@ -25,7 +25,7 @@ from reminders_pipeline.domain.policy import decide, quiet_end
 from reminders_pipeline.domain.rules import rule_kind
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.domain.wire import Notification
+from reminders_pipeline.domain.wire import Notification, Provider
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.providers.base import SendResult
 
@@ -47,7 +47,7 @@ class SlicePlan:
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider
 
     def provider_of(self, row_id: int) -> str:
-        return self.providers.get(row_id, "apns")
+        return self.providers.get(row_id, Provider.APNS)
 
 
 @dataclass
@@ -63,14 +63,14 @@ class Settlement:
     refunds: dict[int, int] = field(default_factory=dict)  # row id -> attempts an outage spent: given back
 
     def provider_of(self, row_id: int) -> str:
-        return self.providers.get(row_id, "apns")
+        return self.providers.get(row_id, Provider.APNS)
 
 
 def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
         plan.kinds[row["id"]] = rule_kind(row["rule"])
-        plan.providers[row["id"]] = row.get("provider") or "apns"
+        plan.providers[row["id"]] = row.get("provider") or Provider.APNS
         if row.get("source_id") is not None and not row.get("subscribed"):  # dropped after a build read the device
             plan.settlements.append({"id": row["id"], "outcome": "voided", "outcome_detail": "source_removed"})
             continue
@@ -83,7 +83,7 @@ def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> 
             plan.held.append({"id": row["id"], "outcome_detail": "quiet_hours", "not_before": end, "held_until": end})
             continue
         if decision in ("send", "disabled"):
-            if not row["apns_token"] or row["token_invalid_at"]:
+            if not row["target"] or row["token_invalid_at"]:
                 plan.settlements.append({"id": row["id"], "outcome": "failed", "outcome_detail": "token_invalid"})
                 continue
             try:
@@ -132,7 +132,7 @@ def settlement_of(
                 "outcome": "sent" if res.ok else "failed",
                 "outcome_detail": None if res.ok else (res.reason or f"http {res.status}"),
                 **plan.records.get(res.row_id, {}),
-                "apns_id": res.apns_id,
+                "apns_id": res.provider_message_id,
                 "sent_at": sent_at,
             }
         )
@@ -252,7 +252,7 @@ def _write_settlement(conn: Connection, s: Settlement, claimer: str) -> tuple[in
         voided += ledger.mark_token_invalid(
             conn,
             row["device_id"],
-            row["apns_token"],
+            row["target"],
             res.token_invalid_at or s.at,
             res.reason or "invalid",
             s.at,
