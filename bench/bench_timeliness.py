@@ -265,9 +265,7 @@ def _watched_rows(db: Database, start: float, n: int, seconds: float) -> None:
     """``n`` lead:0 reminders of a device no sweep builds, due over ``seconds`` from ``start``."""
     now = Instant.now()
     with db.write() as conn:
-        conn.execute(
-            devices.insert().values(id="watched", target="cd" * 32, chunk=0, created_at=now, updated_at=now)
-        )
+        conn.execute(devices.insert().values(id="watched", target="cd" * 32, chunk=0, created_at=now, updated_at=now))
         queue_rows(conn, [
             {"device_id": "watched", "source_id": None, "item_id": f"0:w{k}", "rule": "lead:0",
              "send_after": Instant.from_unix(start + k * seconds / n), "event_at": Instant.from_unix(start + k * seconds / n),

@@ -79,9 +79,7 @@ def seed(db: Database, now: float, offsets: range) -> int:
     """One device, and one row due at ``now + offset`` for each offset."""
     stamp = Instant.from_unix(now)
     with db.write() as conn:
-        conn.execute(
-            insert(devices).values(id="drill", target="00" * 32, chunk=0, created_at=stamp, updated_at=stamp)
-        )
+        conn.execute(insert(devices).values(id="drill", target="00" * 32, chunk=0, created_at=stamp, updated_at=stamp))
         rows = [
             {"device_id": "drill", "source_id": None, "item_id": f"1:item-{o}", "rule": "lead:60",
              "send_after": Instant.from_unix(now + o), "event_at": Instant.from_unix(now + o + 60),

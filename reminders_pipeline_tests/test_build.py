@@ -14,7 +14,7 @@ from reminders_pipeline.domain.items import ParsedFeed
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger.schema import notification_queue
 from reminders_pipeline.planning.build import build, queue_rows
-from reminders_pipeline.planning.plan import item_moved
+from reminders_pipeline.planning.queued import item_moved
 from reminders_pipeline.providers.base import RecordingSender
 from reminders_pipeline.sending.drain import drain
 from reminders_pipeline.sources.reader import shown_url

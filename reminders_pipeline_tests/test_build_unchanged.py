@@ -13,7 +13,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.devices.registration import DeviceSpec, put_device
 from reminders_pipeline.planning import build as build_mod
 from reminders_pipeline.planning.build import build
-from reminders_pipeline.planning.plan import FULL_PLAN_SECONDS
+from reminders_pipeline.planning.plan_key import FULL_PLAN_SECONDS
 from reminders_pipeline.sources import reader as sources_mod
 
 from .calendars import calendar

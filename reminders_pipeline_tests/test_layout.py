@@ -73,7 +73,6 @@ NOT_YET_SPLIT = {
     "http/contract.py",
     "ledger/devices.py",
     "ledger/queue.py",
-    "planning/plan.py",
     "providers/apns.py",
     "providers/apns_transport.py",
     "sending/dispatch.py",

@@ -28,17 +28,9 @@ from reminders_pipeline.domain.rules import expiry_anchored
 from reminders_pipeline.domain.run_summary import BuildResult
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger.db import Database
-from reminders_pipeline.planning.plan import (
-    DevicePlan,
-    Replan,
-    namespaced,
-    plan_device,
-    plan_key,
-    stale_pending_rows,
-    unchanged,
-    void_reason,
-    want_snoozes,
-)
+from reminders_pipeline.planning.plan import DevicePlan, Replan, namespaced, plan_device, want_snoozes
+from reminders_pipeline.planning.plan_key import plan_key
+from reminders_pipeline.planning.queued import stale_pending_rows, unchanged, void_reason
 from reminders_pipeline.planning.source_reads import (
     covers,
     in_order,

@@ -1,15 +1,11 @@
-"""What one device's queue should hold: the rows its feed and rules want, which pending rows to
-void or bring in line, and which existing rows a write may leave alone. No source read and no
-database access here: ``build.py`` reads the sources, and writes what this decides.
-
-Longer than 350 lines because the rows, the void reasons and the key that says when a plan can be
-reused (``plan_key``, ``PLANNED_FROM``) are decided from the same device columns and item fields:
-apart, a column the plan reads could be missed by the key.
+"""What one device's queue should hold: the rows its feed and rules want, snoozes included. No
+source read and no database access here: ``build.py`` reads the sources, and writes what this
+decides. What becomes of the rows already queued is ``queued.py``; when a plan may be reused,
+``plan_key.py`` (every device column read here must be in its ``PLANNED_FROM``).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,7 +16,6 @@ from reminders_pipeline.domain.calendar_settings import CalendarSettings, calend
 from reminders_pipeline.domain.items import Item, ParsedFeed, address_digest
 from reminders_pipeline.domain.policy import held_send_after
 from reminders_pipeline.domain.rules import (
-    AGENDA,
     ALARM_REACH_SECONDS,
     DEFAULT_ALL_DAY_RULES,
     LEAVE,
@@ -28,8 +23,6 @@ from reminders_pipeline.domain.rules import (
     Rule,
     agenda_rule,
     device_rules,
-    expiry_anchored,
-    is_agenda,
     is_snooze,
     known_rule,
     parse_rule,
@@ -312,65 +305,6 @@ def _item_rules(plan: DevicePlan, item_id: str, raw: Item, rules: dict[str, Rule
     return [r for r in rules.values() if r.all_day == raw.all_day]
 
 
-# What a plan is made from on the device's side; ``registered_at`` and ``created_at`` stand for a
-# new token or a re-created device, whose voided rows a full plan queues again.
-PLANNED_FROM = (
-    "reminder_lead_seconds",
-    "extra_rules",
-    "all_day_rules",
-    "use_alarms",
-    "tz_name",
-    "last_tz_offset_seconds",
-    "quiet_hours",
-    "attendees",
-    "locale",  # an agenda's words
-    "clock",
-    "calendars",
-    "created_at",
-    "registered_at",
-)
-# Bumped whenever planning changes meaning: every device then plans in full once.
-PLAN_VERSION = "1"
-# However unchanged its inputs, each device plans in full at least this often (at a time of day of
-# its own, so the full plans spread over the day): whatever no key can see, a zone database
-# update for one, is taken in within a day.
-FULL_PLAN_SECONDS = 86400
-
-
-def plan_key(
-    device: Mapping[str, Any],
-    subscribed: Iterable[int],
-    reads: Mapping[int, SourceRead],
-    now: Instant,
-    *,
-    before_changes: bool = False,
-) -> str | None:
-    """What the device's plan is made from: its planning columns, each subscribed source's
-    content, and the day (``FULL_PLAN_SECONDS``). Two builds with the same key plan the same rows,
-    except those the horizon has moved over. None when a source was not read whole (failed, cut by
-    the item cap, a series dropped): the build plans in full, and so does the next. A device that
-    uses calendar alarms steps too: an alarm may lead by more than the calendar is expanded ahead,
-    so a step plans in full the items its last plan's read may not have yielded
-    (``_maybe_new_to_the_read``).
-
-    ``before_changes``: the key from the parses the reads replaced (``SourceRead.changes``)."""
-    contents = []
-    for source_id in sorted(set(subscribed)):
-        read = reads.get(source_id)
-        if read is None or not read.whole or read.content_hash is None:
-            return None
-        changes = read.changes if before_changes else None
-        contents.append(f"{source_id}={read.content_hash if changes is None else changes.previous_hash}")
-    spread = int(hashlib.sha256(str(device["id"]).encode()).hexdigest()[:8], 16) % FULL_PLAN_SECONDS
-    day = (now.whole_seconds + spread) // FULL_PLAN_SECONDS
-    columns = (_key_text(device.get(c)) for c in PLANNED_FROM)
-    return hashlib.sha256("\x1f".join((PLAN_VERSION, str(day), *columns, *contents)).encode()).hexdigest()
-
-
-def _key_text(value: Any) -> str:
-    return value.stored if isinstance(value, Instant) else repr(value)
-
-
 def rules_of(device: dict[str, Any]) -> list[Rule]:
     """A build row's rules: lead rules and all-day rules (the column may be absent in old callers)."""
     all_day = device.get("all_day_rules")
@@ -397,87 +331,11 @@ def _own_anchor(rule: Rule, raw: Item) -> Instant:
     return Instant.from_unix(raw.expires_at if rule.anchor == "expiry" else raw.starts_at)
 
 
-def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | None:
-    """Why a pending row no longer belongs, or None to leave it.
-
-    A failed read never voids. A row of a subscribed source whose read failed is voided only for
-    what the device itself changed: a rule it dropped, when no calendar alarm can have given that
-    rule (the device does not use alarms, so a successful read would void it all the same). For a
-    device using alarms a rule outside its own may be the calendar's, and only a successful read
-    can say: the row waits for one. A row whose item is still in the feed but has begun is left for
-    the drain, which settles it with the true reason. Nor does an item the feed holds without
-    carrying it void (``ParsedFeed.holds``): one the item cap cut, or one of a rejected series.
-    """
-    if row["item_id"].startswith(AGENDA_ITEM):
-        return _agenda_void(row, plan, now)
-    if row["source_id"] not in plan.subscribed:
-        return "source_removed"
-    if row["source_id"] in plan.muted:
-        return "muted"
-    if is_snooze(row["rule"]):
-        return _snooze_void(row, plan)
-    its_rules = plan.source_rules[row["source_id"]]
-    if row["source_id"] not in plan.ok_sources:
-        return "rule_removed" if row["rule"] not in its_rules and not plan.uses_alarms else None
-    if row["item_id"] in plan.declined:
-        return "declined"
-    if row["rule"] not in plan.rules or (row["rule"] not in its_rules and row["item_id"] not in plan.item_rules):
-        return "rule_removed"
-    if (row["item_id"], row["rule"]) in plan.wanted:
-        return None
-    item = plan.feed_items.get(row["item_id"])
-    if item is None:
-        own_id = row["item_id"].split(":", 1)[1]
-        return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
-    if row["item_id"] in plan.item_rules and row["rule"] not in plan.item_rules[row["item_id"]]:
-        return "rule_removed"  # the calendar dropped that alarm
-    if row["rule"] == LEAVE_RULE.name and row["item_id"] not in plan.leaving:
-        return "rule_removed"  # the travel time is gone
-    if plan.rules[row["rule"]].anchor_time(item.starts, item.expires) <= now:
-        return None
-    return "out_of_horizon"
-
-
-def _agenda_void(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | None:
-    """An agenda (or a snooze of one) stands while the device keeps the rule and its day holds an
-    event, as far as a plan that read every calendar can tell. One no longer wanted whose time is
-    ahead left the horizon (a new zone moved it): made again once the horizon reaches it."""
-    if plan.agenda is None:
-        return "rule_removed"
-    if plan.agenda_complete and is_snooze(row["rule"]):
-        return None if (row["item_id"], row["rule"]) in plan.wanted else "empty_day"  # (``want_snoozes``)
-    if not plan.agenda_complete or (row["item_id"], AGENDA) in plan.wanted:
-        return None
-    if row["item_id"] in plan.agenda_come:  # held for quiet hours or due: the drain settles it, as it reads
-        return "empty_day" if _day_went(row, plan) else None
-    if row["item_id"] in plan.agenda_days:
-        return "empty_day"
-    return "out_of_horizon" if is_agenda(row["rule"]) and row["send_after"] > now else None
-
-
-def _day_went(row: dict[str, Any], plan: DevicePlan) -> bool:
-    """Whether no event of a come agenda's day is left in the calendars as read (those over before
-    the read are not read): the agenda would list what is no longer there."""
-    return is_agenda(row["rule"]) and plan.agenda_of is not None and plan.agenda_of(row["item_id"]) is None
-
-
-def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
-    """A snooze is no rule of the device's: it stands while its item is in the feed, whatever the
-    item's new time or title (``want_snoozes`` brings it in line). Only a successful read can say
-    the item went."""
-    if row["source_id"] not in plan.ok_sources:
-        return None
-    if row["item_id"] in plan.declined:
-        return "declined"
-    if row["item_id"] in plan.feed_items:
-        return None
-    own_id = row["item_id"].split(":", 1)[1]
-    return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
-
-
 # What voids a snooze that its item's return undoes: the item left the feed, or the agenda's day
 # emptied. Any other end of it (sent, Done, declined, muted, a dead token) is the snooze's last.
 REVIVED_BY_RETURN = ledger.REVIVABLE_VOIDS
+
+
 _ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
 
 
@@ -516,62 +374,3 @@ def _snoozed_item(item_id: str, plan: DevicePlan) -> dict[str, Any] | None:
     if item is None:
         return None
     return {"event_at": item.starts, "expires_at": item.expires, "title": item.title, "body": item.body}
-
-
-def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
-    """Pending rows whose item has begun, or was set aside by the item cap, so the build does not
-    queue it, but now reads differently (moved, possibly into the past, or retitled): each as the
-    item was last read.
-
-    Written over the pending row (``ledger.realign_pending``), so no alert goes out for the item's
-    old version and the drain's policy settles it by the truth: ``event_started`` for a lead whose
-    start has passed, a ``lead:0`` still sent while within lateness. Settled rows are never touched.
-    """
-    out = []
-    for row in existing:
-        if row["status"] != "pending" or is_agenda(row["rule"]) or is_snooze(row["rule"]):
-            continue  # an agenda is planned whole, a snooze wanted as it stands (``want_snoozes``)
-        now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
-        if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
-            out.append(now_is)
-    return out
-
-
-_COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body", "item_at")
-
-
-def unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_threshold: int) -> bool:
-    """Rows the upsert would leave alone anyway; skipping them spares the database the conflict checks.
-
-    Only a shortcut, mirroring ``ledger.upsert_rows`` (change both together): its SQL stays the
-    authority when rows race.
-    """
-    if current is None:
-        return False
-    if current["status"] == "claimed":
-        return True
-    if current["status"] == "pending":
-        return all(current[c] == wanted[c] for c in _COMPARED)
-    if current["outcome"] == "voided":
-        return False
-    return is_snooze(wanted["rule"]) or not item_moved(current, wanted, rearm_threshold)  # a snooze never re-arms
-
-
-def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:
-    """Whether a settled row's item itself moved by at least ``threshold``, the only reason it is
-    re-armed (mirrors ``ledger.upsert_rows``, on the same ``ledger.rearm_bounds``): its anchor
-    instant moved, and so did a floating item's own wall time. A row settled before its wall time
-    was stored is compared by the widest gap any zone can put between wall time and instant.
-    ``send_after`` is not compared: a quiet-hours hold or a zone moves it while the item stays put."""
-    by_expiry = expiry_anchored(wanted["rule"])
-    bounds = ledger.rearm_bounds(wanted, threshold, by_expiry)
-
-    def outside(t: Instant, name: str) -> bool:
-        return bool(t <= bounds[f"{name}_before"] or t >= bounds[f"{name}_after"])
-
-    anchor = ledger.rearm_anchor(settled, by_expiry)
-    if not outside(anchor, "anchor"):
-        return False
-    if wanted["item_at"] is None:
-        return True
-    return outside(settled["item_at"], "item") if settled["item_at"] is not None else outside(anchor, "wall")
