@@ -48,7 +48,7 @@ from reminders_pipeline.planning.build import build as run_build
 from reminders_pipeline.providers.routing import checked_sender_factory
 from reminders_pipeline.providers.webpush import generate_key
 from reminders_pipeline.sending.drain import drain as run_drain
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 T = TypeVar("T")
 

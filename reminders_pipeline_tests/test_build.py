@@ -17,7 +17,7 @@ from reminders_pipeline.planning.build import build, queue_rows
 from reminders_pipeline.planning.queued import item_moved
 from reminders_pipeline.providers.base import RecordingSender
 from reminders_pipeline.sending.drain import drain
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 from .http_sources import Route
 from .support import NOW, NOW_S, TOKEN, at, by_key, device, item, rows

@@ -229,7 +229,7 @@ def test_a_source_url_shows_no_secret_anywhere(cli, feeds, caplog):
     """Issue 19 item 12: userinfo, a secret path (Google's ``private-<token>``) and a query never
     leave the ledger: not in build summaries, the alert webhook, logs or ``sources``; the URL is
     shown as scheme, host and a stable id."""
-    from reminders_pipeline.sources.reader import shown_url
+    from reminders_pipeline.sources.urls import shown_url
 
     feeds.fail("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret", 503)
     url = feeds.url("/calendar/ical/private-p4thsecret/basic.ics?key=qu3rysecret").replace(

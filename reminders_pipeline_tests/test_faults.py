@@ -51,7 +51,8 @@ from reminders_pipeline.providers.base import RecordingSender, SendResult
 from reminders_pipeline.providers.routing import default_sender_factory
 from reminders_pipeline.sending.drain import drain, fail_abandoned
 from reminders_pipeline.sources.egress import parse_networks
-from reminders_pipeline.sources.reader import SourceReader, shown_url
+from reminders_pipeline.sources.reader import SourceReader
+from reminders_pipeline.sources.urls import shown_url
 from reminders_pipeline_testing.mock_apns import MockApns, RecordedRequest
 from reminders_pipeline_testing.stack import free_port
 

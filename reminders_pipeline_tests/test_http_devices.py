@@ -10,7 +10,7 @@ from sqlalchemy import event, text
 
 from reminders_pipeline import ledger
 from reminders_pipeline.ledger.db import Database
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 from .support import NOW, NOW_S, item
 from .test_http_support import APNS_TOKEN, error_of

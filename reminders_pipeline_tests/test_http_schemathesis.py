@@ -24,7 +24,7 @@ import pytest
 from schemathesis.core.warnings import SchemathesisWarning
 
 from reminders_pipeline.sources.egress import AddressRefused, GuardedBackend
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 from .test_http_support import SECRET, http_settings
 

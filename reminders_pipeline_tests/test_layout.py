@@ -76,7 +76,6 @@ NOT_YET_SPLIT = {
     "providers/apns.py",
     "providers/apns_transport.py",
     "sending/dispatch.py",
-    "sources/reader.py",
 }
 
 

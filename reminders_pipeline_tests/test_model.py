@@ -73,6 +73,7 @@ from reminders_pipeline.sending import drain as drain_mod
 from reminders_pipeline.sending import settlement as settle_mod
 from reminders_pipeline.sending.dispatch import Dispatcher
 from reminders_pipeline.sources import reader as sources_mod
+from reminders_pipeline.sources.urls import shown_url
 
 from .conftest import LEDGER_TABLES
 from .dispatching import DrivenTimer
@@ -767,11 +768,7 @@ class ReminderMachine(RuleBasedStateMachine):
         reads = self.transport.reads[reads_before:]
         # A read answered but unusable (a calendar whose only series floods: every item rejected) failed too.
         unusable = {f["url"] for f in summary.sources_failed}
-        ok = {
-            self.source_ids[u]
-            for u, how in reads
-            if how in ("ok", "not_modified") and sources_mod.shown_url(u) not in unusable
-        }
+        ok = {self.source_ids[u] for u, how in reads if how in ("ok", "not_modified") and shown_url(u) not in unusable}
         failed = {self.source_ids[u] for u, _ in reads} - ok
         rows = {r["id"]: r for r in self._rows()}
         self._check_failed_reads(before, rows, failed)
@@ -1729,7 +1726,7 @@ class ReminderMachine(RuleBasedStateMachine):
         n = len(self.transport.reads)
         unusable = {f["url"] for f in composed.sources_failed} if composed else set()
         for url, how in self.transport.reads[first:n]:
-            if how in ("ok", "not_modified") and sources_mod.shown_url(url) not in unusable:
+            if how in ("ok", "not_modified") and shown_url(url) not in unusable:
                 self.read_of[self.source_ids[url]] = self.feeds[url].occurrences()
         widget_feed.compose_feed(self.db, self.settings, device_id, now=self.iso)
         if self._rows() != before:

@@ -347,7 +347,7 @@ def test_the_decoders_cap_is_exact_whatever_the_chunks():
 
     import pytest
 
-    from reminders_pipeline.sources.reader import ReadFailed, StackedDecoder
+    from reminders_pipeline.sources.decoding import ReadFailed, StackedDecoder
 
     body = FEED * 50
     for coding, encoded in (

@@ -25,7 +25,8 @@ from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.planning.build import build
 from reminders_pipeline.planning.widget_feed import compose_feed
 from reminders_pipeline.sources.egress import GuardedBackend, is_allowed, parse_networks
-from reminders_pipeline.sources.reader import SourceReader, SourceState, shown_url
+from reminders_pipeline.sources.reader import SourceReader, SourceState
+from reminders_pipeline.sources.urls import shown_url
 
 from .http_sources import FeedServer, Route
 from .support import device

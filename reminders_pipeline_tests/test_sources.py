@@ -13,7 +13,8 @@ from reminders_pipeline.config.settings import LOOPBACK_NETWORKS
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.planning.build import build
 from reminders_pipeline.sources.egress import parse_networks
-from reminders_pipeline.sources.reader import SourceReader, SourceState, shown_url
+from reminders_pipeline.sources.reader import SourceReader, SourceState
+from reminders_pipeline.sources.urls import shown_url
 
 from .calendars import ALL_DAY, CANCELLED, FLOATING, UTC_EVENT, WEEKLY, calendar
 from .http_sources import Route

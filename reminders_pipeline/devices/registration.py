@@ -33,7 +33,7 @@ from reminders_pipeline.providers.push_subscription import (
     parse_subscription,
 )
 from reminders_pipeline.sources.egress import parse_networks
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 APNS_TOKEN_PATTERN = re.compile(r"[0-9a-fA-F]{64,200}")
 FCM_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_:-]{32,4096}")

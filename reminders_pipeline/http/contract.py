@@ -57,7 +57,7 @@ from reminders_pipeline.domain.wire import Provider
 from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, MAX_ZONE_NAME, QUIET_HOURS_PATTERN, ZONE_NAME_PATTERN
 from reminders_pipeline.ledger.schema import MAX_ROW_ID
 from reminders_pipeline.providers.push_subscription import MAX_ENDPOINT_LENGTH
-from reminders_pipeline.sources.reader import shown_url
+from reminders_pipeline.sources.urls import shown_url
 
 # The one bound of the shell's own: a device with MAX_SOURCES long URLs fits with room to spare.
 MAX_BODY_BYTES = 256 * 1024

@@ -40,7 +40,8 @@ from reminders_pipeline.planning.source_reads import (
     source_windows,
     summarize_reads,
 )
-from reminders_pipeline.sources.reader import SourceRead, SourceReader, distinct_sources, shown_url
+from reminders_pipeline.sources.reader import SourceRead, SourceReader, distinct_sources
+from reminders_pipeline.sources.urls import shown_url
 
 WRITE_BATCH_DEVICES = 500  # devices whose plan states one read fetches, and the most one transaction writes
 WRITE_TRANSACTION_ROWS = 1000  # planned rows past which a transaction takes no further device

@@ -20,7 +20,8 @@ from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.planning.plan import rules_of
 from reminders_pipeline.sources.egress import parse_networks
-from reminders_pipeline.sources.reader import SourceRead, SourceReader, SourceState, Window, Windows, shown_url
+from reminders_pipeline.sources.reader import SourceRead, SourceReader, SourceState, Window, Windows
+from reminders_pipeline.sources.urls import shown_url
 
 
 def make_reader(settings: Settings) -> SourceReader:

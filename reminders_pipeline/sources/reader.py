@@ -13,9 +13,9 @@ A source's ETag/Last-Modified and its parsed feed are kept in the ledger; a
 ``304 Not Modified`` reuses the parsed feed without parsing. A URL answering ``text/calendar``
 (or whose body starts ``BEGIN:VCALENDAR``, or a ``webcal://`` URL) is read as iCalendar.
 
-Longer than 350 lines because every bound of a read (size, time, redirects, hosts, decompression
-layers with a cap of their own) is enforced in the one loop that streams the body, so the reader,
-its decoder stack and its error codes stay together.
+Every bound of a read (size, time, redirects, hosts) is enforced in the one loop that streams the
+body; the decoder it streams through is ``decoding.py``, its error codes ``read_errors.py``, and
+how a URL is shown and fetched ``urls.py``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ import hashlib
 import http.cookiejar
 import threading
 import time
-import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -38,13 +37,13 @@ import httpx
 
 from reminders_pipeline.domain.items import FeedError, ParsedFeed, parse_json_feed
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.sources.egress import AddressRefused, GuardedTransport, Network
+from reminders_pipeline.sources.decoding import ReadFailed, StackedDecoder
+from reminders_pipeline.sources.egress import GuardedTransport, Network
 from reminders_pipeline.sources.ics import SERIES_SECONDS, parse_ics_feed
+from reminders_pipeline.sources.read_errors import MAX_REDIRECTS, read_error_code
+from reminders_pipeline.sources.urls import fetch_url, is_calendar
 
 ICS_CACHE_SLACK_SECONDS = 86400  # expand a calendar a day past what this build needs, so 304s can reuse it
-MAX_REDIRECTS = 3
-MAX_ENCODINGS = 2  # stacked Content-Encodings decoded; more is refused (no server needs them)
-DECODE_STEP = 64 * 1024  # bytes a decoder may produce per step, so the byte cap bites before memory does
 PARSE_GRACE_SECONDS = 1.0
 # Not the loop's default executor: ``asyncio.run`` waits for that one at exit, which would make a
 # parse past its bound hold up the whole build. A parse left behind finishes here, unread.
@@ -52,28 +51,6 @@ _PARSERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="reminders-parse
 
 Window = tuple[Instant, Instant]  # (start, end) of the occurrences a read must yield
 Windows = Window | Mapping[int, Window] | None
-
-# What a failed read is recorded as, beyond ``http_<status>`` and the feed codes (``FeedError``).
-READ_ERRORS = {
-    "timeout": "no answer within REMINDERS_SOURCE_TIMEOUT_SECONDS",
-    "too_large": "the body is larger than REMINDERS_SOURCE_MAX_BYTES (after decoding, at every layer)",
-    "unsupported_encoding": f"a Content-Encoding other than gzip or deflate, or more than {MAX_ENCODINGS} stacked",
-    "address_refused": "the host resolves only to internal addresses (REMINDERS_SOURCE_ALLOW_NETWORKS)",
-    "insecure_redirect": "an https source redirected to plain http",
-    "too_many_redirects": f"more than {MAX_REDIRECTS} redirects (no cookie is kept: a server that redirects until one comes back ends here)",
-    "unsupported_url": "a URL (or redirect) the reader cannot fetch",
-    "connect_failed": "name resolution, TCP or TLS failed",
-    "read_failed": "the connection broke or the answer was not HTTP",
-    "parse_timeout": "parsing took longer than REMINDERS_SOURCE_PARSE_SECONDS",
-}
-
-
-class ReadFailed(Exception):
-    """A read that stops with one of ``READ_ERRORS``' codes."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -135,36 +112,6 @@ def content_hash(body: bytes, max_items: int | None, kind: str = "cache") -> str
 def parsed_under(digest: str | None, max_items: int | None) -> bool:
     """A cached parse whose ``content_hash`` says this parser made it under this item cap."""
     return digest is not None and digest.startswith(f"p={PARSE_VERSION}/cap={max_items}/")
-
-
-def shown_url(url: str) -> str:
-    """A source URL as anything outside the ledger shows it (alerts, summaries, metadata, logs, API
-    answers, the CLI): scheme, host and port, and a short id from a hash of the whole URL so an
-    operator can tell sources apart and find one (``reminders sources``). Userinfo, path and query
-    can hold the calendar's secret (Google's ``.../private-<token>/basic.ics``): never shown. The
-    stored URL is unchanged: it is needed to read."""
-    digest = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-    try:
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        return f"?#{digest}"
-    if not parts.scheme or not host:
-        return f"?#{digest}"
-    host = f"[{host}]" if ":" in host else host
-    return f"{parts.scheme}://{host}{f':{port}' if port else ''}/…#{digest}"
-
-
-def fetch_url(url: str) -> str:
-    return "https://" + url[len("webcal://") :] if url.startswith("webcal://") else url
-
-
-def is_calendar(url: str, content_type: str, body: bytes) -> bool:
-    return (
-        url.startswith("webcal://")
-        or "calendar" in content_type.lower()
-        or body.lstrip()[:15].upper() == b"BEGIN:VCALENDAR"
-    )
 
 
 def _as_cached(source_id: int, state: SourceState, cached: ParsedFeed, max_items: int | None) -> SourceRead:
@@ -394,96 +341,6 @@ class SourceReader:
         return cached
 
 
-class _Layer:
-    """One Content-Encoding layer: zlib with bounded output, its produced bytes counted.
-
-    Read as httpx reads them: ``deflate`` is zlib-wrapped (RFC 9110) or, as some servers send it,
-    raw; bytes after the last gzip member that do not start another one (padding NULs) are ignored,
-    as is anything after a deflate stream's end."""
-
-    def __init__(self, coding: str) -> None:
-        self.gzip = coding in ("gzip", "x-gzip")
-        self.inflater: zlib._Decompress | None = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzip else None
-        self.produced = 0
-        self.held = b""  # bytes not yet fed: a deflate header still being sniffed, or half a gzip magic
-        self.ended = False
-
-    @property
-    def eof(self) -> bool:
-        return self.ended or (self.inflater is not None and self.inflater.eof)
-
-    def decode(self, data: bytes, limit: int) -> Iterator[bytes]:
-        data, self.held = self.held + data, b""
-        if self.inflater is None:  # deflate: zlib-wrapped or raw, told by its first two bytes
-            if len(data) < 2:
-                self.held = data
-                return
-            self.inflater = zlib.decompressobj(zlib.MAX_WBITS if _zlib_header(data) else -zlib.MAX_WBITS)
-        while data and not self.ended:
-            try:
-                out = self.inflater.decompress(data, DECODE_STEP)
-            except zlib.error:
-                raise ReadFailed("read_failed") from None
-            self.produced += len(out)
-            if self.produced > limit:
-                raise ReadFailed("too_large")
-            if out:
-                yield out
-            data = self.inflater.unused_data if self.inflater.eof else self.inflater.unconsumed_tail
-            if self.inflater.eof and data:
-                data = self._next_member(data)
-
-    def _next_member(self, rest: bytes) -> bytes:
-        """After a stream's end: a gzip body may hold several members, one after another."""
-        if self.gzip and rest[:2] == GZIP_MAGIC:
-            self.inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            return rest
-        if self.gzip and rest == GZIP_MAGIC[:1]:
-            self.held = rest
-        else:
-            self.ended = True
-        return b""
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _zlib_header(data: bytes) -> bool:
-    """Whether two bytes are a zlib header (RFC 1950: deflate, window at most 32 KiB, checksum)."""
-    return data[0] & 0x0F == 8 and data[0] >> 4 <= 7 and (data[0] << 8 | data[1]) % 31 == 0
-
-
-class StackedDecoder:
-    """Content-Encodings undone in reverse order of application, every layer's output bounded."""
-
-    def __init__(self, codings: Sequence[str], limit: int) -> None:
-        names = [c.strip().lower() for c in codings if c.strip() and c.strip().lower() != "identity"]
-        if len(names) > MAX_ENCODINGS or any(n not in ("gzip", "x-gzip", "deflate") for n in names):
-            raise ReadFailed("unsupported_encoding")
-        self.layers = [_Layer(n) for n in reversed(names)]
-        self.limit = limit
-        self.raw_seen = 0
-
-    def decode(self, raw: bytes) -> Iterator[bytes]:
-        self.raw_seen += len(raw)
-        if self.raw_seen > self.limit:
-            raise ReadFailed("too_large")
-        yield from self._through(raw, 0)
-
-    def _through(self, data: bytes, depth: int) -> Iterator[bytes]:
-        if depth == len(self.layers):
-            yield data
-            return
-        for out in self.layers[depth].decode(data, self.limit):
-            yield from self._through(out, depth + 1)
-
-    def flush(self) -> Iterator[bytes]:
-        """Nothing is left buffered with ``max_length`` steps; a truncated stream is a broken read."""
-        if any(not layer.eof and self.raw_seen for layer in self.layers):
-            raise ReadFailed("read_failed")
-        return iter(())
-
-
 def usable(feed: ParsedFeed) -> ParsedFeed:
     """A feed with items but none valid is garbage (a unit or schema change at the source), not an
     empty feed: reading it as empty would void every reminder the source owns."""
@@ -498,19 +355,6 @@ def _no_cookies() -> http.cookiejar.CookieJar:
     read of another subscriber's feed on the same host. A jar, not ``httpx.Cookies``: the client
     copies the cookies of an ``httpx.Cookies`` into a jar of its own, without the policy."""
     return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-
-
-def read_error_code(exc: Exception) -> str:
-    """The code a failed read is stored and shown as; the exception's own text may quote the peer."""
-    if isinstance(exc, AddressRefused):
-        return "address_refused"
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-        return "unsupported_url"
-    if isinstance(exc, httpx.ConnectError):
-        return "connect_failed"
-    return "read_failed"
 
 
 def _default_window() -> Window:
