@@ -38,7 +38,7 @@ from reminders_pipeline.devices.registration import (
 from reminders_pipeline.domain.calendar_settings import LEVELS, CalendarSettings, SubscriptionError, checked
 from reminders_pipeline.domain.notification import as_shown
 from reminders_pipeline.domain.phrases import CLOCKS
-from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES, MAX_TRAVEL_SECONDS
+from reminders_pipeline.domain.rules import MAX_TRAVEL_SECONDS
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger import migrate
 from reminders_pipeline.ledger.db import Database
@@ -322,24 +322,23 @@ def device_put(
     """
     if no_all_day_rules and all_day_rules:
         raise click.UsageError("give --all-day-rule or --no-all-day-rules, not both")
-    day_rules = () if no_all_day_rules else all_day_rules or DEFAULT_ALL_DAY_RULES
-    lead_seconds = ctx.settings.default_lead_seconds if lead is None else lead
-    spec = DeviceSpec(
+    spec = DeviceSpec.requested(
+        ctx.settings,
         device_id,
-        apns_token or "",
-        lead_seconds,
-        rules,
-        sources,
-        tz_name,
-        day_rules,
-        quiet_hours,
-        alarms,
-        attendees,
-        locale,
-        clock,
-        _calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted, calendar_travel),
+        apns_token=apns_token,
         webpush=_subscription_json(webpush_file),
         fcm_token=fcm_token,
+        lead=lead,
+        rules=rules,
+        sources=sources,
+        tz=tz_name,
+        all_day_rules=() if no_all_day_rules else all_day_rules or None,
+        quiet_hours=quiet_hours,
+        alarms=alarms,
+        attendees=attendees,
+        locale=locale,
+        clock=clock,
+        calendars=_calendars(calendar_rules, calendar_levels, calendar_breakthrough, calendar_muted, calendar_travel),
     )
     try:
         registration = put_device(ctx.db, ctx.settings, spec)

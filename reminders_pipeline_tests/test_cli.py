@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from reminders_pipeline.cli import main
 from reminders_pipeline.dev.demo import dev_environment
+from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES
 from reminders_pipeline.ledger import migrate
 from reminders_pipeline.ledger.db import Database
 
@@ -290,3 +291,13 @@ def test_commands_typed_beside_reminders_dev_use_its_settings_and_say_so(tmp_pat
     assert other.exit_code == 0, other.output
     other = CliRunner().invoke(main, ["check"], env={**unset, "REMINDERS_DATABASE_URL": f"sqlite:///{elsewhere}"})
     assert "REMINDERS_CHUNK_COUNT 16 " in other.output and "reminders dev" not in other.stderr
+
+
+def test_a_device_put_with_what_it_leaves_out_takes_the_deployments_defaults(cli):
+    """The CLI and the HTTP route default through one constructor (``DeviceSpec.requested``): the
+    lead of REMINDERS_DEFAULT_LEAD_SECONDS, the all-day rules unless --no-all-day-rules."""
+    cli("device", "put", "p", "--apns-token", TOKEN, REMINDERS_DEFAULT_LEAD_SECONDS="1234")
+    cli("device", "put", "q", "--apns-token", TOKEN, "--no-all-day-rules", REMINDERS_DEFAULT_LEAD_SECONDS="1234")
+    shown = {d["id"]: d for d in json.loads(cli("device", "list").output)}
+    assert shown["p"]["reminder_lead_seconds"] == shown["q"]["reminder_lead_seconds"] == 1234
+    assert shown["p"]["all_day_rules"] == list(DEFAULT_ALL_DAY_RULES) and shown["q"]["all_day_rules"] == []

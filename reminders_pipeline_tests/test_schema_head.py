@@ -153,10 +153,12 @@ def test_a_newer_release_that_only_added_to_the_schema_leaves_this_one_running(d
 
 
 def test_each_upgrade_records_the_oldest_head_that_may_run_on(db_url):
-    """0020 only adds a table, so a release at 0019 may run against it (were it to look)."""
+    """0020 only adds a table, so a release at 0019 may run against it (were it to look); 0021
+    renames a column, so no release before it may."""
+    assert migrate.oldest_reader("0020") == "0019"
     engine = create_engine(db_url)
     with engine.connect() as conn:
-        assert conn.scalar(text("SELECT oldest_head FROM schema_readers")) == migrate.oldest_reader("0020") == "0019"
+        assert conn.scalar(text("SELECT oldest_head FROM schema_readers")) == migrate.oldest_reader("0021") == "0021"
     engine.dispose()
 
 
@@ -236,7 +238,7 @@ def test_a_device_route_on_a_missing_sqlite_ledger_answers_503_and_makes_no_file
 def upgrade_soon(url: str) -> subprocess.Popen[bytes]:
     """Another process (as an operator's upgrade is) upgrades the ledger at ``url`` in a second."""
     code = (
-        "import sys, time; time.sleep(1); from reminders_pipeline import migrate; "
+        "import sys, time; time.sleep(1); from reminders_pipeline.ledger import migrate; "
         "from reminders_pipeline.ledger.db import Database; migrate.upgrade(Database(sys.argv[1]))"
     )
     return subprocess.Popen([sys.executable, "-c", code, url])

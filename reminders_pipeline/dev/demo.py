@@ -195,7 +195,9 @@ def prepare_ledger(settings: Settings, source_url: str) -> None:
     try:
         migrate.upgrade(db)
         rechunk(db, settings)
-        spec = DeviceSpec(DEMO_DEVICE_ID, DEMO_TOKEN, settings.default_lead_seconds, DEMO_RULES, (source_url,))
+        spec = DeviceSpec.requested(
+            settings, DEMO_DEVICE_ID, apns_token=DEMO_TOKEN, rules=DEMO_RULES, sources=(source_url,)
+        )
         put_device(db, settings, spec)
     finally:
         db.dispose()

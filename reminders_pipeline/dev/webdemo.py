@@ -97,7 +97,7 @@ class WebDemo:
             subscription = json.loads(body)
         except ValueError:
             return _json(400, {"error": "malformed_json", "detail": "the body is not JSON"})
-        spec = DeviceSpec(DEVICE_ID, "", source_urls=(self.source_url,), webpush=subscription)
+        spec = DeviceSpec.requested(self.settings, DEVICE_ID, webpush=subscription, sources=(self.source_url,))
         try:
             put_device(self.db, self.settings, spec)
         except DeviceError as exc:

@@ -79,6 +79,48 @@ class DeviceSpec:
     fcm_token: str | None = None
     provider: str = Provider.APNS  # set by ``validate`` from the target given; ``apns_token`` then holds it
 
+    @classmethod
+    def requested(
+        cls,
+        settings: Settings,
+        device_id: str,
+        *,
+        apns_token: str | None = None,
+        webpush: Mapping[str, Any] | None = None,
+        fcm_token: str | None = None,
+        lead: int | None = None,
+        rules: Sequence[str] = (),
+        sources: Sequence[str] = (),
+        tz: str | None = None,
+        all_day_rules: Sequence[str] | None = None,
+        quiet_hours: str | None = None,
+        alarms: bool = False,
+        attendees: Sequence[str] = (),
+        locale: str | None = None,
+        clock: str | None = None,
+        calendars: Mapping[str, CalendarSettings] | None = None,
+    ) -> DeviceSpec:
+        """A registration as the CLI, HTTP and the demo take it, what was left out defaulted in one
+        place: the deployment's lead (``REMINDERS_DEFAULT_LEAD_SECONDS``), the all-day rules, no
+        target but the one given. ``validate`` still has the last word on every value."""
+        return cls(
+            device_id,
+            apns_token or "",
+            settings.default_lead_seconds if lead is None else lead,
+            tuple(rules),
+            tuple(sources),
+            tz,
+            DEFAULT_ALL_DAY_RULES if all_day_rules is None else tuple(all_day_rules),
+            quiet_hours,
+            alarms,
+            tuple(attendees),
+            locale,
+            clock,
+            dict(calendars or {}),
+            webpush=webpush,
+            fcm_token=fcm_token,
+        )
+
 
 @dataclass(frozen=True)
 class Registration:

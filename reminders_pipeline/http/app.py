@@ -55,7 +55,6 @@ from reminders_pipeline.devices.registration import (
 )
 from reminders_pipeline.domain.calendar_settings import CalendarSettings
 from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
-from reminders_pipeline.domain.rules import DEFAULT_ALL_DAY_RULES
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from reminders_pipeline.http.contract import (
@@ -197,27 +196,26 @@ def valid_device_id(device_id: Any) -> bool:
 
 def device_spec(device_id: str, body: DeviceRegistration, settings: Settings) -> DeviceSpec:
     """The PUT body as a ``DeviceSpec``, omitted fields defaulted; the core's ``validate`` still has the last word."""
-    lead = settings.default_lead_seconds if body.reminder_lead_seconds is None else body.reminder_lead_seconds
-    all_day = DEFAULT_ALL_DAY_RULES if body.all_day_rules is None else tuple(body.all_day_rules)
-    return DeviceSpec(
+    return DeviceSpec.requested(
+        settings,
         device_id,
-        body.apns_token or "",
-        lead,
-        tuple(body.extra_rules or ()),
-        tuple(body.source_urls or ()),
-        body.tz,
-        all_day,
-        body.quiet_hours,
-        bool(body.alarms),
-        tuple(body.attendees or ()),
-        body.locale,
-        body.clock,
-        {
+        apns_token=body.apns_token,
+        webpush=body.webpush_subscription.model_dump() if body.webpush_subscription else None,
+        fcm_token=body.fcm_token,
+        lead=body.reminder_lead_seconds,
+        rules=body.extra_rules or (),
+        sources=body.source_urls or (),
+        tz=body.tz,
+        all_day_rules=body.all_day_rules,
+        quiet_hours=body.quiet_hours,
+        alarms=bool(body.alarms),
+        attendees=body.attendees or (),
+        locale=body.locale,
+        clock=body.clock,
+        calendars={
             c.url: CalendarSettings(_tuple(c.rules), c.interruption_level, c.breakthrough, c.muted, c.travel_seconds)
             for c in body.calendars or ()
         },
-        webpush=body.webpush_subscription.model_dump() if body.webpush_subscription else None,
-        fcm_token=body.fcm_token,
     )
 
 
