@@ -433,10 +433,6 @@ class Settings(BaseSettings):
     def effective_chunks_per_tick(self) -> int:
         return self.chunks_per_tick or self.chunk_count
 
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
     def with_(self, **changes: Any) -> Settings:
         """A copy with ``changes``, unchecked like ``dataclasses.replace``: tests shrink bounds freely."""
         unknown = sorted(set(changes) - set(type(self).model_fields))

@@ -166,10 +166,6 @@ def _from_stored(text: str) -> Instant:
     return Instant(int(dt.timestamp()) * 1000 + int(text[20:23]))
 
 
-def is_stored_time(text: object) -> bool:
-    return isinstance(text, str) and bool(ISO_PATTERN.match(text))
-
-
 def stored_or_none(instant: Instant | None) -> str | None:
     """The stored text of an optional instant: how the shells show one."""
     return None if instant is None else instant.stored

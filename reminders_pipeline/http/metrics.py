@@ -48,8 +48,6 @@ DISPATCHER_LIVE_BEATS = 4
 # reminders_metrics_window_truncated says so), keeping a scrape in milliseconds at any send rate.
 WINDOW_MAX_ROWS = 2_000
 
-CLOCK_FAULTS = ("reminders_built_at_in_future", "settled_at_in_future", "sent_before_send_after", "beat_at_in_future")
-
 
 @dataclass(frozen=True)
 class LatenessHistogram:

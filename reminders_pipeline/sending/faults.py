@@ -27,8 +27,6 @@ from reminders_pipeline.sending.settlement import Settlement
 log = logging.getLogger(__name__)
 
 UNREACHABLE = "_unreachable"  # the reason of an outage halt: ``apns_unreachable: ...``
-APNS_UNREACHABLE = Provider.APNS + UNREACHABLE
-FCM_FAULT = "fcm:"  # the reason prefix of FCM's configuration faults (``fcm.answer``)
 
 OUTAGE_WINDOW_SECONDS = 10.0  # certain non-delivery for this long, over two answers or more, is an outage
 MAYBE_OURS_DEVICES = 3  # distinct devices in a row answering ``SendResult.maybe_ours``: our fault, not theirs
