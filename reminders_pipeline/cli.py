@@ -26,15 +26,8 @@ from reminders_pipeline import ledger
 from reminders_pipeline.config import dev_run
 from reminders_pipeline.config.settings import Settings, SettingsError
 from reminders_pipeline.devices import actions
-from reminders_pipeline.devices.registration import (
-    CredentialChanged,
-    DeviceError,
-    DeviceSpec,
-    put_device,
-    rechunk,
-    remove_device,
-    rotate_credential,
-)
+from reminders_pipeline.devices.credentials import CredentialChanged, rotate_credential
+from reminders_pipeline.devices.registration import DeviceError, DeviceSpec, put_device, rechunk, remove_device
 from reminders_pipeline.domain.calendar_settings import LEVELS, CalendarSettings, SubscriptionError, checked
 from reminders_pipeline.domain.notification import as_shown
 from reminders_pipeline.domain.phrases import CLOCKS

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from reminders_pipeline import ledger
 from reminders_pipeline.cli import main
 from reminders_pipeline.config.settings import Settings
-from reminders_pipeline.devices.registration import CREDENTIAL_BYTES
+from reminders_pipeline.devices.credentials import CREDENTIAL_BYTES
 from reminders_pipeline.ledger.schema import devices
 
 from .support import NOW, TOKEN, item
@@ -206,7 +206,7 @@ def test_a_rotation_swaps_only_the_credential_it_read(db, settings):
     whatever is stored."""
     import threading
 
-    from reminders_pipeline.devices.registration import CredentialChanged, credential_hash, rotate_credential
+    from reminders_pipeline.devices.credentials import CredentialChanged, credential_hash, rotate_credential
 
     from .support import device
 

@@ -11,10 +11,6 @@ Why ``dagster dev`` runs *inside* ./var/dagster: with DAGSTER_HOME set, ``dagste
 which the repository root does (the production, PostgreSQL one). Running from DAGSTER_HOME itself
 is the one layout with no stray configuration and no warning. Setting DAGSTER_POSTGRES_URL copies
 that production file into the home instead: the documented switch of the instance to PostgreSQL.
-
-Longer than 350 lines because it is the one ``reminders dev`` command end to end: the ledger, the
-Dagster home, the demo source, and stopping every process it started on Ctrl-C or SIGTERM, each a
-short step that only the quick start uses.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Device registration: validation, the stable chunk a device belongs to, and its own credential.
-
-Each device gets its own bearer credential for its own routes (the widget's feed), so the
-internal ``REMINDERS_TOKEN`` never sits on a phone. The secret is 32 random bytes, shown once
-when it is issued and stored only as its SHA-256: a leaked ledger does not leak credentials, and
-a random secret that long needs no slow hash.
-"""
+"""Device registration: validation, the stable chunk a device belongs to, and storing it; a new
+device is issued its own credential (``credentials.py``)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +12,7 @@ from urllib.parse import urlparse
 
 from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.devices.credentials import new_credential
 from reminders_pipeline.domain.calendar_settings import CalendarSettings, SubscriptionError, checked
 from reminders_pipeline.domain.items import address_of
 from reminders_pipeline.domain.phrases import LocaleError, canonical_locale, valid_clock
@@ -44,7 +39,6 @@ DEVICE_ID_SHAPE = f"1-{MAX_DEVICE_ID} characters of letters, digits and . _ : @ 
 MAX_SOURCES = 100
 MAX_URL_LENGTH = 2048
 MAX_EXTRA_RULES = 32  # per rule list (extra_rules, all_day_rules); enforced by the HTTP contract
-CREDENTIAL_BYTES = 32
 MAX_ATTENDEES = 16
 ATTENDEE_PATTERN = re.compile(r"[^\s@]{1,64}@[^\s@]{1,189}")  # the local part and domain: 254 at most
 
@@ -134,16 +128,6 @@ class Registration:
         if self.credential is not None:
             d["credential"] = self.credential
         return d
-
-
-def credential_hash(secret: str | bytes) -> str:
-    """What the ledger keeps of a credential, and what a presented one is compared against."""
-    return hashlib.sha256(secret.encode("utf-8") if isinstance(secret, str) else secret).hexdigest()
-
-
-def _new_credential() -> tuple[str, str]:
-    secret = secrets.token_urlsafe(CREDENTIAL_BYTES)
-    return secret, credential_hash(secret)
 
 
 def chunk_of(device_id: str, chunk_count: int) -> int:
@@ -324,7 +308,7 @@ def put_device(db: Database, settings: Settings, spec: DeviceSpec, now: Instant 
             )
         except PushSubscriptionError as exc:
             raise DeviceError("webpush_subscription", str(exc)) from None
-    secret, digest = _new_credential()
+    secret, digest = new_credential()
     now = now or Instant.now()
     values = {
         "id": spec.id,
@@ -365,32 +349,6 @@ def _quiet_terms(record: ledger.DeviceRecord) -> tuple[object, ...]:
     that now breaks through them among them)."""
     breaking = sorted(c["url"] for c in record.calendars if c["breakthrough"])
     return record.tz_name, record.quiet_hours, tuple(breaking)
-
-
-class CredentialChanged(Exception):
-    """The credential a rotation meant to replace was replaced meanwhile (a concurrent rotation)."""
-
-
-def rotate_credential(db: Database, device_id: str, replacing: str | None = None) -> str | None:
-    """A new credential for the device, replacing the old at once; None for an unknown device.
-
-    A compare-and-swap on the old credential's hash (``replacing``: the one the caller presented;
-    else the one stored when the rotation starts): of concurrent rotations one wins and the others
-    raise ``CredentialChanged``, so no caller holds a credential that was silently replaced."""
-    secret, digest = _new_credential()
-    with db.write() as conn:
-        device = ledger.get_device(conn, device_id)
-        if device is None:
-            return None
-        old = replacing if replacing is not None else ledger.device_credential_hash(conn, device_id)
-        if not ledger.swap_device_credential(conn, device_id, old, digest):
-            raise CredentialChanged(f"device {device_id!r}: its credential was rotated meanwhile; use the new one")
-    return secret
-
-
-def stored_credential_hash(db: Database, device_id: str) -> str | None:
-    with db.read() as conn:
-        return ledger.device_credential_hash(conn, device_id)
 
 
 def remove_device(db: Database, device_id: str, now: Instant | None = None) -> int | None:

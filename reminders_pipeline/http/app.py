@@ -41,17 +41,19 @@ from reminders_pipeline import ledger
 from reminders_pipeline.config.log_throttle import first_line
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.devices import actions
+from reminders_pipeline.devices.credentials import (
+    CredentialChanged,
+    credential_hash,
+    rotate_credential,
+    stored_credential_hash,
+)
 from reminders_pipeline.devices.registration import (
     DEVICE_ID_PATTERN,
     DEVICE_ID_SHAPE,
-    CredentialChanged,
     DeviceError,
     DeviceSpec,
-    credential_hash,
     put_device,
     remove_device,
-    rotate_credential,
-    stored_credential_hash,
 )
 from reminders_pipeline.domain.calendar_settings import CalendarSettings
 from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale

@@ -2,9 +2,8 @@
 ``halts.py``), settle, return to pending, and abandoned claims; and a person's Done, which settles
 rows as a settlement does.
 
-Longer than 350 lines because every statement that settles a row is here, where the claim's
-compare-and-swap they all honour is (``lock_rows``, ``_due``): split, a settle path could drift
-from the claim it must agree with."""
+Every statement that settles a row is here, where the claim's compare-and-swap they all honour
+is (``lock_rows``, ``_due``), so no settle path can drift from the claim it must agree with."""
 
 from __future__ import annotations
 
