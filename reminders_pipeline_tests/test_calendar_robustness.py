@@ -20,6 +20,7 @@ from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.planning.build import build
 from reminders_pipeline.sources import reader as sources
 from reminders_pipeline.sources.egress import parse_networks
+from reminders_pipeline.sources.urls import shown_url
 
 from .support import TOKEN, rows
 
@@ -148,7 +149,7 @@ def test_a_parse_past_its_bound_fails_only_its_own_source(db, settings, feeds):
     put_device(db, settings, DeviceSpec("huge", TOKEN, 3600, (), (huge,)), now=NOW)
     put_device(db, settings, DeviceSpec("plain", TOKEN, 3600, (), (plain,)), now=NOW)
     summary = build(db, settings, now=NOW)
-    assert summary.sources_failed == [{"url": sources.shown_url(huge), "error": "parse_timeout"}]
+    assert summary.sources_failed == [{"url": shown_url(huge), "error": "parse_timeout"}]
     assert [r["device_id"] for r in rows(db)] == ["plain"]
 
 
