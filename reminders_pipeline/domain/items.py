@@ -156,13 +156,13 @@ class ParsedFeed:
     def whole(self) -> bool:
         """Nothing left out: neither the item cap nor a dropped series, so an absent item is not in
         the source, or for a calendar not within the window expanded (and the same content gives
-        the same items, ``plan.plan_key``)."""
+        the same items, ``plan_key.plan_key``)."""
         return not (self.cut_ids or self.partial_series or self.cut_from is not None or self.held_before is not None)
 
     def changed_since(self, before: ParsedFeed) -> frozenset[str] | None:
         """The ids of the items that differ from an earlier parse of the source: added, gone, or
         changed in any field. None when either parse left something out: an absent item may then
-        be only unseen, which the whole feed's plan decides (``plan.void_reason``)."""
+        be only unseen, which the whole feed's plan decides (``queued.void_reason``)."""
         if not (self.whole and before.whole):
             return None
         now = {i.id: i for i in self.items}

@@ -19,7 +19,7 @@ class BuildResult:
     now: Instant
     devices_built: int = 0
     devices_skipped_newer: int = 0  # a build that started later already wrote them
-    devices_unchanged: int = 0  # of those built, planned only where the horizon moved (``plan.plan_key``)
+    devices_unchanged: int = 0  # of those built, planned only where the horizon moved (``plan_key.plan_key``)
     devices_items_replanned: int = 0  # of those built, planned again only in the items their feeds changed
     rows_inserted: int = 0
     rows_updated: int = 0

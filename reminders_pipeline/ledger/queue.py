@@ -249,7 +249,7 @@ def rearm_anchor(row: Mapping[str, Any], by_expiry: bool) -> Instant:
 
 def rearm_bounds(row: Mapping[str, Any], threshold: int, by_expiry: bool) -> dict[str, Any]:
     """What a settled row must reach or pass, against the wanted ``row``, to count as moved
-    (``REARM_BOUNDS``; ``plan.item_moved`` compares the same values).
+    (``REARM_BOUNDS``; ``queued.item_moved`` compares the same values).
 
     ``wall_before``/``wall_after`` serve a row settled before migration 0009, whose ``item_at`` is
     NULL: its anchor is the old wall time read in an unknown zone, so it lies up to 14 hours before

@@ -109,7 +109,7 @@ devices = _table(
     # From 0011: the last registration (``device put``); a dead-token answer older than it marks
     # nothing. NULL: registered before 0011, unknown.
     Column("registered_at", IsoTime),
-    # From 0012: what the last build planned from (``plan.plan_key``: the device's planning
+    # From 0012: what the last build planned from (``plan_key.plan_key``: the device's planning
     # columns and each source's content) and up to which ``send_after`` it planned. A build whose
     # key matches plans only what the horizon has moved over since (``build``, "unchanged").
     Column("planned_key", Text),

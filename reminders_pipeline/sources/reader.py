@@ -68,7 +68,7 @@ class SourceState:
 @dataclass(frozen=True)
 class ItemChanges:
     """How a feed read anew differs from the parse it replaces: a device whose last plan was made
-    from that parse (``previous_hash`` in its ``plan.plan_key``) plans only these items again."""
+    from that parse (``previous_hash`` in its ``plan_key.plan_key``) plans only these items again."""
 
     previous_hash: str
     item_ids: frozenset[str]  # the source's own ids (``ParsedFeed.changed_since``)
