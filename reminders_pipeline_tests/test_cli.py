@@ -301,3 +301,33 @@ def test_a_device_put_with_what_it_leaves_out_takes_the_deployments_defaults(cli
     shown = {d["id"]: d for d in json.loads(cli("device", "list").output)}
     assert shown["p"]["reminder_lead_seconds"] == shown["q"]["reminder_lead_seconds"] == 1234
     assert shown["p"]["all_day_rules"] == list(DEFAULT_ALL_DAY_RULES) and shown["q"]["all_day_rules"] == []
+
+
+def test_a_dev_env_file_counts_only_while_its_run_runs_only_for_its_own_settings_and_only_if_yours(
+    tmp_path, monkeypatch
+):
+    """A folder's ./var/dev.env must not switch on sending or point a provider elsewhere: only the
+    settings `reminders dev` chooses are read, only while the run that wrote it is alive, and only
+    from a file no one else could have written."""
+    from reminders_pipeline.config import dev_run
+
+    monkeypatch.chdir(tmp_path)
+    ledger_url = f"sqlite:///{tmp_path / 'var' / 'dev.sqlite3'}"
+    path = dev_run.write(tmp_path, {"REMINDERS_DATABASE_URL": ledger_url, "REMINDERS_CHUNK_COUNT": "1"})
+    assert dev_run.with_dev_run({}, tmp_path)[0] == {"REMINDERS_DATABASE_URL": ledger_url, "REMINDERS_CHUNK_COUNT": "1"}
+
+    with path.open("a") as f:  # a line someone added: not a setting reminders dev chooses
+        f.write("REMINDERS_ENABLED=true\nREMINDERS_FCM_URL=https://elsewhere.example\n")
+    assert "REMINDERS_ENABLED" not in dev_run.with_dev_run({}, tmp_path)[0]
+
+    path.chmod(0o620)  # another user of the group could have written it
+    assert dev_run.with_dev_run({}, tmp_path) == ({}, None)
+    path.chmod(0o600)
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    text = path.read_text().replace(f"REMINDERS_DEV_RUN={os.getpid()} ", f"REMINDERS_DEV_RUN={gone.stdout.strip()} ")
+    path.write_text(text)  # the run that wrote it has ended
+    assert dev_run.with_dev_run({}, tmp_path) == ({}, None)
+
+    dev_run.write(tmp_path, {"REMINDERS_CHUNK_COUNT": "1\rREMINDERS_ENABLED=true"})  # not printable: not kept
+    assert dev_run.with_dev_run({}, tmp_path)[0] == {}

@@ -10,6 +10,7 @@ operator's only reference: split across modules, the table and the model would n
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -467,10 +468,16 @@ def _with_renamed(env: Mapping[str, str]) -> Mapping[str, str]:
             continue
         if env.get(new, "") == "":
             moved[new] = env[old]
-            log.warning("%s is deprecated and will be refused in the next release: set %s instead", old, new)
+            _warn_once(f"{old} is deprecated and will be refused in the next release: set {new} instead")
         else:
-            log.warning("%s is deprecated and ignored: %s is set", old, new)
+            _warn_once(f"{old} is deprecated and ignored: {new} is set")
     return {**env, **moved} if moved else env
+
+
+@functools.cache
+def _warn_once(line: str) -> None:
+    """Once per process: settings are read by every run, sensor tick and resource."""
+    log.warning("%s", line)
 
 
 def env_name(field: str) -> str:

@@ -285,7 +285,10 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
         print(f"web page:     {source.url.removesuffix(DEMO_PATH)}/web/ (subscribes that browser)", file=sys.stderr)
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
-        return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
+        try:
+            return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
+        finally:
+            dev_run.remove(root)
 
 
 DAGSTER_DEV_GRACE_SECONDS = 5.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM

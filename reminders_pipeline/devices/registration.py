@@ -141,8 +141,10 @@ def _source_url_problem(url: object) -> str | None:
     secret); a refused scheme is named, as it is what the person typed wrong."""
     if not isinstance(url, str):
         return f"not a URL: {type(url).__name__}"
-    if len(url) > MAX_URL_LENGTH or any(ord(c) < 33 for c in url):
-        return f"not an http(s) or webcal URL: {shown_url(url)}"
+    if len(url) > MAX_URL_LENGTH:
+        return f"longer than {MAX_URL_LENGTH} characters"
+    if any(ord(c) < 33 for c in url):
+        return "holds a space or a control character; a source is an http, https or webcal URL"
     try:
         parsed = urlparse(url)
         parsed.port  # noqa: B018 - raises ValueError on a malformed port

@@ -111,7 +111,7 @@ class ParsedFeed:
     # the cap counts none over by then. A read for an earlier window cannot reuse this parse.
     read_from: int | None = None
     # Set only on a newer build's parse planned by an older, overlapping build whose window starts
-    # earlier (``sources.SourceReader.stored_reads``): an item starting before it may be in the
+    # earlier (``reader.SourceReader.stored_reads``): an item starting before it may be in the
     # source unseen. Never stored.
     held_before: int | None = field(default=None, compare=False)
 
@@ -254,7 +254,7 @@ def address_digest(address: str) -> str:
 
 def series_key(item_id: str) -> str:
     """The series an iCalendar occurrence id belongs to: its id is ``<series>/<original start>``
-    (``ics._occurrence_id``). A JSON item's id has no series; its key matches no calendar UID."""
+    (``ics_items._occurrence_id``). A JSON item's id has no series; its key matches no calendar UID."""
     return item_id.rsplit("/", 1)[0]
 
 

@@ -179,7 +179,7 @@ _CLAIM_DEVICE_COLUMNS = (
     devices.c.clock,
     devices.c.credential_hash,  # the key of the alert's action token (``actions``)
 )
-# What the row's calendar subscription says of its send (``subscription.CalendarSettings``).
+# What the row's calendar subscription says of its send (``calendar_settings.CalendarSettings``).
 _CLAIM_CALENDAR_COLUMNS = (
     device_sources.c.interruption_level,
     device_sources.c.breakthrough.label("calendar_breakthrough"),

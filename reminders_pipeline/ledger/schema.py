@@ -158,7 +158,7 @@ device_sources = _table(
     "device_sources",
     Column("device_id", Text, ForeignKey("devices.id", ondelete="CASCADE"), nullable=False),
     Column("source_id", RowId, ForeignKey("sources.id", ondelete="CASCADE"), nullable=False),
-    # From 0015: the device's settings for this calendar (``subscription.CalendarSettings``).
+    # From 0015: the device's settings for this calendar (``calendar_settings.CalendarSettings``).
     Column("rules", Text),  # space-separated rules; NULL: the device's
     Column("interruption_level", Text),  # passive, active, time-sensitive; NULL: the deployment's
     Column("breakthrough", Integer, nullable=False, server_default=text("0")),

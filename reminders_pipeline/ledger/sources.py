@@ -20,7 +20,7 @@ def set_subscriptions(
     calendars: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> None:
     """Make the device subscribe to exactly ``urls``, creating sources on first use, each with its
-    ``calendars`` settings as columns (``subscription.CalendarSettings.columns``; a URL not named
+    ``calendars`` settings as columns (``calendar_settings.CalendarSettings.columns``; a URL not named
     there: ``CALENDAR_DEFAULTS``)."""
     if urls:
         ins = insert_on_conflict(conn)(sources)

@@ -233,7 +233,7 @@ def _maybe_new_to_the_read(raw: Item, after: Instant) -> bool:
     """Whether an alarmed calendar item may lie past the occurrences the last plan's read yielded,
     with an alarm early enough to fall by ``after`` (its ``planned_until``). That read yielded each
     series with alarms up to its longest lead past ``after``, but no more than
-    ``ALARM_REACH_SECONDS`` (``ics.alarm_reaches``): an item starting within that bound was in it,
+    ``ALARM_REACH_SECONDS`` (``ics_items.alarm_reaches``): an item starting within that bound was in it,
     and one past it has such an alarm only if it leads by more. Such an item is planned in full,
     as a full plan would. (A parse cached by an earlier parser read no further: ``PARSE_VERSION``
     makes every source be parsed again, and every device plan in full, once.) A floating time is
@@ -345,7 +345,7 @@ def want_snoozes(existing: Iterable[dict[str, Any]], plans: Mapping[str, DeviceP
     it (an agenda's as it now lists the day). So the build's upsert brings a pending one in line
     (moved, retitled), and a voided one back to pending when its item is back (``REVIVED_BY_RETURN``,
     while the item is not over), with the attempts it spent. One sent, settled otherwise, or in
-    flight is never wanted; one whose item the plan cannot show is left to ``void_reason``."""
+    flight is never wanted; one whose item the plan cannot show is left to ``queued.void_reason``."""
     for row in existing:
         if not is_snooze(row["rule"]):
             continue
