@@ -14,7 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import sync_playwright
@@ -58,6 +61,26 @@ def push(tmp_path: Path):  # type: ignore[no-untyped-def]
         yield server
 
 
+@contextmanager
+def _demo_page(source: DemoSource, init_script: str, *, driven_clock: bool = False) -> Iterator[Any]:
+    """The demo's web page in Chromium, notifications allowed, ``init_script`` run before the
+    page's own; on Playwright's clock when ``driven_clock``."""
+    page_url = source.url.removesuffix("/demo.json") + "/web/"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            context = browser.new_context()
+            context.grant_permissions(["notifications"], origin=page_url.removesuffix("/web/"))
+            context.add_init_script(init_script)
+            page = context.new_page()
+            if driven_clock:
+                page.clock.install()
+            page.goto(page_url)
+            yield page
+        finally:
+            browser.close()
+
+
 def test_the_demo_page_subscribes_the_browser_and_registers_it(settings, db, push, tmp_path):
     key = tmp_path / "vapid.pem"
     public = generate_key(str(key))
@@ -71,23 +94,13 @@ def test_the_demo_page_subscribes_the_browser_and_registers_it(settings, db, pus
     with DemoSource(0) as source:
         prepare_ledger(web_settings, source.url)
         source.web = WebDemo(db, web_settings, source.url)
-        page_url = source.url.removesuffix("/demo.json") + "/web/"
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-            try:
-                context = browser.new_context()
-                context.grant_permissions(["notifications"], origin=page_url.removesuffix("/web/"))
-                context.add_init_script(STAND_IN % json.dumps(subscription))
-                page = context.new_page()
-                page.goto(page_url)
-                page.click("#subscribe")
-                page.wait_for_function("document.getElementById('status').textContent !== ''", timeout=20_000)
-                status = page.text_content("#status")
-                asked = page.evaluate("window.__askedKey")
-                visible = page.evaluate("window.__userVisibleOnly")
-                workers = page.evaluate("navigator.serviceWorker.getRegistrations().then(r => r.length)")
-            finally:
-                browser.close()
+        with _demo_page(source, STAND_IN % json.dumps(subscription)) as page:
+            page.click("#subscribe")
+            page.wait_for_function("document.getElementById('status').textContent !== ''", timeout=20_000)
+            status = page.text_content("#status")
+            asked = page.evaluate("window.__askedKey")
+            visible = page.evaluate("window.__userVisibleOnly")
+            workers = page.evaluate("navigator.serviceWorker.getRegistrations().then(r => r.length)")
         assert status == f"registered as {DEVICE_ID}", status
         assert base64.b64decode(asked) == base64.urlsafe_b64decode(public + "=" * (-len(public) % 4))
         assert visible is True and workers == 1
@@ -117,25 +130,14 @@ def test_the_demo_page_says_why_when_the_push_service_never_answers(settings, db
     with DemoSource(0) as source:
         prepare_ledger(web_settings, source.url)
         source.web = WebDemo(db, web_settings, source.url)
-        page_url = source.url.removesuffix("/demo.json") + "/web/"
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-            try:
-                context = browser.new_context()
-                context.grant_permissions(["notifications"], origin=page_url.removesuffix("/web/"))
-                context.add_init_script(UNREACHABLE)
-                page = context.new_page()
-                page.clock.install()
-                page.goto(page_url)
-                page.click("#subscribe")
-                page.wait_for_function("window.__subscribing === true", timeout=20_000)
-                page.clock.run_for(19_000)
-                before = page.text_content("#status")
-                page.clock.run_for(2_000)
-                page.wait_for_function("document.getElementById('status').textContent !== ''", timeout=20_000)
-                status = page.text_content("#status")
-            finally:
-                browser.close()
+        with _demo_page(source, UNREACHABLE, driven_clock=True) as page:
+            page.click("#subscribe")
+            page.wait_for_function("window.__subscribing === true", timeout=20_000)
+            page.clock.run_for(19_000)
+            before = page.text_content("#status")
+            page.clock.run_for(2_000)
+            page.wait_for_function("document.getElementById('status').textContent !== ''", timeout=20_000)
+            status = page.text_content("#status")
     assert before == ""
     assert status.startswith("failed: TimeoutError: the browser's push service did not answer within 20 s"), status
     with db.read() as conn:
