@@ -16,9 +16,11 @@ from sqlalchemy.exc import TimeoutError as SATimeoutError
 
 from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings, SettingsError
+from reminders_pipeline.domain.rows import ClaimedRow, PlannedRow, QueueRow
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger.db import Database
+from reminders_pipeline.ledger.schema import notification_queue
 from reminders_pipeline.planning.build import build
 from reminders_pipeline.providers.base import RecordingSender, SendResult
 from reminders_pipeline.providers.routing import checked_sender_factory
@@ -167,6 +169,17 @@ def test_claim_returns_only_rows_that_are_mine(db, live, feeds):
         assert ledger.claim(conn, [row_id], at(3600), "b") == []
     with db.write() as conn:  # b cannot settle a's claim
         assert ledger.settle(conn, [{"id": row_id, "outcome": "sent"}], "b", at(3601)) == 0
+
+
+def test_a_claimed_row_carries_exactly_the_keys_its_type_names(db, live, feeds):
+    got = queue_one(db, live, feeds)
+    row_id = got[("e", "lead:3600")]["id"]
+    assert set(QueueRow.__annotations__) == set(notification_queue.c.keys())
+    assert set(PlannedRow.__annotations__) < set(QueueRow.__annotations__)
+    with db.write() as conn:
+        (claimed,) = ledger.claim(conn, [row_id], at(3600), "a")
+    assert set(claimed) == set(ClaimedRow.__annotations__)
+    assert claimed["target"] == TOKEN and claimed["provider"] == "apns" and claimed["subscribed"]
 
 
 def test_a_claim_under_a_halted_scope_claims_nothing_and_other_scopes_claim_on(db, live, feeds):

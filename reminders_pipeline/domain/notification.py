@@ -27,6 +27,7 @@ from typing import Any
 
 from reminders_pipeline.domain import phrases
 from reminders_pipeline.domain.action_tokens import CATEGORY, action_token
+from reminders_pipeline.domain.rows import SendRecord
 from reminders_pipeline.domain.rules import Rule, parse_rule
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.wire import Notification, PayloadLimit, Provider, payload_limit
@@ -200,7 +201,7 @@ def stored_payload(note: Notification) -> str:
     return f'{{"payload":{sent},"collapse_id":{json.dumps(note.collapse_id)},"expiration":{note.expiration}}}'
 
 
-def record_of_send(row: Mapping[str, Any], note: Notification) -> dict[str, str | None]:
+def record_of_send(row: Mapping[str, Any], note: Notification) -> SendRecord:
     """The columns that record ``note`` (composed from ``row``) on its queue row: ``sent_body`` alone
     when ``sent_payload`` gives the payload back byte for byte, else the whole ``payload``.
 

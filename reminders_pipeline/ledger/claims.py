@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
+from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow, RowSettlement
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
 from reminders_pipeline.ledger.halts import HALT_SEPARATOR
@@ -121,7 +122,7 @@ def due_ids(
 
 def claim(
     conn: Connection, ids: Sequence[int], now: Instant, claimer: str, *, unless_halted: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[ClaimedRow]:
     """The compare-and-swap. A row is this caller's to send iff it comes back.
 
     On PostgreSQL the candidates are locked with SKIP LOCKED in id order, so overlapping claimers
@@ -136,11 +137,11 @@ def claim(
     dialect = conn.dialect.name
     claimed = [dict(r) for r in conn.execute(_claim_statement(dialect), params).mappings()]
     if dialect == "postgresql" or not claimed:
-        return claimed
+        return cast(list[ClaimedRow], claimed)
     return _with_devices_read_after(conn, claimed)
 
 
-def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) -> list[ClaimedRow]:
     """SQLite cannot use UPDATE ... RETURNING as a CTE, so the device columns PostgreSQL joins in
     the claim's own statement come from a second read here, in the same transaction."""
     dev_ids = sorted({r["device_id"] for r in claimed})
@@ -158,7 +159,7 @@ def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) ->
         ).mappings()
     }
     no_calendar = {c.name: None for c in _CLAIM_CALENDAR_COLUMNS}
-    return [
+    rows = [
         {
             **r,
             **({k: dev[r["device_id"]][k] for k in empty} if r["device_id"] in dev else empty),
@@ -166,6 +167,7 @@ def _with_devices_read_after(conn: Connection, claimed: list[dict[str, Any]]) ->
         }
         for r in claimed
     ]
+    return cast(list[ClaimedRow], rows)
 
 
 _CLAIM_DEVICE_COLUMNS = (
@@ -257,7 +259,7 @@ WHERE q.id = r.id AND q.status = 'claimed' AND q.claimed_by = :claimer
 """
 
 
-def settle(conn: Connection, settlements: Sequence[Mapping[str, Any]], claimer: str, now: Instant) -> int:
+def settle(conn: Connection, settlements: Sequence[RowSettlement], claimer: str, now: Instant) -> int:
     """Settle claimed rows in one statement; only the claimer's own claims (a swept abandoned claim stays failed).
 
     Each settlement: ``id, outcome`` and optionally ``outcome_detail, payload, sent_body, sent_format,
@@ -291,7 +293,7 @@ RETURNING send_after, not_before
 """
 
 
-def return_to_pending(conn: Connection, rows: Sequence[Mapping[str, Any]], claimer: str, now: Instant) -> int:
+def return_to_pending(conn: Connection, rows: Sequence[ReturnedRow], claimer: str, now: Instant) -> int:
     """Give the claimer's claimed rows back to pending: none of them reached APNs. Wakes listening
     dispatchers.
 

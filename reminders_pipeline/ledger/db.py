@@ -28,7 +28,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from reminders_pipeline.config.settings import Settings
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 WRITE_LOCK_POLL_SECONDS = 0.001
@@ -261,7 +262,7 @@ def dispose_shared() -> None:
             _shared.pop(key).dispose()
 
 
-async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *args: Any) -> T:
+async def waiting_off_the_loop(db: Database, transaction: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a transaction in a worker thread, where its waits cannot stall the sends on the wire.
 
     Every statement may wait: SQLite's write lock held by another process (a build, another
@@ -276,5 +277,5 @@ async def waiting_off_the_loop(db: Database, transaction: Callable[..., T], *arg
         "",
         ":memory:",
     ):  # in memory: one connection per thread
-        return transaction(*args)
-    return await asyncio.to_thread(transaction, *args)
+        return transaction(*args, **kwargs)
+    return await asyncio.to_thread(transaction, *args, **kwargs)

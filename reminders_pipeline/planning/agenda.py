@@ -22,6 +22,7 @@ from typing import Any
 from reminders_pipeline.domain import phrases
 from reminders_pipeline.domain.items import Item
 from reminders_pipeline.domain.policy import held_send_after
+from reminders_pipeline.domain.rows import PlannedRow
 from reminders_pipeline.domain.rules import Rule
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.zones import QuietHours, Zone, wall_datetime
@@ -69,7 +70,7 @@ def agenda_day(item_id: str) -> int:
 
 def agenda_row(
     device: dict[str, Any], rule: Rule, day: int, items: Iterable[Item], zone: Zone, quiet: QuietHours | None
-) -> dict[str, Any] | None:
+) -> PlannedRow | None:
     """The day's agenda row from the device's items fixed in its zone; None for a day with none."""
     starts, ends = Instant.from_unix(zone.to_unix(day)), Instant.from_unix(zone.to_unix(day + DAY))
     today = sorted(

@@ -15,6 +15,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.domain.calendar_settings import CalendarSettings, calendar_rules
 from reminders_pipeline.domain.items import Item, ParsedFeed, address_digest
 from reminders_pipeline.domain.policy import held_send_after
+from reminders_pipeline.domain.rows import PlannedRow
 from reminders_pipeline.domain.rules import (
     ALARM_REACH_SECONDS,
     DEFAULT_ALL_DAY_RULES,
@@ -38,7 +39,7 @@ from reminders_pipeline.sources.reader import SourceRead
 class DevicePlan:
     """What one device's queue should hold, and what is known about its feed."""
 
-    wanted: dict[tuple[str, str], dict[str, Any]]
+    wanted: dict[tuple[str, str], PlannedRow]
     feed_items: dict[str, Item]  # namespaced id -> item, from sources read successfully
     ok_sources: set[int]
     subscribed: set[int]
@@ -47,11 +48,11 @@ class DevicePlan:
     uses_alarms: bool = False  # a rule outside the device's own may be a calendar alarm's
     # Rows of items whose anchor has passed, or that the item cap set aside: never queued anew,
     # only used to bring a pending row in line.
-    realign: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    realign: dict[tuple[str, str], PlannedRow] = field(default_factory=dict)
     feeds: dict[int, ParsedFeed] = field(default_factory=dict)  # per source read: what its absent items may be
     # Rows for an item the cap set aside (``ParsedFeed.aside``), made only for a pending row that
     # exists (``realigned``): a feed far over the cap costs its subscribers' builds nothing more.
-    make_rows: Callable[[int, Item], Iterator[tuple[dict[str, Any], bool]]] | None = field(default=None, repr=False)
+    make_rows: Callable[[int, Item], Iterator[tuple[PlannedRow, bool]]] | None = field(default=None, repr=False)
     made: set[str] = field(default_factory=set, repr=False)  # set-aside items whose rows are made: once each
     attendees: frozenset[str] = frozenset()  # the device's addresses (``devices.attendees``)
     source_rules: dict[int, set[str]] = field(default_factory=dict)  # the rules each calendar's items take
@@ -64,9 +65,9 @@ class DevicePlan:
     agenda_complete: bool = False  # every calendar was read: the plan decides the agenda
     # The agenda row of any day (its item id) from every calendar as read, or None for a day with
     # no event; set when the plan decides the agenda. A snooze of an agenda says what it says.
-    agenda_of: Callable[[str], dict[str, Any] | None] | None = field(default=None, repr=False)
+    agenda_of: Callable[[str], PlannedRow | None] | None = field(default=None, repr=False)
 
-    def realigned(self, item_id: str, rule: str) -> dict[str, Any] | None:
+    def realigned(self, item_id: str, rule: str) -> PlannedRow | None:
         """The row that would bring a pending row of a begun or set-aside item in line, if any."""
         if (
             (item_id, rule) not in self.realign
@@ -253,7 +254,7 @@ def _rows_for(
     now: Instant,
     horizon: int | None,
     after: Instant | None = None,
-) -> Iterator[tuple[dict[str, Any], bool]]:
+) -> Iterator[tuple[PlannedRow, bool]]:
     """One item's rows for this device (within ``horizon``, if given, and due after ``after``, if
     given), each with whether its anchor has passed; a kept item is entered in
     ``plan.feed_items``, a set-aside one is not."""
@@ -336,9 +337,6 @@ def _own_anchor(rule: Rule, raw: Item) -> Instant:
 REVIVED_BY_RETURN = ledger.REVIVABLE_VOIDS
 
 
-_ITEM_FIELDS = ("event_at", "expires_at", "title", "body")
-
-
 def want_snoozes(existing: Iterable[dict[str, Any]], plans: Mapping[str, DevicePlan], now: Instant) -> None:
     """Add each device's snoozes still to send to what its plan wants, like the rows of its rules:
     at the time the person asked for (their own ``send_after``), with their item as the plan read
@@ -359,13 +357,20 @@ def want_snoozes(existing: Iterable[dict[str, Any]], plans: Mapping[str, DeviceP
         if item is None or (revived and item["expires_at"] <= now):
             continue
         plan.wanted[(row["item_id"], row["rule"])] = {
-            **{c: row[c] for c in ("device_id", "source_id", "item_id", "rule", "send_after")},
-            **{c: item[c] for c in _ITEM_FIELDS},
+            "device_id": row["device_id"],
+            "source_id": row["source_id"],
+            "item_id": row["item_id"],
+            "rule": row["rule"],
+            "send_after": row["send_after"],
+            "event_at": item["event_at"],
+            "expires_at": item["expires_at"],
+            "title": item["title"],
+            "body": item["body"],
             "item_at": None,
         }
 
 
-def _snoozed_item(item_id: str, plan: DevicePlan) -> dict[str, Any] | None:
+def _snoozed_item(item_id: str, plan: DevicePlan) -> Mapping[str, Any] | None:
     """A snooze's item as the plan read it: a feed's item, or the day's agenda; None when the plan
     cannot show it (gone, declined, muted, a read that failed, a day with no event)."""
     if item_id.startswith(AGENDA_ITEM):

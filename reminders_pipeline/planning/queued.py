@@ -5,10 +5,11 @@ alone. Decided from the plan (``plan.DevicePlan``) and the rows alone; ``build.p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from reminders_pipeline import ledger
+from reminders_pipeline.domain.rows import PlannedRow
 from reminders_pipeline.domain.rules import (
     AGENDA,
     expiry_anchored,
@@ -17,7 +18,7 @@ from reminders_pipeline.domain.rules import (
 )
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.planning.agenda import ITEM_PREFIX as AGENDA_ITEM
-from reminders_pipeline.planning.plan import _ITEM_FIELDS, LEAVE_RULE, DevicePlan
+from reminders_pipeline.planning.plan import LEAVE_RULE, DevicePlan
 
 
 def void_reason(row: dict[str, Any], plan: DevicePlan, now: Instant) -> str | None:
@@ -98,7 +99,7 @@ def _snooze_void(row: dict[str, Any], plan: DevicePlan) -> str | None:
     return None if plan.feeds[row["source_id"]].holds(own_id, row["event_at"].whole_seconds) else "left_feed"
 
 
-def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[dict[str, Any]]:
+def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, DevicePlan]) -> list[PlannedRow]:
     """Pending rows whose item has begun, or was set aside by the item cap, so the build does not
     queue it, but now reads differently (moved, possibly into the past, or retitled): each as the
     item was last read.
@@ -112,7 +113,7 @@ def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Devi
         if row["status"] != "pending" or is_agenda(row["rule"]) or is_snooze(row["rule"]):
             continue  # an agenda is planned whole, a snooze wanted as it stands (``want_snoozes``)
         now_is = plans[row["device_id"]].realigned(row["item_id"], row["rule"])
-        if now_is and any(row[c] != now_is[c] for c in _ITEM_FIELDS):
+        if now_is and any(row[c] != now_is[c] for c in ("event_at", "expires_at", "title", "body")):
             out.append(now_is)
     return out
 
@@ -120,7 +121,7 @@ def stale_pending_rows(existing: Iterable[dict[str, Any]], plans: dict[str, Devi
 _COMPARED = ("source_id", "send_after", "event_at", "expires_at", "title", "body", "item_at")
 
 
-def unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_threshold: int) -> bool:
+def unchanged(current: Mapping[str, Any] | None, wanted: Mapping[str, Any], rearm_threshold: int) -> bool:
     """Rows the upsert would leave alone anyway; skipping them spares the database the conflict checks.
 
     Only a shortcut, mirroring ``ledger.upsert_rows`` (change both together): its SQL stays the
@@ -137,7 +138,7 @@ def unchanged(current: dict[str, Any] | None, wanted: dict[str, Any], rearm_thre
     return is_snooze(wanted["rule"]) or not item_moved(current, wanted, rearm_threshold)  # a snooze never re-arms
 
 
-def item_moved(settled: dict[str, Any], wanted: dict[str, Any], threshold: int) -> bool:
+def item_moved(settled: Mapping[str, Any], wanted: Mapping[str, Any], threshold: int) -> bool:
     """Whether a settled row's item itself moved by at least ``threshold``, the only reason it is
     re-armed (mirrors ``ledger.upsert_rows``, on the same ``ledger.rearm_bounds``): its anchor
     instant moved, and so did a floating item's own wall time. A row settled before its wall time

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.wire import Provider
@@ -240,14 +241,14 @@ class _Batch:
         """A claim's commit failed, or went through and reported failure: the rows it claimed were
         never sent, so they are pending again now, not failed as abandoned later. The settlements
         of that commit are written again (``_settle_last``: a rewrite settles nothing twice)."""
-        back = [{"id": i, "outcome_detail": "claim_unconfirmed"} for i in slice_ids]
+        back: list[ReturnedRow] = [{"id": i, "outcome_detail": "claim_unconfirmed"} for i in slice_ids]
         try:
             await waiting_off_the_loop(self.db, release_claims, self.db, back, self.claimer, self.clock())
         except TRANSIENT_ERRORS as exc:  # still away: if the claim went through, those rows fail as abandoned
             log.error("could not give back an unconfirmed claim of %d row(s) (%s)", len(back), type(exc).__name__)
 
     async def _dispatch(
-        self, rows: list[dict[str, Any]], plan: SlicePlan, send_by: float, sender: Sender | None
+        self, rows: list[ClaimedRow], plan: SlicePlan, send_by: float, sender: Sender | None
     ) -> Settlement:
         started = (self.clock(), time.monotonic())
         results: list[SendResult] = []

@@ -14,10 +14,10 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from reminders_pipeline.config.alerts import raise_alert
 from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.rows import ClaimedRow
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.wire import Provider
@@ -138,7 +138,7 @@ def pool_wait(result: SendResult) -> bool:
 
 def return_undelivered(
     out: Settlement,
-    rows: list[dict[str, Any]],
+    rows: list[ClaimedRow],
     results: list[SendResult],
     settings: Settings,
     outages: Outages,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy import Connection
 
@@ -22,6 +21,7 @@ from reminders_pipeline.config.log_throttle import first_line
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.notification import compose, record_of_send
 from reminders_pipeline.domain.policy import decide, quiet_end
+from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow, RowSettlement, SendRecord
 from reminders_pipeline.domain.rules import rule_kind
 from reminders_pipeline.domain.run_summary import DrainResult
 from reminders_pipeline.domain.times import Instant
@@ -31,17 +31,17 @@ from reminders_pipeline.providers.base import SendResult
 
 log = logging.getLogger(__name__)
 
+NO_RECORD: SendRecord = {"payload": None, "sent_body": None, "sent_format": None}  # nothing was composed
+
 
 @dataclass
 class SlicePlan:
     """A claimed slice decided by the policy, before anything is sent."""
 
-    settlements: list[dict[str, Any]]
+    settlements: list[RowSettlement]
     to_send: list[Notification]
-    records: dict[
-        int, dict[str, str | None]
-    ]  # per row id: what its settlement records of the alert (``record_of_send``)
-    held: list[dict[str, Any]] = field(default_factory=list)  # back to pending until quiet hours end
+    records: dict[int, SendRecord]  # per row id: what its settlement records of the alert (``record_of_send``)
+    held: list[ReturnedRow] = field(default_factory=list)  # back to pending until quiet hours end
     dry_run_lateness: list[float] = field(default_factory=list)  # a dry run's rows: how late they would have gone
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind (``rules.rule_kind``)
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider
@@ -55,9 +55,9 @@ class Settlement:
     """A slice's outcomes, ready to write: settled rows, dead tokens, rows back to pending."""
 
     at: Instant
-    rows: list[dict[str, Any]]
-    dead_tokens: list[tuple[dict[str, Any], SendResult]]
-    returned: list[dict[str, Any]] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
+    rows: list[RowSettlement]
+    dead_tokens: list[tuple[ClaimedRow, SendResult]]
+    returned: list[ReturnedRow] = field(default_factory=list)  # back to pending (ledger.return_to_pending)
     kinds: dict[int, str] = field(default_factory=dict)  # per row id: its rule's kind, for the counts
     providers: dict[int, str] = field(default_factory=dict)  # per row id: its device's provider, for the counts
     refunds: dict[int, int] = field(default_factory=dict)  # row id -> attempts an outage spent: given back
@@ -66,7 +66,7 @@ class Settlement:
         return self.providers.get(row_id, Provider.APNS)
 
 
-def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> SlicePlan:
+def decide_all(rows: list[ClaimedRow], now: Instant, settings: Settings) -> SlicePlan:
     plan = SlicePlan([], [], {})
     for row in rows:
         plan.kinds[row["id"]] = rule_kind(row["rule"])
@@ -98,7 +98,10 @@ def decide_all(rows: list[dict[str, Any]], now: Instant, settings: Settings) -> 
                 plan.to_send.append(note)
                 continue
             plan.dry_run_lateness.append(now - row["send_after"])
-        plan.settlements.append({"id": row["id"], "outcome": decision, **plan.records.get(row["id"], {})})
+        record = plan.records.get(row["id"], NO_RECORD)
+        plan.settlements.append(
+            {"id": row["id"], "outcome": decision, "outcome_detail": None, **record, "apns_id": None, "sent_at": None}
+        )
     return plan
 
 
@@ -110,7 +113,7 @@ def _answered_at(res: SendResult, done: Instant, started: tuple[Instant, float] 
 
 
 def settlement_of(
-    rows: list[dict[str, Any]],
+    rows: list[ClaimedRow],
     plan: SlicePlan,
     results: list[SendResult],
     done: Instant,
@@ -131,7 +134,7 @@ def settlement_of(
                 "id": res.row_id,
                 "outcome": "sent" if res.ok else "failed",
                 "outcome_detail": None if res.ok else (res.reason or f"http {res.status}"),
-                **plan.records.get(res.row_id, {}),
+                **plan.records.get(res.row_id, NO_RECORD),
                 "apns_id": res.provider_message_id,
                 "sent_at": sent_at,
             }
@@ -178,7 +181,7 @@ def settle_and_claim(
     ids: Sequence[int],
     claim_time: Instant,
     halts: dict[str, str] | None = None,
-) -> tuple[list[tuple[int, int]], dict[str, str], list[dict[str, Any]]]:
+) -> tuple[list[tuple[int, int]], dict[str, str], list[ClaimedRow]]:
     """One commit per slice: the settlements that have come back, the halts found since the last
     commit (``halts``: provider -> reason), then the next claim, which skips the rows of every
     provider halted in ``scope`` (by any process). Returns what each settlement wrote, the scope's
@@ -213,7 +216,7 @@ def _record_halts(conn: Connection, scope: str, halts: dict[str, str] | None, cl
         ledger.record_halt(conn, scope, provider, reason, claimer, now)
 
 
-def release_claims(db: Database, rows: Sequence[dict[str, Any]], claimer: str, now: Instant) -> int:
+def release_claims(db: Database, rows: Sequence[ReturnedRow], claimer: str, now: Instant) -> int:
     """Give back to pending whichever of ``rows`` are still claimed by ``claimer`` (none was sent)."""
     with db.write() as conn:
         return ledger.return_to_pending(conn, rows, claimer, now)
@@ -277,5 +280,5 @@ def count_settlements(settlements: Sequence[Settlement], written: list[tuple[int
             if r.get("outcome_detail"):
                 summary.details[f"{r['outcome']}:{r['outcome_detail']}"] += 1
         summary.returned_to_pending += len(s.returned)
-        for r in s.returned:
-            summary.details[f"pending:{r['outcome_detail']}"] += 1
+        for back in s.returned:
+            summary.details[f"pending:{back.get('outcome_detail')}"] += 1
