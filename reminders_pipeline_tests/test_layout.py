@@ -71,8 +71,6 @@ NOT_YET_SPLIT = {
     "config/settings.py",
     "http/app.py",
     "http/contract.py",
-    "ledger/devices.py",
-    "ledger/queue.py",
     "providers/apns.py",
     "providers/apns_transport.py",
     "sending/dispatch.py",

@@ -26,9 +26,9 @@ WRITERS = {
     ("ledger/queue.py", "_REALIGN"): "plan",
     ("ledger/queue.py", "insert_snooze"): "plan",
     ("ledger/queue.py", "end_holds"): "plan",
-    ("ledger/queue.py", "void_rows"): "plan",
-    ("ledger/queue.py", "void_pending_of_device"): "plan",
-    ("ledger/queue.py", "void_pending_of_urls"): "plan",
+    ("ledger/voids.py", "void_rows"): "plan",
+    ("ledger/voids.py", "void_pending_of_device"): "plan",
+    ("ledger/voids.py", "void_pending_of_urls"): "plan",
     # The claim and its settlements.
     ("ledger/claims.py", "fail_abandoned"): "settle",
     ("ledger/claims.py", "_claim_statement"): "claim",

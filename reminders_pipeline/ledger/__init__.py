@@ -7,9 +7,12 @@ columns' type (``schema.IsoTime``), and comes back as one.
 
 One module per table or concern:
 
-- ``devices``: registration, credentials, the build's selection and locks, zones, dead tokens;
+- ``devices``: registration, credentials, zones, dead tokens;
+- ``sweep``: the build's selection of devices, its locks, stamps and plan keys, each chunk's staleness;
 - ``sources``: subscriptions and each feed's last read;
-- ``queue``: the build's upserts, re-arms and voids, and the NOTIFY that wakes dispatchers;
+- ``queue``: the build's upserts, re-arms with their history, a person's snooze;
+- ``voids``: voiding pending rows whose item, token or calendar is gone;
+- ``wakeups``: the NOTIFY and the earliest pending time that wake dispatchers;
 - ``actions``: a person's Snooze and Done on a sent alert;
 - ``claims``: due ids, the claim, settle, return to pending, abandoned claims;
 - ``halts``: the drain halts of one provider in one scope;
@@ -40,23 +43,13 @@ from reminders_pipeline.ledger.devices import (
     count_devices_with_lead_below,
     delete_device,
     device_credential_hash,
-    devices_per_chunk,
     get_device,
     list_devices,
-    lock_devices,
     mark_token_invalid,
     min_lead_seconds,
-    never_built_chunks,
-    oldest_built,
-    plan_states,
     providers_in_use,
     rules_in_use,
-    select_build_devices,
-    set_chunks,
     set_device_credential,
-    stale_per_chunk,
-    stalest_chunks,
-    stamp_built,
     store_locale,
     store_tz_name,
     store_tz_offset,
@@ -72,22 +65,15 @@ from reminders_pipeline.ledger.heartbeats import (
     prune_dispatchers,
 )
 from reminders_pipeline.ledger.queue import (
-    DUE_CHANNEL,
     REARM_BOUNDS,
     UPSERT_COLUMNS,
-    announce_pending,
     end_holds,
     existing_rows,
     insert_snooze,
-    next_send_after,
     realign_pending,
     rearm_anchor,
     rearm_bounds,
-    unsubscribed_pending,
     upsert_rows,
-    void_pending_of_device,
-    void_pending_of_urls,
-    void_rows,
 )
 from reminders_pipeline.ledger.reports import (
     COUNT_CAP,
@@ -114,6 +100,25 @@ from reminders_pipeline.ledger.sources import (
     sources_by_id,
     subscriptions,
 )
+from reminders_pipeline.ledger.sweep import (
+    devices_per_chunk,
+    lock_devices,
+    never_built_chunks,
+    oldest_built,
+    plan_states,
+    select_build_devices,
+    set_chunks,
+    stale_per_chunk,
+    stalest_chunks,
+    stamp_built,
+)
+from reminders_pipeline.ledger.voids import (
+    unsubscribed_pending,
+    void_pending_of_device,
+    void_pending_of_urls,
+    void_rows,
+)
+from reminders_pipeline.ledger.wakeups import DUE_CHANNEL, announce_pending, next_send_after
 
 __all__ = [
     "REVIVABLE_VOIDS",

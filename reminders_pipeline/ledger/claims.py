@@ -31,9 +31,9 @@ from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow, RowSettlemen
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
 from reminders_pipeline.ledger.halts import HALT_SEPARATOR
-from reminders_pipeline.ledger.queue import announce_pending
 from reminders_pipeline.ledger.schema import IsoTime, device_sources, devices, drain_halts
 from reminders_pipeline.ledger.schema import notification_queue as q
+from reminders_pipeline.ledger.wakeups import announce_pending
 
 
 def lock_rows(conn: Connection, ids: Iterable[int]) -> None:

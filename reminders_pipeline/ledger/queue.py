@@ -1,22 +1,21 @@
 """Queue rows as the plan writes them: upserts, re-arms with their history, a person's snooze (a
-row of the item as the plan reads it), voids, and the NOTIFY that wakes dispatchers when pending
-rows arrive or move.
+row of the item as the plan reads it), realigning pending rows, ending holds.
 
-Longer than 350 lines because the upsert, the re-arm and its history copy are three statements
-over one rows source that must agree on what "moved" means (``_MOVED``, ``REARM_BOUNDS``), and the
-voids beside them are what undo a plan; split, the agreement would cross modules."""
+The upsert, the re-arm and its history copy are three statements over one rows source that must
+agree on what "moved" means (``_MOVED``, ``REARM_BOUNDS``): they stay in this one module."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, case, exists, func, literal, select, update
+from sqlalchemy import Connection, bindparam, case, literal, select, update
 
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger._common import PENDING, batches, insert_on_conflict, rows_json, rows_text
-from reminders_pipeline.ledger.schema import device_sources, devices, notification_history, sources
+from reminders_pipeline.ledger.schema import devices, notification_history
 from reminders_pipeline.ledger.schema import notification_queue as q
+from reminders_pipeline.ledger.wakeups import announce_pending
 
 
 def existing_rows(
@@ -350,92 +349,3 @@ def end_holds(conn: Connection, device_id: str, now: Instant) -> int:
     if ended:
         announce_pending(conn, now)
     return ended
-
-
-def void_rows(conn: Connection, ids: Sequence[int], detail: str, now: Instant) -> int:
-    """Settle pending rows ``voided``: the item left the feed, its rule or source went away, ...
-
-    Their devices' next build plans in full (``forget_plans``): a row voided by anything but a
-    plan may have to come back. Callers hold those devices' locks (``lock_devices``' order)."""
-    n = 0
-    for batch in batches(sorted(ids)):
-        device_ids = list(
-            conn.scalars(
-                update(q)
-                .where(q.c.id.in_(batch), q.c.status == PENDING)
-                .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
-                .returning(q.c.device_id)
-            )
-        )
-        n += len(device_ids)
-        forget_plans(conn, set(device_ids))
-    return n
-
-
-def void_pending_of_device(conn: Connection, device_id: str, detail: str, now: Instant) -> int:
-    """Void a device's pending rows (its token died, it was removed); its next build plans in full."""
-    forget_plans(conn, {device_id})
-    return conn.execute(
-        update(q)
-        .where(q.c.device_id == device_id, q.c.status == PENDING)
-        .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
-    ).rowcount
-
-
-def void_pending_of_urls(conn: Connection, device_id: str, urls: Iterable[str], detail: str, now: Instant) -> int:
-    """Void a device's pending rows of the sources at these URLs (the device muted them)."""
-    wanted = sorted(set(urls))
-    if not wanted:
-        return 0
-    of_urls = select(sources.c.id).where(sources.c.url.in_(wanted))
-    return conn.execute(
-        update(q)
-        .where(q.c.device_id == device_id, q.c.source_id.in_(of_urls), q.c.status == PENDING)
-        .values(status="settled", outcome="voided", outcome_detail=detail, settled_at=now, updated_at=now)
-    ).rowcount
-
-
-def unsubscribed_pending(conn: Connection, device_id: str) -> list[int]:
-    """The device's pending rows of sources it does not subscribe to (any more), in id order: a
-    registration that dropped a calendar voids them (``void_rows``). Rows of no source (agendas)
-    are not among them."""
-    subscribed = exists().where(
-        and_(device_sources.c.device_id == q.c.device_id, device_sources.c.source_id == q.c.source_id)
-    )
-    stmt = select(q.c.id).where(
-        q.c.device_id == device_id, q.c.status == PENDING, q.c.source_id.is_not(None), ~subscribed
-    )
-    return list(conn.scalars(stmt.order_by(q.c.id)))
-
-
-def forget_plans(conn: Connection, device_ids: set[str]) -> None:
-    """The next build of these devices plans in full: their rows changed outside a plan."""
-    for ids in batches(sorted(device_ids)):
-        conn.execute(update(devices).where(devices.c.id.in_(ids)).values(planned_key=None, planned_until=None))
-
-
-DUE_CHANNEL = "reminders_due"
-
-
-def announce_pending(conn: Connection, earliest_send_after: Instant) -> None:
-    """Tell listening dispatchers that pending rows were inserted or moved (PostgreSQL NOTIFY).
-
-    Delivered when this transaction commits, so a dispatcher that wakes finds the rows visible.
-    The payload is the earliest ``send_after`` written; a listener re-reads the queue anyway. SQLite
-    has no notifications: its dispatchers poll.
-    """
-    if conn.dialect.name == "postgresql":
-        conn.execute(select(func.pg_notify(DUE_CHANNEL, earliest_send_after.stored)))
-
-
-def next_send_after(conn: Connection, after: Instant | None = None) -> Instant | None:
-    """When the earliest pending row comes due (later than ``after``, if given): its ``send_after``,
-    or its ``not_before`` when that is later. One step down the partial due index for rows without
-    a not-before, and a read of the few that have one (their own partial index)."""
-    free = select(func.min(q.c.send_after)).where(q.c.status == PENDING, q.c.not_before.is_(None))
-    due_at = case((q.c.not_before > q.c.send_after, q.c.not_before), else_=q.c.send_after)
-    held = select(func.min(due_at)).where(q.c.status == PENDING, q.c.not_before.is_not(None))
-    if after is not None:
-        free, held = free.where(q.c.send_after > after), held.where(due_at > after)
-    times = [t for t in conn.execute(select(free.scalar_subquery(), held.scalar_subquery())).one() if t is not None]
-    return min(times, default=None)
