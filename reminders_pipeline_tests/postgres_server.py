@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from reminders_pipeline.config.settings import normalize_database_url
+from reminders_pipeline.config.setting_types import normalize_database_url
 
 EMBEDDED = "embedded"
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 5432

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from reminders_pipeline.config.settings import Settings, markdown_table
+from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.config.settings_table import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "operations.md"
@@ -37,7 +38,7 @@ def test_every_cited_document_exists():
 
 
 def test_the_operations_guide_has_the_settings_table_the_model_generates():
-    """Regenerate it with ``python -m reminders_pipeline.config.settings`` after changing a setting."""
+    """Regenerate it with ``python -m reminders_pipeline.config.settings_table`` after changing a setting."""
     guide = GUIDE.read_text()
     start = guide.index("| variable | default | meaning |\n")
     table = guide[start : guide.index("\n\n", start) + 1]

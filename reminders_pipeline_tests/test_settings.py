@@ -144,22 +144,22 @@ def test_a_resource_reads_the_environment_once(monkeypatch):
 
 
 def test_a_renamed_setting_is_still_read_by_its_old_name_with_a_deprecation_line(caplog):
-    from reminders_pipeline.config.settings import _warn_once
+    from reminders_pipeline.config.renamed import _warn_once
 
     _warn_once.cache_clear()
-    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.renamed"):
         old = Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "7"})
         again = Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "7"})
     assert old.send_halt_after == again.send_halt_after == 7
     assert caplog.text.count("REMINDERS_APNS_HALT_AFTER is deprecated") == 1  # once per process
     assert "REMINDERS_SEND_HALT_AFTER" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.renamed"):
         both = Settings.from_env({"REMINDERS_APNS_HALT_AFTER": "7", "REMINDERS_SEND_HALT_AFTER": "9"})
     assert both.send_halt_after == 9
     assert "ignored" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="reminders_pipeline.config.settings"):
+    with caplog.at_level("WARNING", logger="reminders_pipeline.config.renamed"):
         assert Settings.from_env({"REMINDERS_SEND_HALT_AFTER": "9"}).send_halt_after == 9
     assert caplog.text == ""
 

@@ -2,32 +2,40 @@
 
 Everything else receives a ``Settings`` value, so tests and shells can build one explicitly. Each
 setting is declared once below, with its type, default, minimum and meaning; ``from_env`` reads the
-``REMINDERS_*`` variables into it and ``markdown_table`` writes the table in docs/operations.md.
+``REMINDERS_*`` variables into it and ``settings_table`` writes the table in docs/operations.md.
 
-Longer than 350 lines because it declares every one of the ~60 settings with its help text, the
-operator's only reference: split across modules, the table and the model would no longer be one list.
+Every one of the ~60 settings is declared here with its help text, the operator's only reference,
+so the table and the model stay one list; how a variable's text is read is ``setting_types``.
 """
 
 from __future__ import annotations
 
-import functools
-import ipaddress
-import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails, PydanticCustomError, PydanticUseDefault
-from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from reminders_pipeline.config.cadence import CronError, cron_cadence_seconds
+from reminders_pipeline.config.cadence import cron_cadence_seconds
+from reminders_pipeline.config.renamed import with_renamed
+from reminders_pipeline.config.setting_types import (
+    Contact,
+    Cron,
+    DatabaseUrl,
+    ExactlyTrue,
+    Flag,
+    Networks,
+    Number,
+    Seconds,
+    Whole,
+    WholeSeconds,
+    refused,
+)
 
 DEFAULT_DATABASE_PATH = Path("var") / "reminders.sqlite3"
-log = logging.getLogger(__name__)
 ENV_PREFIX = "REMINDERS_"
 
 # What ``reminders dev``, the demo, the tests and the benchmarks allow: their feeds are on this host.
@@ -40,111 +48,6 @@ class SettingsError(ValueError):
 
 def default_database_url() -> str:
     return f"sqlite:///{DEFAULT_DATABASE_PATH}"
-
-
-def normalize_database_url(url: str) -> str:
-    """``postgresql://`` and ``postgres://`` mean psycopg 3 here."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
-
-
-def _refused(text: str) -> PydanticCustomError:
-    """An error whose text follows the variable's name in the one-line message."""
-    return PydanticCustomError("setting", "{text}", {"text": text})
-
-
-class _Number:
-    """How a number is written in the environment: Python's ``int`` or ``float`` of the text.
-
-    Blank means the default, so an operator can empty a variable instead of unsetting it.
-    """
-
-    def __init__(self, kind: Callable[[str], float], what: str) -> None:
-        self.kind, self.what = kind, what
-
-    def __call__(self, value: object) -> object:
-        if not isinstance(value, str):
-            return value
-        if not value.strip():
-            raise PydanticUseDefault()
-        try:
-            return self.kind(value)
-        except ValueError:
-            raise _refused(f" must be {self.what}, got {value!r}") from None
-
-
-_WHOLE = _Number(int, "a whole number")
-_SECONDS = _Number(float, "a number of seconds")
-
-
-def _exactly_true(value: object) -> object:
-    """Exactly "true" switches it on; any other text leaves it off."""
-    return value == "true" if isinstance(value, str) else value
-
-
-def _flag(value: object) -> object:
-    if not isinstance(value, str):
-        return value
-    text = value.strip().lower()
-    if not text:
-        raise PydanticUseDefault()
-    if text not in ("true", "false"):
-        raise _refused(f" must be 'true' or 'false', got {value!r}")
-    return text == "true"
-
-
-def _networks(value: object) -> object:
-    """A comma-separated CIDR list, each checked here so a typo stops the process at start."""
-    texts = value.split(",") if isinstance(value, str) else value
-    if not isinstance(texts, (list, tuple)):
-        return value
-    networks = tuple(t.strip() for t in texts if isinstance(t, str) and t.strip())
-    for text in networks:
-        try:
-            ipaddress.ip_network(text, strict=False)
-        except ValueError:
-            raise _refused(f": not a network in CIDR notation: {text!r}") from None
-    return networks
-
-
-def _contact(subject: str) -> str:
-    """The VAPID ``sub`` (RFC 8292 §2.1): a ``mailto:`` address or an https URL naming a host (a
-    path is allowed). Anything else a push service may refuse for every request: refused here, at
-    start, instead."""
-    if subject.startswith("mailto:"):
-        local, at, domain = subject.removeprefix("mailto:").partition("@")
-        if local and at and domain and not any(c.isspace() for c in subject):
-            return subject
-    elif subject.startswith("https://") and not any(c.isspace() for c in subject):
-        try:
-            parts = urlsplit(subject)
-            parts.port  # noqa: B018 - raises ValueError on a malformed port
-        except ValueError:
-            parts = None
-        if parts is not None and parts.hostname and not parts.username and not parts.password:
-            return subject
-    raise _refused(": a mailto: address (mailto:ops@example.org) or an https URL with a host, got " + repr(subject))
-
-
-def _cadence(cron: str) -> str:
-    try:
-        cron_cadence_seconds(cron)
-    except CronError as exc:
-        raise _refused(f": {exc}") from None
-    return cron
-
-
-Whole = Annotated[int, BeforeValidator(_WHOLE)]
-WholeSeconds = Annotated[float, BeforeValidator(_WHOLE)]
-Seconds = Annotated[float, BeforeValidator(_SECONDS)]
-ExactlyTrue = Annotated[bool, BeforeValidator(_exactly_true)]
-Flag = Annotated[bool, BeforeValidator(_flag)]
-Networks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_networks)]
-Cron = Annotated[str, AfterValidator(_cadence)]
-Contact = Annotated[str, AfterValidator(_contact)]
-DatabaseUrl = Annotated[str, AfterValidator(normalize_database_url)]
 
 
 class Settings(BaseSettings):
@@ -411,15 +314,15 @@ class Settings(BaseSettings):
     def _consistent(self) -> Settings:
         """Relations between settings that no single minimum expresses."""
         if self.dispatch_handover_seconds >= self.dispatch_run_seconds:
-            raise _refused("REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS")
+            raise refused("REMINDERS_DISPATCH_HANDOVER_SECONDS must be shorter than REMINDERS_DISPATCH_RUN_SECONDS")
         if self.abandon_after_seconds <= self.send_timeout_seconds + self.fence_margin_seconds:
-            raise _refused(
+            raise refused(
                 "REMINDERS_ABANDON_AFTER_SECONDS must exceed REMINDERS_SEND_TIMEOUT_SECONDS + "
                 "REMINDERS_FENCE_MARGIN_SECONDS: a claim may send only until that much before another drain may "
                 "fail it as abandoned"
             )
         if self.chunks_per_tick > self.chunk_count:
-            raise _refused("REMINDERS_CHUNKS_PER_TICK must not exceed REMINDERS_CHUNK_COUNT")
+            raise refused("REMINDERS_CHUNKS_PER_TICK must not exceed REMINDERS_CHUNK_COUNT")
         return self
 
     @property
@@ -444,7 +347,7 @@ class Settings(BaseSettings):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings ``env`` (default ``os.environ``) gives; unset or empty variables keep their default."""
-        env = _with_renamed(os.environ if env is None else env)
+        env = with_renamed(os.environ if env is None else env)
         # Names count only in capitals, as the docs write them; an empty variable is unset.
         values = {
             field: env[name] for field in cls.model_fields if (name := env_name(field)) in env and env[name] != ""
@@ -453,31 +356,6 @@ class Settings(BaseSettings):
             return cls.model_validate(values)
         except ValidationError as exc:
             raise SettingsError(_one_line(exc.errors()[0])) from None
-
-
-# Settings renamed, by their old name: accepted for one release, with a deprecation line, where the
-# new name is not set. Those that apply to every provider are REMINDERS_SEND_*.
-RENAMED = {"REMINDERS_APNS_HALT_AFTER": "REMINDERS_SEND_HALT_AFTER"}
-
-
-def _with_renamed(env: Mapping[str, str]) -> Mapping[str, str]:
-    """``env`` with each old name's value under its new name, unless the new name is set too."""
-    moved = {}
-    for old, new in RENAMED.items():
-        if env.get(old, "") == "":
-            continue
-        if env.get(new, "") == "":
-            moved[new] = env[old]
-            _warn_once(f"{old} is deprecated and will be refused in the next release: set {new} instead")
-        else:
-            _warn_once(f"{old} is deprecated and ignored: {new} is set")
-    return {**env, **moved} if moved else env
-
-
-@functools.cache
-def _warn_once(line: str) -> None:
-    """Once per process: settings are read by every run, sensor tick and resource."""
-    log.warning("%s", line)
 
 
 def env_name(field: str) -> str:
@@ -502,43 +380,6 @@ def _one_line(error: ErrorDetails) -> str:
 def _parsed(field: str, value: object) -> object:
     """The value a refused number was read as (``" 0"`` was 0), as the message shows it."""
     for rule in Settings.model_fields[field].metadata:
-        if isinstance(rule, BeforeValidator) and isinstance(rule.func, _Number) and isinstance(value, str):
+        if isinstance(rule, BeforeValidator) and isinstance(rule.func, Number) and isinstance(value, str):
             return rule.func.kind(value)
     return value
-
-
-def markdown_table() -> str:
-    """The configuration table of docs/operations.md: a test keeps the two the same."""
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    old_names = {new: old for old, new in RENAMED.items()}
-    for field, info in Settings.model_fields.items():
-        name = env_name(field)
-        renamed = (
-            f" (named `{old_names[name]}` before: still read, with a deprecation line)" if name in old_names else ""
-        )
-        lines.append(f"| `{name}` | {_default_text(info)} | {info.description}{renamed} |")
-    return "\n".join(lines) + "\n"
-
-
-def _default_text(info: FieldInfo) -> str:
-    default = info.get_default(call_default_factory=True)
-    minimum = next((rule.ge for rule in info.metadata if getattr(rule, "ge", None) is not None), None)
-    parse = next((rule.func for rule in info.metadata if isinstance(rule, BeforeValidator)), None)
-    if default is None:
-        return "unset"
-    if isinstance(default, bool):
-        return f"`{str(default).lower()}`"
-    if isinstance(default, str):
-        choices = getattr(info.annotation, "__args__", ())
-        return f"`{default}`" + (f" (or {', '.join(f'`{c}`' for c in choices if c != default)})" if choices else "")
-    if default == ():
-        return "empty"
-    fractions = parse is _SECONDS
-    text = f"{default:g}" if isinstance(default, float) else str(default)
-    if minimum is not None:
-        text += f" (min {minimum:g}, fractions allowed)" if fractions else f" (min {minimum:g})"
-    return text
-
-
-if __name__ == "__main__":
-    print(markdown_table(), end="")
