@@ -15,9 +15,9 @@ dispatchers and the cron drain may run at once, and the claim decides who sends.
 dispatcher that died is failed as abandoned (by the next drain or dispatcher), never resent.
 Dagster (``defs/dispatch.py``) and ``reminders dispatch`` only start and stop it.
 
-Longer than 350 lines because every way the loop recovers (a database outage, settlements kept
-through one, a provider's halt or outage, rows held back, what it has already read) is state of that
-one loop, read and written between its passes; apart, each piece would need the others' state.
+What the loop knows of halted providers and their probes is ``provider_halts``; the rest of the
+ways it recovers (a database outage, settlements kept through one, rows held back, what it has
+already read) is state of the loop itself, read and written between its passes.
 """
 
 from __future__ import annotations
@@ -40,16 +40,13 @@ from reminders_pipeline.domain.wire import Notification
 from reminders_pipeline.ledger.db import Database, waiting_off_the_loop
 from reminders_pipeline.providers.base import Sender, SenderFactory, SendResult
 from reminders_pipeline.sending.drain import fail_abandoned, send_batch_async
-from reminders_pipeline.sending.faults import Outages, is_outage, provider_name
+from reminders_pipeline.sending.faults import Outages
+from reminders_pipeline.sending.provider_halts import RETRY_SECONDS, ProviderHalts
 from reminders_pipeline.sending.settlement import SettlementsNotWritten, settled_ids, write_settlement
 
 log = logging.getLogger(__name__)
 
-RETRY_SECONDS = 0.05  # rows due but not claimed (another claimer holds them): look again shortly
 LATENESS_KEPT = 100_000  # a dispatcher that runs for weeks keeps the latest lateness figures only
-HALT_BACKOFF_SECONDS = (60, 120, 300, 900)  # after a provider's configuration fault, probe it again this late
-OUTAGE_PROBE_SECONDS = 5.0  # while a provider is unreachable, try one of its rows this often
-PROBE_READ = 50  # due rows of a halted provider read for its probe (some may be in flight)
 ABANDON_SWEEP_SECONDS = 60
 FULL_READ_SECONDS = 30.0  # read every due row at least this often: a LISTEN connection may die silently
 FAILED_RETRY_SECONDS = 1.0  # after a batch or a kept settlement's write failed: try again this soon, not a poll later
@@ -87,17 +84,6 @@ class LazySender:
 
 
 @dataclass
-class ProviderHalt:
-    """A provider this dispatcher stopped sending to: why, and when one of its rows is tried again."""
-
-    reason: str
-    probe_at: Instant
-    faults: int = 0  # configuration faults in a row: each waits longer (``HALT_BACKOFF_SECONDS``)
-    probing: bool = False  # a one-row probe batch is in flight
-    probed_at: Instant | None = None  # when the last probe started: the next one counts from it
-
-
-@dataclass
 class Dispatcher:
     db: Database
     settings: Settings
@@ -117,7 +103,7 @@ class Dispatcher:
         self._full_read_at = Instant(0)
         self._not_before = Instant(0)  # no dispatch at all before this: a failed batch's backoff
         self._outages = Outages(self.settings.send_halt_after)  # across batches: one-row batches trip it too
-        self._halted: dict[str, ProviderHalt] = {}  # halted providers: their rows wait, one probe at a time
+        self._halts = ProviderHalts(self.name)  # halted providers: their rows wait, one probe at a time
         self._probes: dict[asyncio.Task[DrainResult], str] = {}
         self._reads = QuietFailures(log, f"dispatcher {self.name}: reading the queue")
         self._chores = QuietFailures(log, f"dispatcher {self.name}: heartbeat or abandoned sweep")
@@ -180,8 +166,7 @@ class Dispatcher:
         busy = self._in_flight | set(self._held) | {i for s in self._kept for i in settled_ids(s)}
         full = self._rescan or now >= self._full_read_at
         after, clock = None if full else self._seen, self.clock()
-        skip = frozenset(self._halted)
-        probes = sorted(p for p, h in self._halted.items() if not h.probing and h.probe_at <= now)
+        skip, probes = self._halts.skipped(), self._halts.due_probes(now)
         self._rescan = False  # set again meanwhile by a batch that ends during the read
         try:
             ready, later = await waiting_off_the_loop(self.db, self._read_due, clock, busy, after, skip)
@@ -201,7 +186,7 @@ class Dispatcher:
         # Nothing to start (none due, or every due row is in a batch of ours or held back): wake for
         # the next row to come due, or a halted provider's next probe; a batch ending or a hold
         # expiring wakes us too.
-        probe_times = [h.probe_at for h in self._halted.values() if not h.probing]
+        probe_times = self._halts.next_probe_times()
         return min([poll_at, *self._held.values(), *probe_times] + ([later] if later else []))
 
     def _read_due(
@@ -227,24 +212,14 @@ class Dispatcher:
         """One due row of each of ``providers`` (halted ones) not in ``busy``: its probe."""
         if not providers:
             return {}
-        found = {}
         with self.db.read() as conn:
-            for provider in providers:
-                due = ledger.due_ids(conn, clock, only_provider=provider, limit=PROBE_READ)
-                free = [i for i in due if i not in busy]
-                if free:
-                    found[provider] = free[0]
-        return found
+            return self._halts.probe_rows(conn, clock, busy, providers)
 
     def _start_probes(self, providers: list[str], rows: dict[str, int], now: Instant) -> None:
         """A halted provider is tried again with one of its rows, not every one due by then."""
         for provider in providers:
-            halt = self._halted[provider]
-            if provider not in rows:
-                halt.probe_at = now + OUTAGE_PROBE_SECONDS  # none of its rows is due: nothing to try yet
-                continue
-            halt.probing, halt.probed_at = True, now
-            self._probes[self._start_batch([rows[provider]])] = provider
+            if self._halts.probe_started(provider, rows.get(provider), now):
+                self._probes[self._start_batch([rows[provider]])] = provider
 
     def _start_batch(self, ids: list[int]) -> asyncio.Task[DrainResult]:
         batch = send_batch_async(
@@ -269,8 +244,7 @@ class Dispatcher:
         ids = self._batches.pop(task)
         self._in_flight.difference_update(ids)
         probe = self._probes.pop(task, None)
-        if probe in self._halted:
-            self._halted[probe].probing = False
+        self._halts.probe_ended(probe)
         now = self.timer.now()
         if task.cancelled() or task.exception() is not None or task.result().halts:
             self._rescan = True  # rows it did not reach are still due, and no longer in flight
@@ -287,50 +261,13 @@ class Dispatcher:
         self.summary.merge(done)
         del self.summary.lateness_seconds[:-LATENESS_KEPT]
         for provider, reason in done.halts.items():
-            self._note_halt(provider, reason, now)
-        self._note_answers(done, probe, now)
+            self._halts.note_halt(provider, reason, now)
+        if self._halts.note_answers(done, probe, now):
+            self._rescan = True
         if not done.halts:
             self._hold_unfinished(done, ids, now)
         if self.on_batch is not None and done.claimed:
             self.on_batch(done)
-
-    def _note_halt(self, provider: str, reason: str, now: Instant) -> None:
-        """A provider halted: its rows wait (the others' go on), and one of them is tried again
-        soon after an outage, or after a growing backoff after a configuration fault."""
-        before = self._halted.get(provider)
-        faults = 0 if before is None or is_outage(reason) else before.faults
-        probed_at = None if before is None else before.probed_at
-        if is_outage(reason):
-            wait = OUTAGE_PROBE_SECONDS
-            since = probed_at or now  # a refused probe may itself take a second: probes keep their pace
-        else:
-            wait = HALT_BACKOFF_SECONDS[min(faults, len(HALT_BACKOFF_SECONDS) - 1)]
-            faults += 1
-            since = now
-        probing = before is not None and before.probing
-        self._halted[provider] = ProviderHalt(reason, max(now, since + wait), faults, probing, probed_at)
-        if before is None or not is_outage(reason):
-            log.error(
-                "dispatcher %s: %s halted (%s); its rows wait, one is tried again in %ss",
-                self.name, provider_name(provider), reason, wait,
-            )  # fmt: skip
-
-    def _note_answers(self, done: DrainResult, probe: str | None, now: Instant) -> None:
-        """A halted provider that sent a row (or whose probe it answered without a halt) is back:
-        its rows are read again. A probe the policy settled unsent (its event started while it
-        waited) heard nothing: the next probe goes now, with another row."""
-        for provider in list(self._halted):
-            if provider in done.halts:
-                continue
-            if done.providers.get(f"{provider}:sent") or (
-                provider == probe and done.providers.get(f"{provider}:failed")
-            ):
-                del self._halted[provider]
-                self._rescan = True
-                log.warning("dispatcher %s: sending %s rows again", self.name, provider_name(provider))
-            elif provider == probe:
-                # its row was another claimer's (look again shortly), or settled unsent (try another now)
-                self._halted[provider].probe_at = now if done.claimed else now + RETRY_SECONDS
 
     def _hold_unfinished(self, done: DrainResult, ids: Sequence[int], now: Instant) -> None:
         """Rows of a batch another claimer held: look again shortly. Rows given back to pending
