@@ -31,17 +31,19 @@ from reminders_pipeline.providers.apns import (
     TIMEOUT,
     TIMEOUT_NOT_SENT,
     AioApnsSender,
+    apns_sender_factory,
+    result_from_apns,
+)
+from reminders_pipeline.providers.apns_config import (
     ApnsConfigError,
     ProviderToken,
-    apns_sender_factory,
     load_signing_key,
-    result_from_apns,
     validate_apns_settings,
 )
+from reminders_pipeline.providers.apns_stream_slots import StreamSlots
 from reminders_pipeline.providers.apns_transport import (
     CONNECTION_IDLE_SECONDS,
     PER_REQUEST_HEADERS,
-    StreamSlots,
     WireH2Connection,
 )
 from reminders_pipeline.providers.base import FENCE_EXPIRED, SendResult

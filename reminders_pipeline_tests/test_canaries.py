@@ -41,8 +41,8 @@ from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
 from hpack import HeaderTuple, NeverIndexedHeaderTuple
 
-from reminders_pipeline.providers import apns_transport
-from reminders_pipeline.providers.apns_transport import StreamSlots
+from reminders_pipeline.providers import apns_stream_slots
+from reminders_pipeline.providers.apns_stream_slots import StreamSlots
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHED = ("aioapns", "h2", "hpack")
@@ -320,8 +320,8 @@ def test_h2_keeps_the_indexing_each_header_tuple_asks_for() -> None:
 def test_stream_slots_use_no_private_asyncio_attribute() -> None:
     """StreamSlots was a subclass of aioapns' ChannelPool, which edits asyncio.Semaphore's private
     _value and _waiters; it now uses the public Semaphore API only. Keep it so."""
-    private = set(re.findall(r"\._(?:value|waiters|wake_up_next|bound_value)\b", source(apns_transport)))
-    assert not private, f"apns_transport.py touches asyncio.Semaphore internals again: {sorted(private)}"
+    private = set(re.findall(r"\._(?:value|waiters|wake_up_next|bound_value)\b", source(apns_stream_slots)))
+    assert not private, f"apns_stream_slots.py touches asyncio.Semaphore internals again: {sorted(private)}"
 
 
 # -- dagster ---------------------------------------------------------------------------------------
