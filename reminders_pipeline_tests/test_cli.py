@@ -316,6 +316,13 @@ def test_a_dev_env_file_counts_only_while_its_run_runs_only_for_its_own_settings
     path = dev_run.write(tmp_path, {"REMINDERS_DATABASE_URL": ledger_url, "REMINDERS_CHUNK_COUNT": "1"})
     assert dev_run.with_dev_run({}, tmp_path)[0] == {"REMINDERS_DATABASE_URL": ledger_url, "REMINDERS_CHUNK_COUNT": "1"}
 
+    dev_run.write(tmp_path, {"REMINDERS_DATABASE_URL": "postgresql+psycopg://u@db/r", "REMINDERS_CHUNK_COUNT": "1"})
+    same = {"REMINDERS_DATABASE_URL": "postgres://u@db/r"}  # the same ledger, written as people do
+    assert dev_run.with_dev_run(same, tmp_path)[0] == {**same, "REMINDERS_CHUNK_COUNT": "1"}
+    other = {"REMINDERS_DATABASE_URL": "postgres://u@db/other"}
+    assert dev_run.with_dev_run(other, tmp_path) == (other, None)
+    path = dev_run.write(tmp_path, {"REMINDERS_DATABASE_URL": ledger_url, "REMINDERS_CHUNK_COUNT": "1"})
+
     with path.open("a") as f:  # a line someone added: not a setting reminders dev chooses
         f.write("REMINDERS_ENABLED=true\nREMINDERS_FCM_URL=https://elsewhere.example\n")
     assert "REMINDERS_ENABLED" not in dev_run.with_dev_run({}, tmp_path)[0]

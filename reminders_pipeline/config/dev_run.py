@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 
+from reminders_pipeline.config.setting_types import normalize_database_url
+
 DATABASE_URL = "REMINDERS_DATABASE_URL"
 KEPT = (
     DATABASE_URL,
@@ -41,7 +43,10 @@ def write(root: Path, env: Mapping[str, str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     me = psutil.Process()
     lines = [f"{WRITER}={me.pid} {me.create_time()!r}\n"]
-    lines += [f"{name}={env[name]}\n" for name in KEPT if name in env and env[name].isprintable()]
+    kept = {name: env[name] for name in KEPT if name in env and env[name].isprintable()}
+    if DATABASE_URL in kept:
+        kept[DATABASE_URL] = normalize_database_url(kept[DATABASE_URL])  # as compared in ``with_dev_run``
+    lines += [f"{name}={value}\n" for name, value in kept.items()]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -82,6 +87,7 @@ def with_dev_run(env: Mapping[str, str], root: Path) -> tuple[dict[str, str], Pa
     if not path.is_file():
         return dict(env), None
     recorded = read(path)
-    if not recorded or (env.get(DATABASE_URL) and env[DATABASE_URL] != recorded.get(DATABASE_URL)):
+    named = env.get(DATABASE_URL)
+    if not recorded or (named and normalize_database_url(named) != recorded.get(DATABASE_URL)):
         return dict(env), None
     return {**recorded, **env}, path
