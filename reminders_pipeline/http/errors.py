@@ -16,8 +16,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 
 from reminders_pipeline.config.log_throttle import first_line
+from reminders_pipeline.domain.phrases import MAX_LOCALE_LENGTH
+from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS
+from reminders_pipeline.ledger.schema import MAX_ROW_ID
 
 log = logging.getLogger(__name__)
+
+
+ROW_ID_DETAIL = f"a queue row id: a whole number from 1 to {MAX_ROW_ID}"
+TZ_DETAIL = f"an IANA time zone like Europe/Berlin, or a UTC offset in seconds, -{MAX_TZ_OFFSET_SECONDS} to {MAX_TZ_OFFSET_SECONDS}"
+LOCALE_DETAIL = f"a BCP 47 tag like de-DE, at most {MAX_LOCALE_LENGTH} characters"
+# What a parameter FastAPI refuses is said to be, as ``parsing.py`` says it of one it refuses itself.
+PARAMETER_DETAILS = {"id": ROW_ID_DETAIL, "row_id": ROW_ID_DETAIL, "tz": TZ_DETAIL, "locale": LOCALE_DETAIL}
 
 
 class ApiError(Exception):
@@ -74,6 +84,8 @@ async def validation_error(request: Request, exc: Exception) -> Response:
     if first["type"] == "extra_forbidden":
         expected = getattr(request.state, "body_fields", ())
         return invalid(field, f"unknown field; expected one of {', '.join(sorted(expected))}").response()
+    if first["loc"][0] in ("query", "path"):
+        return invalid(field, PARAMETER_DETAILS.get(field, first["msg"])).response()
     ctx = first.get("ctx") or {}
     return invalid(field, str(ctx["error"]) if first["type"] == "value_error" else first["msg"]).response()
 

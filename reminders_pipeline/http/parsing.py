@@ -26,7 +26,7 @@ from reminders_pipeline.domain.calendar_settings import CalendarSettings
 from reminders_pipeline.domain.phrases import LOCALE_SHAPE, MAX_LOCALE_LENGTH, LocaleError, canonical_locale
 from reminders_pipeline.domain.zones import MAX_TZ_OFFSET_SECONDS, Zone, ZoneError, valid_zone_name
 from reminders_pipeline.http.contract import MAX_BODY_BYTES, TAKES_NOW, DeviceRegistration
-from reminders_pipeline.http.errors import ApiError, invalid
+from reminders_pipeline.http.errors import LOCALE_DETAIL, ROW_ID_DETAIL, TZ_DETAIL, ApiError, invalid
 from reminders_pipeline.ledger.schema import MAX_ROW_ID
 
 ROW_ID_TEXT = re.compile(r"[0-9]{1,19}")
@@ -169,7 +169,7 @@ def _tuple(rules: list[str] | None) -> tuple[str, ...] | None:
 def queue_row_id(text: str, field: str) -> int:
     """A queue row id as the path or the query gives it: ASCII digits, 1 to ``MAX_ROW_ID``."""
     if not ROW_ID_TEXT.fullmatch(text) or not 1 <= int(text) <= MAX_ROW_ID:
-        raise invalid(field, f"a queue row id: a whole number from 1 to {MAX_ROW_ID}")
+        raise invalid(field, ROW_ID_DETAIL)
     return int(text)
 
 
@@ -190,26 +190,24 @@ def parse_tz(request: Request) -> Zone | None:
     texts = request.query_params.getlist("tz")
     if not texts:
         return None
-    message = f"an IANA time zone like Europe/Berlin, or a UTC offset in seconds, -{MAX_TZ_OFFSET_SECONDS} to {MAX_TZ_OFFSET_SECONDS}"
     if len(texts) > 1:
-        raise invalid("tz", message)
+        raise invalid("tz", TZ_DETAIL)
     if TZ_TEXT.fullmatch(texts[0]) and abs(int(texts[0])) <= MAX_TZ_OFFSET_SECONDS:
         return Zone(offset_seconds=int(texts[0]))
     try:
         return Zone(valid_zone_name(texts[0]))
     except ZoneError:
-        raise invalid("tz", message) from None
+        raise invalid("tz", TZ_DETAIL) from None
 
 
 def parse_locale(request: Request) -> str | None:
     """The locale a widget reports as ``locale`` (``de-DE``), as stored; None when it sends none,
     or one CLDR does not know (the feed answers all the same, and the stored locale stays)."""
     texts = request.query_params.getlist("locale")
-    message = f"a BCP 47 tag like de-DE, at most {MAX_LOCALE_LENGTH} characters"
     if not texts:
         return None
     if len(texts) > 1 or len(texts[0]) > MAX_LOCALE_LENGTH or not re.fullmatch(LOCALE_SHAPE, texts[0]):
-        raise invalid("locale", message)
+        raise invalid("locale", LOCALE_DETAIL)
     try:
         return canonical_locale(texts[0])
     except LocaleError:
