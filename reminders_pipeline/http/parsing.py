@@ -61,15 +61,16 @@ class BoundedRequest(Request):
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            declared = self.headers.get("content-length", "")
             body = bytearray()
-            if not (declared.isdigit() and int(declared) > MAX_BODY_BYTES):
+            declared = self.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                self._json: Any = TOO_LARGE
+            else:
                 async for chunk in self.stream():
                     body += chunk
                     if len(body) > MAX_BODY_BYTES:
+                        self._json = TOO_LARGE
                         break
-            if len(body) > MAX_BODY_BYTES or (declared.isdigit() and int(declared) > MAX_BODY_BYTES):
-                self._json: Any = TOO_LARGE
             self._body = bytes(body)
         return self._body
 
