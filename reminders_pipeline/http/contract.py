@@ -1,10 +1,7 @@
-"""The HTTP contract: every request and response body once, as a pydantic model, and every
-operation (method and path) once, with its credential, its body and its answers.
+"""The HTTP contract: every request and response body once, as a pydantic model.
 
-``app.py`` serves each operation: its handler enforces the declared credential and validates the
-declared body before the endpoint runs. ``document`` walks the same operations, as the routes
-the app serves carry them, into ``/openapi.json``, with schemas generated from the same models:
-what the document states is what the app enforces, by construction.
+``app.py`` hands each route its body model; FastAPI validates the body with it and generates
+``/openapi.json`` from the same models, so the document cannot drift from what the app enforces.
 
 Every bound is the core's own constant (``devices``, ``rules``, ``zones``, ``times``, ``schema``),
 imported, never copied; the core's ``validate`` still has the last word on what only code can
@@ -12,31 +9,26 @@ judge (a rule that parses, a zone the zone database knows, an http(s) URL).
 
 Models are strict (``"3600"`` is not a number, ``1`` is not ``true``) and refuse unknown keys (a
 misspelt optional field would otherwise be silently ignored); an integral float (``3600.0``) is
-a JSON Schema integer, so it is accepted as one. Two request shapes depend on the settings (the
-chunk range follows ``REMINDERS_CHUNK_COUNT``; ``now`` is listed only where it is accepted), so
-``Contract`` is built per app.
+a JSON Schema integer, so it is accepted as one. ``now`` is on every body that may carry it; a
+deployment that does not accept it refuses it before validation and leaves it out of its document
+(``app.py``), as it does the chunk range, which follows ``REMINDERS_CHUNK_COUNT``.
 
 Response models list the fields clients rely on and allow more, so the core can add summary
 fields without breaking the contract; ``test_http_schemathesis.py`` checks every answer against them.
 
-Longer than 350 lines because it declares every body and the whole OpenAPI document once: apart, the
-models and the paths that name them could drift.
+Longer than 400 lines because it declares every body once: apart, the request and response models
+would only move the length.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, create_model
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, models_json_schema
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 
-from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.devices.actions import MAX_SNOOZE_SECONDS
 from reminders_pipeline.devices.registration import (
     APNS_TOKEN_PATTERN,
@@ -117,7 +109,12 @@ SourceUrl = Annotated[
     Field(max_length=MAX_URL_LENGTH, description="http(s) URL of a JSON or iCalendar feed"),
     AfterValidator(_usable_url),
 ]
-PretendTime = Annotated[str | Annotated[float, Field(ge=MIN_NOW_UNIX, le=MAX_NOW_UNIX)], AfterValidator(_pretend_time)]
+PretendTime = Annotated[
+    Instant,
+    PlainValidator(
+        _pretend_time, json_schema_input_type=str | Annotated[float, Field(ge=MIN_NOW_UNIX, le=MAX_NOW_UNIX)]
+    ),
+]
 StoredTime = Annotated[str | None, Field(description="Stored time, ISO-8601 UTC: 2026-09-10T08:30:00.000Z")]
 Counts = dict[str, int]
 
@@ -149,11 +146,13 @@ class BuildRequest(Request):
 
     model_config = ConfigDict(json_schema_extra={"not": {"required": ["device_id", "chunk"]}})
     device_id: DeviceId | None = None
-    chunk: int | None = None  # bounded per deployment: see Contract
+    chunk: Annotated[int, Field(ge=0), INTEGRAL] | None = Field(None, description="Below `REMINDERS_CHUNK_COUNT`.")
+    now: PretendTime | None = NOW_FIELD
 
 
 class DrainRequest(Request):
     id: RowId | None = Field(None, description="Same as `?id=`.")
+    now: PretendTime | None = NOW_FIELD
 
 
 ACTION_TOKEN = Field(
@@ -171,10 +170,12 @@ class SnoozeRequest(Request):
     token: Annotated[str, ACTION_TOKEN]
     seconds: Annotated[int, Field(ge=1, le=MAX_SNOOZE_SECONDS), INTEGRAL] | None = None
     until: Annotated[int, Field(ge=MIN_NOW_UNIX, le=MAX_NOW_UNIX), INTEGRAL] | None = None
+    now: PretendTime | None = NOW_FIELD
 
 
 class DoneRequest(Request):
     token: Annotated[str, ACTION_TOKEN]
+    now: PretendTime | None = NOW_FIELD
 
 
 class Calendar(Request):
@@ -453,361 +454,4 @@ class Feed(BaseModel):
     )
 
 
-# ---------------------------------------------------------------- per deployment
-
-TAKES_NOW = (
-    BuildRequest,
-    DrainRequest,
-    SnoozeRequest,
-    DoneRequest,
-)  # the bodies that may carry ``now``, where a deployment accepts it
-
-
-class Contract:
-    """The request models this deployment validates with, and the schemas they generate."""
-
-    def __init__(self, settings: Settings) -> None:
-        now: dict[str, Any] = {"now": (PretendTime | None, NOW_FIELD)} if settings.http_accept_now else {}
-        chunk = Annotated[int, Field(ge=0, le=settings.chunk_count - 1), INTEGRAL] | None
-        build: dict[str, Any] = {"chunk": (chunk, None), **now}
-        self.models: dict[type[Request], type[Request]] = {
-            BuildRequest: create_model("BuildRequest", __base__=BuildRequest, __doc__=BuildRequest.__doc__, **build),
-            DrainRequest: create_model("DrainRequest", __base__=DrainRequest, **now),
-            SnoozeRequest: create_model("SnoozeRequest", __base__=SnoozeRequest, __doc__=SnoozeRequest.__doc__, **now),
-            DoneRequest: create_model("DoneRequest", __base__=DoneRequest, **now),
-            DeviceRegistration: DeviceRegistration,
-        }
-        self.default_lead_seconds = settings.default_lead_seconds
-
-    def model(self, body: type[Request]) -> type[Request]:
-        """The model this deployment validates ``body`` with: a subclass, or the class itself."""
-        return self.models[body]
-
-
-class _Generator(GenerateJsonSchema):
-    """Field titles ("Device Id") only repeat the property names."""
-
-    def field_title_should_be_set(self, schema: Any) -> bool:
-        return False
-
-
-# ---------------------------------------------------------------- operations
-
-Auth = Literal["open", "internal", "device"]  # none; REMINDERS_TOKEN; the device's own credential or REMINDERS_TOKEN
-SECURITY: dict[Auth, list[dict[str, list[str]]]] = {
-    "internal": [{"bearer": []}],
-    "device": [{"deviceCredential": []}, {"bearer": []}],
-}
-PATH_PARAMETERS: dict[str, Any] = {"device_id": DeviceId, "row_id": RowId}
-
-
-@dataclass(frozen=True)
-class Answer:
-    """One status of an operation: a model (a schema of the document) or another type (inline)."""
-
-    description: str
-    body: Any = Error
-    media_type: str = "application/json"
-
-
-@dataclass(frozen=True)
-class Query:
-    """A query parameter, typed with a contract type."""
-
-    name: str
-    type: Any
-    description: str
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One method of one route: what it takes, who may call it, and what it answers.
-
-    ``app.py`` serves each operation by enforcing ``auth`` and validating ``body`` before its
-    endpoint runs; ``document`` states the same. Answers every operation of its kind may give
-    (401 for a protected one, 400/413/422 for a body, 503 for one that reads the ledger) are
-    implied; ``answers`` lists the rest and may override them.
-    """
-
-    method: str
-    path: str
-    operation_id: str
-    auth: Auth
-    answers: dict[int, Answer]
-    summary: str | None = None
-    body: type[Request] | None = None
-    body_required: bool = False
-    query: tuple[Query, ...] = ()
-    reads_ledger: bool = True
-
-
-UNAUTHORIZED = Answer("`REMINDERS_TOKEN` unset, or a missing or wrong `Authorization: Bearer` token.")
-DEVICE_UNAUTHORIZED = Answer(
-    "A missing or wrong `Authorization: Bearer`: neither this device's own credential nor the internal token."
-)
-MALFORMED = Answer("The body is not JSON.")
-TOO_LARGE = Answer(f"The body is larger than {MAX_BODY_BYTES} bytes.")
-INVALID = Answer("Validation error; `field` names the offending field.")
-NO_DEVICE = Answer("No such device.")
-UNAVAILABLE = Answer(
-    "The database is not at this release's migration head (`schema_not_current`, `detail` is the one line "
-    "naming both revisions), or it is unreachable or timed out (`database_unavailable`)."
-)
-
-HEALTHZ = Operation(
-    "GET",
-    "/healthz",
-    "healthz",
-    "open",
-    {200: Answer("Healthy.", Health), 503: Answer("The database is unavailable.", Health)},
-    summary="Open. Checks the database (a connection and the migrated schema).",
-)
-METRICS = Operation(
-    "GET",
-    "/metrics",
-    "metrics",
-    "open",
-    {200: Answer("Metrics.", str, "text/plain")},
-    summary="Open. Prometheus text format.",
-    reads_ledger=False,
-)
-OPENAPI = Operation(
-    "GET",
-    "/openapi.json",
-    "openapi",
-    "open",
-    {200: Answer("The OpenAPI document.", dict[str, Any])},
-    summary="Open. This document.",
-    reads_ledger=False,
-)
-BUILD = Operation(
-    "POST",
-    "/internal/reminders/build",
-    "build",
-    "internal",
-    {200: Answer("The build summary.", BuildSummary), 404: NO_DEVICE},
-    summary="Compose feeds and make queue rows match them (the build cron, or an immediate rebuild).",
-    body=BuildRequest,
-)
-DRAIN = Operation(
-    "POST",
-    "/internal/reminders/drain",
-    "drain",
-    "internal",
-    {
-        200: Answer("The drain summary; `due: 0` when the row is not due or already settled.", DrainSummary),
-        503: Answer("REMINDERS_ENABLED=true but APNs credentials are missing or unreadable; nothing was claimed."),
-    },
-    summary="Claim and send every due row, or only row `id` if it is due. At most once per row.",
-    body=DrainRequest,
-    query=(Query("id", RowId, "Drain only this queue row (an exact-time scheduler's call)."),),
-)
-GET_DEVICE = Operation(
-    "GET", "/v1/devices/{device_id}", "getDevice", "internal", {200: Answer("The device.", Device), 404: NO_DEVICE}
-)
-PUT_DEVICE = Operation(
-    "PUT",
-    "/v1/devices/{device_id}",
-    "putDevice",
-    "internal",
-    {200: Answer("The stored device; `credential` when this call issued one.", Registration)},
-    summary="Create or replace a device.",
-    body=DeviceRegistration,
-    body_required=True,
-)
-DELETE_DEVICE = Operation(
-    "DELETE",
-    "/v1/devices/{device_id}",
-    "deleteDevice",
-    "internal",
-    {200: Answer("Removed.", Removed), 404: NO_DEVICE},
-    summary="Delete a device; its pending rows are voided (`device_removed`).",
-)
-ROTATE_CREDENTIAL = Operation(
-    "POST",
-    "/v1/devices/{device_id}/credential",
-    "rotateDeviceCredential",
-    "device",
-    {
-        200: Answer("The new credential.", Credential),
-        404: NO_DEVICE,
-        409: Answer("`credential_changed`: a concurrent rotation replaced the credential this one meant to replace."),
-    },
-    summary="Issue the device a new credential (shown once); the one it replaces stops working at once.",
-)
-FEED = Operation(
-    "GET",
-    "/v1/devices/{device_id}/feed",
-    "getFeed",
-    "device",
-    {200: Answer("The composed feed.", Feed), 404: NO_DEVICE},
-    summary="The widget's feed, item bounds in Unix seconds; stores `tz` only when it changed (best-effort).",
-    query=(
-        Query(
-            "tz",
-            ZoneName | TzOffset,
-            "The widget's IANA time zone (`Europe/Berlin`), or (old widgets) its UTC offset in seconds.",
-        ),
-        Query(
-            "locale",
-            LocaleTag,
-            "The widget's locale (`de-DE`): the language and clock of the device's alerts, stored only when it "
-            "changed; one CLDR does not know is ignored.",
-        ),
-    ),
-)
-VAPID_PUBLIC_KEY = Operation(
-    "GET",
-    "/v1/vapid-public-key",
-    "vapidPublicKey",
-    "open",
-    {
-        200: Answer("The deployment's VAPID public key.", VapidPublicKey),
-        404: Answer("`webpush_not_configured`: this deployment sends no Web Push."),
-    },
-    summary="Open. The `applicationServerKey` a web client passes to `PushManager.subscribe`.",
-    reads_ledger=False,
-)
-ACTION_ANSWERS = {
-    404: Answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),
-    409: Answer(
-        "`not_sent` (the row sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted; "
-        "an agenda: its day left with no event), `unsubscribed`, `event_moved` (snooze only: the event moved since this alert; snooze its newer one), "
-        "`snooze_limit` (12 snoozes already) or `busy` (try again). Nothing was changed."
-    ),
-}
-ACTION_UNAUTHORIZED = Answer(
-    "`unauthorized`: not this device's own credential (nor the internal token); `wrong_action_token`: "
-    "not the token of this reminder's alert."
-)
-SNOOZE = Operation(
-    "POST",
-    "/v1/devices/{device_id}/reminders/{row_id}/snooze",
-    "snoozeReminder",
-    "device",
-    {200: Answer("The snooze's row.", Snoozed), 401: ACTION_UNAUTHORIZED, **ACTION_ANSWERS},
-    summary="Snooze a sent alert: one `snooze:N` row, however often asked, sent at its time with the same guards.",
-    body=SnoozeRequest,
-    body_required=True,
-)
-DONE = Operation(
-    "POST",
-    "/v1/devices/{device_id}/reminders/{row_id}/done",
-    "doneReminder",
-    "device",
-    {200: Answer("How many pending reminders were settled.", Acknowledged), 401: ACTION_UNAUTHORIZED, **ACTION_ANSWERS},
-    summary="Done on a sent alert: the event's other pending reminders on this device are settled `acknowledged`.",
-    body=DoneRequest,
-    body_required=True,
-)
-
-
-# ---------------------------------------------------------------- the document
-
-
-def implied_answers(op: Operation) -> dict[int, Answer]:
-    """Every answer ``op`` may give: those of its kind, then its own."""
-    implied: dict[int, Answer] = {}
-    if op.auth != "open":
-        implied[401] = UNAUTHORIZED if op.auth == "internal" else DEVICE_UNAUTHORIZED
-    if op.body is not None:
-        implied |= {400: MALFORMED, 413: TOO_LARGE, 422: INVALID}
-    if op.query:
-        implied[422] = INVALID
-    if op.reads_ledger:
-        implied[503] = UNAVAILABLE
-    return implied | op.answers
-
-
-def _is_model(body: Any) -> bool:
-    return isinstance(body, type) and issubclass(body, BaseModel)
-
-
-def _schema(body: Any) -> JsonSchemaValue:
-    """A model by reference to the document's schemas; any other type inline."""
-    if _is_model(body):
-        return {"$ref": f"#/components/schemas/{body.__name__}"}
-    return TypeAdapter(body).json_schema()
-
-
-def _content(body: Any, media_type: str = "application/json") -> dict[str, Any]:
-    return {media_type: {"schema": _schema(body)}}
-
-
-def _parameter(name: str, where: str, schema: Any, required: bool) -> dict[str, Any]:
-    return {"name": name, "in": where, "required": required, "schema": TypeAdapter(schema).json_schema()}
-
-
-def _operation(contract: Contract, op: Operation) -> dict[str, Any]:
-    spec: dict[str, Any] = {"operationId": op.operation_id}
-    if op.summary is not None:
-        spec["summary"] = op.summary
-    if op.auth != "open":
-        spec["security"] = SECURITY[op.auth]
-    if op.body is not None:
-        spec["requestBody"] = {"required": op.body_required, "content": _content(contract.model(op.body))}
-    if op.query:
-        spec["parameters"] = [
-            {**_parameter(q.name, "query", q.type, False), "description": q.description} for q in op.query
-        ]
-    spec["responses"] = {
-        str(status): {"description": a.description, "content": _content(a.body, a.media_type)}
-        for status, a in sorted(implied_answers(op).items())
-    }
-    return spec
-
-
-def paths(contract: Contract, operations: Iterable[Operation]) -> dict[str, Any]:
-    """The document's paths: each route's path parameters, then one entry per method."""
-    items: dict[str, Any] = {}
-    for op in operations:
-        item = items.setdefault(op.path, {})
-        names = re.findall(r"{(\w+)}", op.path)
-        if names:
-            item["parameters"] = [_parameter(name, "path", PATH_PARAMETERS[name], True) for name in names]
-        item[op.method.lower()] = _operation(contract, op)
-    return items
-
-
-def schemas(contract: Contract, operations: Iterable[Operation]) -> dict[str, JsonSchemaValue]:
-    """The schemas of every body the operations take or answer, and of the models those use."""
-    models: dict[type[BaseModel], None] = {}
-    for op in operations:
-        if op.body is not None:
-            models[contract.model(op.body)] = None
-        models |= {a.body: None for a in implied_answers(op).values() if _is_model(a.body)}
-    _, top = models_json_schema(
-        [(m, "validation") for m in models], ref_template="#/components/schemas/{model}", schema_generator=_Generator
-    )
-    defs: dict[str, JsonSchemaValue] = top["$defs"]
-    defs["DeviceRegistration"]["properties"]["reminder_lead_seconds"]["description"] += (
-        f" Default {contract.default_lead_seconds}."
-    )
-    return defs
-
-
-def document(contract: Contract, operations: Iterable[Operation]) -> dict[str, Any]:
-    """``/openapi.json`` for the operations the app routes."""
-    operations = list(operations)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "reminders_pipeline",
-            "version": "1",
-            "description": (
-                "Internal build/drain routes, the device API and the widget feed. Internal and management routes "
-                "need `Authorization: Bearer $REMINDERS_TOKEN` (or `$REMINDERS_TOKEN_PREVIOUS` while rotating it); "
-                "with the variable unset they all answer 401. A device's own routes (its feed, its credential) "
-                "also take that device's own credential, issued when it is registered. "
-                "Errors are JSON `{error, detail, field?}`; a request the app cannot use is a 4xx, never a 500."
-            ),
-        },
-        "paths": paths(contract, operations),
-        "components": {
-            "schemas": schemas(contract, operations),
-            "securitySchemes": {
-                "bearer": {"type": "http", "scheme": "bearer", "description": "The internal token, REMINDERS_TOKEN."},
-                "deviceCredential": {"type": "http", "scheme": "bearer", "description": "The device's own credential."},
-            },
-        },
-    }
+TAKES_NOW = (BuildRequest, DrainRequest, SnoozeRequest, DoneRequest)  # where a deployment may accept ``now``
