@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_ledger import T0, fresh, load_due  # noqa: E402
 
 from reminders_pipeline.config.settings import Settings  # noqa: E402
+from reminders_pipeline.domain import b64url  # noqa: E402
 from reminders_pipeline.domain.times import Instant  # noqa: E402
-from reminders_pipeline.providers.push_subscription import _b64, parse_subscription  # noqa: E402
+from reminders_pipeline.providers.push_subscription import parse_subscription  # noqa: E402
 from reminders_pipeline.providers.routing import default_sender_factory  # noqa: E402
 from reminders_pipeline.providers.webpush import generate_key  # noqa: E402
 from reminders_pipeline.sending.drain import drain  # noqa: E402
@@ -70,8 +71,8 @@ def raw_webpush(push: MockWebPush, subscription: dict, key_file: str, n: int) ->
                     data = http_ece.encrypt(
                         body,
                         private_key=ec.generate_private_key(ec.SECP256R1()),
-                        dh=_b64(sub.p256dh),
-                        auth_secret=_b64(sub.auth),
+                        dh=b64url.decode(sub.p256dh),
+                        auth_secret=b64url.decode(sub.auth),
                         version="aes128gcm",
                     )
                     headers = {"TTL": "3600", "Content-Encoding": "aes128gcm", "Urgency": "high", **auth}
