@@ -17,9 +17,10 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
   TCP connection or fails the TLS handshake (``refuse``).
 
 It runs on the mocks' shared ``LoopServer`` (``tls_loop``): its own event loop in a background
-thread, so a synchronous test, an asyncio test and a benchmark script can all use it. Keys and certificates are generated when it is created; nothing
-secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns`` runs one in its
-own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
+thread, so a synchronous test, an asyncio test and a benchmark script can all use it. Keys and
+certificates are generated when it is created; nothing secret lives in the repository.
+``python -m reminders_pipeline_testing.mock_apns`` runs one in its own process, prints where it
+listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
 """
 
 from __future__ import annotations
