@@ -172,7 +172,8 @@ class AsgiServer(LoopServer):
     HTTP/2 (h2's default windows and 100 streams, received data acknowledged as it is read, answer
     bodies waiting for the client's credit) or HTTP/1.1 (keep-alive, one request at a time).
     Stopping is hypercorn's graceful shutdown (idle connections close, a busy HTTP/2 one gets GOAWAY
-    once its last stream ends), then an abort of what lingers."""
+    once its last stream ends), then an abort of what lingers; a delayed answer still owed is
+    never sent."""
 
     def __init__(self, workdir: str | Path | None, *, name: str, host: str = "127.0.0.1") -> None:
         super().__init__(workdir, name=name, host=host)
@@ -180,6 +181,7 @@ class AsgiServer(LoopServer):
         self._app = ASGIWrapper(cast(ASGIFramework, self._asgi))  # Starlette's Scope is hypercorn's, untyped
         self._tasks: set[asyncio.Task[None]] = set()
         self._context = WorkerContext(None)
+        self._stopping = asyncio.Event()
 
     @abstractmethod
     async def _respond(self, request: Request, protocol: str) -> Reply:
@@ -190,38 +192,60 @@ class AsgiServer(LoopServer):
             return
         reply = await self._respond(Request(scope, receive), "h2" if scope["http_version"] == "2" else "http/1.1")
         if reply.delay > 0:
-            await asyncio.sleep(reply.delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), reply.delay)
+            if self._stopping.is_set():
+                return  # its connection was aborted: the answer goes nowhere
         await Response(reply.body, reply.status, headers=dict(reply.headers))(scope, receive, send)
 
     async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
-        self._context = WorkerContext(None)  # a fresh one per start(): its terminated event is one-shot
+        # Fresh per start(): both events are one-shot.
+        self._context = WorkerContext(None)
+        self._stopping = asyncio.Event()
         return await super()._listen(port)
 
     def _protocol(self) -> asyncio.Protocol:
-        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._serve)
+        return _TrackedStream(self)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        self._opened(writer.transport)
         try:
             loop = asyncio.get_running_loop()
             await TCPServer(self._app, loop, self._config, self._context, {}, reader, writer)
         finally:
-            self._closed(writer.transport)
             self._tasks.discard(task)
 
     async def _close_connections(self) -> None:
-        await self._context.terminated.set()
+        await self._context.terminated.set()  # also ends the idle waits of connections already dropped
         deadline = time.monotonic() + CLOSE_GRACE_SECONDS
         while self._transports and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._abort_all()
-        for task in list(self._tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 1)
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1)
+
+
+class _TrackedStream(asyncio.StreamReaderProtocol):
+    """hypercorn's stream for one connection, reported open and closed as the transport is: hypercorn
+    itself may hold a lost connection's task until its keep-alive wait ends."""
+
+    def __init__(self, server: AsgiServer) -> None:
+        super().__init__(asyncio.StreamReader(), server._serve)
+        self._server = server
+        self._tracked: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._tracked = transport
+        self._server._opened(transport)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._tracked is not None:
+            self._server._closed(self._tracked)
+        super().connection_lost(exc)
 
 
 def request_target(request: Request) -> str:
