@@ -11,7 +11,6 @@ speaks raw ``h2`` on ``LoopServer`` (see its docstring for why).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import ssl
 import sys
@@ -19,7 +18,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, cast
@@ -172,8 +171,7 @@ class AsgiServer(LoopServer):
     HTTP/2 (h2's default windows and 100 streams, received data acknowledged as it is read, answer
     bodies waiting for the client's credit) or HTTP/1.1 (keep-alive, one request at a time).
     Stopping is hypercorn's graceful shutdown (idle connections close, a busy HTTP/2 one gets GOAWAY
-    once its last stream ends), then an abort of what lingers; a delayed answer still owed is
-    never sent."""
+    once its last stream ends), then an abort of what lingers; an answer still owed is never sent."""
 
     def __init__(self, workdir: str | Path | None, *, name: str, host: str = "127.0.0.1") -> None:
         super().__init__(workdir, name=name, host=host)
@@ -188,15 +186,27 @@ class AsgiServer(LoopServer):
         """Judge one request (``protocol`` "h2" or "http/1.1"), record it, and say what to answer."""
 
     async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return
+        if scope["type"] == "http":
+            await self._unless_stopped(self._answer(scope, receive, send))
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         reply = await self._respond(Request(scope, receive), "h2" if scope["http_version"] == "2" else "http/1.1")
-        if reply.delay > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), reply.delay)
-            if self._stopping.is_set():
-                return  # its connection was aborted: the answer goes nowhere
+        await asyncio.sleep(reply.delay)
         await Response(reply.body, reply.status, headers=dict(reply.headers))(scope, receive, send)
+
+    async def _unless_stopped(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` until it is done or stop() has aborted the connections. A request whose
+        body never came, a delayed answer, or an answer waiting for flow-control credit from a
+        client that stopped reading then ends here: hypercorn would wait for them forever."""
+        working = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            working.cancel()  # nothing when it is done
+        if working.done() and not working.cancelled():
+            working.result()  # an error in the mock reaches hypercorn's log
 
     async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
         # Fresh per start(): both events are one-shot.
