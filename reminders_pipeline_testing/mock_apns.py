@@ -16,22 +16,20 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
   RST_STREAM(REFUSED_STREAM) (``Answer(refuse_stream=True)``), and a listener that refuses the
   TCP connection or fails the TLS handshake (``refuse``).
 
-It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
-benchmark script can all use it. Keys and certificates are generated when it is created; nothing
-secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns`` runs one in its
-own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
+It runs on the mocks' shared ``LoopServer`` (``tls_loop``): its own event loop in a background
+thread, so a synchronous test, an asyncio test and a benchmark script can all use it. Keys and
+certificates are generated when it is created; nothing secret lives in the repository.
+``python -m reminders_pipeline_testing.mock_apns`` runs one in its own process, prints where it
+listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
-import shutil
-import ssl
 import sys
-import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -41,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import jwt
-import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
@@ -50,6 +47,8 @@ from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
 from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
+
+from .tls_loop import LoopServer
 
 MAX_PAYLOAD_BYTES = 4096
 TOKEN_MAX_AGE_SECONDS = 3600
@@ -143,13 +142,14 @@ class _ApnsConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server._opened(self)
+        self.server._opened(transport)
         self.conn.initiate_connection()
         self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.initial_max_streams})
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server._closed(self)
+        if self.transport is not None:
+            self.server._closed(self.transport)
         for _ in self.streams:
             self.server._finished()
         self.streams.clear()
@@ -289,7 +289,7 @@ def _error_body(answer: Answer) -> bytes:
     return json.dumps(body).encode()
 
 
-class MockApns:
+class MockApns(LoopServer):
     """An APNs look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     Defaults answer 200. ``script(token, ...)`` sets the answer for one device token (optionally
@@ -297,6 +297,8 @@ class MockApns:
     ``requests``; ``jwts_seen`` lists distinct provider tokens in order of first use;
     ``max_in_flight`` is the most requests open at once across all connections.
     """
+
+    alpn = ("h2",)  # APNs speaks HTTP/2 only
 
     def __init__(
         self,
@@ -320,96 +322,37 @@ class MockApns:
         self.raised_max_streams = raised_max_streams
         # Apple answers 429 TooManyProviderTokenUpdates when the token changes too often; None = off.
         self.min_token_refresh_seconds = min_token_refresh_seconds
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="mock-apns-"))
+        super().__init__(workdir, name="mock-apns")
         self.key_file = self.workdir / f"AuthKey_{key_id}.p8"
         self.public_key = write_p8_key(self.key_file).public_key()
-        self._ca = trustme.CA()
-        self.ca_file = self.workdir / "mock-apns-ca.pem"
-        self._ca.cert_pem.write_to_path(str(self.ca_file))
-        self._lock = threading.Lock()
+        self._connection_ids = itertools.count(1)
         self._reset_state()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._connections: set[_ApnsConnection] = set()
-        self.host = "127.0.0.1"
-        self.port = 0
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
 
-    def start(self) -> tuple[str, int]:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=loop.run_forever, name="mock-apns", daemon=True)
-        self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._listen(), loop).result(timeout=10)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.host, self.port
-
-    async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
-        ids = iter(range(1, 1 << 62))
-        return await asyncio.get_running_loop().create_server(
-            lambda: _ApnsConnection(self, next(ids)), self.host, port, ssl=self._server_context()
-        )
+    def _protocol(self) -> asyncio.Protocol:
+        return _ApnsConnection(self, next(self._connection_ids))
 
     def refuse(self, mode: str | None) -> None:
         """Make new connections fail as a network or TLS fault would: ``"connect"`` refuses the TCP
         connection, ``"tls"`` accepts it but answers the handshake with bytes that are not TLS;
         ``None`` listens normally again. Open connections are aborted in both fault modes."""
-        assert self._loop is not None and mode in ("connect", "tls", None)
-        asyncio.run_coroutine_threadsafe(self._relisten(mode), self._loop).result(timeout=10)
+        assert mode in ("connect", "tls", None)
+        self._call(self._relisten(mode))
 
     async def _relisten(self, mode: str | None) -> None:
         assert self._server is not None
         self._server.close()
         if mode is not None:
-            for connection in list(self._connections):
-                if connection.transport is not None:
-                    connection.transport.abort()
+            self._abort_all()
         if mode == "tls":
             self._server = await asyncio.get_running_loop().create_server(_NotTls, self.host, self.port)
         elif mode is None:
             self._server = await self._listen(self.port)
 
-    def _server_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._ca.issue_cert(self.host, "localhost").configure_cert(ctx)
-        ctx.set_alpn_protocols(["h2"])
-        return ctx
-
-    def stop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        assert self._thread is not None
-        self._thread.join(timeout=10)
-        loop.close()
-        self._loop = None
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def _shutdown(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for connection in list(self._connections):
-            if connection.transport is not None:
-                connection.transport.abort()
-        await asyncio.sleep(0)
-
-    def __enter__(self) -> MockApns:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     def release_held(self) -> int:
         """Answer every request held by ``Answer(hold=True)`` now, as a late APNs would; returns how
         many answers went out (a held request whose connection is gone gets none)."""
-        assert self._loop is not None
 
         async def answer_held() -> int:
             held, self._held = self._held, []
@@ -419,18 +362,8 @@ class MockApns:
                 connection._answer(stream_id, stream, answer)
             return sent
 
-        return asyncio.run_coroutine_threadsafe(answer_held(), self._loop).result(timeout=10)
-
-    def drop_all_connections(self) -> None:
-        """Abort every open connection, as a network failure would."""
-        assert self._loop is not None
-
-        def abort() -> None:
-            for connection in list(self._connections):
-                if connection.transport is not None:
-                    connection.transport.abort()
-
-        self._loop.call_soon_threadsafe(abort)
+        result: int = self._call(answer_held())
+        return result
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -501,10 +434,6 @@ class MockApns:
         with self._lock:
             return list(self._jwts)
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
-
     def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -516,7 +445,7 @@ class MockApns:
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until no connection is open (clients closed theirs); True if it got there."""
         deadline = time.monotonic() + timeout
-        while self._connections or self._in_flight:
+        while self._transports or self._in_flight:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.005)
@@ -528,21 +457,13 @@ class MockApns:
                 "requests": len(self._requests),
                 "statuses": dict(Counter(r.status for r in self._requests)),
                 "connections_opened": self.connections_opened,
-                "open_connections": len(self._connections),
+                "open_connections": self.open_connections,
                 "max_in_flight": self.max_in_flight,
                 "distinct_jwts": len(self._jwts),
                 "stream_limit_violations": self.stream_limit_violations,
             }
 
     # -- called from the server thread -----------------------------------------------------
-
-    def _opened(self, connection: _ApnsConnection) -> None:
-        self._connections.add(connection)
-        with self._lock:
-            self.connections_opened += 1
-
-    def _closed(self, connection: _ApnsConnection) -> None:
-        self._connections.discard(connection)
 
     def _went_away(self) -> None:
         with self._lock:

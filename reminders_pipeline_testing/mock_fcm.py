@@ -1,8 +1,8 @@
 """A strict mock of Firebase Cloud Messaging HTTP v1 and of Google's OAuth2 token endpoint, over TLS.
 
-One listener on 127.0.0.1 serves both endpoints on both protocols, chosen by ALPN: ``h2`` (raw
-``h2``, as ``mock_apns.py``) and ``http/1.1`` (``h11``; also what a client that offers no ALPN
-gets). Both are needed: google-auth refreshes its token through ``requests`` (HTTP/1.1), and an
+One ASGI app on 127.0.0.1, served by hypercorn (``tls_loop``), answers both endpoints on both
+protocols, chosen by ALPN: ``h2`` and ``http/1.1`` (also what a client that offers no ALPN gets).
+Both are needed: google-auth refreshes its token through ``requests`` (HTTP/1.1), and an
 FCM sender may speak either. What it checks, in Google's order:
 
 * ``POST /token`` (the ``token_uri`` of the service-account files it writes): a form body with
@@ -35,29 +35,21 @@ generated when it is created or asked; nothing secret lives in the repository.
 
 from __future__ import annotations
 
-import asyncio
-import email.utils
 import json
 import re
 import secrets
-import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import h11
 import jwt
-import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
-from h2.exceptions import ProtocolError, StreamClosedError
+from starlette.requests import Request
 
-from .tls_loop import LoopServer
+from .tls_loop import AsgiServer, Reply, request_target
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
@@ -189,17 +181,9 @@ class _Request:
     received_at: float
 
 
-@dataclass(frozen=True)
-class _Response:
-    status: int
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
-    delay: float = 0.0
-
-
-def _json_response(status: int, body: Any, *headers: tuple[str, str], delay: float = 0.0) -> _Response:
-    return _Response(
-        status, json.dumps(body).encode(), (("content-type", "application/json; charset=UTF-8"), *headers), delay
+def _json_response(status: int, body: Any, *headers: tuple[str, str], delay: float = 0.0) -> Reply:
+    return Reply(
+        status, (("content-type", "application/json; charset=UTF-8"), *headers), json.dumps(body).encode(), delay
     )
 
 
@@ -210,7 +194,7 @@ def _google_error(status: int, message: str, details: list[dict[str, Any]] | Non
     return {"error": error}
 
 
-def _oauth_error(status: int, error: str, description: str) -> _Response:
+def _oauth_error(status: int, error: str, description: str) -> Reply:
     return _json_response(status, {"error": error, "error_description": description})
 
 
@@ -393,257 +377,10 @@ def _parse_send_body(body: bytes) -> tuple[dict[str, Any], bool]:
     return message, bool(fields.get("validate_only", False))
 
 
-# -- connections ---------------------------------------------------------------------------------
-
-
-class _H2Connection(asyncio.Protocol):
-    """One client connection that chose ``h2``: framing, streams and flow control."""
-
-    def __init__(self, server: MockFcm) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
-        self.streams: dict[int, tuple[dict[str, str], bytearray]] = {}
-        self.blocked: dict[int, bytes] = {}  # answer bodies waiting for the client's flow-control credit
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server._opened(self)
-        self.conn.initiate_connection()
-        self.flush()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._closed(self)
-        self.streams.clear()
-
-    def flush(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(self.conn.data_to_send())
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            events = self.conn.receive_data(data)
-        except ProtocolError:
-            self.flush()  # the GOAWAY h2 queued
-            if self.transport is not None:
-                self.transport.close()
-            return
-        for event in events:
-            if isinstance(event, RequestReceived):
-                headers: dict[str, str] = {}
-                for name, value in event.headers or []:
-                    key, text = _text(name).lower(), _text(value)
-                    headers[key] = f"{headers[key]}, {text}" if key in headers else text
-                self.streams[event.stream_id] = (headers, bytearray())
-            elif isinstance(event, DataReceived):
-                stream = self.streams.get(event.stream_id)
-                if stream is not None and event.data is not None:
-                    stream[1].extend(event.data)
-                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, StreamEnded):
-                self._on_request(event.stream_id)
-            elif isinstance(event, StreamReset):
-                self.streams.pop(event.stream_id, None)
-                self.blocked.pop(event.stream_id, None)
-            elif isinstance(event, WindowUpdated):
-                self._send_blocked()
-            elif isinstance(event, ConnectionTerminated):
-                if self.transport is not None:
-                    self.transport.close()
-        self.flush()
-
-    def _on_request(self, stream_id: int) -> None:
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            return
-        headers, body = stream
-        request = _Request(
-            method=headers.get(":method", ""),
-            target=headers.get(":path", ""),
-            headers={name: value for name, value in headers.items() if not name.startswith(":")},
-            body=bytes(body),
-            protocol="h2",
-            received_at=time.time(),
-        )
-        response = self.server._handle(request)
-        if response.delay > 0:
-            asyncio.get_running_loop().call_later(response.delay, self._answer, stream_id, response)
-        else:
-            self._answer(stream_id, response)
-
-    def _answer(self, stream_id: int, response: _Response) -> None:
-        if self.streams.pop(stream_id, None) is None:
-            return  # reset by the client, or the connection is gone
-        if self.transport is None or self.transport.is_closing():
-            return
-        headers = [(":status", str(response.status)), *response.headers, ("content-length", str(len(response.body)))]
-        try:
-            self.conn.send_headers(stream_id, headers, end_stream=not response.body)
-        except (StreamClosedError, ProtocolError):
-            return
-        if response.body:
-            self.blocked[stream_id] = response.body
-            self._send_blocked()
-        self.flush()
-
-    def _send_blocked(self) -> None:
-        """Send each waiting body whose stream and connection windows both have room, as a real
-        HTTP/2 server would: DATA beyond the peer's window waits for its WINDOW_UPDATE."""
-        for stream_id, body in list(self.blocked.items()):
-            try:
-                window = self.conn.local_flow_control_window(stream_id)
-                chunk = body[: min(window, self.conn.max_outbound_frame_size)]
-                if not chunk:
-                    continue
-                rest = body[len(chunk) :]
-                self.conn.send_data(stream_id, chunk, end_stream=not rest)
-            except (StreamClosedError, ProtocolError):
-                rest = b""
-            if rest:
-                self.blocked[stream_id] = rest
-            else:
-                del self.blocked[stream_id]
-        self.flush()
-
-
-class _Http1Connection(asyncio.Protocol):
-    """One client connection on HTTP/1.1 (``h11``): keep-alive, one request at a time, in order."""
-
-    def __init__(self, server: MockFcm) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn = h11.Connection(h11.SERVER)
-        self.current: tuple[h11.Request, bytearray] | None = None
-        self.busy = False  # an answer is owed (maybe delayed); later pipelined requests wait
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server._opened(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._closed(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
-        self._pump()
-
-    def eof_received(self) -> bool | None:
-        self.conn.receive_data(b"")
-        self._pump()
-        return None
-
-    def _pump(self) -> None:
-        while not self.busy and self.transport is not None and not self.transport.is_closing():
-            try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError:
-                self._bad_request()
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            if isinstance(event, h11.Request):
-                self.current = (event, bytearray())
-            elif isinstance(event, h11.Data) and self.current is not None:
-                self.current[1].extend(event.data)
-            elif isinstance(event, h11.EndOfMessage) and self.current is not None:
-                self.busy = True
-                self._on_request(*self.current)
-                self.current = None
-            elif isinstance(event, h11.ConnectionClosed):
-                self.transport.close()
-                return
-
-    def _on_request(self, head: h11.Request, body: bytearray) -> None:
-        headers: dict[str, str] = {}
-        for name, value in head.headers:
-            key = name.decode("latin-1").lower()
-            text = value.decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        request = _Request(
-            method=head.method.decode("ascii"),
-            target=head.target.decode("latin-1"),
-            headers=headers,
-            body=bytes(body),
-            protocol="http/1.1",
-            received_at=time.time(),
-        )
-        response = self.server._handle(request)
-        if response.delay > 0:
-            asyncio.get_running_loop().call_later(response.delay, self._answer, response)
-        else:
-            self._answer(response)
-
-    def _answer(self, response: _Response) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        headers = [
-            *response.headers,
-            ("content-length", str(len(response.body))),
-            ("date", email.utils.formatdate(usegmt=True)),
-        ]
-        try:
-            data = self.conn.send(h11.Response(status_code=response.status, headers=headers))
-            data += self.conn.send(h11.Data(data=response.body))
-            data += self.conn.send(h11.EndOfMessage())
-        except h11.LocalProtocolError:
-            self.transport.close()
-            return
-        self.transport.write(data)
-        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is h11.MUST_CLOSE:
-            self.transport.close()
-            return
-        try:
-            self.conn.start_next_cycle()
-        except h11.LocalProtocolError:
-            self.transport.close()
-            return
-        self.busy = False
-        self._pump()
-
-    def _bad_request(self) -> None:
-        assert self.transport is not None
-        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-            body = b'{"error": {"code": 400, "message": "Malformed HTTP request.", "status": "INVALID_ARGUMENT"}}'
-            try:
-                data = self.conn.send(
-                    h11.Response(status_code=400, headers=[("content-length", str(len(body))), ("connection", "close")])
-                )
-                data += self.conn.send(h11.Data(data=body)) + self.conn.send(h11.EndOfMessage())
-                self.transport.write(data)
-            except h11.LocalProtocolError:
-                pass
-        self.transport.close()
-
-
-class _Alpn(asyncio.Protocol):
-    """Picks the protocol the TLS handshake negotiated, then hands the connection over to it."""
-
-    def __init__(self, server: MockFcm) -> None:
-        self.server = server
-        self.inner: asyncio.Protocol | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        ssl_object = transport.get_extra_info("ssl_object")
-        chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
-        self.inner = _H2Connection(self.server) if chosen == "h2" else _Http1Connection(self.server)
-        self.inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.inner is not None:
-            self.inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self.inner is not None:
-            self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.inner is not None else None
-
-
 # -- the server ----------------------------------------------------------------------------------
 
 
-class MockFcm(LoopServer):
+class MockFcm(AsgiServer):
     """FCM HTTP v1 and its OAuth2 token endpoint in a background thread; a context manager, or
     ``start()`` → ``(host, port)`` and ``stop()``.
 
@@ -658,33 +395,9 @@ class MockFcm(LoopServer):
         # as stale 3 min 45 s before its expiry, so below 225 it refreshes before every use.
         self.token_lifetime = 3600
         super().__init__(workdir, name="mock-fcm")
-        self._ca = trustme.CA()
-        self.ca_file = self.workdir / "mock-fcm-ca.pem"
-        self._ca.cert_pem.write_to_path(str(self.ca_file))
-        self._lock = threading.Lock()
         self._accounts: dict[str, ServiceAccount] = {}  # by key id
         self._issued: dict[str, _Issued] = {}  # by access token
         self._reset_state()
-        self._connections: set[asyncio.Protocol] = set()
-
-    # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
-
-    def _protocol(self) -> asyncio.Protocol:
-        return _Alpn(self)
-
-    async def _close_connections(self) -> None:
-        self._abort_all()
-
-    def _abort_all(self) -> None:
-        for connection in list(self._connections):
-            transport = getattr(connection, "transport", None)
-            if transport is not None:
-                transport.abort()
-
-    def drop_all_connections(self) -> None:
-        """Abort every open connection, as a network failure would."""
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._abort_all)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -777,10 +490,6 @@ class MockFcm(LoopServer):
         with self._lock:
             return list(self._accounts.values())
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
-
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedSend]:
         """The recorded sends once there are ``count`` of them, or whatever there is at ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -793,13 +502,14 @@ class MockFcm(LoopServer):
 
     # -- called from the server thread -----------------------------------------------------
 
-    def _opened(self, connection: asyncio.Protocol) -> None:
-        self._connections.add(connection)
+    async def _respond(self, request: Request, protocol: str) -> Reply:
+        headers: dict[str, str] = {}
+        for name, value in request.headers.items():
+            headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        body = await request.body()
+        return self._handle(_Request(request.method, request_target(request), headers, body, protocol, time.time()))
 
-    def _closed(self, connection: asyncio.Protocol) -> None:
-        self._connections.discard(connection)
-
-    def _handle(self, request: _Request) -> _Response:
+    def _handle(self, request: _Request) -> Reply:
         path = urllib.parse.unquote(request.target.split("?", 1)[0])
         if path == "/token":
             if request.method != "POST":
@@ -810,7 +520,7 @@ class MockFcm(LoopServer):
             return _json_response(404, _google_error(404, "Method not found."))
         return self._send(request, match["project"])
 
-    def _token(self, request: _Request) -> _Response:
+    def _token(self, request: _Request) -> Reply:
         with self._lock:
             self.token_requests += 1
             scripted = self._token_script
@@ -847,7 +557,7 @@ class MockFcm(LoopServer):
             200, body, ("cache-control", "no-cache, no-store, max-age=0, must-revalidate"), ("pragma", "no-cache")
         )
 
-    def _verify_assertion(self, assertion: str) -> tuple[_Response | None, ServiceAccount | None]:
+    def _verify_assertion(self, assertion: str) -> tuple[Reply | None, ServiceAccount | None]:
         """Google's checks of a JWT-bearer grant: the refusal, or the service account it is for."""
         try:
             header = jwt.get_unverified_header(assertion)
@@ -917,7 +627,7 @@ class MockFcm(LoopServer):
             ), None
         return None, account
 
-    def _send(self, request: _Request, project: str) -> _Response:
+    def _send(self, request: _Request, project: str) -> Reply:
         access_token = _bearer(request.headers.get("authorization", ""))
         try:
             sent = json.loads(request.body)
@@ -994,10 +704,6 @@ class MockFcm(LoopServer):
                 if scripted.times <= 0:
                     del self._scripts[token]
             return scripted.answer
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _bearer(authorization: str) -> str | None:

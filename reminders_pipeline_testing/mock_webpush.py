@@ -1,4 +1,4 @@
-"""A strict mock of a Web Push service (RFC 8030): HTTP/2 over TLS on raw ``h2`` + asyncio.
+"""A strict mock of a Web Push service (RFC 8030): an ASGI app served over TLS by hypercorn (``tls_loop``).
 
 It plays the part of Mozilla's autopush or FCM's web push endpoint for one sender under test, and
 it is stricter than either where they trust the sender, because it also holds the browser's keys:
@@ -29,10 +29,9 @@ it is stricter than either where they trust the sender, because it also holds th
     default, or a scripted status (404/410/413/429/500/503 ... with the JSON body; ``Retry-After``
     when the answer has one; 410 also with ``Cache-Control: max-age=86400``, as autopush sends).
 
-* h2's default windows are kept and received DATA is acknowledged as it is consumed; an answer's
-  body waits for the client's WINDOW_UPDATE as a real server's would. Stopping sends GOAWAY.
-* ALPN offers ``h2`` and ``http/1.1``; a client that picks HTTP/1.1 (or offers no ALPN) is served
-  by ``h11`` with the same checks, so a sender that quietly falls back is visible in ``protocol``.
+* HTTP/2 with h2's default windows and flow control both ways, as hypercorn serves it; ALPN offers
+  ``h2`` and ``http/1.1``, and a client that picks HTTP/1.1 (or offers no ALPN) gets the same
+  checks, so a sender that quietly falls back is visible in ``protocol``.
 
 It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
 benchmark script can all use it. Keys and certificates are generated when it is created; nothing
@@ -43,13 +42,11 @@ its own process, prints where it listens as JSON, and answers ``subscribe`` / ``
 
 from __future__ import annotations
 
-import asyncio
 import http
 import json
 import re
 import secrets
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -57,21 +54,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import h11
 import http_ece
 import jwt
-import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from h2.config import H2Configuration
-from h2.connection import H2Connection
-from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamEnded, StreamReset, WindowUpdated
-from h2.exceptions import ProtocolError, StreamClosedError
+from starlette.requests import Request
 
 from reminders_pipeline.domain.b64url import decode as b64url_decode
 from reminders_pipeline.domain.b64url import encode as b64url
 
-from .tls_loop import LoopServer
+from .tls_loop import AsgiServer, Reply, request_target
 
 MAX_PAYLOAD_BYTES = 4096
 VAPID_MAX_LIFETIME_SECONDS = 24 * 3600
@@ -119,14 +111,6 @@ class _Subscription:
     answer: Answer | None  # None: the default (201)
 
 
-@dataclass(frozen=True)
-class _Reply:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-    delay: float = 0.0
-
-
 class _Refused(Exception):
     """A check failed: answer ``status`` with autopush's error body."""
 
@@ -137,228 +121,7 @@ class _Refused(Exception):
         self.message = message
 
 
-@dataclass
-class _Stream:
-    headers: dict[str, str]
-    body: bytearray = field(default_factory=bytearray)
-    size: int = 0  # bytes received; the body keeps only the first MAX_PAYLOAD_BYTES + 1
-
-
-class _AlpnSwitch(asyncio.Protocol):
-    """Accepts the TLS connection, then hands it to the HTTP/2 or HTTP/1.1 side ALPN chose."""
-
-    def __init__(self, server: MockWebPush) -> None:
-        self.server = server
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        ssl_object = transport.get_extra_info("ssl_object")
-        chosen = ssl_object.selected_alpn_protocol() if ssl_object is not None else None
-        protocol: _H2Connection | _H11Connection
-        protocol = _H2Connection(self.server) if chosen == "h2" else _H11Connection(self.server)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-
-
-class _H2Connection(asyncio.Protocol):
-    """One HTTP/2 client connection: h2 framing, flow control both ways, GOAWAY on stop."""
-
-    def __init__(self, server: MockWebPush) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
-        self.streams: dict[int, _Stream] = {}
-        self.blocked: dict[int, bytes] = {}  # answer bodies waiting for the client's flow-control credit
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server._opened(self)
-        self.conn.initiate_connection()  # h2's default SETTINGS: 64 KB windows, 100 streams
-        self.flush()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._closed(self)
-        self.streams.clear()
-        self.blocked.clear()
-
-    def flush(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(self.conn.data_to_send())
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            events = self.conn.receive_data(data)
-        except ProtocolError:
-            self.flush()  # the GOAWAY h2 queued
-            if self.transport is not None:
-                self.transport.close()
-            return
-        for event in events:
-            self._on_event(event)
-        self.flush()
-
-    def _on_event(self, event: object) -> None:
-        if isinstance(event, RequestReceived):
-            self.streams[event.stream_id] = _Stream({_text(k): _text(v) for k, v in event.headers})
-        elif isinstance(event, DataReceived):
-            stream = self.streams.get(event.stream_id)
-            if stream is not None:
-                stream.size += len(event.data)
-                room = MAX_PAYLOAD_BYTES + 1 - len(stream.body)
-                if room > 0:
-                    stream.body += event.data[:room]
-            # Consumed: give the credit back (h2 sends WINDOW_UPDATE once enough has been read).
-            self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-        elif isinstance(event, StreamEnded):
-            stream = self.streams.get(event.stream_id)
-            if stream is not None:
-                reply = self.server._handle(stream.headers, bytes(stream.body), stream.size, "h2")
-                if reply.delay > 0:
-                    asyncio.get_running_loop().call_later(reply.delay, self._answer, event.stream_id, reply)
-                else:
-                    self._answer(event.stream_id, reply)
-        elif isinstance(event, StreamReset):
-            self.blocked.pop(event.stream_id, None)
-            self.streams.pop(event.stream_id, None)
-        elif isinstance(event, WindowUpdated):
-            self._send_blocked()
-        elif isinstance(event, ConnectionTerminated):
-            if self.transport is not None:
-                self.transport.close()
-
-    def _answer(self, stream_id: int, reply: _Reply) -> None:
-        if self.streams.pop(stream_id, None) is None:
-            return  # reset by the client, or the connection is gone
-        if self.transport is None or self.transport.is_closing():
-            return
-        headers = [(":status", str(reply.status)), *reply.headers]
-        try:
-            if not reply.body:
-                self.conn.send_headers(stream_id, headers, end_stream=True)
-            else:
-                self.conn.send_headers(stream_id, [*headers, ("content-length", str(len(reply.body)))])
-                self.blocked[stream_id] = reply.body
-                self._send_blocked()
-        except (StreamClosedError, ProtocolError):
-            return
-        self.flush()
-
-    def _send_blocked(self) -> None:
-        """Send each waiting body whose stream and connection windows both have room.
-
-        A real HTTP/2 server does the same: DATA beyond the peer's window waits for its
-        WINDOW_UPDATE. The bodies are one frame each (the service's answers are small).
-        """
-        for stream_id, body in list(self.blocked.items()):
-            try:
-                if self.conn.local_flow_control_window(stream_id) < len(body):
-                    continue
-                self.conn.send_data(stream_id, body, end_stream=True)
-            except (StreamClosedError, ProtocolError):
-                pass
-            del self.blocked[stream_id]
-        self.flush()
-
-    def go_away(self) -> None:
-        """GOAWAY(NO_ERROR) naming the last stream seen, then close once it is written."""
-        if self.transport is None or self.transport.is_closing():
-            return
-        try:
-            self.conn.close_connection()
-        except ProtocolError:
-            pass
-        self.flush()
-        self.transport.close()
-
-
-class _H11Connection(asyncio.Protocol):
-    """One HTTP/1.1 client connection (ALPN fallback): one request at a time, keep-alive."""
-
-    def __init__(self, server: MockWebPush) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.conn = h11.Connection(h11.SERVER)
-        self.stream: _Stream | None = None
-        self.busy = False  # a request is being answered; later (pipelined) ones wait in h11's buffer
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.server._opened(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._closed(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.conn.receive_data(data)
-        self._process()
-
-    def eof_received(self) -> bool | None:
-        self.conn.receive_data(b"")
-        self._process()
-        return None
-
-    def _process(self) -> None:
-        while not self.busy and self.transport is not None and not self.transport.is_closing():
-            try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError:
-                self._send(_Reply(400, [("connection", "close")], b""))
-                self.transport.close()
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            if isinstance(event, h11.Request):
-                headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
-                headers[":method"] = event.method.decode("ascii")
-                headers[":path"] = event.target.decode("latin-1")
-                headers[":authority"] = headers.get("host", "")
-                self.stream = _Stream(headers)
-            elif isinstance(event, h11.Data) and self.stream is not None:
-                self.stream.size += len(event.data)
-                room = MAX_PAYLOAD_BYTES + 1 - len(self.stream.body)
-                if room > 0:
-                    self.stream.body += event.data[:room]
-            elif isinstance(event, h11.EndOfMessage) and self.stream is not None:
-                stream, self.stream = self.stream, None
-                reply = self.server._handle(stream.headers, bytes(stream.body), stream.size, "http/1.1")
-                self.busy = True
-                if reply.delay > 0:
-                    asyncio.get_running_loop().call_later(reply.delay, self._answer, reply)
-                else:
-                    self._answer(reply)
-            elif isinstance(event, h11.ConnectionClosed):
-                self.transport.close()
-                return
-
-    def _answer(self, reply: _Reply) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        self._send(reply)
-        if self.conn.our_state is h11.MUST_CLOSE or self.conn.their_state is h11.MUST_CLOSE:
-            self.transport.close()
-            return
-        self.conn.start_next_cycle()
-        self.busy = False
-        self._process()
-
-    def _send(self, reply: _Reply) -> None:
-        assert self.transport is not None
-        headers = [*reply.headers, ("content-length", str(len(reply.body)))]
-        try:
-            data = self.conn.send(h11.Response(status_code=reply.status, headers=headers)) or b""
-            if reply.body:
-                data += self.conn.send(h11.Data(data=reply.body)) or b""
-            data += self.conn.send(h11.EndOfMessage()) or b""
-        except h11.LocalProtocolError:
-            self.transport.close()
-            return
-        self.transport.write(data)
-
-    def go_away(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-
-class MockWebPush(LoopServer):
+class MockWebPush(AsgiServer):
     """A Web Push service look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     ``subscribe()`` returns a browser's subscription JSON; every request to its endpoint answers
@@ -367,35 +130,13 @@ class MockWebPush(LoopServer):
     """
 
     def __init__(self, *, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
-        super().__init__(workdir, name="mock-webpush")
-        self.host = host  # "::1": endpoints with an IPv6 literal host, https://[::1]:<port>/...
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._ca = trustme.CA()
-        self.ca_file = self.workdir / "mock-webpush-ca.pem"
-        self._ca.cert_pem.write_to_path(str(self.ca_file))
-        self._lock = threading.Lock()
+        # host "::1": endpoints with an IPv6 literal host, https://[::1]:<port>/...
+        super().__init__(workdir, name="mock-webpush", host=host)
         self._subscriptions: dict[str, _Subscription] = {}
         self._unsubscribed: set[str] = set()
         # The service's clock for VAPID ``exp``; a test may pin it. reset() keeps it.
         self.clock: Callable[[], float] = time.time
         self._reset_state()
-        self._connections: set[_H2Connection | _H11Connection] = set()
-
-    # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
-
-    def _protocol(self) -> asyncio.Protocol:
-        return _AlpnSwitch(self)
-
-    async def _close_connections(self) -> None:
-        """GOAWAY to every HTTP/2 client, a close to every HTTP/1.1 one; abort what lingers."""
-        for connection in list(self._connections):
-            connection.go_away()
-        deadline = time.monotonic() + 0.25  # a client that holds on past GOAWAY is then aborted
-        while self._connections and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        for connection in list(self._connections):
-            if connection.transport is not None:
-                connection.transport.abort()
 
     # -- subscriptions and scripts ---------------------------------------------------------
 
@@ -471,10 +212,6 @@ class MockWebPush(LoopServer):
         with self._lock:
             return list(self._requests)
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._connections)
-
     def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -496,21 +233,22 @@ class MockWebPush(LoopServer):
                 "requests": len(self._requests),
                 "statuses": dict(Counter(r.status for r in self._requests)),
                 "connections_opened": self.connections_opened,
-                "open_connections": len(self._connections),
+                "open_connections": self.open_connections,
                 "subscriptions": len(self._subscriptions),
             }
 
     # -- called from the server thread -----------------------------------------------------
 
-    def _opened(self, connection: _H2Connection | _H11Connection) -> None:
-        self._connections.add(connection)
-        with self._lock:
-            self.connections_opened += 1
+    async def _respond(self, request: Request, protocol: str) -> Reply:
+        headers = {
+            ":method": request.method,
+            ":path": request_target(request),
+            ":authority": request.headers.get("host", ""),
+        }
+        headers.update(request.headers)
+        return self._handle(headers, await request.body(), protocol)
 
-    def _closed(self, connection: _H2Connection | _H11Connection) -> None:
-        self._connections.discard(connection)
-
-    def _handle(self, headers: dict[str, str], body: bytes, size: int, protocol: str) -> _Reply:
+    def _handle(self, headers: dict[str, str], body: bytes, protocol: str) -> Reply:
         """Judge one complete request, record it, and say what to answer."""
         path = headers.get(":path", "")
         facts: dict[str, Any] = {"ttl": None, "urgency": headers.get("urgency"), "topic": headers.get("topic")}
@@ -521,7 +259,7 @@ class MockWebPush(LoopServer):
             sub = self._subscription_for(headers.get(":method", ""), path)
             self._check_vapid(headers.get("authorization"), sub)
             facts["ttl"] = self._check_push_headers(headers)
-            plaintext = self._check_body(headers, body, size, sub)
+            plaintext = self._check_body(headers, body, sub)
             answer = sub.answer or Answer()
             reply_headers: list[tuple[str, str]] = []
             if answer.retry_after is not None:
@@ -530,11 +268,11 @@ class MockWebPush(LoopServer):
                 if answer.status == 201:
                     location = f"{self.origin}/m/{secrets.token_urlsafe(24)}"
                     reply_headers += [("location", location), ("ttl", str(min(facts["ttl"], MAX_TTL_SECONDS)))]
-                reply = _Reply(answer.status, reply_headers, b"", answer.delay)
+                reply = Reply(answer.status, reply_headers, b"", answer.delay)
             else:
                 errno, message = _SCRIPTED_ERRORS.get(answer.status, (None, http.HTTPStatus(answer.status).phrase))
                 refusal = _error_reply(_Refused(answer.status, errno, message), reply_headers)
-                reply = _Reply(refusal.status, refusal.headers, refusal.body, answer.delay)
+                reply = Reply(refusal.status, refusal.headers, refusal.body, answer.delay)
         except _Refused as refused:
             reply = _error_reply(refused, [("allow", "POST")] if refused.status == 405 else [])
             plaintext = None
@@ -640,7 +378,8 @@ class MockWebPush(LoopServer):
         return ttl
 
     @staticmethod
-    def _check_body(headers: dict[str, str], body: bytes, size: int, sub: _Subscription) -> bytes:
+    def _check_body(headers: dict[str, str], body: bytes, sub: _Subscription) -> bytes:
+        size = len(body)
         if size == 0:
             return b""  # a push without payload (RFC 8030 §5): no encryption headers needed
         encoding = headers.get("content-encoding")
@@ -678,7 +417,7 @@ _SCRIPTED_ERRORS: dict[int, tuple[int | None, str]] = {
 }
 
 
-def _error_reply(refused: _Refused, headers: list[tuple[str, str]]) -> _Reply:
+def _error_reply(refused: _Refused, headers: list[tuple[str, str]]) -> Reply:
     body = {
         "code": refused.status,
         "errno": refused.errno,
@@ -687,11 +426,7 @@ def _error_reply(refused: _Refused, headers: list[tuple[str, str]]) -> _Reply:
         "more_info": MORE_INFO,
     }
     extra = [("cache-control", "max-age=86400")] if refused.status == 410 else []
-    return _Reply(refused.status, [*headers, *extra, ("content-type", "application/json")], json.dumps(body).encode())
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+    return Reply(refused.status, [*headers, *extra, ("content-type", "application/json")], json.dumps(body).encode())
 
 
 def _serve_stdio(mock: MockWebPush) -> None:

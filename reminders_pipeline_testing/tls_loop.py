@@ -1,8 +1,11 @@
-"""The lifecycle the TLS push mocks share: their own event loop in a background thread, one listener.
+"""The plumbing the TLS push mocks share: a loop in a background thread, one TLS listener, its connections.
 
-A mock subclasses ``LoopServer``, makes its trustme CA as ``_ca``, and says how a connection is
-served (``_protocol``) and how open ones are shut (``_close_connections``); the rest is here, so a
-synchronous test, an asyncio test and a benchmark script can all start and stop one the same way.
+A mock is its validation and scripting only. ``LoopServer`` gives it a trustme CA, a listener on a
+free port served from its own event loop (so a synchronous test, an asyncio test and a benchmark
+script start and stop it the same way), and the set of open connections that ``open_connections``,
+``connections_opened`` and ``drop_all_connections()`` read. ``AsgiServer`` serves an ASGI app over
+it with hypercorn, HTTP/2 or HTTP/1.1 as ALPN chose: the Web Push and FCM mocks. The APNs mock
+speaks raw ``h2`` on ``LoopServer`` (see its docstring for why).
 """
 
 from __future__ import annotations
@@ -10,65 +13,91 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
+import sys
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self, cast
 
 import trustme
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.config import Config
+from hypercorn.typing import ASGIFramework
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+# How long stop() lets hypercorn close connections gracefully before it aborts them.
+CLOSE_GRACE_SECONDS = 0.25
 
 
 class LoopServer(ABC):
-    """Listens with TLS on ``127.0.0.1`` at a free port, served from a loop in a thread of its own.
+    """Listens with TLS on ``host`` at a free port, served from a loop in a thread of its own.
 
     ``start()`` → ``(host, port)``; ``stop()`` shuts the connections, the loop and the thread, and
-    removes the workdir when the server made it. A context manager, too.
+    removes the workdir when the server made it. A context manager, too. ``alpn`` is what the TLS
+    handshake offers.
     """
 
-    _ca: trustme.CA  # the subclass's CA: it issues the server's certificate, clients trust its ca_file
+    alpn: tuple[str, ...] = ("h2", "http/1.1")
 
-    def __init__(self, workdir: str | Path | None, *, name: str) -> None:
-        self._name = name  # the thread's name, and the prefix of a workdir made here
+    def __init__(self, workdir: str | Path | None, *, name: str, host: str = "127.0.0.1") -> None:
+        self._name = name  # the thread's name, the prefix of a workdir made here, the CA file's name
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"{name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._ca = trustme.CA()
+        self.ca_file = self.workdir / f"{name}-ca.pem"
+        self._ca.cert_pem.write_to_path(str(self.ca_file))
+        self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
-        self.host = "127.0.0.1"
+        self._transports: set[asyncio.BaseTransport] = set()  # server thread only
+        self.connections_opened = 0
+        self.host = host
         self.port = 0
 
     @abstractmethod
     def _protocol(self) -> asyncio.Protocol:
-        """A new connection's protocol (called on the server's loop)."""
-
-    @abstractmethod
-    async def _close_connections(self) -> None:
-        """Shut every open connection; the listener is closed already, so no new one comes."""
+        """A new connection's protocol (called on the server's loop); it reports ``_opened``/``_closed``."""
 
     def start(self) -> tuple[str, int]:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(self._listen(), loop).result(timeout=10)
+        self._server = self._call(self._listen())
         self.port = self._server.sockets[0].getsockname()[1]
         return self.host, self.port
 
-    async def _listen(self) -> asyncio.base_events.Server:
-        return await asyncio.get_running_loop().create_server(self._protocol, self.host, 0, ssl=self._server_context())
+    def _call(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the server's loop and wait for its result."""
+        assert self._loop is not None, "start the mock first"
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
+
+    async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
+        return await asyncio.get_running_loop().create_server(
+            self._protocol, self.host, port, ssl=self._server_context()
+        )
 
     def _server_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._ca.issue_cert(self.host, "localhost").configure_cert(ctx)
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        ctx.set_alpn_protocols(list(self.alpn))
         return ctx
 
     def stop(self) -> None:
         loop = self._loop
         if loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=10)
+        self._call(self._shutdown())
         loop.call_soon_threadsafe(loop.stop)
         assert self._thread is not None
         self._thread.join(timeout=10)
@@ -83,9 +112,154 @@ class LoopServer(ABC):
         await self._close_connections()
         await asyncio.sleep(0)  # let the closed transports' callbacks run before the loop stops
 
+    async def _close_connections(self) -> None:
+        """Shut every open connection; the listener is closed already, so no new one comes."""
+        self._abort_all()
+
     def __enter__(self) -> Self:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- connections -----------------------------------------------------------------------
+
+    def _opened(self, transport: asyncio.BaseTransport) -> None:
+        self._transports.add(transport)
+        with self._lock:
+            self.connections_opened += 1
+
+    def _closed(self, transport: asyncio.BaseTransport) -> None:
+        self._transports.discard(transport)
+
+    def _abort_all(self) -> None:
+        for transport in list(self._transports):
+            transport.abort()  # type: ignore[attr-defined]
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._transports)
+
+    def drop_all_connections(self) -> None:
+        """Abort every open connection, as a network failure would."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._abort_all)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What an ``AsgiServer`` answers one request, ``delay`` seconds after it was complete."""
+
+    status: int
+    headers: Sequence[tuple[str, str]] = ()
+    body: bytes = b""
+    delay: float = 0.0
+
+
+def _hypercorn_config() -> Config:
+    """hypercorn set to keep a client's connection as long as the client does, as the services do."""
+    config = Config()
+    config.include_server_header = False
+    config.keep_alive_timeout = 24 * 3600
+    config.keep_alive_max_requests = sys.maxsize
+    return config
+
+
+class AsgiServer(LoopServer):
+    """A ``LoopServer`` that hands each connection to hypercorn, which serves ``_respond`` over
+    HTTP/2 (h2's default windows and 100 streams, received data acknowledged as it is read, answer
+    bodies waiting for the client's credit) or HTTP/1.1 (keep-alive, one request at a time).
+    Stopping is hypercorn's graceful shutdown (idle connections close, a busy HTTP/2 one gets GOAWAY
+    once its last stream ends), then an abort of what lingers; an answer still owed is never sent."""
+
+    def __init__(self, workdir: str | Path | None, *, name: str, host: str = "127.0.0.1") -> None:
+        super().__init__(workdir, name=name, host=host)
+        self._config = _hypercorn_config()
+        self._app = ASGIWrapper(cast(ASGIFramework, self._asgi))  # Starlette's Scope is hypercorn's, untyped
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._context = WorkerContext(None)
+        self._stopping = asyncio.Event()
+
+    @abstractmethod
+    async def _respond(self, request: Request, protocol: str) -> Reply:
+        """Judge one request (``protocol`` "h2" or "http/1.1"), record it, and say what to answer."""
+
+    async def _asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._unless_stopped(self._answer(scope, receive, send))
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        reply = await self._respond(Request(scope, receive), "h2" if scope["http_version"] == "2" else "http/1.1")
+        await asyncio.sleep(reply.delay)
+        await Response(reply.body, reply.status, headers=dict(reply.headers))(scope, receive, send)
+
+    async def _unless_stopped(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` until it is done or stop() has aborted the connections. A request whose
+        body never came, a delayed answer, or an answer waiting for flow-control credit from a
+        client that stopped reading then ends here: hypercorn would wait for them forever."""
+        working = asyncio.ensure_future(work)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            working.cancel()  # nothing when it is done
+        if working.done() and not working.cancelled():
+            working.result()  # an error in the mock reaches hypercorn's log
+
+    async def _listen(self, port: int = 0) -> asyncio.base_events.Server:
+        # Fresh per start(): both events are one-shot.
+        self._context = WorkerContext(None)
+        self._stopping = asyncio.Event()
+        return await super()._listen(port)
+
+    def _protocol(self) -> asyncio.Protocol:
+        return _TrackedStream(self)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            loop = asyncio.get_running_loop()
+            await TCPServer(self._app, loop, self._config, self._context, {}, reader, writer)
+        finally:
+            self._tasks.discard(task)
+
+    async def _close_connections(self) -> None:
+        await self._context.terminated.set()  # also ends the idle waits of connections already dropped
+        deadline = time.monotonic() + CLOSE_GRACE_SECONDS
+        while self._transports and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._abort_all()
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1)
+
+
+class _TrackedStream(asyncio.StreamReaderProtocol):
+    """hypercorn's stream for one connection, reported open and closed as the transport is: hypercorn
+    itself may hold a lost connection's task until its keep-alive wait ends."""
+
+    def __init__(self, server: AsgiServer) -> None:
+        super().__init__(asyncio.StreamReader(), server._serve)
+        self._server = server
+        self._tracked: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._tracked = transport
+        self._server._opened(transport)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._tracked is not None:
+            self._server._closed(self._tracked)
+        super().connection_lost(exc)
+
+
+def request_target(request: Request) -> str:
+    """The request's path as sent, with its query: what an HTTP/2 ``:path`` carries."""
+    raw_path: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    query: bytes = request.scope.get("query_string", b"")
+    return raw_path.decode("latin-1") + (f"?{query.decode('latin-1')}" if query else "")
