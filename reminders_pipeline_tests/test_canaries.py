@@ -9,7 +9,8 @@ fail when upstream *fixes* a bug a patch works around, so the patch can go.
 
 asyncio: ``StreamSlots`` uses only the public ``asyncio.Semaphore`` API, which a test keeps so.
 dagster (pinned exactly): defs/monitoring.py reads a check's history through names 1.13 does not
-export; the last test watches them.
+export; a test watches them. hypercorn (pinned exactly): the test doubles' ``tls_loop.AsgiServer``
+hands each accepted connection to hypercorn's own ``TCPServer``; a test watches its constructor.
 """
 
 from __future__ import annotations
@@ -322,6 +323,26 @@ def test_stream_slots_use_no_private_asyncio_attribute() -> None:
     _value and _waiters; it now uses the public Semaphore API only. Keep it so."""
     private = set(re.findall(r"\._(?:value|waiters|wake_up_next|bound_value)\b", source(apns_stream_slots)))
     assert not private, f"apns_stream_slots.py touches asyncio.Semaphore internals again: {sorted(private)}"
+
+
+# -- hypercorn (the test doubles' server) -----------------------------------------------------------
+
+
+def test_hypercorn_tcp_server_and_worker_context_the_mock_server_builds() -> None:
+    """``reminders_pipeline_testing/tls_loop.AsgiServer`` serves each TLS connection it accepted
+    itself (its own listener, ALPN and connection counts) through these two internals."""
+    from hypercorn.asyncio.tcp_server import TCPServer
+    from hypercorn.asyncio.worker_context import WorkerContext
+
+    test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert f"hypercorn=={version('hypercorn')}" in test_extra, "pyproject.toml must pin hypercorn exactly (==)"
+    assert params(TCPServer.__init__) == ["self", "app", "loop", "config", "context", "state", "reader", "writer"], (
+        f"hypercorn {version('hypercorn')}: TCPServer's constructor changed; tls_loop.AsgiServer calls it"
+    )
+    assert inspect.iscoroutinefunction(TCPServer.run) and hasattr(TCPServer, "__await__")
+    assert params(WorkerContext.__init__) == ["self", "max_requests"], (
+        f"hypercorn {version('hypercorn')}: WorkerContext's constructor changed; tls_loop.AsgiServer builds one"
+    )
 
 
 # -- dagster ---------------------------------------------------------------------------------------

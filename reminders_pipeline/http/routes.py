@@ -16,27 +16,29 @@ from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPBearer
 
 from reminders_pipeline.config.settings import Settings
-from reminders_pipeline.http.contract import (
-    MAX_BODY_BYTES,
-    TAKES_NOW,
+from reminders_pipeline.http.answers import (
     Acknowledged,
-    BuildRequest,
     BuildSummary,
     Credential,
     Device,
-    DeviceRegistration,
-    DoneRequest,
-    DrainRequest,
     DrainSummary,
     Error,
     Feed,
     Health,
     Registration,
     Removed,
-    Request,
     Snoozed,
-    SnoozeRequest,
     VapidPublicKey,
+)
+from reminders_pipeline.http.contract import (
+    MAX_BODY_BYTES,
+    TAKES_NOW,
+    BuildRequest,
+    DeviceRegistration,
+    DoneRequest,
+    DrainRequest,
+    Request,
+    SnoozeRequest,
 )
 from reminders_pipeline.http.parsing import json_body
 
