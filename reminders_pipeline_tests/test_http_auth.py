@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 from starlette.routing import Route
 
 from reminders_pipeline.http import app as app_module
+from reminders_pipeline.http import parsing
 from reminders_pipeline.ledger.db import Database
 
 from .test_http_support import SECRET, error_of, http_settings
@@ -71,6 +73,29 @@ def test_wrong_or_missing_bearer_is_401(served):
             assert r.status_code == 401, (method, path, authorization, r.text)
             assert error_of(r)["error"] == "unauthorized"
     assert served.rows() == []
+
+
+def test_no_unauthenticated_body_is_read_or_parsed(served, monkeypatch):
+    """FastAPI reads a body before it solves dependencies; the credential is checked before that."""
+    parsed = []
+    monkeypatch.setattr(parsing, "parse_json", lambda body: parsed.append(body))
+    big = {"apns_token": "ab" * 32, "extra_rules": ["lead:60"] * 20_000}  # near the 256 KiB bound
+    for method, path, body in [*PROTECTED, ("PUT", "/v1/devices/dev-1", big)]:
+        if body is not None:
+            r = served.anon.request(method, path, json=body, headers={"Authorization": "Bearer nope"})
+            assert r.status_code == 401, (method, path, r.text)
+    assert parsed == []
+
+
+def test_a_json_body_is_read_whatever_its_content_type(served):
+    """``curl -d`` sends form-urlencoded, a browser's string ``fetch`` text/plain: both JSON here."""
+    for content_type in ("application/x-www-form-urlencoded", "text/plain;charset=UTF-8", "application/json"):
+        body = json.dumps({"apns_token": "ab" * 32, "reminder_lead_seconds": 600})
+        r = served.api.put("/v1/devices/dev-1", content=body, headers={"Content-Type": content_type})
+        assert r.status_code in (200, 201), (content_type, r.text)
+        assert served.api.get("/v1/devices/dev-1").json()["reminder_lead_seconds"] == 600
+        r = served.api.post("/internal/reminders/build", content="{}", headers={"Content-Type": content_type})
+        assert r.status_code == 200, (content_type, r.text)
 
 
 def test_right_bearer_opens_the_routes_case_insensitive_scheme(served):

@@ -52,6 +52,8 @@ def test_now_is_refused_over_http_unless_a_test_setting_allows_it(serve, setting
 
     built = s.api.post("/internal/reminders/build", json={})  # the server's clock: fine
     assert built.status_code == 200 and built.json()["now"] < "2999"
+    misspelt = s.api.post("/internal/reminders/build", json={"device": "phone-1"})
+    assert misspelt.status_code == 422 and "now" not in misspelt.json()["detail"].split("expected one of")[1]
 
 
 def test_now_setting_reads_only_exactly_true():

@@ -1,7 +1,8 @@
 """The bodies of the HTTP shell's answers, as pydantic models for FastAPI's ``/openapi.json``: what
 each route returns (``routes.py`` names them), beside the error shape every refusal shares. The
-routes build their answers as plain JSON; these models document them and the schemathesis run
-checks each answer against them."""
+routes build their answers as plain JSON; these models document them. They list the fields
+clients rely on and allow more, so the core can add summary fields without breaking the contract;
+``test_http_schemathesis.py`` checks every answer against them."""
 
 from __future__ import annotations
 

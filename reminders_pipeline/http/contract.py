@@ -10,11 +10,9 @@ judge (a rule that parses, a zone the zone database knows, an http(s) URL).
 Models are strict (``"3600"`` is not a number, ``1`` is not ``true``) and refuse unknown keys (a
 misspelt optional field would otherwise be silently ignored); an integral float (``3600.0``) is
 a JSON Schema integer, so it is accepted as one. ``now`` is on every body that may carry it; a
-deployment that does not accept it refuses it before validation and leaves it out of its document
-(``app.py``), as it does the chunk range, which follows ``REMINDERS_CHUNK_COUNT``.
-
-Response models list the fields clients rely on and allow more, so the core can add summary
-fields without breaking the contract; ``test_http_schemathesis.py`` checks every answer against them.
+deployment that does not accept it refuses it before validation (``parsing.refuse_now``) and
+leaves it out of its document (``routes.document``), where the chunk range follows
+``REMINDERS_CHUNK_COUNT`` too.
 
 Longer than 400 lines because it declares every body once: apart, the request and response models
 would only move the length.

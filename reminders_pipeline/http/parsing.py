@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
+from fastapi import params
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -81,14 +83,32 @@ class BoundedRequest(Request):
         return self._json
 
 
+@dataclass(frozen=True)
+class Guard(params.Depends):
+    """A route's credential check. ``ShellRoute`` runs it before anything reads the body (FastAPI
+    reads a body before it solves the dependencies), so nothing unauthenticated is read or parsed."""
+
+
 class ShellRoute(APIRoute):
-    """A route whose endpoint reads a ``BoundedRequest``, and answers HEAD as GET, as Starlette's do."""
+    """A route that checks its credential (``Guard``) first, then reads a ``BoundedRequest``, its
+    body JSON whatever its Content-Type says; it answers HEAD as GET, as Starlette's routes do."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        given = list(kwargs.pop("dependencies", None) or ())
+        self.guards = [d.dependency for d in given if isinstance(d, Guard) and d.dependency is not None]
+        super().__init__(path, endpoint, dependencies=[d for d in given if not isinstance(d, Guard)], **kwargs)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()
 
         async def bounded(request: Request) -> Response:
-            return await handle(BoundedRequest(request.scope, request.receive))
+            # No Content-Type: FastAPI then takes the body as JSON (``strict_content_type=False``),
+            # as ``curl -d`` and a browser's text/plain ``fetch`` send it.
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            checked = BoundedRequest({**request.scope, "headers": headers}, request.receive)
+            for guard in self.guards:
+                await guard(checked)
+            return await handle(checked)
 
         return bounded
 
@@ -120,7 +140,7 @@ def json_body(model: type[BaseModel], settings: Settings, *, required: bool) -> 
             raise invalid("id", DEVICE_ID_SHAPE)
         if model in TAKES_NOW:
             refuse_now(doc, settings)
-        request.state.body_fields = tuple(model.model_fields)
+        request.state.body_fields = tuple(f for f in model.model_fields if f != "now" or settings.http_accept_now)
 
     return check
 

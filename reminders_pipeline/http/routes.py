@@ -40,7 +40,7 @@ from reminders_pipeline.http.contract import (
     Request,
     SnoozeRequest,
 )
-from reminders_pipeline.http.parsing import json_body
+from reminders_pipeline.http.parsing import Guard, json_body
 
 if TYPE_CHECKING:
     from reminders_pipeline.http.app import Api
@@ -111,8 +111,8 @@ def _answers(own: Answers, *, auth: str = "open", body: bool = False, ledger: bo
 
 def mount(app: FastAPI, api: Api) -> None:
     """Every route of the app, in the order the document lists them."""
-    internal = [Security(INTERNAL_SCHEME), Depends(api.internal)]
-    device = [Security(DEVICE_SCHEME), Security(INTERNAL_SCHEME), Depends(api.device)]
+    internal = [Security(INTERNAL_SCHEME), Guard(api.internal)]
+    device = [Security(DEVICE_SCHEME), Security(INTERNAL_SCHEME), Guard(api.device)]
 
     def body(model: type[Request], *, required: bool = False) -> Dependency:
         return Depends(json_body(model, api.settings, required=required))
