@@ -8,9 +8,6 @@ listing the answers it gives (``routes.py``).
 
 Core calls block (source reads and sends run ``asyncio.run`` inside), so each runs in Starlette's
 threadpool; the event loop only parses and answers.
-
-Over 400 lines, so still on ``test_layout.py``'s list to split: the widget feed's endpoint and its
-best-effort zone and locale writes could leave ``Api`` for a module of their own.
 """
 
 from __future__ import annotations
@@ -50,7 +47,6 @@ from reminders_pipeline.devices.registration import (
     remove_device,
 )
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.domain.zones import Zone
 from reminders_pipeline.http import errors, routes
 from reminders_pipeline.http.contract import (
     BuildRequest,
@@ -73,17 +69,16 @@ from reminders_pipeline.http.parsing import (
     parse_row_id,
     parse_tz,
     queue_row_id,
-    stored_already,
     valid_device_id,
 )
 from reminders_pipeline.ledger import migrate
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.ledger.schema import MAX_ROW_ID
 from reminders_pipeline.planning.build import build as run_build
-from reminders_pipeline.planning.widget_feed import ComposedFeed, compose_feed
+from reminders_pipeline.planning.widget_feed import feed_as_reported
 from reminders_pipeline.providers.base import SenderFactory
 from reminders_pipeline.providers.routing import checked_sender_factory
-from reminders_pipeline.providers.webpush import load_key, public_key_text
+from reminders_pipeline.providers.webpush import served_public_key
 from reminders_pipeline.sending.drain import drain as run_drain
 
 log = logging.getLogger(__name__)
@@ -327,7 +322,9 @@ class Api:
     ) -> Response:
         """The composed feed, item bounds in Unix seconds (the wire contract), soonest first."""
         reported, stored_locale = parse_tz(request), parse_locale(request)
-        composed = await run_in_threadpool(self._feed, device_id, reported, stored_locale)
+        composed = await run_in_threadpool(
+            feed_as_reported, self.db, self.settings, device_id, reported, stored_locale, self.metrics.tz_write_failed
+        )
         if composed is None:
             raise no_device(device_id)
         return JSONResponse(
@@ -346,53 +343,8 @@ class Api:
 
     @cached_property
     def vapid_key(self) -> str | None:
-        """The VAPID public key, when Web Push is configured and its key reads (read once: a new key
-        needs a restart; one that does not read is logged, and no web client can subscribe)."""
-        if not self.settings.vapid_private_key_file:
-            return None
-        try:
-            return public_key_text(load_key(self.settings))
-        except RuntimeError as exc:
-            log.error("no VAPID public key to serve: %s", exc)
-            return None
-
-    def _feed(self, device_id: str, reported: Zone | None, locale: str | None) -> ComposedFeed | None:
-        record = self._device(device_id)
-        if record is None:
-            return None
-        if reported is not None and not stored_already(reported, record):
-            self._store_zone(device_id, reported)  # before composing: floating calendar times use the zone
-        if locale is not None and locale != record.locale:
-            self._store_locale(device_id, locale)
-        return compose_feed(self.db, self.settings, device_id)
-
-    def _store_locale(self, device_id: str, locale: str) -> None:
-        """Conditional and best-effort, as ``_store_zone``: a locale can never fail a feed request."""
-        try:
-            with self.db.write() as conn:
-                ledger.store_locale(conn, device_id, locale)
-        except Exception as exc:  # noqa: BLE001
-            log.warning(
-                "could not store the locale %s for %s: %s: %s", locale, device_id, type(exc).__name__, first_line(exc)
-            )
-
-    def _store_zone(self, device_id: str, reported: Zone) -> None:
-        """Conditional (only a changed zone or offset reaches here, and the UPDATE re-checks) and best-effort."""
-        try:
-            with self.db.write() as conn:
-                if reported.tz_name is not None:
-                    ledger.store_tz_name(conn, device_id, reported.tz_name)
-                elif reported.offset_seconds is not None:
-                    ledger.store_tz_offset(conn, device_id, reported.offset_seconds)
-        except Exception as exc:  # noqa: BLE001 - a zone can never fail a feed request
-            self.metrics.tz_write_failed()
-            log.warning(
-                "could not store the zone %s for %s: %s: %s",
-                reported.tz_name or reported.offset_seconds,
-                device_id,
-                type(exc).__name__,
-                first_line(exc),
-            )
+        """Read once: a new key needs a restart."""
+        return served_public_key(self.settings)
 
 
 def _announce_schema(db: Database) -> None:

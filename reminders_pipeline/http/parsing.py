@@ -21,7 +21,6 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-from reminders_pipeline import ledger
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.devices.registration import DEVICE_ID_PATTERN, DEVICE_ID_SHAPE, DeviceSpec
 from reminders_pipeline.domain.calendar_settings import CalendarSettings
@@ -233,10 +232,3 @@ def parse_locale(request: Request) -> str | None:
         return canonical_locale(texts[0])
     except LocaleError:
         return None
-
-
-def stored_already(reported: Zone, record: ledger.DeviceRecord) -> bool:
-    """Whether the device already has the zone name, or the offset, its widget reports."""
-    if reported.tz_name is not None:
-        return reported.tz_name == record.tz_name
-    return reported.offset_seconds == record.last_tz_offset_seconds

@@ -1,20 +1,26 @@
 """The widget's feed (``GET /v1/devices/{id}/feed``): a device's sources merged, soonest first.
 
 Served from the reads a build or an earlier request recorded while they are fresh, so requests,
-however many, cannot multiply the reads of one source.
+however many, cannot multiply the reads of one source. The zone and locale the widget reports are
+stored first, best-effort: floating calendar times use the zone, and neither can fail a request.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Connection
+
 from reminders_pipeline import ledger
+from reminders_pipeline.config.log_throttle import first_line
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.items import ParsedFeed, address_digest
 from reminders_pipeline.domain.rules import device_rules
 from reminders_pipeline.domain.times import Instant
-from reminders_pipeline.domain.zones import zone_of
+from reminders_pipeline.domain.zones import Zone, zone_of
 from reminders_pipeline.ledger.db import Database
 from reminders_pipeline.planning.plan import namespaced
 from reminders_pipeline.planning.source_reads import (
@@ -27,6 +33,8 @@ from reminders_pipeline.planning.source_reads import (
 )
 from reminders_pipeline.sources.reader import SourceRead, SourceReader, Window
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class ComposedFeed:
@@ -35,6 +43,59 @@ class ComposedFeed:
     device_id: str
     items: list[dict[str, Any]]
     sources_failed: list[dict[str, str]]
+
+
+def feed_as_reported(
+    db: Database,
+    settings: Settings,
+    device_id: str,
+    reported: Zone | None,
+    locale: str | None,
+    on_zone_write_failed: Callable[[], None] = lambda: None,
+) -> ComposedFeed | None:
+    """The feed after storing the zone and locale the widget reports, when they changed; None for
+    an unknown device. A write that fails is logged (and ``on_zone_write_failed`` called for a
+    zone), never raised: the feed goes out with what the device had."""
+    with db.read() as conn:
+        record = ledger.get_device(conn, device_id)
+    if record is None:
+        return None
+    if reported is not None and not stored_already(reported, record):  # before composing
+        zone = f"the zone {reported.tz_name or reported.offset_seconds}"
+        _store(db, device_id, zone, lambda conn: _write_zone(conn, device_id, reported), on_zone_write_failed)
+    if locale is not None and locale != record.locale:
+        _store(db, device_id, f"the locale {locale}", lambda conn: ledger.store_locale(conn, device_id, locale))
+    return compose_feed(db, settings, device_id)
+
+
+def stored_already(reported: Zone, record: ledger.DeviceRecord) -> bool:
+    """Whether the device already has the zone name, or the offset, its widget reports."""
+    if reported.tz_name is not None:
+        return reported.tz_name == record.tz_name
+    return reported.offset_seconds == record.last_tz_offset_seconds
+
+
+def _write_zone(conn: Connection, device_id: str, reported: Zone) -> None:
+    if reported.tz_name is not None:
+        ledger.store_tz_name(conn, device_id, reported.tz_name)
+    elif reported.offset_seconds is not None:
+        ledger.store_tz_offset(conn, device_id, reported.offset_seconds)
+
+
+def _store(
+    db: Database,
+    device_id: str,
+    what: str,
+    write: Callable[[Connection], object],
+    failed: Callable[[], None] = lambda: None,
+) -> None:
+    """One conditional write (the UPDATE re-checks that it changed), best-effort."""
+    try:
+        with db.write() as conn:
+            write(conn)
+    except Exception as exc:  # noqa: BLE001 - a zone or a locale can never fail a feed request
+        failed()
+        log.warning("could not store %s for %s: %s: %s", what, device_id, type(exc).__name__, first_line(exc))
 
 
 def compose_feed(

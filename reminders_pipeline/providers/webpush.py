@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import ssl
@@ -59,6 +60,8 @@ from reminders_pipeline.providers.push_subscription import Subscription
 from reminders_pipeline.providers.request_trace import NOT_SENT, Attempt, FencePassed
 from reminders_pipeline.sources.egress import GuardedTransport, parse_networks
 
+log = logging.getLogger(__name__)
+
 MAX_RETRY_AFTER_SECONDS = 86400  # a longer Retry-After is read as a day: a wait no reminder outlives
 MAX_PUSH_SERVICES = 1000  # origins whose state is kept once idle (most recently used)
 MAX_ANSWER_BYTES = 4096  # of an answer's body read; a push service's answers are short
@@ -83,6 +86,18 @@ def generate_key(path: str) -> str:
 def public_key_text(vapid: Vapid02) -> str:
     raw = vapid.public_key.public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
     return b64url.encode(raw)
+
+
+def served_public_key(settings: Settings) -> str | None:
+    """The VAPID public key web clients subscribe with, when Web Push is configured and its key
+    reads; one that does not read is logged, and no web client can subscribe."""
+    if not settings.vapid_private_key_file:
+        return None
+    try:
+        return public_key_text(load_key(settings))
+    except RuntimeError as exc:
+        log.error("no VAPID public key to serve: %s", exc)
+        return None
 
 
 def load_key(settings: Settings) -> Vapid02:
