@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,10 +209,14 @@ def load_due_and_coming(db: Database, now: float, n_devices: int, due_now: int, 
 
 
 @pytest.mark.timeout(420)
-def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_is_claimed_after(tmp_path, mock):
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_a_stop_of_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_is_claimed_after(tmp_path, mock, stop):
     """A real dispatcher run (REMINDERS_ENABLED=true, the mock APNs holding each answer 3 s) is
-    sending when SIGTERM comes: within 15 s no process of the group or below the command remains,
-    the sends on the wire were answered and settled, and no claim is stamped after the signal."""
+    sending when SIGTERM comes, or Ctrl-C (SIGINT to the terminal's whole process group): within
+    15 s no process of the group or below the command remains, the sends on the wire were answered
+    and settled, no claim is stamped after the signal, and the stop reads as one: no
+    KeyboardInterrupt traceback and no ERROR line for the dispatcher run (a build caught mid-run is
+    still reported interrupted by Dagster)."""
     mock.drop_all_connections()
     mock.wait_idle(10)
     mock.reset()
@@ -254,7 +259,11 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
         ours = {token_of(d) for d in range(4)}
         on_the_wire = {request_key(r) for r in mock.requests if r.token in ours}
         signalled_at = Instant.now()
-        process.send_signal(signal.SIGTERM)
+        stopped_from = log.stat().st_size
+        if stop == "sigterm":
+            process.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(process.pid, signal.SIGINT)
         deadline = time.monotonic() + DEV_STOP_BOUND
         try:
             code = process.wait(timeout=DEV_STOP_BOUND)
@@ -273,7 +282,10 @@ def test_sigterm_to_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_
             pass
     output = log.read_text(errors="replace")[-6000:]
     assert code == 0, f"exit status {code}\n{output}"
-    assert not left and not group_left, f"still running {DEV_STOP_BOUND}s after SIGTERM: {left or group_left}\n{output}"
+    assert not left and not group_left, f"still running {DEV_STOP_BOUND}s after {stop}: {left or group_left}\n{output}"
+    after_stop = log.read_bytes()[stopped_from:].decode(errors="replace")
+    assert not re.search(r"^KeyboardInterrupt$", after_stop, re.MULTILINE), after_stop[-6000:]
+    assert " - ERROR - dispatcher - " not in after_stop, after_stop[-6000:]
 
     final = ledger_rows(db)
     db.dispose()

@@ -33,7 +33,8 @@ from sqlalchemy.engine import make_url
 
 from reminders_pipeline.config import dev_run
 from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.dev.proctree import become_subreaper, descendants, end_tree, signal_tree
+from reminders_pipeline.dev.proctree import become_subreaper, end_tree, signal_tree
+from reminders_pipeline.dev.queued_runs import cancel_queued_runs
 from reminders_pipeline.dev.webdemo import MAX_BODY_BYTES as WEB_BODY_BYTES
 from reminders_pipeline.dev.webdemo import WebDemo
 from reminders_pipeline.devices.registration import DeviceSpec, put_device, rechunk
@@ -289,6 +290,7 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
             return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
         finally:
             dev_run.remove(root)
+            cancel_queued_runs(env)
 
 
 DAGSTER_DEV_GRACE_SECONDS = 5.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
@@ -307,10 +309,11 @@ class _Stop(Exception):
 def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], grace: float = 12.0) -> int:
     """Run ``dagster dev`` until it exits; SIGTERM or Ctrl-C here ends every process it started.
 
-    On SIGTERM: SIGINT to every process below this one at once, as Ctrl-C in its terminal sends it
-    (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the signal
-    Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what is on
-    the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below dagster dev
+    dagster dev runs in its own process group, so a Ctrl-C in the terminal reaches only this process.
+    On Ctrl-C or SIGTERM: SIGINT to every process below this one at once but Dagster's compute-log
+    helpers (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the
+    signal Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what
+    is on the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below dagster dev
     (a code server waiting for its runs); SIGKILL ``grace`` seconds after the signal.
 
     dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
@@ -334,11 +337,11 @@ def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], gr
     for sig in previous:
         signal.signal(sig, on_signal)
     try:
-        process = subprocess.Popen(command, cwd=cwd, env=env)
+        process = subprocess.Popen(command, cwd=cwd, env=env, process_group=0)
         try:
             process.wait()
         except _Stop:
-            _stop_tree(process, forward_sigint=asked[0] == signal.SIGTERM, grace=grace)
+            _stop_tree(process, grace=grace)
         else:  # dagster dev ended alone: so does what it left, whatever signal comes meanwhile
             for sig in previous:
                 signal.signal(sig, signal.SIG_IGN)
@@ -351,13 +354,10 @@ def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], gr
             signal.signal(sig, handler)
 
 
-def _stop_tree(process: subprocess.Popen[bytes], *, forward_sigint: bool, grace: float) -> None:
+def _stop_tree(process: subprocess.Popen[bytes], *, grace: float) -> None:
     """End dagster dev and everything below this process within ``grace`` seconds of the signal."""
     started = time.monotonic()
-    if forward_sigint:
-        known = signal_tree(os.getpid(), signal.SIGINT)
-    else:  # Ctrl-C in a terminal already reached the whole process group
-        known = descendants(os.getpid())
+    known = signal_tree(os.getpid(), signal.SIGINT)
     try:
         process.wait(timeout=min(DAGSTER_DEV_GRACE_SECONDS, grace / 2))
     except subprocess.TimeoutExpired:

@@ -77,10 +77,25 @@ def _signal_all(procs: set[Identity], sig: int) -> None:
             pass
 
 
+# Dagster's compute-log mirror of a run's output: a ``tail -F`` and the script watching it for
+# orphaning. The run worker ends both with SIGTERM when its step ends; a SIGINT would make the
+# watcher print a KeyboardInterrupt traceback instead.
+COMPUTE_LOG_HELPERS = ("watch_orphans.py", "tail")
+
+
+def _is_compute_log_helper(pid: int) -> bool:
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return bool(argv) and any(os.path.basename(arg) in COMPUTE_LOG_HELPERS for arg in argv[:2])
+
+
 def signal_tree(root: int, sig: int) -> set[Identity]:
-    """Send ``sig`` to every process below ``root`` at once; returns them."""
+    """Send ``sig`` at once to every process below ``root`` but Dagster's compute-log helpers, which
+    their run worker ends; returns every process below ``root``, helpers included."""
     procs = descendants(root)
-    _signal_all(procs, sig)
+    _signal_all({p for p in procs if not _is_compute_log_helper(p[0])}, sig)
     return procs
 
 
