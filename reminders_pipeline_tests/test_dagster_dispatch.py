@@ -176,7 +176,7 @@ def test_the_dispatcher_op_sends_each_row_when_it_comes_due_and_records_lateness
 
 
 STOPPABLE_RUN = """
-import json, sys
+import json, os, signal, sys, threading, time
 import dagster as dg
 from reminders_pipeline.defs.resources import AlertingResource, LedgerResource, SenderResource, SourcesResource
 from reminders_pipeline_tests.test_dagster_support import definitions_for
@@ -184,16 +184,30 @@ from reminders_pipeline_tests.test_dagster_support import definitions_for
 resources = {"ledger": LedgerResource(database_url=sys.argv[1]), "sender": SenderResource(enabled="true"),
              "sources": SourcesResource(), "alerting": AlertingResource()}
 with dg.instance_for_test() as instance:
+    if sys.argv[2] == "terminate":  # as the UI's Terminate: the run marked canceling, then SIGINT
+        def terminate():
+            while not os.path.exists(sys.argv[3]):
+                time.sleep(0.05)
+            (run,) = instance.get_runs()
+            instance.report_run_canceling(run)
+            os.kill(os.getpid(), signal.SIGINT)
+        threading.Thread(target=terminate, daemon=True).start()
     result = definitions_for(resources).resolve_job_def("dispatcher").execute_in_process(
         instance=instance, run_config={"ops": {"dispatch": {"config": {"run_seconds": 120}}}}, raise_on_error=False)
+    (run,) = instance.get_runs()
     failure = result.failure_data_for_node("dispatch")
-    print(json.dumps({"success": result.success, "error": failure.error.message if failure else None}))
+    logs = [e.user_message for e in instance.all_logs(run.run_id)]
+    print(json.dumps({"success": result.success, "status": run.status.value, "logs": logs,
+                      "error": failure.error.message if failure else None}))
 """
 
 
-def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(db_url, mock, tmp_path):
-    """Run termination (SIGINT to the run worker) lands while sends are on the wire: the op stops
-    claiming, lets them answer and settle, records its stop, and the run fails saying why."""
+@pytest.mark.parametrize("stop", ["signal", "terminate"])
+def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(db_url, mock, tmp_path, stop):
+    """A stop lands while sends are on the wire: the op stops claiming, lets them answer and settle,
+    and records its stop. A SIGINT from outside Dagster (Ctrl-C on ``reminders dev``) ends the run
+    as a success that says it stopped early; Dagster's Terminate (the run canceling, then SIGINT to
+    the run worker) ends it canceled."""
     from reminders_pipeline.ledger.db import Database
 
     from .test_faults import ids_where, ledger_rows, load_due, wait_until
@@ -212,11 +226,16 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
             "REMINDERS_APNS_CONCURRENCY": "10",
         }
     )
-    process = subprocess.Popen([sys.executable, "-c", STOPPABLE_RUN, db_url], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=(tmp_path / "run.stderr").open("w"), text=True, start_new_session=True)  # fmt: skip
+    marker = tmp_path / "terminate"
+    process = subprocess.Popen([sys.executable, "-c", STOPPABLE_RUN, db_url, stop, str(marker)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=(tmp_path / "run.stderr").open("w"), text=True,
+                               start_new_session=True)  # fmt: skip
     try:
         wait_until("sends on the wire", lambda: len(mock.requests) > 0, 90)
-        process.send_signal(signal.SIGINT)
+        if stop == "terminate":
+            marker.touch()
+        else:
+            process.send_signal(signal.SIGINT)
         out, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
@@ -226,10 +245,15 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
     with db.read() as conn:
         (beat,) = conn.execute(dispatchers.select()).mappings().all()
     db.dispose()
+    stderr = (tmp_path / "run.stderr").read_text()[-3000:]
+    assert out.strip(), stderr
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["success"] is False and "stopped by a signal" in result["error"], (
-        tmp_path / "run.stderr"
-    ).read_text()[-3000:]
+    if stop == "signal":
+        assert result["success"] is True and result["status"] == "SUCCESS", (result, stderr)
+        assert any("stopped by a signal" in line for line in result["logs"]), result["logs"]
+    else:
+        assert result["success"] is False and result["status"] == "CANCELED", (result, stderr)
+        assert "stopped by a signal" in result["error"]
     assert not ids_where(final, status="claimed"), "the stop left claims behind"
     assert ids_where(final, outcome="sent") and ids_where(final, status="pending")
     assert beat["stopped_at"] is not None

@@ -61,10 +61,24 @@ async def dispatch(
     meta = summary_metadata(summary, batches=0)
     meta.pop("batches")
     context.log.info(f"dispatcher: {summary.as_dict()}")
-    if stop.is_set():  # terminated, or past dagster/max_runtime: stopped cleanly, but not by plan
-        raise dg.Failure("stopped by a signal; sends on the wire were answered and settled first", metadata=meta)
+    if stop.is_set():
+        _stopped(context, meta)
     context.add_output_metadata(meta)
     return summary.as_dict()
+
+
+def _stopped(context: dg.OpExecutionContext, meta: dict) -> None:
+    """A signal stopped the run before its planned end, after the sends on the wire were answered
+    and settled. Terminated in Dagster (the UI's Terminate, run monitoring past max_runtime): the
+    run ends canceled, as Dagster shows a terminated run. Stopped from outside (Ctrl-C on
+    ``reminders dev``, a pod's SIGTERM): nothing went wrong, so the run ends as a success that says
+    it stopped early; the next one picks up the rows still pending."""
+    why = "stopped by a signal; sends on the wire were answered and settled first"
+    run = context.instance.get_run_by_id(context.run_id)
+    if run is not None and run.status == dg.DagsterRunStatus.CANCELING:  # a failed step: CANCELED
+        raise dg.Failure(why, metadata=meta)
+    context.log.info(f"{why}; the rows still due stay pending for the next dispatcher")
+    meta["stopped_early"] = why
 
 
 @dg.job(
