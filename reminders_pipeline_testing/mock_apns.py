@@ -29,10 +29,8 @@ import asyncio
 import itertools
 import json
 import re
-import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +46,7 @@ from h2.events import ConnectionTerminated, DataReceived, RequestReceived, Strea
 from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
 
-from .tls_loop import LoopServer
+from .tls_loop import LoopServer, Scripts, parsed_json, serve_stdio
 
 MAX_PAYLOAD_BYTES = 4096
 TOKEN_MAX_AGE_SECONDS = 3600
@@ -66,6 +64,14 @@ PUSH_TYPES = {
     "pushtotalk",
     "widgets",
     "controls",
+}
+# The optional headers APNs checks: whether it takes a value, and the reason it answers when not.
+HEADER_CHECKS: dict[str, tuple[Callable[[str], object], str]] = {
+    "apns-push-type": (PUSH_TYPES.__contains__, "InvalidPushType"),
+    "apns-priority": (("1", "5", "10").__contains__, "BadPriority"),
+    "apns-expiration": (re.compile(r"\d+").fullmatch, "BadExpirationDate"),
+    "apns-collapse-id": (lambda value: len(value.encode()) <= 64, "BadCollapseId"),
+    "apns-id": (re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", re.IGNORECASE).fullmatch, "BadMessageId"),
 }
 
 
@@ -89,12 +95,6 @@ class Answer:
     omit_apns_id: bool = False  # a broken server: aioapns cannot match the answer to its request
     refuse_stream: bool = False  # RST_STREAM(REFUSED_STREAM): the request was not processed
     hold: bool = False  # no answer until the test calls MockApns.release_held(): a late answer without a clock
-
-
-@dataclass
-class _Scripted:
-    answer: Answer
-    times: int | None  # None = every time
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,7 @@ class _ApnsConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
             self.server._closed(self.transport)
-        for _ in self.streams:
-            self.server._finished()
+        self.server._finished(len(self.streams))
         self.streams.clear()
 
     def flush(self) -> None:
@@ -162,7 +161,8 @@ class _ApnsConnection(asyncio.Protocol):
         try:
             events = self.conn.receive_data(data)
         except TooManyStreamsError:
-            self.server._violation()
+            with self.server._lock:
+                self.server.stream_limit_violations += 1
             self._hang_up()
             return
         except ProtocolError:
@@ -214,7 +214,7 @@ class _ApnsConnection(asyncio.Protocol):
         if token_ok and not self.raised:
             self.raised = True
             self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.raised_max_streams})
-        self.server._record(self, stream_id, stream, answer)
+        self.server._record_stream(self, stream_id, stream, answer)
         if answer.drop_connection:
             if self.transport is not None:
                 self.transport.abort()
@@ -275,7 +275,8 @@ class _ApnsConnection(asyncio.Protocol):
         for stream_id in [sid for sid in self.streams if sid > last]:
             self.streams.pop(stream_id)
             self.server._finished()
-        self.server._went_away()
+        with self.server._lock:
+            self.server.goaways_sent += 1
         self.conn.close_connection(last_stream_id=last)
         self.flush()
         if self.transport is not None:
@@ -289,7 +290,7 @@ def _error_body(answer: Answer) -> bytes:
     return json.dumps(body).encode()
 
 
-class MockApns(LoopServer):
+class MockApns(LoopServer["RecordedRequest"]):
     """An APNs look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     Defaults answer 200. ``script(token, ...)`` sets the answer for one device token (optionally
@@ -299,6 +300,7 @@ class MockApns(LoopServer):
     """
 
     alpn = ("h2",)  # APNs speaks HTTP/2 only
+    wait_seconds = 5.0
 
     def __init__(
         self,
@@ -368,10 +370,6 @@ class MockApns(LoopServer):
     # -- configuration ---------------------------------------------------------------------
 
     @property
-    def url(self) -> str:
-        return f"https://{self.host}:{self.port}"
-
-    @property
     def topic(self) -> str:
         return self.topics[0]
 
@@ -393,23 +391,17 @@ class MockApns(LoopServer):
     def script(self, token: str, *, times: int | None = None, **answer: Any) -> None:
         """Answer requests for ``token`` with ``Answer(**answer)`` (``times`` times, or always)."""
         with self._lock:
-            self._scripts[token.lower()] = _Scripted(Answer(**answer), times)
+            self._scripts.set(token.lower(), Answer(**answer), times)
 
     def script_default(self, **answer: Any) -> None:
         with self._lock:
-            self._default = Answer(**answer)
-
-    def reset(self) -> None:
-        """Forget requests, scripts and counters; open connections stay open."""
-        with self._lock:
-            self._reset_state()
+            self._scripts.default = Answer(**answer)
 
     def _reset_state(self) -> None:
-        self._scripts: dict[str, _Scripted] = {}
-        self._default = Answer()
+        super()._reset_state()
+        self._scripts = Scripts(Answer())
         # Requests answered with hold=True, waiting for release_held() (server thread only).
         self._held: list[tuple[_ApnsConnection, int, _Stream, Answer]] = []
-        self._requests: list[RecordedRequest] = []
         self._jwts: list[str] = []
         self._jwt_first_seen: dict[str, float] = {}
         self._verified: dict[str, dict[str, Any]] = {}
@@ -418,29 +410,15 @@ class MockApns(LoopServer):
         # Streams still open from before a reset stay counted, so the counter never goes negative.
         self._in_flight = getattr(self, "_in_flight", 0)
         self.max_in_flight = self._in_flight
-        self.connections_opened = 0
         self.stream_limit_violations = 0
         self.goaways_sent = 0
 
     # -- observations ----------------------------------------------------------------------
 
     @property
-    def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
-
-    @property
     def jwts_seen(self) -> list[str]:
         with self._lock:
             return list(self._jwts)
-
-    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self._requests) >= count:
-                break
-            time.sleep(0.005)
-        return self.requests
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until no connection is open (clients closed theirs); True if it got there."""
@@ -451,45 +429,27 @@ class MockApns(LoopServer):
             time.sleep(0.005)
         return True
 
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "requests": len(self._requests),
-                "statuses": dict(Counter(r.status for r in self._requests)),
-                "connections_opened": self.connections_opened,
-                "open_connections": self.open_connections,
-                "max_in_flight": self.max_in_flight,
-                "distinct_jwts": len(self._jwts),
-                "stream_limit_violations": self.stream_limit_violations,
-            }
+    def _more_stats(self) -> dict[str, Any]:
+        return {
+            "max_in_flight": self.max_in_flight,
+            "distinct_jwts": len(self._jwts),
+            "stream_limit_violations": self.stream_limit_violations,
+        }
 
     # -- called from the server thread -----------------------------------------------------
-
-    def _went_away(self) -> None:
-        with self._lock:
-            self.goaways_sent += 1
-
-    def _violation(self) -> None:
-        with self._lock:
-            self.stream_limit_violations += 1
 
     def _started(self) -> None:
         with self._lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
 
-    def _finished(self) -> None:
+    def _finished(self, streams: int = 1) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self._in_flight -= streams
 
-    def _record(self, connection: _ApnsConnection, stream_id: int, stream: _Stream, answer: Answer) -> None:
+    def _record_stream(self, connection: _ApnsConnection, stream_id: int, stream: _Stream, answer: Answer) -> None:
         headers = stream.headers
         match = PATH.match(headers.get(":path", ""))
-        body = bytes(stream.body)
-        try:
-            payload = json.loads(body) if body else None
-        except ValueError:
-            payload = None
         auth = headers.get("authorization", "")
         record = RecordedRequest(
             connection_id=connection.id,
@@ -497,16 +457,15 @@ class MockApns(LoopServer):
             method=headers.get(":method", ""),
             path=headers.get(":path", ""),
             token=match["token"] if match else "",
-            headers={k: v for k, v in headers.items()},
-            body=body,
-            payload=payload,
-            jwt=auth[len("bearer ") :] if auth.startswith("bearer ") else None,
+            headers=dict(headers),
+            body=bytes(stream.body),
+            payload=parsed_json(bytes(stream.body)),
+            jwt=auth.removeprefix("bearer ") if auth.startswith("bearer ") else None,
             status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,
         )
-        with self._lock:
-            self._requests.append(record)
+        self._record(record)
 
     def _judge(self, stream: _Stream) -> tuple[Answer, bool]:
         """APNs' checks in roughly APNs' order; the bool says whether the provider token was valid."""
@@ -525,10 +484,17 @@ class MockApns(LoopServer):
         auth_error = self._check_provider_token(h.get("authorization"))
         if auth_error is not None:
             return auth_error, False
-        problem = self._check_headers(h) or self._check_body(bytes(stream.body))
-        if problem is not None:
-            return problem, True
-        answer = self._scripted(match["token"].lower())
+        if h["apns-topic"] not in self.topics:
+            return Answer(400, "TopicDisallowed"), True
+        for name, (valid, reason) in HEADER_CHECKS.items():
+            if name in h and not valid(h[name]):
+                return Answer(400, reason), True
+        if not stream.body:
+            return Answer(400, "PayloadEmpty"), True
+        if len(stream.body) > MAX_PAYLOAD_BYTES:
+            return Answer(413, "PayloadTooLarge"), True
+        with self._lock:
+            answer = self._scripts.next(match["token"].lower())
         if self.latency and not answer.delay:
             answer = replace(answer, delay=self.latency)
         return answer, True
@@ -585,40 +551,6 @@ class MockApns(LoopServer):
                 return Answer(429, "TooManyProviderTokenUpdates")
         return None
 
-    def _check_headers(self, h: dict[str, str]) -> Answer | None:
-        if h["apns-topic"] not in self.topics:
-            return Answer(400, "TopicDisallowed")
-        if "apns-push-type" in h and h["apns-push-type"] not in PUSH_TYPES:
-            return Answer(400, "InvalidPushType")
-        if "apns-priority" in h and h["apns-priority"] not in ("1", "5", "10"):
-            return Answer(400, "BadPriority")
-        if "apns-expiration" in h and not re.fullmatch(r"\d+", h["apns-expiration"]):
-            return Answer(400, "BadExpirationDate")
-        if len(h.get("apns-collapse-id", "").encode()) > 64:
-            return Answer(400, "BadCollapseId")
-        if "apns-id" in h and not _is_uuid(h["apns-id"]):
-            return Answer(400, "BadMessageId")
-        return None
-
-    @staticmethod
-    def _check_body(body: bytes) -> Answer | None:
-        if not body:
-            return Answer(400, "PayloadEmpty")
-        if len(body) > MAX_PAYLOAD_BYTES:
-            return Answer(413, "PayloadTooLarge")
-        return None
-
-    def _scripted(self, token: str) -> Answer:
-        with self._lock:
-            scripted = self._scripts.get(token)
-            if scripted is None:
-                return self._default
-            if scripted.times is not None:
-                scripted.times -= 1
-                if scripted.times <= 0:
-                    del self._scripts[token]
-            return scripted.answer
-
 
 class _NotTls(asyncio.Protocol):
     """A listener that is not a TLS server: the client's handshake fails."""
@@ -628,35 +560,18 @@ class _NotTls(asyncio.Protocol):
         transport.close()
 
 
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return len(value) == 36
-
-
-def _serve_stdio(mock: MockApns) -> None:
-    """Line protocol for a parent process (the benchmark): ``stats``, ``reset``, ``stop``, and
-    ``delay SECONDS`` (every answer that long after its request, as Apple's servers tens of
-    milliseconds away answer; ``reset`` keeps it)."""
-    for line in sys.stdin:
-        command = line.strip()
-        if command.startswith("delay "):
-            mock.latency = float(command.split()[1])
-            print(json.dumps({"ok": True, "delay": mock.latency}), flush=True)
-        elif command == "stats":
-            print(json.dumps(mock.stats()), flush=True)
-        elif command == "reset":
-            mock.reset()
-            print(json.dumps({"ok": True}), flush=True)
-        elif command == "stop":
-            break
-
-
 def main() -> None:
-    with MockApns() as mock:
-        info = {
+    """``python -m reminders_pipeline_testing.mock_apns``: a mock for a parent process (the benchmark)."""
+    mock = MockApns()
+
+    def delay(seconds: str) -> dict[str, Any]:
+        """Every answer ``seconds`` after its request, as Apple's servers tens of milliseconds away
+        answer; ``reset`` keeps it."""
+        mock.latency = float(seconds)
+        return {"ok": True, "delay": mock.latency}
+
+    def info() -> dict[str, Any]:
+        return {
             "host": mock.host,
             "port": mock.port,
             "url": mock.url,
@@ -667,8 +582,8 @@ def main() -> None:
             "topic": mock.topic,
             "env": mock.env(),
         }
-        print(json.dumps(info), flush=True)
-        _serve_stdio(mock)
+
+    serve_stdio(mock, info, delay=delay)
 
 
 if __name__ == "__main__":
