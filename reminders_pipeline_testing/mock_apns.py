@@ -16,11 +16,9 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
   RST_STREAM(REFUSED_STREAM) (``Answer(refuse_stream=True)``), and a listener that refuses the
   TCP connection or fails the TLS handshake (``refuse``).
 
-It runs on the mocks' shared ``LoopServer`` (``tls_loop``): its own event loop in a background
-thread, so a synchronous test, an asyncio test and a benchmark script can all use it. Keys and
-certificates are generated when it is created; nothing secret lives in the repository.
-``python -m reminders_pipeline_testing.mock_apns`` runs one in its own process, prints where it
-listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
+It runs on ``tls_loop``'s loop in a background thread. Keys and certificates are generated when it
+is created; nothing secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns``
+runs one for a parent process (``tls_loop.serve_stdio``; also ``delay SECONDS``).
 """
 
 from __future__ import annotations
@@ -100,14 +98,11 @@ class Answer:
 @dataclass(frozen=True)
 class RecordedRequest:
     connection_id: int
-    stream_id: int
-    method: str
     path: str
     token: str
     headers: dict[str, str]
     body: bytes
     payload: Any  # parsed JSON, or None when the body is not JSON
-    jwt: str | None
     status: int | None  # what the mock answered; None if it dropped the connection
     reason: str | None
     received_at: float
@@ -126,7 +121,7 @@ class _ApnsConnection(asyncio.Protocol):
     def __init__(self, server: MockApns, connection_id: int) -> None:
         self.server = server
         self.id = connection_id
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # set by connection_made(), before any other call
         self.conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
         # Leave MAX_CONCURRENT_STREAMS out of h2's first SETTINGS so h2 enforces the advertised
         # limit only once the client has acknowledged it, as RFC 9113 allows a client to assume.
@@ -148,13 +143,12 @@ class _ApnsConnection(asyncio.Protocol):
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.transport is not None:
-            self.server._closed(self.transport)
+        self.server._closed(self.transport)
         self.server._finished(len(self.streams))
         self.streams.clear()
 
     def flush(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if not self.transport.is_closing():
             self.transport.write(self.conn.data_to_send())
 
     def data_received(self, data: bytes) -> None:
@@ -174,14 +168,13 @@ class _ApnsConnection(asyncio.Protocol):
 
     def _hang_up(self) -> None:
         self.flush()  # the GOAWAY h2 queued
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, RequestReceived):
             if self.going_away:
                 return  # above the GOAWAY's last stream id: ignored, never processed
-            self.streams[event.stream_id] = _Stream(dict(event.headers))
+            self.streams[event.stream_id] = _Stream(dict(event.headers))  # type: ignore[arg-type]  # str: header_encoding
             self.server._started()
         elif isinstance(event, DataReceived):
             stream = self.streams.get(event.stream_id)
@@ -199,8 +192,7 @@ class _ApnsConnection(asyncio.Protocol):
         elif isinstance(event, WindowUpdated):
             self._send_blocked()
         elif isinstance(event, ConnectionTerminated):
-            if self.transport is not None:
-                self.transport.close()
+            self.transport.close()
 
     def _on_request(self, stream_id: int, stream: _Stream) -> None:
         if self.going_away:
@@ -214,10 +206,9 @@ class _ApnsConnection(asyncio.Protocol):
         if token_ok and not self.raised:
             self.raised = True
             self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.raised_max_streams})
-        self.server._record_stream(self, stream_id, stream, answer)
+        self.server._record_stream(self.id, stream, answer)
         if answer.drop_connection:
-            if self.transport is not None:
-                self.transport.abort()
+            self.transport.abort()
         elif answer.refuse_stream:
             self.streams.pop(stream_id, None)
             self.server._finished()
@@ -233,7 +224,7 @@ class _ApnsConnection(asyncio.Protocol):
         if self.streams.pop(stream_id, None) is None:
             return  # reset by the client or the connection is gone
         self.server._finished()
-        if self.transport is None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
         apns_id = stream.headers.get("apns-id") or str(uuid.uuid4()).upper()
         headers = [(":status", str(answer.status))]
@@ -279,8 +270,7 @@ class _ApnsConnection(asyncio.Protocol):
             self.server.goaways_sent += 1
         self.conn.close_connection(last_stream_id=last)
         self.flush()
-        if self.transport is not None:
-            asyncio.get_running_loop().call_later(0.05, self.transport.close)
+        asyncio.get_running_loop().call_later(0.05, self.transport.close)
 
 
 def _error_body(answer: Answer) -> bytes:
@@ -301,6 +291,8 @@ class MockApns(LoopServer["RecordedRequest"]):
 
     alpn = ("h2",)  # APNs speaks HTTP/2 only
     wait_seconds = 5.0
+    # Requests answered with hold=True, waiting for release_held() (server thread only).
+    _held: list[tuple[_ApnsConnection, int, _Stream, Answer]]
 
     def __init__(
         self,
@@ -328,7 +320,6 @@ class MockApns(LoopServer["RecordedRequest"]):
         self.key_file = self.workdir / f"AuthKey_{key_id}.p8"
         self.public_key = write_p8_key(self.key_file).public_key()
         self._connection_ids = itertools.count(1)
-        self._reset_state()
 
     # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
 
@@ -400,8 +391,7 @@ class MockApns(LoopServer["RecordedRequest"]):
     def _reset_state(self) -> None:
         super()._reset_state()
         self._scripts = Scripts(Answer())
-        # Requests answered with hold=True, waiting for release_held() (server thread only).
-        self._held: list[tuple[_ApnsConnection, int, _Stream, Answer]] = []
+        self._held = []
         self._jwts: list[str] = []
         self._jwt_first_seen: dict[str, float] = {}
         self._verified: dict[str, dict[str, Any]] = {}
@@ -447,20 +437,15 @@ class MockApns(LoopServer["RecordedRequest"]):
         with self._lock:
             self._in_flight -= streams
 
-    def _record_stream(self, connection: _ApnsConnection, stream_id: int, stream: _Stream, answer: Answer) -> None:
-        headers = stream.headers
-        match = PATH.match(headers.get(":path", ""))
-        auth = headers.get("authorization", "")
+    def _record_stream(self, connection_id: int, stream: _Stream, answer: Answer) -> None:
+        match = PATH.match(stream.headers.get(":path", ""))
         record = RecordedRequest(
-            connection_id=connection.id,
-            stream_id=stream_id,
-            method=headers.get(":method", ""),
-            path=headers.get(":path", ""),
+            connection_id=connection_id,
+            path=stream.headers.get(":path", ""),
             token=match["token"] if match else "",
-            headers=dict(headers),
+            headers=dict(stream.headers),
             body=bytes(stream.body),
             payload=parsed_json(bytes(stream.body)),
-            jwt=auth.removeprefix("bearer ") if auth.startswith("bearer ") else None,
             status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,

@@ -28,9 +28,8 @@ FCM sender may speak either. What it checks, in Google's order:
 * any other path or method: 404 ``{"error": {"code": 404, "message": "Method not found.", ...}}``
   with no ``details``, so a client that reads every 404 as ``UNREGISTERED`` is caught.
 
-It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
-benchmark script can all use it. The CA, the server certificate and every service-account key are
-generated when it is created or asked; nothing secret lives in the repository.
+It runs on ``tls_loop``'s loop in a background thread. The CA, the server certificate and every
+service-account key are generated when it is created or asked; nothing secret lives in the repository.
 """
 
 from __future__ import annotations
@@ -335,7 +334,6 @@ class MockFcm(AsgiServer[RecordedSend]):
         super().__init__(workdir, name="mock-fcm")
         self._accounts: dict[str, ServiceAccount] = {}  # by key id
         self._issued: dict[str, _Issued] = {}  # by access token
-        self._reset_state()
 
     # -- configuration ---------------------------------------------------------------------
 

@@ -33,11 +33,8 @@ it is stricter than either where they trust the sender, because it also holds th
   ``h2`` and ``http/1.1``, and a client that picks HTTP/1.1 (or offers no ALPN) gets the same
   checks, so a sender that quietly falls back is visible in ``protocol``.
 
-It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
-benchmark script can all use it. Keys and certificates are generated when it is created; nothing
-secret lives in the repository. ``python -m reminders_pipeline_testing.mock_webpush`` runs one in
-its own process, prints where it listens as JSON, and answers ``subscribe`` / ``stats`` / ``reset``
-/ ``stop`` on stdin.
+It runs on ``tls_loop``'s loop in a background thread. Keys and certificates are generated when it
+is created; nothing secret lives in the repository.
 """
 
 from __future__ import annotations
@@ -61,7 +58,7 @@ from starlette.requests import Request
 from reminders_pipeline.domain.b64url import decode as b64url_decode
 from reminders_pipeline.domain.b64url import encode as b64url
 
-from .tls_loop import AsgiServer, Reply, Scripts, parsed_json, request_target, serve_stdio
+from .tls_loop import AsgiServer, Reply, Scripts, parsed_json, request_target
 
 MAX_PAYLOAD_BYTES = 4096
 VAPID_MAX_LIFETIME_SECONDS = 24 * 3600
@@ -153,7 +150,6 @@ class MockWebPush(AsgiServer[RecordedRequest]):
         self._unsubscribed: set[str] = set()
         # The service's clock for VAPID ``exp``; a test may pin it. reset() keeps it.
         self.clock: Callable[[], float] = time.time
-        self._reset_state()
 
     # -- subscriptions and scripts ---------------------------------------------------------
 
@@ -360,17 +356,3 @@ def _check_body(headers: dict[str, str], body: bytes, sub: _Subscription) -> byt
         return bytes(http_ece.decrypt(body, private_key=sub.private_key, auth_secret=sub.auth, version="aes128gcm"))
     except Exception as exc:  # http_ece raises ECEException, and ValueError for a bad point
         raise _Refused(400, 110, f"Payload does not decrypt with the subscription's keys: {exc}") from None
-
-
-def main() -> None:
-    """``python -m reminders_pipeline_testing.mock_webpush``; ``subscribe`` prints a new subscription's JSON."""
-    mock = MockWebPush()
-
-    def info() -> dict[str, Any]:
-        return {"host": mock.host, "port": mock.port, "origin": mock.origin, "ca_file": str(mock.ca_file)}
-
-    serve_stdio(mock, info, subscribe=mock.subscribe)
-
-
-if __name__ == "__main__":
-    main()

@@ -99,10 +99,9 @@ class LoopServer(ABC, Generic[R]):
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._transports: set[asyncio.BaseTransport] = set()  # server thread only
-        self.connections_opened = 0
-        self._requests: list[R] = []
         self.host = host
         self.port = 0
+        self._reset_state()
 
     @abstractmethod
     def _protocol(self) -> asyncio.Protocol:
@@ -217,8 +216,8 @@ class LoopServer(ABC, Generic[R]):
             self._reset_state()
 
     def _reset_state(self) -> None:
-        """The state ``reset()`` forgets, made anew (called with the lock held, and from __init__)."""
-        self._requests = []
+        """The state ``reset()`` forgets, made anew (with the lock held, or from __init__)."""
+        self._requests: list[R] = []
         self.connections_opened = 0
 
     def stats(self) -> dict[str, Any]:
