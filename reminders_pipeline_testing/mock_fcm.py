@@ -183,16 +183,14 @@ class _Invalid(Exception):
 
     def __init__(self, description: str, field: str | None = None) -> None:
         super().__init__(description)
-        self.description = description
         self.field = field
 
-
-def _invalid_argument(problem: _Invalid) -> dict[str, Any]:
-    details: list[dict[str, Any]] = [{"@type": FCM_ERROR_TYPE, "errorCode": "INVALID_ARGUMENT"}]
-    if problem.field is not None:
-        violation = {"field": problem.field, "description": problem.description}
-        details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
-    return _google_error(400, problem.description, details)
+    def body(self) -> dict[str, Any]:
+        details: list[dict[str, Any]] = [{"@type": FCM_ERROR_TYPE, "errorCode": "INVALID_ARGUMENT"}]
+        if self.field is not None:
+            violation = {"field": self.field, "description": str(self)}
+            details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
+        return _google_error(400, str(self), details)
 
 
 # -- the send body, as FCM's proto3 JSON parser sees it -------------------------------------------
@@ -419,12 +417,11 @@ class MockFcm(AsgiServer[RecordedSend]):
         reply, error_code, validate_only = self._send(request, body, match["project"])
         sent = parsed_json(body)
         message = sent.get("message") if isinstance(sent, dict) else None
-        message = message if isinstance(message, dict) else None
-        token = message.get("token") if message is not None else None
+        token = message.get("token") if isinstance(message, dict) else None
         record = RecordedSend(
             token=token if isinstance(token, str) else "",
             status=reply.status,
-            message=message,
+            message=message if isinstance(message, dict) else None,
             access_token=_bearer(_header(request, "authorization")),
             at=received_at,
             project=match["project"],
@@ -555,7 +552,7 @@ class MockFcm(AsgiServer[RecordedSend]):
         try:
             token, validate_only = _parse_send_body(_media_type(request), body)
         except _Invalid as problem:
-            return _json_response(400, _invalid_argument(problem)), "INVALID_ARGUMENT", False
+            return _json_response(400, problem.body()), "INVALID_ARGUMENT", False
         with self._lock:
             answer = self._scripts.next(token)
         status = answer.http_status
