@@ -18,7 +18,8 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
 
 It runs on ``tls_loop``'s loop in a background thread. Keys and certificates are generated when it
 is created; nothing secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns``
-runs one for a parent process (``tls_loop.serve_stdio``; also ``delay SECONDS``).
+runs one in its own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` /
+``stop`` on stdin.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 import itertools
 import json
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +46,7 @@ from h2.events import ConnectionTerminated, DataReceived, RequestReceived, Strea
 from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
 
-from .tls_loop import LoopServer, Scripts, parsed_json, serve_stdio
+from .tls_loop import LoopServer, Scripts, parsed_json
 
 MAX_PAYLOAD_BYTES = 4096
 TOKEN_MAX_AGE_SECONDS = 3600
@@ -545,18 +547,27 @@ class _NotTls(asyncio.Protocol):
         transport.close()
 
 
+def _serve_stdio(mock: MockApns) -> None:
+    """Line protocol for a parent process (the benchmark): ``stats``, ``reset``, ``stop``, and
+    ``delay SECONDS`` (every answer that long after its request, as Apple's servers tens of
+    milliseconds away answer; ``reset`` keeps it)."""
+    for line in sys.stdin:
+        command = line.strip()
+        if command.startswith("delay "):
+            mock.latency = float(command.split()[1])
+            print(json.dumps({"ok": True, "delay": mock.latency}), flush=True)
+        elif command == "stats":
+            print(json.dumps(mock.stats()), flush=True)
+        elif command == "reset":
+            mock.reset()
+            print(json.dumps({"ok": True}), flush=True)
+        elif command == "stop":
+            break
+
+
 def main() -> None:
-    """``python -m reminders_pipeline_testing.mock_apns``: a mock for a parent process (the benchmark)."""
-    mock = MockApns()
-
-    def delay(seconds: str) -> dict[str, Any]:
-        """Every answer ``seconds`` after its request, as Apple's servers tens of milliseconds away
-        answer; ``reset`` keeps it."""
-        mock.latency = float(seconds)
-        return {"ok": True, "delay": mock.latency}
-
-    def info() -> dict[str, Any]:
-        return {
+    with MockApns() as mock:
+        info = {
             "host": mock.host,
             "port": mock.port,
             "url": mock.url,
@@ -567,8 +578,8 @@ def main() -> None:
             "topic": mock.topic,
             "env": mock.env(),
         }
-
-    serve_stdio(mock, info, delay=delay)
+        print(json.dumps(info), flush=True)
+        _serve_stdio(mock)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,9 @@ A mock is its validation only. ``LoopServer`` gives it a trustme CA, a listener 
 served from its own event loop (so a synchronous test, an asyncio test and a benchmark script start
 and stop it the same way), the set of open connections that ``open_connections``,
 ``connections_opened`` and ``drop_all_connections()`` read, the recorded ``requests``, ``reset()``
-and ``stats()``. ``Scripts`` holds a mock's scripted answers; ``serve_stdio`` runs a mock for a
-parent process. ``AsgiServer`` serves an ASGI app over it with hypercorn, HTTP/2 or HTTP/1.1 as
-ALPN chose: the Web Push and FCM mocks. The APNs mock speaks raw ``h2`` on ``LoopServer`` (see its
-docstring for why).
+and ``stats()``; ``Scripts`` holds its scripted answers. ``AsgiServer`` serves an ASGI app over it
+with hypercorn, HTTP/2 or HTTP/1.1 as ALPN chose: the Web Push and FCM mocks. The APNs mock speaks
+raw ``h2`` on ``LoopServer`` (see its docstring for why).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, Self, TypeVar, cast
@@ -240,26 +239,6 @@ def parsed_json(body: bytes) -> Any:
         return json.loads(body) if body else None
     except ValueError:
         return None
-
-
-def serve_stdio(server: LoopServer[Any], info: Callable[[], dict[str, Any]], **commands: Callable[..., Any]) -> None:
-    """Run ``server`` for a parent process: print ``info()`` (where it listens) as a JSON line, then
-    answer each command read from stdin with one: ``stats``, ``reset``, the mock's own ``commands``
-    (called with the line's other words), and ``stop``, which ends it."""
-
-    def reset() -> dict[str, bool]:
-        server.reset()
-        return {"ok": True}
-
-    with server:
-        print(json.dumps(info()), flush=True)
-        actions = {"stats": server.stats, "reset": reset, **commands}
-        for line in sys.stdin:
-            name, *args = line.split() or [""]
-            if name == "stop":
-                break
-            if name in actions:
-                print(json.dumps(actions[name](*args)), flush=True)
 
 
 @dataclass(frozen=True)
