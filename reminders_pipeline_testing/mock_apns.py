@@ -16,11 +16,10 @@ runs ``json.loads`` on every DATA frame. This server answers the way APNs does:
   RST_STREAM(REFUSED_STREAM) (``Answer(refuse_stream=True)``), and a listener that refuses the
   TCP connection or fails the TLS handshake (``refuse``).
 
-It runs on the mocks' shared ``LoopServer`` (``tls_loop``): its own event loop in a background
-thread, so a synchronous test, an asyncio test and a benchmark script can all use it. Keys and
-certificates are generated when it is created; nothing secret lives in the repository.
-``python -m reminders_pipeline_testing.mock_apns`` runs one in its own process, prints where it
-listens as JSON, and answers ``stats`` / ``reset`` / ``stop`` on stdin.
+It runs on ``tls_loop``'s loop in a background thread. Keys and certificates are generated when it
+is created; nothing secret lives in the repository. ``python -m reminders_pipeline_testing.mock_apns``
+runs one in its own process, prints where it listens as JSON, and answers ``stats`` / ``reset`` /
+``stop`` on stdin.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import re
 import sys
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -48,7 +46,7 @@ from h2.events import ConnectionTerminated, DataReceived, RequestReceived, Strea
 from h2.exceptions import ProtocolError, StreamClosedError, TooManyStreamsError
 from h2.settings import SettingCodes, Settings
 
-from .tls_loop import LoopServer
+from .tls_loop import LoopServer, Scripts, parsed_json
 
 MAX_PAYLOAD_BYTES = 4096
 TOKEN_MAX_AGE_SECONDS = 3600
@@ -66,6 +64,14 @@ PUSH_TYPES = {
     "pushtotalk",
     "widgets",
     "controls",
+}
+# The optional headers APNs checks: whether it takes a value, and the reason it answers when not.
+HEADER_CHECKS: dict[str, tuple[Callable[[str], object], str]] = {
+    "apns-push-type": (PUSH_TYPES.__contains__, "InvalidPushType"),
+    "apns-priority": (("1", "5", "10").__contains__, "BadPriority"),
+    "apns-expiration": (re.compile(r"\d+").fullmatch, "BadExpirationDate"),
+    "apns-collapse-id": (lambda value: len(value.encode()) <= 64, "BadCollapseId"),
+    "apns-id": (re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", re.IGNORECASE).fullmatch, "BadMessageId"),
 }
 
 
@@ -91,23 +97,14 @@ class Answer:
     hold: bool = False  # no answer until the test calls MockApns.release_held(): a late answer without a clock
 
 
-@dataclass
-class _Scripted:
-    answer: Answer
-    times: int | None  # None = every time
-
-
 @dataclass(frozen=True)
 class RecordedRequest:
     connection_id: int
-    stream_id: int
-    method: str
     path: str
     token: str
     headers: dict[str, str]
     body: bytes
     payload: Any  # parsed JSON, or None when the body is not JSON
-    jwt: str | None
     status: int | None  # what the mock answered; None if it dropped the connection
     reason: str | None
     received_at: float
@@ -126,7 +123,7 @@ class _ApnsConnection(asyncio.Protocol):
     def __init__(self, server: MockApns, connection_id: int) -> None:
         self.server = server
         self.id = connection_id
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # set by connection_made(), before any other call
         self.conn = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
         # Leave MAX_CONCURRENT_STREAMS out of h2's first SETTINGS so h2 enforces the advertised
         # limit only once the client has acknowledged it, as RFC 9113 allows a client to assume.
@@ -148,21 +145,20 @@ class _ApnsConnection(asyncio.Protocol):
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.transport is not None:
-            self.server._closed(self.transport)
-        for _ in self.streams:
-            self.server._finished()
+        self.server._closed(self.transport)
+        self.server._finished(len(self.streams))
         self.streams.clear()
 
     def flush(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+        if not self.transport.is_closing():
             self.transport.write(self.conn.data_to_send())
 
     def data_received(self, data: bytes) -> None:
         try:
             events = self.conn.receive_data(data)
         except TooManyStreamsError:
-            self.server._violation()
+            with self.server._lock:
+                self.server.stream_limit_violations += 1
             self._hang_up()
             return
         except ProtocolError:
@@ -174,14 +170,13 @@ class _ApnsConnection(asyncio.Protocol):
 
     def _hang_up(self) -> None:
         self.flush()  # the GOAWAY h2 queued
-        if self.transport is not None:
-            self.transport.close()
+        self.transport.close()
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, RequestReceived):
             if self.going_away:
                 return  # above the GOAWAY's last stream id: ignored, never processed
-            self.streams[event.stream_id] = _Stream(dict(event.headers))
+            self.streams[event.stream_id] = _Stream(dict(event.headers))  # type: ignore[arg-type]  # str: header_encoding
             self.server._started()
         elif isinstance(event, DataReceived):
             stream = self.streams.get(event.stream_id)
@@ -199,8 +194,7 @@ class _ApnsConnection(asyncio.Protocol):
         elif isinstance(event, WindowUpdated):
             self._send_blocked()
         elif isinstance(event, ConnectionTerminated):
-            if self.transport is not None:
-                self.transport.close()
+            self.transport.close()
 
     def _on_request(self, stream_id: int, stream: _Stream) -> None:
         if self.going_away:
@@ -214,10 +208,9 @@ class _ApnsConnection(asyncio.Protocol):
         if token_ok and not self.raised:
             self.raised = True
             self.conn.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: self.server.raised_max_streams})
-        self.server._record(self, stream_id, stream, answer)
+        self.server._record_stream(self.id, stream, answer)
         if answer.drop_connection:
-            if self.transport is not None:
-                self.transport.abort()
+            self.transport.abort()
         elif answer.refuse_stream:
             self.streams.pop(stream_id, None)
             self.server._finished()
@@ -233,7 +226,7 @@ class _ApnsConnection(asyncio.Protocol):
         if self.streams.pop(stream_id, None) is None:
             return  # reset by the client or the connection is gone
         self.server._finished()
-        if self.transport is None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
         apns_id = stream.headers.get("apns-id") or str(uuid.uuid4()).upper()
         headers = [(":status", str(answer.status))]
@@ -275,11 +268,11 @@ class _ApnsConnection(asyncio.Protocol):
         for stream_id in [sid for sid in self.streams if sid > last]:
             self.streams.pop(stream_id)
             self.server._finished()
-        self.server._went_away()
+        with self.server._lock:
+            self.server.goaways_sent += 1
         self.conn.close_connection(last_stream_id=last)
         self.flush()
-        if self.transport is not None:
-            asyncio.get_running_loop().call_later(0.05, self.transport.close)
+        asyncio.get_running_loop().call_later(0.05, self.transport.close)
 
 
 def _error_body(answer: Answer) -> bytes:
@@ -289,7 +282,7 @@ def _error_body(answer: Answer) -> bytes:
     return json.dumps(body).encode()
 
 
-class MockApns(LoopServer):
+class MockApns(LoopServer["RecordedRequest"]):
     """An APNs look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     Defaults answer 200. ``script(token, ...)`` sets the answer for one device token (optionally
@@ -299,6 +292,9 @@ class MockApns(LoopServer):
     """
 
     alpn = ("h2",)  # APNs speaks HTTP/2 only
+    wait_seconds = 5.0
+    # Requests answered with hold=True, waiting for release_held() (server thread only).
+    _held: list[tuple[_ApnsConnection, int, _Stream, Answer]]
 
     def __init__(
         self,
@@ -326,7 +322,6 @@ class MockApns(LoopServer):
         self.key_file = self.workdir / f"AuthKey_{key_id}.p8"
         self.public_key = write_p8_key(self.key_file).public_key()
         self._connection_ids = itertools.count(1)
-        self._reset_state()
 
     # -- lifecycle: start(), stop() and the context manager are LoopServer's -------------------
 
@@ -368,10 +363,6 @@ class MockApns(LoopServer):
     # -- configuration ---------------------------------------------------------------------
 
     @property
-    def url(self) -> str:
-        return f"https://{self.host}:{self.port}"
-
-    @property
     def topic(self) -> str:
         return self.topics[0]
 
@@ -393,23 +384,16 @@ class MockApns(LoopServer):
     def script(self, token: str, *, times: int | None = None, **answer: Any) -> None:
         """Answer requests for ``token`` with ``Answer(**answer)`` (``times`` times, or always)."""
         with self._lock:
-            self._scripts[token.lower()] = _Scripted(Answer(**answer), times)
+            self._scripts.set(token.lower(), Answer(**answer), times)
 
     def script_default(self, **answer: Any) -> None:
         with self._lock:
-            self._default = Answer(**answer)
-
-    def reset(self) -> None:
-        """Forget requests, scripts and counters; open connections stay open."""
-        with self._lock:
-            self._reset_state()
+            self._scripts.default = Answer(**answer)
 
     def _reset_state(self) -> None:
-        self._scripts: dict[str, _Scripted] = {}
-        self._default = Answer()
-        # Requests answered with hold=True, waiting for release_held() (server thread only).
-        self._held: list[tuple[_ApnsConnection, int, _Stream, Answer]] = []
-        self._requests: list[RecordedRequest] = []
+        super()._reset_state()
+        self._scripts = Scripts(Answer())
+        self._held = []
         self._jwts: list[str] = []
         self._jwt_first_seen: dict[str, float] = {}
         self._verified: dict[str, dict[str, Any]] = {}
@@ -418,29 +402,15 @@ class MockApns(LoopServer):
         # Streams still open from before a reset stay counted, so the counter never goes negative.
         self._in_flight = getattr(self, "_in_flight", 0)
         self.max_in_flight = self._in_flight
-        self.connections_opened = 0
         self.stream_limit_violations = 0
         self.goaways_sent = 0
 
     # -- observations ----------------------------------------------------------------------
 
     @property
-    def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
-
-    @property
     def jwts_seen(self) -> list[str]:
         with self._lock:
             return list(self._jwts)
-
-    def wait_for_requests(self, count: int, timeout: float = 5.0) -> list[RecordedRequest]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self._requests) >= count:
-                break
-            time.sleep(0.005)
-        return self.requests
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Wait until no connection is open (clients closed theirs); True if it got there."""
@@ -451,62 +421,38 @@ class MockApns(LoopServer):
             time.sleep(0.005)
         return True
 
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "requests": len(self._requests),
-                "statuses": dict(Counter(r.status for r in self._requests)),
-                "connections_opened": self.connections_opened,
-                "open_connections": self.open_connections,
-                "max_in_flight": self.max_in_flight,
-                "distinct_jwts": len(self._jwts),
-                "stream_limit_violations": self.stream_limit_violations,
-            }
+    def _more_stats(self) -> dict[str, Any]:
+        return {
+            "max_in_flight": self.max_in_flight,
+            "distinct_jwts": len(self._jwts),
+            "stream_limit_violations": self.stream_limit_violations,
+        }
 
     # -- called from the server thread -----------------------------------------------------
-
-    def _went_away(self) -> None:
-        with self._lock:
-            self.goaways_sent += 1
-
-    def _violation(self) -> None:
-        with self._lock:
-            self.stream_limit_violations += 1
 
     def _started(self) -> None:
         with self._lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
 
-    def _finished(self) -> None:
+    def _finished(self, streams: int = 1) -> None:
         with self._lock:
-            self._in_flight -= 1
+            self._in_flight -= streams
 
-    def _record(self, connection: _ApnsConnection, stream_id: int, stream: _Stream, answer: Answer) -> None:
-        headers = stream.headers
-        match = PATH.match(headers.get(":path", ""))
-        body = bytes(stream.body)
-        try:
-            payload = json.loads(body) if body else None
-        except ValueError:
-            payload = None
-        auth = headers.get("authorization", "")
+    def _record_stream(self, connection_id: int, stream: _Stream, answer: Answer) -> None:
+        match = PATH.match(stream.headers.get(":path", ""))
         record = RecordedRequest(
-            connection_id=connection.id,
-            stream_id=stream_id,
-            method=headers.get(":method", ""),
-            path=headers.get(":path", ""),
+            connection_id=connection_id,
+            path=stream.headers.get(":path", ""),
             token=match["token"] if match else "",
-            headers={k: v for k, v in headers.items()},
-            body=body,
-            payload=payload,
-            jwt=auth[len("bearer ") :] if auth.startswith("bearer ") else None,
+            headers=dict(stream.headers),
+            body=bytes(stream.body),
+            payload=parsed_json(bytes(stream.body)),
             status=None if answer.drop_connection or answer.refuse_stream else answer.status,
             reason=answer.reason,
             received_at=stream.received_at,
         )
-        with self._lock:
-            self._requests.append(record)
+        self._record(record)
 
     def _judge(self, stream: _Stream) -> tuple[Answer, bool]:
         """APNs' checks in roughly APNs' order; the bool says whether the provider token was valid."""
@@ -525,10 +471,17 @@ class MockApns(LoopServer):
         auth_error = self._check_provider_token(h.get("authorization"))
         if auth_error is not None:
             return auth_error, False
-        problem = self._check_headers(h) or self._check_body(bytes(stream.body))
-        if problem is not None:
-            return problem, True
-        answer = self._scripted(match["token"].lower())
+        if h["apns-topic"] not in self.topics:
+            return Answer(400, "TopicDisallowed"), True
+        for name, (valid, reason) in HEADER_CHECKS.items():
+            if name in h and not valid(h[name]):
+                return Answer(400, reason), True
+        if not stream.body:
+            return Answer(400, "PayloadEmpty"), True
+        if len(stream.body) > MAX_PAYLOAD_BYTES:
+            return Answer(413, "PayloadTooLarge"), True
+        with self._lock:
+            answer = self._scripts.next(match["token"].lower())
         if self.latency and not answer.delay:
             answer = replace(answer, delay=self.latency)
         return answer, True
@@ -585,40 +538,6 @@ class MockApns(LoopServer):
                 return Answer(429, "TooManyProviderTokenUpdates")
         return None
 
-    def _check_headers(self, h: dict[str, str]) -> Answer | None:
-        if h["apns-topic"] not in self.topics:
-            return Answer(400, "TopicDisallowed")
-        if "apns-push-type" in h and h["apns-push-type"] not in PUSH_TYPES:
-            return Answer(400, "InvalidPushType")
-        if "apns-priority" in h and h["apns-priority"] not in ("1", "5", "10"):
-            return Answer(400, "BadPriority")
-        if "apns-expiration" in h and not re.fullmatch(r"\d+", h["apns-expiration"]):
-            return Answer(400, "BadExpirationDate")
-        if len(h.get("apns-collapse-id", "").encode()) > 64:
-            return Answer(400, "BadCollapseId")
-        if "apns-id" in h and not _is_uuid(h["apns-id"]):
-            return Answer(400, "BadMessageId")
-        return None
-
-    @staticmethod
-    def _check_body(body: bytes) -> Answer | None:
-        if not body:
-            return Answer(400, "PayloadEmpty")
-        if len(body) > MAX_PAYLOAD_BYTES:
-            return Answer(413, "PayloadTooLarge")
-        return None
-
-    def _scripted(self, token: str) -> Answer:
-        with self._lock:
-            scripted = self._scripts.get(token)
-            if scripted is None:
-                return self._default
-            if scripted.times is not None:
-                scripted.times -= 1
-                if scripted.times <= 0:
-                    del self._scripts[token]
-            return scripted.answer
-
 
 class _NotTls(asyncio.Protocol):
     """A listener that is not a TLS server: the client's handshake fails."""
@@ -626,14 +545,6 @@ class _NotTls(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")  # type: ignore[attr-defined]
         transport.close()
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return len(value) == 36
 
 
 def _serve_stdio(mock: MockApns) -> None:

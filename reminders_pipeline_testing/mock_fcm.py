@@ -28,9 +28,8 @@ FCM sender may speak either. What it checks, in Google's order:
 * any other path or method: 404 ``{"error": {"code": 404, "message": "Method not found.", ...}}``
   with no ``details``, so a client that reads every 404 as ``UNREGISTERED`` is caught.
 
-It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
-benchmark script can all use it. The CA, the server certificate and every service-account key are
-generated when it is created or asked; nothing secret lives in the repository.
+It runs on ``tls_loop``'s loop in a background thread. The CA, the server certificate and every
+service-account key are generated when it is created or asked; nothing secret lives in the repository.
 """
 
 from __future__ import annotations
@@ -42,14 +41,16 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Self
 
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
 from starlette.requests import Request
 
-from .tls_loop import AsgiServer, Reply, request_target
+from .tls_loop import AsgiServer, Reply, Scripts, parsed_json, request_target
 
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
@@ -64,24 +65,15 @@ DURATION = re.compile(r"^(?P<sign>-?)(?P<seconds>\d+)(?:\.(?P<fraction>\d{1,9}))
 FCM_ERROR_TYPE = "type.googleapis.com/google.firebase.fcm.v1.FcmError"
 BAD_REQUEST_TYPE = "type.googleapis.com/google.rpc.BadRequest"
 
-# FCM's errorCode → the HTTP status it comes with (the google.rpc status follows from the HTTP status).
-ERROR_STATUS: dict[str, int] = {
-    "UNREGISTERED": 404,
-    "INVALID_ARGUMENT": 400,
-    "QUOTA_EXCEEDED": 429,
-    "UNAVAILABLE": 503,
-    "INTERNAL": 500,
-    "SENDER_ID_MISMATCH": 403,
-    "THIRD_PARTY_AUTH_ERROR": 401,
-}
-ERROR_MESSAGES: dict[str, str] = {
-    "UNREGISTERED": "Requested entity was not found.",
-    "INVALID_ARGUMENT": "The registration token is not a valid FCM registration token",
-    "QUOTA_EXCEEDED": "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'.",
-    "UNAVAILABLE": "The service is currently unavailable.",
-    "INTERNAL": "Internal error encountered.",
-    "SENDER_ID_MISMATCH": "SenderId mismatch",
-    "THIRD_PARTY_AUTH_ERROR": "Auth error from APNS or Web Push Service",
+# FCM's errorCode → the HTTP status it comes with and FCM's message (the google.rpc status follows from the HTTP status).
+ERRORS: dict[str, tuple[int, str]] = {
+    "UNREGISTERED": (404, "Requested entity was not found."),
+    "INVALID_ARGUMENT": (400, "The registration token is not a valid FCM registration token"),
+    "QUOTA_EXCEEDED": (429, "Quota exceeded for quota metric 'Send requests' and limit 'Send requests per minute'."),
+    "UNAVAILABLE": (503, "The service is currently unavailable."),
+    "INTERNAL": (500, "Internal error encountered."),
+    "SENDER_ID_MISMATCH": (403, "SenderId mismatch"),
+    "THIRD_PARTY_AUTH_ERROR": (401, "Auth error from APNS or Web Push Service"),
 }
 RPC_STATUS: dict[int, str] = {
     400: "INVALID_ARGUMENT",
@@ -111,7 +103,7 @@ class Answer:
     """How the mock answers one send that passed authentication and validation.
 
     ``status`` None means 200 without an ``error_code``, else the HTTP status FCM pairs with it
-    (``ERROR_STATUS``); an explicit status overrides, and a non-200 status with no ``error_code``
+    (``ERRORS``); an explicit status overrides, and a non-200 status with no ``error_code``
     answers Google's error body without ``details``, as a front end in Google's path may.
     ``retry_after`` is sent as the ``Retry-After`` header (seconds); ``delay`` seconds pass before
     the answer goes out.
@@ -123,8 +115,8 @@ class Answer:
     delay: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.error_code is not None and self.error_code not in ERROR_STATUS:
-            raise ValueError(f"unknown FCM errorCode {self.error_code!r}; one of {sorted(ERROR_STATUS)}")
+        if self.error_code is not None and self.error_code not in ERRORS:
+            raise ValueError(f"unknown FCM errorCode {self.error_code!r}; one of {sorted(ERRORS)}")
         if self.error_code is not None and self.status == 200:
             raise ValueError("an answer with an error_code cannot have status 200")
 
@@ -132,13 +124,7 @@ class Answer:
     def http_status(self) -> int:
         if self.status is not None:
             return self.status
-        return ERROR_STATUS[self.error_code] if self.error_code is not None else 200
-
-
-@dataclass
-class _Scripted:
-    answer: Answer
-    times: int | None  # None = every time
+        return ERRORS[self.error_code][0] if self.error_code is not None else 200
 
 
 @dataclass(frozen=True)
@@ -171,16 +157,6 @@ class _Issued:
     expires_at: float
 
 
-@dataclass(frozen=True)
-class _Request:
-    method: str
-    target: str
-    headers: dict[str, str]  # lower-case names; a repeated header's values joined by ", "
-    body: bytes
-    protocol: str
-    received_at: float
-
-
 def _json_response(status: int, body: Any, *headers: tuple[str, str], delay: float = 0.0) -> Reply:
     return Reply(
         status, (("content-type", "application/json; charset=UTF-8"), *headers), json.dumps(body).encode(), delay
@@ -194,8 +170,12 @@ def _google_error(status: int, message: str, details: list[dict[str, Any]] | Non
     return {"error": error}
 
 
-def _oauth_error(status: int, error: str, description: str) -> Reply:
-    return _json_response(status, {"error": error, "error_description": description})
+class _OAuthError(Exception):
+    """A token request Google refuses: ``reply`` is its OAuth error body."""
+
+    def __init__(self, status: int, error: str, description: str) -> None:
+        super().__init__(description)
+        self.reply = _json_response(status, {"error": error, "error_description": description})
 
 
 class _Invalid(Exception):
@@ -203,55 +183,101 @@ class _Invalid(Exception):
 
     def __init__(self, description: str, field: str | None = None) -> None:
         super().__init__(description)
-        self.description = description
         self.field = field
 
-
-def _invalid_argument(problem: _Invalid) -> dict[str, Any]:
-    details: list[dict[str, Any]] = [{"@type": FCM_ERROR_TYPE, "errorCode": "INVALID_ARGUMENT"}]
-    if problem.field is not None:
-        violation = {"field": problem.field, "description": problem.description}
-        details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
-    return _google_error(400, problem.description, details)
+    def body(self) -> dict[str, Any]:
+        details: list[dict[str, Any]] = [{"@type": FCM_ERROR_TYPE, "errorCode": "INVALID_ARGUMENT"}]
+        if self.field is not None:
+            violation = {"field": self.field, "description": str(self)}
+            details.append({"@type": BAD_REQUEST_TYPE, "fieldViolations": [violation]})
+        return _google_error(400, str(self), details)
 
 
 # -- the send body, as FCM's proto3 JSON parser sees it -------------------------------------------
 
-# Field (proto name) → kind, for the objects the pipeline fills. Objects marked "object" are FCM's
-# (so known) but not used by the pipeline: any JSON object passes.
-_MESSAGE_FIELDS = {
-    "name": "string",
-    "data": "map",
-    "notification": "notification",
-    "android": "android",
-    "webpush": "object",
-    "apns": "object",
-    "fcm_options": "object",
-    "token": "string",
-    "topic": "string",
-    "condition": "string",
-}
-_NOTIFICATION_FIELDS = {"title": "string", "body": "string", "image": "string"}
-_ANDROID_FIELDS = {
-    "collapse_key": "string",
-    "priority": "priority",
-    "ttl": "duration",
-    "restricted_package_name": "string",
-    "data": "map",
-    "notification": "object",
-    "fcm_options": "object",
-    "direct_boot_ok": "bool",
-    "bandwidth_constrained_ok": "bool",
-    "restricted_satellite_ok": "bool",
-}
-_REQUEST_FIELDS = {"message": "message", "validate_only": "bool"}
-_PRIORITIES = ("NORMAL", "HIGH")
-_RESERVED_DATA_KEYS = ("from", "message_type")
+
+def _duration(value: str) -> str:
+    """A proto3 Duration, decimal seconds ending in ``s``; FCM's TTL is not negative and at most 4 weeks."""
+    match = DURATION.match(value)
+    if match is None:
+        raise ValueError(f"Illegal duration format; it must end with 's' and be a decimal number of seconds: {value!r}")
+    seconds = int(match["seconds"]) + int((match["fraction"] or "0").ljust(9, "0")) / 1e9
+    if match["sign"] and seconds > 0:
+        raise ValueError(f"TTL cannot be negative, {value}")
+    if seconds > MAX_TTL_SECONDS:
+        raise ValueError(f"TTL cannot exceed {MAX_TTL_SECONDS}s (4 weeks), {value}")
+    return value
 
 
-def _camel(name: str) -> str:
-    first, *rest = name.split("_")
-    return first + "".join(part.capitalize() for part in rest)
+def _data(value: dict[str, str]) -> dict[str, str]:
+    """FCM's data map: none of the keys FCM keeps for itself."""
+    for key in value:
+        if key in ("from", "message_type") or key.lower().startswith(("google", "gcm")):
+            raise ValueError(f"Invalid data payload key: {key}")
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_duration)]
+Data = Annotated[dict[str, str], AfterValidator(_data)]
+
+
+class _Proto(BaseModel):
+    """A proto3 JSON object as FCM parses it: known fields only, each under its proto name or its
+    lowerCamelCase JSON name, of its exact JSON type; null leaves a field unset. A field typed
+    ``dict[str, Any]`` is FCM's (so known) but not used by the pipeline: any JSON object passes."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, alias_generator=to_camel, validate_by_name=True, loc_by_alias=False
+    )
+
+
+class _Notification(_Proto):
+    title: str | None = None
+    body: str | None = None
+    image: str | None = None
+
+
+class _AndroidConfig(_Proto):
+    collapse_key: str | None = None
+    priority: Literal["NORMAL", "HIGH"] | None = None
+    ttl: Duration | None = None
+    restricted_package_name: str | None = None
+    data: Data | None = None
+    notification: dict[str, Any] | None = None
+    fcm_options: dict[str, Any] | None = None
+    direct_boot_ok: bool | None = None
+    bandwidth_constrained_ok: bool | None = None
+    restricted_satellite_ok: bool | None = None
+
+
+class _Message(_Proto):
+    name: str | None = None
+    data: Data | None = None
+    notification: _Notification | None = None
+    android: _AndroidConfig | None = None
+    webpush: dict[str, Any] | None = None
+    apns: dict[str, Any] | None = None
+    fcm_options: dict[str, Any] | None = None
+    token: str | None = None
+    topic: str | None = None
+    condition: str | None = None
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Self:
+        """The oneof ``target``: one of token, topic and condition; this mock sends to tokens only."""
+        targets = [name for name in ("token", "topic", "condition") if getattr(self, name)]
+        if len(targets) > 1:
+            raise ValueError(f"oneof field 'target' is already set. Cannot set '{targets[1]}'")
+        if not targets:
+            raise ValueError("Recipient of the message is not set.")
+        if targets != ["token"]:
+            raise ValueError(f"This mock sends to registration tokens only; message.{targets[0]} is not supported")
+        return self
+
+
+class _SendMessageRequest(_Proto):
+    message: _Message
+    validate_only: bool | None = None
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -263,124 +289,33 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _fields(value: Any, where: str, schema: dict[str, str], type_name: str) -> dict[str, Any]:
-    """The object's fields under their proto names; a null field is unset, as in proto3 JSON."""
-    if not isinstance(value, dict):
-        raise _Invalid(f"Invalid value at '{where}' (type.googleapis.com/{type_name}), {json.dumps(value)}", where)
-    names = {alias: name for name in schema for alias in (name, _camel(name))}
-    fields: dict[str, Any] = {}
-    for key, item in value.items():
-        name = names.get(key)
-        if name is None:
-            raise _Invalid(
-                f"Invalid JSON payload received. Unknown name \"{key}\" at '{where}': Cannot find field.", where
-            )
-        if name in fields:
-            raise _Invalid(
-                f"Invalid JSON payload received. Duplicate field \"{name}\" at '{where}'.", f"{where}.{name}"
-            )
-        fields[name] = item
-    return {name: item for name, item in fields.items() if item is not None}
-
-
-def _check_scalar(value: Any, where: str, kind: str) -> None:
-    if kind == "string" and not isinstance(value, str):
-        raise _Invalid(f"Invalid value at '{where}' (TYPE_STRING), {json.dumps(value)}", where)
-    if kind == "bool" and not isinstance(value, bool):
-        raise _Invalid(f"Invalid value at '{where}' (TYPE_BOOL), {json.dumps(value)}", where)
-    if kind == "object" and not isinstance(value, dict):
-        raise _Invalid(f"Invalid value at '{where}' (TYPE_MESSAGE), {json.dumps(value)}", where)
-
-
-def _check_map(value: Any, where: str) -> None:
-    if not isinstance(value, dict):
-        raise _Invalid(f"Invalid value at '{where}' (map), {json.dumps(value)}", where)
-    for key, item in value.items():
-        if not isinstance(item, str):
-            raise _Invalid(f"Invalid value at '{where}' (TYPE_STRING) for key \"{key}\", {json.dumps(item)}", where)
-        lowered = key.lower()
-        if key in _RESERVED_DATA_KEYS or lowered.startswith(("google", "gcm")):
-            raise _Invalid(f"Invalid data payload key: {key}", where)
-
-
-def _check_duration(value: Any, where: str) -> None:
-    match = DURATION.match(value) if isinstance(value, str) else None
-    if match is None:
-        raise _Invalid(
-            f"Invalid value at '{where}' (type.googleapis.com/google.protobuf.Duration), Field 'ttl', "
-            f"Illegal duration format; duration must end with 's' and be a decimal number of seconds: {json.dumps(value)}",
-            where,
-        )
-    seconds = int(match["seconds"]) + int((match["fraction"] or "0").ljust(9, "0")) / 1e9
-    if match["sign"] and seconds > 0:
-        raise _Invalid(f"Invalid value at '{where}': TTL cannot be negative, {value}", where)
-    if seconds > MAX_TTL_SECONDS:
-        raise _Invalid(f"Invalid value at '{where}': TTL cannot exceed {MAX_TTL_SECONDS}s (4 weeks), {value}", where)
-
-
-def _check_object(value: Any, where: str, schema: dict[str, str], type_name: str) -> dict[str, Any]:
-    fields = _fields(value, where, schema, type_name)
-    for name, item in fields.items():
-        kind = schema[name]
-        at = f"{where}.{name}"
-        if kind == "map":
-            _check_map(item, at)
-        elif kind == "duration":
-            _check_duration(item, at)
-        elif kind == "priority":
-            if item not in _PRIORITIES:
-                raise _Invalid(
-                    f"Invalid value at '{at}' (type.googleapis.com/google.firebase.fcm.v1.AndroidMessagePriority), {json.dumps(item)}",
-                    at,
-                )
-        elif kind == "notification":
-            _check_object(item, at, _NOTIFICATION_FIELDS, "google.firebase.fcm.v1.Notification")
-        elif kind == "android":
-            _check_object(item, at, _ANDROID_FIELDS, "google.firebase.fcm.v1.AndroidConfig")
-        else:
-            _check_scalar(item, at, kind)
-    return fields
-
-
-def _parse_send_body(body: bytes) -> tuple[dict[str, Any], bool]:
-    """``(message, validate_only)`` of a valid send body; raises ``_Invalid`` as FCM would refuse it."""
+def _parse_send_body(content_type: str, body: bytes) -> tuple[str, bool]:
+    """``(token, validate_only)`` of a valid send body; raises ``_Invalid`` as FCM would refuse it."""
+    if content_type != "application/json":
+        raise _Invalid(f"Invalid Content-Type {content_type or '(none)'!r}: the body must be application/json.")
     try:
-        request = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError) as exc:
+        sent = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except ValueError as exc:  # UnicodeDecodeError too
         raise _Invalid(f"Invalid JSON payload received. {exc}") from None
-    fields = _fields(request, "", _REQUEST_FIELDS, "google.firebase.fcm.v1.SendMessageRequest")
-    if "validate_only" in fields:
-        _check_scalar(fields["validate_only"], "validate_only", "bool")
-    if "message" not in fields:
-        raise _Invalid("Request contains an invalid argument: 'message' is required.", "message")
-    message = fields["message"]
-    checked = _check_object(message, "message", _MESSAGE_FIELDS, "google.firebase.fcm.v1.Message")
-    targets = [name for name in ("token", "topic", "condition") if checked.get(name)]
-    if len(targets) > 1:
-        raise _Invalid(
-            f"Invalid value at 'message' (oneof), oneof field 'target' is already set. Cannot set '{targets[1]}'",
-            "message",
-        )
-    if not targets:
-        raise _Invalid("Recipient of the message is not set.", "message.token")
-    if targets != ["token"]:
-        raise _Invalid(
-            f"This mock sends to registration tokens only; message.{targets[0]} is not supported.",
-            f"message.{targets[0]}",
-        )
-    payload = {key: value for key, value in message.items() if key != "token"}
+    try:
+        request = _SendMessageRequest.model_validate(sent)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise _Invalid(f"Invalid value at '{where}': {error['msg']}", where or None) from None
+    payload = {key: value for key, value in sent["message"].items() if key != "token"}
     size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_PAYLOAD_BYTES:
         raise _Invalid(
             f"Message is too big: {size} bytes of payload, the limit is {MAX_PAYLOAD_BYTES} bytes.", "message"
         )
-    return message, bool(fields.get("validate_only", False))
+    return request.message.token or "", bool(request.validate_only)
 
 
 # -- the server ----------------------------------------------------------------------------------
 
 
-class MockFcm(AsgiServer):
+class MockFcm(AsgiServer[RecordedSend]):
     """FCM HTTP v1 and its OAuth2 token endpoint in a background thread; a context manager, or
     ``start()`` → ``(host, port)`` and ``stop()``.
 
@@ -397,13 +332,8 @@ class MockFcm(AsgiServer):
         super().__init__(workdir, name="mock-fcm")
         self._accounts: dict[str, ServiceAccount] = {}  # by key id
         self._issued: dict[str, _Issued] = {}  # by access token
-        self._reset_state()
 
     # -- configuration ---------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"https://{self.host}:{self.port}"
 
     @property
     def token_uri(self) -> str:
@@ -445,12 +375,12 @@ class MockFcm(AsgiServer):
     def script(self, token: str, answer: Answer, *, times: int | None = None) -> None:
         """Answer sends to registration ``token`` with ``answer`` (``times`` times, or always)."""
         with self._lock:
-            self._scripts[token] = _Scripted(answer, times)
+            self._scripts.set(token, answer, times)
 
     def script_default(self, answer: Answer) -> None:
         """The answer for every token without a script of its own (``Answer()``, a 200, until set)."""
         with self._lock:
-            self._default = answer
+            self._scripts.default = answer
 
     def script_token(self, status: int | None, *, delay: float = 0.0) -> None:
         """Answer every later ``POST /token`` with ``status`` and Google's OAuth error body for it
@@ -464,125 +394,102 @@ class MockFcm(AsgiServer):
         with self._lock:
             self._issued.clear()
 
-    def reset(self) -> None:
-        """Forget scripts (the token endpoint's too), recorded sends and counters. Service accounts,
-        issued tokens, the token lifetime and open connections stay."""
-        with self._lock:
-            self._reset_state()
-
     def _reset_state(self) -> None:
-        self._scripts: dict[str, _Scripted] = {}
-        self._default = Answer()
-        self._requests: list[RecordedSend] = []
+        super()._reset_state()
+        self._scripts = Scripts(Answer())
         self.tokens_issued = 0
         self.token_requests = 0  # every POST /token, refused ones included
-        self._token_script: tuple[int, float] | None = None
-
-    # -- observations ----------------------------------------------------------------------
-
-    @property
-    def requests(self) -> list[RecordedSend]:
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def service_accounts(self) -> list[ServiceAccount]:
-        with self._lock:
-            return list(self._accounts.values())
-
-    def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedSend]:
-        """The recorded sends once there are ``count`` of them, or whatever there is at ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if len(self._requests) >= count:
-                    break
-            time.sleep(0.005)
-        return self.requests
+        self._token_script = None
 
     # -- called from the server thread -----------------------------------------------------
 
     async def _respond(self, request: Request, protocol: str) -> Reply:
-        headers: dict[str, str] = {}
-        for name, value in request.headers.items():
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
         body = await request.body()
-        return self._handle(_Request(request.method, request_target(request), headers, body, protocol, time.time()))
-
-    def _handle(self, request: _Request) -> Reply:
-        path = urllib.parse.unquote(request.target.split("?", 1)[0])
+        received_at = time.time()
+        path = urllib.parse.unquote(request_target(request).split("?", 1)[0])
         if path == "/token":
             if request.method != "POST":
-                return _oauth_error(405, "invalid_request", f"Method {request.method} is not allowed; use POST.")
-            return self._token(request)
+                return _OAuthError(405, "invalid_request", f"Method {request.method} is not allowed; use POST.").reply
+            return self._token(request, body)
         match = SEND_PATH.match(path)
         if match is None or request.method != "POST":
             return _json_response(404, _google_error(404, "Method not found."))
-        return self._send(request, match["project"])
+        reply, error_code, validate_only = self._send(request, body, match["project"])
+        sent = parsed_json(body)
+        message = sent.get("message") if isinstance(sent, dict) else None
+        token = message.get("token") if isinstance(message, dict) else None
+        record = RecordedSend(
+            token=token if isinstance(token, str) else "",
+            status=reply.status,
+            message=message if isinstance(message, dict) else None,
+            access_token=_bearer(_header(request, "authorization")),
+            at=received_at,
+            project=match["project"],
+            error_code=error_code,
+            protocol=protocol,
+            validate_only=validate_only,
+        )
+        self._record(record)
+        return reply
 
-    def _token(self, request: _Request) -> Reply:
+    def _token(self, request: Request, body: bytes) -> Reply:
         with self._lock:
             self.token_requests += 1
             scripted = self._token_script
         if scripted is not None:
             status, delay = scripted
             error = "temporarily_unavailable" if status >= 500 else "invalid_grant"
-            body = {"error": error, "error_description": f"scripted {status}"}
-            return _json_response(status, body, delay=delay)
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != "application/x-www-form-urlencoded":
-            return _oauth_error(400, "invalid_request", "Content-Type must be application/x-www-form-urlencoded.")
+            return _json_response(status, {"error": error, "error_description": f"scripted {status}"}, delay=delay)
         try:
-            pairs = urllib.parse.parse_qsl(request.body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
-        except (UnicodeDecodeError, ValueError):
-            return _oauth_error(400, "invalid_request", "Malformed form body.")
-        form = dict(pairs)
-        if len(form) != len(pairs):
-            return _oauth_error(400, "invalid_request", "A parameter is repeated.")
-        if form.get("grant_type") != JWT_BEARER:
-            return _oauth_error(400, "unsupported_grant_type", f"Invalid grant_type: {form.get('grant_type', '')}")
-        if not form.get("assertion"):
-            return _oauth_error(400, "invalid_request", "Missing required parameter: assertion")
-        refused, account = self._verify_assertion(form["assertion"])
-        if refused is not None:
-            return refused
-        assert account is not None
+            account = self._verify_grant(request, body)
+        except _OAuthError as refused:
+            return refused.reply
         access_token = "ya29.mock-" + secrets.token_urlsafe(32)
         with self._lock:
             lifetime = self.token_lifetime
             self._issued[access_token] = _Issued(account, time.time() + lifetime)
             self.tokens_issued += 1
-        body = {"access_token": access_token, "expires_in": lifetime, "token_type": "Bearer"}
-        return _json_response(
-            200, body, ("cache-control", "no-cache, no-store, max-age=0, must-revalidate"), ("pragma", "no-cache")
-        )
+        issued = {"access_token": access_token, "expires_in": lifetime, "token_type": "Bearer"}
+        no_store = ("cache-control", "no-cache, no-store, max-age=0, must-revalidate")
+        return _json_response(200, issued, no_store, ("pragma", "no-cache"))
 
-    def _verify_assertion(self, assertion: str) -> tuple[Reply | None, ServiceAccount | None]:
-        """Google's checks of a JWT-bearer grant: the refusal, or the service account it is for."""
+    def _verify_grant(self, request: Request, body: bytes) -> ServiceAccount:
+        """Google's checks of a JWT-bearer grant: the service account it is for, or ``_OAuthError``."""
+        if _media_type(request) != "application/x-www-form-urlencoded":
+            raise _OAuthError(400, "invalid_request", "Content-Type must be application/x-www-form-urlencoded.")
+        try:
+            pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+        except ValueError:  # UnicodeDecodeError too
+            raise _OAuthError(400, "invalid_request", "Malformed form body.") from None
+        form = dict(pairs)
+        if len(form) != len(pairs):
+            raise _OAuthError(400, "invalid_request", "A parameter is repeated.")
+        if form.get("grant_type") != JWT_BEARER:
+            raise _OAuthError(400, "unsupported_grant_type", f"Invalid grant_type: {form.get('grant_type', '')}")
+        assertion = form.get("assertion")
+        if not assertion:
+            raise _OAuthError(400, "invalid_request", "Missing required parameter: assertion")
         try:
             header = jwt.get_unverified_header(assertion)
-            unverified = jwt.decode(assertion, options={"verify_signature": False})
+            issuer = jwt.decode(assertion, options={"verify_signature": False}).get("iss")
         except jwt.PyJWTError:
-            return _oauth_error(400, "invalid_grant", "Invalid JWT: malformed token."), None
+            raise _OAuthError(400, "invalid_grant", "Invalid JWT: malformed token.") from None
         if header.get("alg") != "RS256":
-            return _oauth_error(400, "invalid_grant", "Invalid JWT Signature."), None
-        issuer = unverified.get("iss")
+            raise _OAuthError(400, "invalid_grant", "Invalid JWT Signature.")
         with self._lock:
             accounts = [account for account in self._accounts.values() if account.client_email == issuer]
         if not accounts:
-            return _oauth_error(400, "invalid_grant", "Invalid grant: account not found"), None
-        kid = header.get("kid")
-        candidates = [account for account in accounts if kid is None or account.key_id == kid]
-        claims: dict[str, Any] | None = None
-        account: ServiceAccount | None = None
-        for candidate in candidates:
+            raise _OAuthError(400, "invalid_grant", "Invalid grant: account not found")
+        for account in accounts:
+            if header.get("kid") not in (None, account.key_id):
+                continue
             try:
                 claims = jwt.decode(
                     assertion,
-                    candidate.public_key,
+                    account.public_key,
                     algorithms=["RS256"],
                     audience=[self.token_uri, GOOGLE_TOKEN_URI],
-                    issuer=candidate.client_email,
+                    issuer=account.client_email,
                     options={
                         "require": ["iss", "aud", "exp", "iat"],
                         "verify_exp": False,
@@ -593,17 +500,13 @@ class MockFcm(AsgiServer):
             except jwt.InvalidSignatureError:
                 continue
             except jwt.InvalidAudienceError:
-                return _oauth_error(
-                    400,
-                    "invalid_grant",
-                    f"Invalid JWT: Failed audience check. The expected audience is {self.token_uri}.",
-                ), None
+                expected = f"Invalid JWT: Failed audience check. The expected audience is {self.token_uri}."
+                raise _OAuthError(400, "invalid_grant", expected) from None
             except jwt.PyJWTError as exc:
-                return _oauth_error(400, "invalid_grant", f"Invalid JWT: {exc}"), None
-            account = candidate
+                raise _OAuthError(400, "invalid_grant", f"Invalid JWT: {exc}") from None
             break
-        if claims is None or account is None:
-            return _oauth_error(400, "invalid_grant", "Invalid JWT Signature."), None
+        else:  # no key of the account's signed it
+            raise _OAuthError(400, "invalid_grant", "Invalid JWT Signature.")
         iat, exp = claims["iat"], claims["exp"]
         now = time.time()
         if (
@@ -613,53 +516,29 @@ class MockFcm(AsgiServer):
             or iat > now + CLOCK_SKEW_SECONDS
             or exp < now - CLOCK_SKEW_SECONDS
         ):
-            return _oauth_error(400, "invalid_grant", JWT_TIMES_MESSAGE), None
+            raise _OAuthError(400, "invalid_grant", JWT_TIMES_MESSAGE)
         if "sub" in claims and claims["sub"] != account.client_email:
-            return _oauth_error(
+            raise _OAuthError(
                 401,
                 "unauthorized_client",
                 "Client is unauthorized to retrieve access tokens using this method, or client not authorized for any of the scopes requested.",
-            ), None
+            )
         scopes = claims.get("scope")
         if not isinstance(scopes, str) or not {FCM_SCOPE, CLOUD_PLATFORM_SCOPE} & set(scopes.split()):
-            return _oauth_error(
+            raise _OAuthError(
                 400, "invalid_scope", f"Invalid OAuth scope or ID token audience provided; FCM needs {FCM_SCOPE}."
-            ), None
-        return None, account
-
-    def _send(self, request: _Request, project: str) -> Reply:
-        access_token = _bearer(request.headers.get("authorization", ""))
-        try:
-            sent = json.loads(request.body)
-            message = sent.get("message") if isinstance(sent, dict) else None
-        except ValueError:
-            message = None
-        message = message if isinstance(message, dict) else None
-        token = message.get("token") if message is not None else None
-
-        def record(status: int, error_code: str | None = None, validate_only: bool = False) -> None:
-            recorded = RecordedSend(
-                token=token if isinstance(token, str) else "",
-                status=status,
-                message=message,
-                access_token=access_token,
-                at=request.received_at,
-                project=project,
-                error_code=error_code,
-                protocol=request.protocol,
-                validate_only=validate_only,
             )
-            with self._lock:
-                self._requests.append(recorded)
+        return account
 
+    def _send(self, request: Request, body: bytes, project: str) -> tuple[Reply, str | None, bool]:
+        """FCM's answer to one send, the errorCode it carries, and whether the send was validate_only."""
+        access_token = _bearer(_header(request, "authorization"))
         with self._lock:
             issued = self._issued.get(access_token) if access_token else None
         if issued is None or issued.expires_at <= time.time():
-            record(401)
-            challenge = 'Bearer realm="https://accounts.google.com/", error="invalid_token"'
-            return _json_response(401, _google_error(401, UNAUTHENTICATED_MESSAGE), ("www-authenticate", challenge))
+            challenge = ("www-authenticate", 'Bearer realm="https://accounts.google.com/", error="invalid_token"')
+            return _json_response(401, _google_error(401, UNAUTHENTICATED_MESSAGE), challenge), None, False
         if issued.account.project_id != project:
-            record(403)
             denied = (
                 f"Permission 'cloudmessaging.messages.create' denied on resource "
                 f"'//cloudresourcemanager.googleapis.com/projects/{project}' (or it may not exist)."
@@ -669,41 +548,33 @@ class MockFcm(AsgiServer):
                 "reason": "IAM_PERMISSION_DENIED",
                 "domain": "cloudresourcemanager.googleapis.com",
             }
-            return _json_response(403, _google_error(403, denied, [info]))
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            return _json_response(403, _google_error(403, denied, [info])), None, False
         try:
-            if content_type != "application/json":
-                raise _Invalid(f"Invalid Content-Type {content_type or '(none)'!r}: the body must be application/json.")
-            checked, validate_only = _parse_send_body(request.body)
+            token, validate_only = _parse_send_body(_media_type(request), body)
         except _Invalid as problem:
-            record(400, "INVALID_ARGUMENT")
-            return _json_response(400, _invalid_argument(problem))
-        answer = self._scripted(checked["token"])
+            return _json_response(400, problem.body()), "INVALID_ARGUMENT", False
+        with self._lock:
+            answer = self._scripts.next(token)
         status = answer.http_status
-        record(status, answer.error_code, validate_only)
         headers = (("retry-after", str(answer.retry_after)),) if answer.retry_after is not None else ()
         if status == 200:
             message_id = "fake_message_id" if validate_only else f"0:{int(time.time() * 1000)}%{secrets.token_hex(8)}"
-            return _json_response(
-                200, {"name": f"projects/{project}/messages/{message_id}"}, *headers, delay=answer.delay
-            )
-        if answer.error_code is None:
-            body = _google_error(status, "The service returned an error.")
+            answered = {"name": f"projects/{project}/messages/{message_id}"}
+        elif answer.error_code is None:
+            answered = _google_error(status, "The service returned an error.")
         else:
             details = [{"@type": FCM_ERROR_TYPE, "errorCode": answer.error_code}]
-            body = _google_error(status, ERROR_MESSAGES[answer.error_code], details)
-        return _json_response(status, body, *headers, delay=answer.delay)
+            answered = _google_error(status, ERRORS[answer.error_code][1], details)
+        return _json_response(status, answered, *headers, delay=answer.delay), answer.error_code, validate_only
 
-    def _scripted(self, token: str) -> Answer:
-        with self._lock:
-            scripted = self._scripts.get(token)
-            if scripted is None:
-                return self._default
-            if scripted.times is not None:
-                scripted.times -= 1
-                if scripted.times <= 0:
-                    del self._scripts[token]
-            return scripted.answer
+
+def _header(request: Request, name: str) -> str:
+    """A header's value; a repeated header's values joined by ", "."""
+    return ", ".join(request.headers.getlist(name))
+
+
+def _media_type(request: Request) -> str:
+    return _header(request, "content-type").split(";")[0].strip().lower()
 
 
 def _bearer(authorization: str) -> str | None:

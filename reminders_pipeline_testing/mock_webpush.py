@@ -33,11 +33,8 @@ it is stricter than either where they trust the sender, because it also holds th
   ``h2`` and ``http/1.1``, and a client that picks HTTP/1.1 (or offers no ALPN) gets the same
   checks, so a sender that quietly falls back is visible in ``protocol``.
 
-It runs its own event loop in a background thread, so a synchronous test, an asyncio test and a
-benchmark script can all use it. Keys and certificates are generated when it is created; nothing
-secret lives in the repository. ``python -m reminders_pipeline_testing.mock_webpush`` runs one in
-its own process, prints where it listens as JSON, and answers ``subscribe`` / ``stats`` / ``reset``
-/ ``stop`` on stdin.
+It runs on ``tls_loop``'s loop in a background thread. Keys and certificates are generated when it
+is created; nothing secret lives in the repository.
 """
 
 from __future__ import annotations
@@ -46,10 +43,8 @@ import http
 import json
 import re
 import secrets
-import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +58,7 @@ from starlette.requests import Request
 from reminders_pipeline.domain.b64url import decode as b64url_decode
 from reminders_pipeline.domain.b64url import encode as b64url
 
-from .tls_loop import AsgiServer, Reply, request_target
+from .tls_loop import AsgiServer, Reply, Scripts, parsed_json, request_target
 
 MAX_PAYLOAD_BYTES = 4096
 VAPID_MAX_LIFETIME_SECONDS = 24 * 3600
@@ -74,6 +69,12 @@ TOPIC = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 VAPID_PARAM = re.compile(r"^\s*(?P<name>[A-Za-z]+)\s*=\s*(?P<value>[^\s,]*)\s*$")
 MORE_INFO = "http://autopush.readthedocs.io/en/latest/http.html#error-codes"
 AES128GCM_HEADER_BYTES = 21  # salt(16) rs(4) idlen(1), then the keyid: the sender's 65-byte public point
+# Scripted error statuses: autopush's errno and message where it has one.
+SCRIPTED_ERRORS: dict[int, tuple[int | None, str]] = {
+    404: (102, "Invalid token"),
+    410: (106, "No such subscription"),
+    413: (104, "Payload too large"),
+}
 
 
 @dataclass(frozen=True)
@@ -101,14 +102,12 @@ class RecordedRequest:
     location: str | None = None  # the Location of an accepted message
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Subscription:
     id: str
-    endpoint: str
     private_key: ec.EllipticCurvePrivateKey
     auth: bytes
     application_server_key: bytes | None
-    answer: Answer | None  # None: the default (201)
 
 
 class _Refused(Exception):
@@ -118,16 +117,31 @@ class _Refused(Exception):
         super().__init__(message)
         self.status = status
         self.errno = errno
-        self.message = message
+
+    def reply(self, headers: Sequence[tuple[str, str]] = (), delay: float = 0.0) -> Reply:
+        body = {
+            "code": self.status,
+            "errno": self.errno,
+            "error": http.HTTPStatus(self.status).phrase,
+            "message": str(self),
+            "more_info": MORE_INFO,
+        }
+        extra = [("cache-control", "max-age=86400")] if self.status == 410 else []
+        return Reply(
+            self.status, [*headers, *extra, ("content-type", "application/json")], json.dumps(body).encode(), delay
+        )
 
 
-class MockWebPush(AsgiServer):
+class MockWebPush(AsgiServer[RecordedRequest]):
     """A Web Push service look-alike in a background thread. ``start()`` → ``(host, port)``; ``stop()``.
 
     ``subscribe()`` returns a browser's subscription JSON; every request to its endpoint answers
     201 unless ``subscribe(answer)`` or ``script(subscription, answer)`` says otherwise. Everything
     it saw is in ``requests``, with the decrypted payload.
     """
+
+    # ``https://127.0.0.1:<port>`` (``https://[::1]:<port>``): every endpoint's origin, the VAPID ``aud`` it expects.
+    origin = AsgiServer.url
 
     def __init__(self, *, workdir: str | Path | None = None, host: str = "127.0.0.1") -> None:
         # host "::1": endpoints with an IPv6 literal host, https://[::1]:<port>/...
@@ -136,18 +150,8 @@ class MockWebPush(AsgiServer):
         self._unsubscribed: set[str] = set()
         # The service's clock for VAPID ``exp``; a test may pin it. reset() keeps it.
         self.clock: Callable[[], float] = time.time
-        self._reset_state()
 
     # -- subscriptions and scripts ---------------------------------------------------------
-
-    @property
-    def origin(self) -> str:
-        """``https://127.0.0.1:<port>`` (``https://[::1]:<port>``): every endpoint's origin, the
-        VAPID ``aud`` it expects."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"https://{host}:{self.port}"
-
-    url = origin
 
     def subscribe(
         self, answer: Answer | None = None, *, application_server_key: str | bytes | None = None
@@ -163,21 +167,21 @@ class MockWebPush(AsgiServer):
         private_key = ec.generate_private_key(ec.SECP256R1())
         auth = secrets.token_bytes(16)
         sub_id = secrets.token_urlsafe(32)
-        endpoint = f"{self.origin}/wpush/{sub_id}"
         with self._lock:
-            self._subscriptions[sub_id] = _Subscription(
-                sub_id, endpoint, private_key, auth, application_server_key, answer
-            )
+            self._subscriptions[sub_id] = _Subscription(sub_id, private_key, auth, application_server_key)
+            if answer is not None:
+                self._scripts.set(sub_id, answer)
         public = private_key.public_key().public_bytes(
             serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
         )
-        return {"endpoint": endpoint, "expirationTime": None, "keys": {"p256dh": b64url(public), "auth": b64url(auth)}}
+        keys = {"p256dh": b64url(public), "auth": b64url(auth)}
+        return {"endpoint": f"{self.origin}/wpush/{sub_id}", "expirationTime": None, "keys": keys}
 
     def script(self, subscription: str | Mapping[str, Any], answer: Answer) -> None:
         """Answer every later request to this subscription (its JSON or its endpoint) with ``answer``."""
         sub_id = self._id_of(subscription)
         with self._lock:
-            self._subscriptions[sub_id].answer = answer
+            self._scripts.set(sub_id, answer)
 
     def unsubscribe(self, subscription: str | Mapping[str, Any]) -> None:
         """Forget a subscription as a browser does on ``unsubscribe()``: its endpoint answers 410."""
@@ -194,110 +198,60 @@ class MockWebPush(AsgiServer):
                 raise KeyError(f"not a live subscription of this mock: {endpoint}")
         return match["id"]
 
-    def reset(self) -> None:
-        """Forget requests and scripts (every subscription answers 201 again); subscriptions stay."""
-        with self._lock:
-            self._reset_state()
-            for subscription in self._subscriptions.values():
-                subscription.answer = None
-
     def _reset_state(self) -> None:
-        self._requests: list[RecordedRequest] = []
-        self.connections_opened = 0
+        super()._reset_state()
+        self._scripts = Scripts(Answer())  # every subscription answers 201 again
 
-    # -- observations ----------------------------------------------------------------------
-
-    @property
-    def requests(self) -> list[RecordedRequest]:
-        with self._lock:
-            return list(self._requests)
-
-    def wait_for_requests(self, count: int, timeout: float = 10.0) -> list[RecordedRequest]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self._requests) >= count:
-                break
-            time.sleep(0.005)
-        return self.requests
-
-    def decrypt(self, subscription: str | Mapping[str, Any], body: bytes) -> bytes:
-        """What the browser would read from an aes128gcm ``body`` sent to ``subscription``."""
-        sub_id = self._id_of(subscription)
-        with self._lock:
-            sub = self._subscriptions[sub_id]
-        return _decrypt(sub, body)
-
-    def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "requests": len(self._requests),
-                "statuses": dict(Counter(r.status for r in self._requests)),
-                "connections_opened": self.connections_opened,
-                "open_connections": self.open_connections,
-                "subscriptions": len(self._subscriptions),
-            }
+    def _more_stats(self) -> dict[str, Any]:
+        return {"subscriptions": len(self._subscriptions)}
 
     # -- called from the server thread -----------------------------------------------------
 
     async def _respond(self, request: Request, protocol: str) -> Reply:
-        headers = {
-            ":method": request.method,
-            ":path": request_target(request),
-            ":authority": request.headers.get("host", ""),
-        }
+        path = request_target(request)
+        headers = {":method": request.method, ":path": path, ":authority": request.headers.get("host", "")}
         headers.update(request.headers)
-        return self._handle(headers, await request.body(), protocol)
-
-    def _handle(self, headers: dict[str, str], body: bytes, protocol: str) -> Reply:
-        """Judge one complete request, record it, and say what to answer."""
-        path = headers.get(":path", "")
-        facts: dict[str, Any] = {"ttl": None, "urgency": headers.get("urgency"), "topic": headers.get("topic")}
-        location: str | None = None
+        body = await request.body()
+        ttl: int | None = None
         plaintext: bytes | None = None
         error: str | None = None
         try:
-            sub = self._subscription_for(headers.get(":method", ""), path)
+            sub = self._subscription_for(request.method, path)
             self._check_vapid(headers.get("authorization"), sub)
-            facts["ttl"] = self._check_push_headers(headers)
-            plaintext = self._check_body(headers, body, sub)
-            answer = sub.answer or Answer()
-            reply_headers: list[tuple[str, str]] = []
-            if answer.retry_after is not None:
-                reply_headers.append(("retry-after", str(answer.retry_after)))
-            if 200 <= answer.status < 300:
-                if answer.status == 201:
-                    location = f"{self.origin}/m/{secrets.token_urlsafe(24)}"
-                    reply_headers += [("location", location), ("ttl", str(min(facts["ttl"], MAX_TTL_SECONDS)))]
-                reply = Reply(answer.status, reply_headers, b"", answer.delay)
-            else:
-                errno, message = _SCRIPTED_ERRORS.get(answer.status, (None, http.HTTPStatus(answer.status).phrase))
-                refusal = _error_reply(_Refused(answer.status, errno, message), reply_headers)
-                reply = Reply(refusal.status, refusal.headers, refusal.body, answer.delay)
-        except _Refused as refused:
-            reply = _error_reply(refused, [("allow", "POST")] if refused.status == 405 else [])
-            plaintext = None
-            error = refused.message
-        try:
-            payload = json.loads(plaintext) if plaintext else None
-        except ValueError:
-            payload = None
+            ttl = _check_push_headers(headers)
+            plaintext = _check_body(headers, body, sub)
+            with self._lock:
+                reply = self._scripted_reply(self._scripts.next(sub.id), ttl)
+        except _Refused as refused:  # the last check, the body's, is what sets plaintext
+            reply = refused.reply([("allow", "POST")] if refused.status == 405 else [])
+            error = str(refused)
         record = RecordedRequest(
             endpoint=f"{self.origin}{path}",
             status=reply.status,
-            ttl=facts["ttl"],
-            urgency=facts["urgency"],
-            topic=facts["topic"],
-            payload=payload,
+            ttl=ttl,
+            urgency=headers.get("urgency"),
+            topic=headers.get("topic"),
+            payload=parsed_json(plaintext or b""),
             plaintext=plaintext,
             at=time.time(),
-            headers=dict(headers),
+            headers=headers,
             protocol=protocol,
             error=error,
-            location=location,
+            location=dict(reply.headers).get("location"),
         )
-        with self._lock:
-            self._requests.append(record)
+        self._record(record)
         return reply
+
+    def _scripted_reply(self, answer: Answer, ttl: int) -> Reply:
+        """The scripted answer to a request that passed every check."""
+        headers = [] if answer.retry_after is None else [("retry-after", str(answer.retry_after))]
+        if answer.status == 201:
+            location = f"{self.origin}/m/{secrets.token_urlsafe(24)}"
+            headers += [("location", location), ("ttl", str(min(ttl, MAX_TTL_SECONDS)))]
+        if 200 <= answer.status < 300:
+            return Reply(answer.status, headers, b"", answer.delay)
+        errno, message = SCRIPTED_ERRORS.get(answer.status, (None, http.HTTPStatus(answer.status).phrase))
+        return _Refused(answer.status, errno, message).reply(headers, answer.delay)
 
     def _subscription_for(self, method: str, path: str) -> _Subscription:
         match = PATH.match(path)
@@ -361,96 +315,44 @@ class MockWebPush(AsgiServer):
         if not isinstance(sub_claim, str) or not sub_claim.startswith(("mailto:", "https:")):
             raise _Refused(401, 109, "VAPID sub must be a mailto: or https: URI")
 
-    @staticmethod
-    def _check_push_headers(headers: dict[str, str]) -> int:
-        ttl_text = headers.get("ttl")
-        if ttl_text is None or not re.fullmatch(r"-?\d+", ttl_text.strip()):
-            raise _Refused(400, 111, "Missing TTL value")
-        ttl = int(ttl_text)
-        if ttl < 0:
-            raise _Refused(400, 114, "TTL must be greater than 0")
-        urgency = headers.get("urgency")
-        if urgency is not None and urgency not in URGENCIES:
-            raise _Refused(400, None, f"Urgency must be one of {', '.join(URGENCIES)}")
-        topic = headers.get("topic")
-        if topic is not None and not TOPIC.match(topic):
-            raise _Refused(400, 113, "Topic must be at most 32 characters of the URL and filename safe base64 alphabet")
-        return ttl
 
-    @staticmethod
-    def _check_body(headers: dict[str, str], body: bytes, sub: _Subscription) -> bytes:
-        size = len(body)
-        if size == 0:
-            return b""  # a push without payload (RFC 8030 §5): no encryption headers needed
-        encoding = headers.get("content-encoding")
-        if encoding is None:
-            raise _Refused(400, 110, "Missing Content-Encoding header")
-        if encoding.strip().lower() != "aes128gcm":
-            raise _Refused(400, 110, f"Unsupported Content-Encoding {encoding!r}: only aes128gcm (RFC 8291)")
-        if re.search(r"(^|[;,\s])dh=", headers.get("crypto-key", "")):
-            raise _Refused(400, 110, "Do not include 'dh' in the aes128gcm Crypto-Key header")
-        if re.search(r"(^|[;,\s])salt=", headers.get("encryption", "")):
-            raise _Refused(400, 110, "Do not include 'salt' in the aes128gcm Encryption header")
-        if size > MAX_PAYLOAD_BYTES:
-            raise _Refused(413, 104, f"Payload of {size} bytes is over the {MAX_PAYLOAD_BYTES}-byte limit")
-        return _decrypt(sub, body)
+def _check_push_headers(headers: dict[str, str]) -> int:
+    """The message's TTL, once it and the Urgency and Topic headers are valid."""
+    ttl_text = headers.get("ttl")
+    if ttl_text is None or not re.fullmatch(r"-?\d+", ttl_text.strip()):
+        raise _Refused(400, 111, "Missing TTL value")
+    ttl = int(ttl_text)
+    if ttl < 0:
+        raise _Refused(400, 114, "TTL must be greater than 0")
+    urgency = headers.get("urgency")
+    if urgency is not None and urgency not in URGENCIES:
+        raise _Refused(400, None, f"Urgency must be one of {', '.join(URGENCIES)}")
+    topic = headers.get("topic")
+    if topic is not None and not TOPIC.match(topic):
+        raise _Refused(400, 113, "Topic must be at most 32 characters of the URL and filename safe base64 alphabet")
+    return ttl
 
 
-def _decrypt(sub: _Subscription, body: bytes) -> bytes:
-    """RFC 8291 with one record; anything a browser could not read is 400 errno 110."""
+def _check_body(headers: dict[str, str], body: bytes, sub: _Subscription) -> bytes:
+    """The plaintext: RFC 8291 with one record; anything a browser could not read is 400 errno 110."""
+    if not body:
+        return b""  # a push without payload (RFC 8030 §5): no encryption headers needed
+    encoding = headers.get("content-encoding")
+    if encoding is None:
+        raise _Refused(400, 110, "Missing Content-Encoding header")
+    if encoding.strip().lower() != "aes128gcm":
+        raise _Refused(400, 110, f"Unsupported Content-Encoding {encoding!r}: only aes128gcm (RFC 8291)")
+    if re.search(r"(^|[;,\s])dh=", headers.get("crypto-key", "")):
+        raise _Refused(400, 110, "Do not include 'dh' in the aes128gcm Crypto-Key header")
+    if re.search(r"(^|[;,\s])salt=", headers.get("encryption", "")):
+        raise _Refused(400, 110, "Do not include 'salt' in the aes128gcm Encryption header")
+    if len(body) > MAX_PAYLOAD_BYTES:
+        raise _Refused(413, 104, f"Payload of {len(body)} bytes is over the {MAX_PAYLOAD_BYTES}-byte limit")
     if len(body) < AES128GCM_HEADER_BYTES or body[20] != 65:
         raise _Refused(400, 110, "aes128gcm header must carry the sender's 65-byte public key as keyid")
-    record_size = int.from_bytes(body[16:20], "big")
-    if len(body) - AES128GCM_HEADER_BYTES - 65 > record_size:
+    if len(body) - AES128GCM_HEADER_BYTES - 65 > int.from_bytes(body[16:20], "big"):
         raise _Refused(400, 110, "A push message must be a single aes128gcm record (RFC 8291 §4)")
     try:
         return bytes(http_ece.decrypt(body, private_key=sub.private_key, auth_secret=sub.auth, version="aes128gcm"))
     except Exception as exc:  # http_ece raises ECEException, and ValueError for a bad point
         raise _Refused(400, 110, f"Payload does not decrypt with the subscription's keys: {exc}") from None
-
-
-# Scripted error statuses: autopush's errno and message where it has one.
-_SCRIPTED_ERRORS: dict[int, tuple[int | None, str]] = {
-    404: (102, "Invalid token"),
-    410: (106, "No such subscription"),
-    413: (104, "Payload too large"),
-}
-
-
-def _error_reply(refused: _Refused, headers: list[tuple[str, str]]) -> Reply:
-    body = {
-        "code": refused.status,
-        "errno": refused.errno,
-        "error": http.HTTPStatus(refused.status).phrase,
-        "message": refused.message,
-        "more_info": MORE_INFO,
-    }
-    extra = [("cache-control", "max-age=86400")] if refused.status == 410 else []
-    return Reply(refused.status, [*headers, *extra, ("content-type", "application/json")], json.dumps(body).encode())
-
-
-def _serve_stdio(mock: MockWebPush) -> None:
-    """Line protocol for a parent process: ``subscribe`` (prints the subscription JSON), ``stats``,
-    ``reset``, ``stop``."""
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "subscribe":
-            print(json.dumps(mock.subscribe()), flush=True)
-        elif command == "stats":
-            print(json.dumps(mock.stats()), flush=True)
-        elif command == "reset":
-            mock.reset()
-            print(json.dumps({"ok": True}), flush=True)
-        elif command == "stop":
-            break
-
-
-def main() -> None:
-    with MockWebPush() as mock:
-        info = {"host": mock.host, "port": mock.port, "origin": mock.origin, "ca_file": str(mock.ca_file)}
-        print(json.dumps(info), flush=True)
-        _serve_stdio(mock)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,16 +1,19 @@
-"""The plumbing the TLS push mocks share: a loop in a background thread, one TLS listener, its connections.
+"""The plumbing the TLS push mocks share: a loop in a background thread, one TLS listener, its connections,
+and what a mock saw and was told to answer.
 
-A mock is its validation and scripting only. ``LoopServer`` gives it a trustme CA, a listener on a
-free port served from its own event loop (so a synchronous test, an asyncio test and a benchmark
-script start and stop it the same way), and the set of open connections that ``open_connections``,
-``connections_opened`` and ``drop_all_connections()`` read. ``AsgiServer`` serves an ASGI app over
-it with hypercorn, HTTP/2 or HTTP/1.1 as ALPN chose: the Web Push and FCM mocks. The APNs mock
-speaks raw ``h2`` on ``LoopServer`` (see its docstring for why).
+A mock is its validation only. ``LoopServer`` gives it a trustme CA, a listener on a free port
+served from its own event loop (so a synchronous test, an asyncio test and a benchmark script start
+and stop it the same way), the set of open connections that ``open_connections``,
+``connections_opened`` and ``drop_all_connections()`` read, the recorded ``requests``, ``reset()``
+and ``stats()``; ``Scripts`` holds its scripted answers. ``AsgiServer`` serves an ASGI app over it
+with hypercorn, HTTP/2 or HTTP/1.1 as ALPN chose: the Web Push and FCM mocks. The APNs mock speaks
+raw ``h2`` on ``LoopServer`` (see its docstring for why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import ssl
 import sys
@@ -18,10 +21,11 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self, cast
+from typing import Any, Generic, Protocol, Self, TypeVar, cast
 
 import trustme
 from hypercorn.app_wrappers import ASGIWrapper
@@ -37,15 +41,49 @@ from starlette.types import Receive, Scope, Send
 CLOSE_GRACE_SECONDS = 0.25
 
 
-class LoopServer(ABC):
+class Recorded(Protocol):
+    """What a mock records of one request: at least the status it answered."""
+
+    @property
+    def status(self) -> int | None: ...
+
+
+R = TypeVar("R", bound=Recorded)
+A = TypeVar("A")  # what a mock is scripted to answer
+
+
+@dataclass
+class Scripts(Generic[A]):
+    """A mock's scripted answers by key (a device token, a subscription), each for ``times`` requests
+    or for good, and ``default`` for every other key. The caller holds the mock's lock."""
+
+    default: A
+    _by_key: dict[str, tuple[A, int | None]] = field(default_factory=dict)
+
+    def set(self, key: str, answer: A, times: int | None = None) -> None:
+        self._by_key[key] = (answer, times)
+
+    def next(self, key: str) -> A:
+        """The answer for one request to ``key``; a script used up is forgotten."""
+        answer, times = self._by_key.get(key, (self.default, None))
+        if times is not None:
+            if times > 1:
+                self._by_key[key] = (answer, times - 1)
+            else:
+                del self._by_key[key]
+        return answer
+
+
+class LoopServer(ABC, Generic[R]):
     """Listens with TLS on ``host`` at a free port, served from a loop in a thread of its own.
 
     ``start()`` → ``(host, port)``; ``stop()`` shuts the connections, the loop and the thread, and
     removes the workdir when the server made it. A context manager, too. ``alpn`` is what the TLS
-    handshake offers.
+    handshake offers. Each request the mock judged is recorded (``_record``) in ``requests``.
     """
 
     alpn: tuple[str, ...] = ("h2", "http/1.1")
+    wait_seconds = 10.0  # how long wait_for_requests() waits unless told
 
     def __init__(self, workdir: str | Path | None, *, name: str, host: str = "127.0.0.1") -> None:
         self._name = name  # the thread's name, the prefix of a workdir made here, the CA file's name
@@ -60,13 +98,19 @@ class LoopServer(ABC):
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._transports: set[asyncio.BaseTransport] = set()  # server thread only
-        self.connections_opened = 0
         self.host = host
         self.port = 0
+        self._reset_state()
 
     @abstractmethod
     def _protocol(self) -> asyncio.Protocol:
         """A new connection's protocol (called on the server's loop); it reports ``_opened``/``_closed``."""
+
+    @property
+    def url(self) -> str:
+        """``https://<host>:<port>``, an IPv6 host in brackets."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.port}"
 
     def start(self) -> tuple[str, int]:
         loop = asyncio.new_event_loop()
@@ -146,6 +190,56 @@ class LoopServer(ABC):
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._abort_all)
 
+    # -- what the mock saw -----------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[R]:
+        with self._lock:
+            return list(self._requests)
+
+    def wait_for_requests(self, count: int, timeout: float | None = None) -> list[R]:
+        """The recorded requests once there are ``count`` of them, or whatever there is at ``timeout``."""
+        deadline = time.monotonic() + (self.wait_seconds if timeout is None else timeout)
+        while len(self._requests) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return self.requests
+
+    def _record(self, record: R) -> None:
+        with self._lock:
+            self._requests.append(record)
+
+    def reset(self) -> None:
+        """Forget the recorded requests, the scripts and the counters. What the mock issued (keys,
+        subscriptions, access tokens), its settings and its open connections stay."""
+        with self._lock:
+            self._reset_state()
+
+    def _reset_state(self) -> None:
+        """The state ``reset()`` forgets, made anew (with the lock held, or from __init__)."""
+        self._requests: list[R] = []
+        self.connections_opened = 0
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": len(self._requests),
+                "statuses": dict(Counter(r.status for r in self._requests)),
+                "connections_opened": self.connections_opened,
+                "open_connections": self.open_connections,
+                **self._more_stats(),
+            }
+
+    def _more_stats(self) -> dict[str, Any]:
+        return {}
+
+
+def parsed_json(body: bytes) -> Any:
+    """``body`` as JSON, or None when it is empty or not JSON."""
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -166,7 +260,7 @@ def _hypercorn_config() -> Config:
     return config
 
 
-class AsgiServer(LoopServer):
+class AsgiServer(LoopServer[R]):
     """A ``LoopServer`` that hands each connection to hypercorn, which serves ``_respond`` over
     HTTP/2 (h2's default windows and 100 streams, received data acknowledged as it is read, answer
     bodies waiting for the client's credit) or HTTP/1.1 (keep-alive, one request at a time).
@@ -242,7 +336,7 @@ class _TrackedStream(asyncio.StreamReaderProtocol):
     """hypercorn's stream for one connection, reported open and closed as the transport is: hypercorn
     itself may hold a lost connection's task until its keep-alive wait ends."""
 
-    def __init__(self, server: AsgiServer) -> None:
+    def __init__(self, server: AsgiServer[Any]) -> None:
         super().__init__(asyncio.StreamReader(), server._serve)
         self._server = server
         self._tracked: asyncio.BaseTransport | None = None
