@@ -108,7 +108,8 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.mark.timeout(240)
-def test_reminders_dev_stops_on_sigterm_with_sigint_ignored(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_reminders_dev_stops_on_sigterm_or_a_closed_terminal_with_sigint_ignored(tmp_path, sig):
     ui = free_port()
     command = [
         sys.executable,
@@ -131,11 +132,10 @@ def test_reminders_dev_stops_on_sigterm_with_sigint_ignored(tmp_path):
         assert all(part in names for part in ("dagster dev", "dagster_webserver", "dagster._daemon", "code-server")), (
             names
         )
-        stop_and_check(process, log, bound=DEV_STOP_BOUND)
+        stop_and_check(process, log, sig=sig, bound=DEV_STOP_BOUND)
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_all_below(process)
     assert "Dagster services shut down" in log.read_text(errors="replace")
 
 
@@ -162,6 +162,25 @@ def test_reminders_serve_stops_on_sigterm_and_ctrl_c_with_status_0(tmp_path, sig
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert "Application shutdown complete" in log.read_text(errors="replace")
+
+
+def kill_all_below(process: subprocess.Popen[bytes]) -> None:
+    """After a failed test: SIGKILL the command and every process below it, in whatever group
+    (``reminders dev`` puts ``dagster dev`` in a group of its own)."""
+    try:
+        below = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    for proc in below:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 def group_members(pgid: int) -> list[str]:
@@ -243,6 +262,7 @@ def test_a_stop_of_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_i
     log = tmp_path / "dev.log"
     process = supervised(command, tmp_path, env, log, ignore_sigint=False)
     db = Database(url)
+    tree: list[psutil.Process] = []
     try:
         try:
             wait_for("a dispatcher run beating", lambda: _beat(db), 300, every=1.0)
@@ -273,13 +293,13 @@ def test_a_stop_of_reminders_dev_ends_its_in_flight_dispatcher_run_and_nothing_i
             time.sleep(0.1)
         left, group_left = alive(tree), group_members(process.pid)
     finally:
+        for proc in tree:  # dagster dev's group is its own: kill_all_below misses what was orphaned
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
         if process.poll() is None:
-            process.kill()
-            process.wait()
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            kill_all_below(process)
     output = log.read_text(errors="replace")[-6000:]
     assert code == 0, f"exit status {code}\n{output}"
     assert not left and not group_left, f"still running {DEV_STOP_BOUND}s after {stop}: {left or group_left}\n{output}"
@@ -410,3 +430,37 @@ def test_end_tree_finds_an_orphan_that_changed_session_and_kills_what_ignores_si
     assert seen["orphan"] not in seen["killed"] and seen["stubborn"] in seen["killed"], seen
     assert not seen["left"], seen
     assert not psutil.pid_exists(seen["orphan"]) or psutil.Process(seen["orphan"]).status() == psutil.STATUS_ZOMBIE
+
+
+ORPHANED_PARENT = """
+import subprocess, sys, time
+from reminders_pipeline.dev.proctree import ended_with_parent
+child = subprocess.Popen(ended_with_parent([sys.executable, "-c", "import time; time.sleep(120)"]), process_group=0)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.timeout(60)
+def test_a_child_in_its_own_group_ends_when_its_parent_is_killed(tmp_path):
+    """``dagster dev`` runs in a process group of its own, so a SIGKILL to ``reminders dev``'s group
+    misses it; the parent-death signal still ends it."""
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANED_PARENT], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)  # fmt: skip
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert child.pid != parent.pid and os.getpgid(child.pid) == child.pid
+        time.sleep(0.5)
+        assert "time.sleep(120)" in " ".join(child.cmdline())  # the shim exec'd the command
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        wait_for("the orphaned child to end", lambda: not alive([child]), 10, every=0.1)
+    finally:
+        if parent.poll() is None:
+            kill_all_below(parent)
+        try:
+            child.kill()
+        except (psutil.NoSuchProcess, NameError):
+            pass

@@ -33,8 +33,8 @@ from sqlalchemy.engine import make_url
 
 from reminders_pipeline.config import dev_run
 from reminders_pipeline.config.settings import LOOPBACK_NETWORKS, Settings
-from reminders_pipeline.dev.proctree import become_subreaper, end_tree, signal_tree
-from reminders_pipeline.dev.queued_runs import cancel_queued_runs
+from reminders_pipeline.dev.proctree import STOP_SIGNALS, become_subreaper, end_tree, ended_with_parent, signal_tree
+from reminders_pipeline.dev.queued_runs import queued_runs_canceled_at_exit
 from reminders_pipeline.dev.webdemo import MAX_BODY_BYTES as WEB_BODY_BYTES
 from reminders_pipeline.dev.webdemo import WebDemo
 from reminders_pipeline.devices.registration import DeviceSpec, put_device, rechunk
@@ -287,10 +287,10 @@ def run_dev(root: Path, ui_port: int = 3000, demo_port: int = DEMO_PORT, extra: 
         print(f"Dagster home: {home}", file=sys.stderr)
         print(f"Dagster UI:   http://127.0.0.1:{ui_port}", file=sys.stderr)
         try:
-            return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, grace=stop_grace_seconds(settings))
+            with queued_runs_canceled_at_exit(env):
+                return run_until_stopped(dagster_dev_command(ui_port, extra), home, env, stop_grace_seconds(settings))
         finally:
             dev_run.remove(root)
-            cancel_queued_runs(env)
 
 
 DAGSTER_DEV_GRACE_SECONDS = 5.0  # dagster dev's own shutdown; then whatever is left is sent SIGTERM
@@ -309,17 +309,17 @@ class _Stop(Exception):
 def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], grace: float = 12.0) -> int:
     """Run ``dagster dev`` until it exits; SIGTERM or Ctrl-C here ends every process it started.
 
-    dagster dev runs in its own process group, so a Ctrl-C in the terminal reaches only this process.
-    On Ctrl-C or SIGTERM: SIGINT to every process below this one at once but Dagster's compute-log
-    helpers (dagster dev, its webserver, daemon and code servers shut down; a run worker gets the
-    signal Dagster's own Terminate sends it, so a dispatcher stops claiming at once and settles what
-    is on the wire); SIGTERM after ``DAGSTER_DEV_GRACE_SECONDS`` to whatever is still below dagster dev
-    (a code server waiting for its runs); SIGKILL ``grace`` seconds after the signal.
+    dagster dev runs in a process group of its own (Ctrl-C in the terminal reaches only this
+    process) and gets SIGTERM if this one dies. On Ctrl-C, SIGTERM or SIGHUP: SIGINT to every
+    process below this one at once but Dagster's compute-log helpers (dagster dev, its webserver,
+    daemon and code servers shut down; a run worker gets the signal Dagster's own Terminate sends
+    it, so a dispatcher stops claiming at once and settles what is on the wire); SIGTERM after
+    ``DAGSTER_DEV_GRACE_SECONDS`` to what is still below dagster dev (a code server waiting for
+    its runs); SIGKILL ``grace`` seconds after the signal.
 
     dagster dev maps SIGTERM to whatever SIGINT does in it. A process started with SIGINT *ignored*
-    (``cmd &`` in a script, nohup, some supervisors) hands that ignore on through exec, and dagster
-    dev would then ignore both signals. Handling both here before the child starts gives it default
-    dispositions (handlers reset on exec, ignores do not).
+    (``cmd &`` in a script, nohup) hands that ignore on through exec, and dagster dev would then
+    ignore both. Handling them here first gives it default dispositions (ignores survive exec).
     """
     become_subreaper()
     process: subprocess.Popen[bytes] | None = None
@@ -333,11 +333,11 @@ def run_until_stopped(command: Sequence[str], cwd: Path, env: dict[str, str], gr
             raise KeyboardInterrupt  # before dagster dev exists: stop as Ctrl-C would
         raise _Stop
 
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     for sig in previous:
         signal.signal(sig, on_signal)
     try:
-        process = subprocess.Popen(command, cwd=cwd, env=env, process_group=0)
+        process = subprocess.Popen(ended_with_parent(command), cwd=cwd, env=env, process_group=0)
         try:
             process.wait()
         except _Stop:

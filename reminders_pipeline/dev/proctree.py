@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 
 import psutil
 
@@ -36,6 +37,27 @@ def become_subreaper() -> bool:
         return status == 0
     except (OSError, AttributeError):
         return False
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, a supervisor, the terminal closed
+_PARENT_DEATH_SHIM = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)\n"  # PR_SET_PDEATHSIG: kept across exec
+    "if os.getppid() != int(sys.argv[1]):\n"  # the parent died before the prctl
+    "    sys.exit(143)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def ended_with_parent(command: Sequence[str]) -> list[str]:
+    """``command`` run so that it gets SIGTERM if this process dies without stopping it (Linux).
+
+    A child in a process group of its own misses what is sent to this one's group, SIGKILL
+    included; the parent-death signal still reaches it. Set through a short shim that execs the
+    command, since ``preexec_fn`` is unsafe while threads run (the demo source serves in one)."""
+    if not sys.platform.startswith("linux"):
+        return list(command)
+    return [sys.executable, "-c", _PARENT_DEATH_SHIM, str(os.getpid()), command[0], *command[1:]]
 
 
 def _table() -> dict[int, tuple[int, float, bool]]:
