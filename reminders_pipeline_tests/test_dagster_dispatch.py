@@ -184,12 +184,14 @@ from reminders_pipeline_tests.test_dagster_support import definitions_for
 resources = {"ledger": LedgerResource(database_url=sys.argv[1]), "sender": SenderResource(enabled="true"),
              "sources": SourcesResource(), "alerting": AlertingResource()}
 with dg.instance_for_test() as instance:
-    if sys.argv[2] == "terminate":  # as the UI's Terminate: the run marked canceling, then SIGINT
+    if sys.argv[2] != "signal":  # as the UI's Terminate, or run monitoring past max_runtime
         def terminate():
             while not os.path.exists(sys.argv[3]):
                 time.sleep(0.05)
             (run,) = instance.get_runs()
             instance.report_run_canceling(run)
+            if sys.argv[2] == "max_runtime":  # marked failed before the worker has settled
+                instance.report_run_failed(run, "exceeded its maximum runtime")
             os.kill(os.getpid(), signal.SIGINT)
         threading.Thread(target=terminate, daemon=True).start()
     result = definitions_for(resources).resolve_job_def("dispatcher").execute_in_process(
@@ -202,12 +204,13 @@ with dg.instance_for_test() as instance:
 """
 
 
-@pytest.mark.parametrize("stop", ["signal", "terminate"])
+@pytest.mark.parametrize("stop", ["signal", "terminate", "max_runtime"])
 def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(db_url, mock, tmp_path, stop):
     """A stop lands while sends are on the wire: the op stops claiming, lets them answer and settle,
     and records its stop. A SIGINT from outside Dagster (Ctrl-C on ``reminders dev``) ends the run
     as a success that says it stopped early; Dagster's Terminate (the run canceling, then SIGINT to
-    the run worker) ends it canceled."""
+    the run worker) ends it canceled, and run monitoring past max_runtime (canceling, failed, then
+    SIGINT) leaves it failed."""
     from reminders_pipeline.ledger.db import Database
 
     from .test_faults import ids_where, ledger_rows, load_due, wait_until
@@ -232,7 +235,7 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
                                start_new_session=True)  # fmt: skip
     try:
         wait_until("sends on the wire", lambda: len(mock.requests) > 0, 90)
-        if stop == "terminate":
+        if stop != "signal":
             marker.touch()
         else:
             process.send_signal(signal.SIGINT)
@@ -252,7 +255,8 @@ def test_a_dagster_dispatcher_run_stopped_mid_send_settles_what_is_on_the_wire(d
         assert result["success"] is True and result["status"] == "SUCCESS", (result, stderr)
         assert any("stopped by a signal" in line for line in result["logs"]), result["logs"]
     else:
-        assert result["success"] is False and result["status"] == "CANCELED", (result, stderr)
+        status = {"terminate": "CANCELED", "max_runtime": "FAILURE"}[stop]
+        assert result["success"] is False and result["status"] == status, (result, stderr)
         assert "stopped by a signal" in result["error"]
     assert not ids_where(final, status="claimed"), "the stop left claims behind"
     assert ids_where(final, outcome="sent") and ids_where(final, status="pending")

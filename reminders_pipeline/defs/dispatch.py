@@ -69,13 +69,14 @@ async def dispatch(
 
 def _stopped(context: dg.OpExecutionContext, meta: dict) -> None:
     """A signal stopped the run before its planned end, after the sends on the wire were answered
-    and settled. Terminated in Dagster (the UI's Terminate, run monitoring past max_runtime): the
-    run ends canceled, as Dagster shows a terminated run. Stopped from outside (Ctrl-C on
-    ``reminders dev``, a pod's SIGTERM): nothing went wrong, so the run ends as a success that says
-    it stopped early; the next one picks up the rows still pending."""
+    and settled. Stopped from outside Dagster (Ctrl-C on ``reminders dev``, a pod's SIGTERM) while
+    the run is still STARTED: nothing went wrong, so it ends as a success that says it stopped
+    early, and the next run picks up the rows still pending. Any other status means Dagster ended
+    it (the UI's Terminate: CANCELING; run monitoring past max_runtime: already FAILURE), and the
+    step fails so that status stands rather than being overwritten by a success."""
     why = "stopped by a signal; sends on the wire were answered and settled first"
     run = context.instance.get_run_by_id(context.run_id)
-    if run is not None and run.status == dg.DagsterRunStatus.CANCELING:  # a failed step: CANCELED
+    if run is None or run.status != dg.DagsterRunStatus.STARTED:
         raise dg.Failure(why, metadata=meta)
     context.log.info(f"{why}; the rows still due stay pending for the next dispatcher")
     meta["stopped_early"] = why
