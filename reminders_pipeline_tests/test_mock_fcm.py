@@ -162,6 +162,7 @@ def test_scripted_quota_exceeded_is_429_with_retry_after(fcm: MockFcm) -> None:
         {**VALID_MESSAGE, "data": {"count": 3}},
         {**VALID_MESSAGE, "notification": {"title": "x", "subtitle": "y"}},
         {**VALID_MESSAGE, "data": {"blob": "x" * 4100}},
+        {**VALID_MESSAGE, "android": {"collapse_key": "a", "collapseKey": "b"}},
     ],
     ids=[
         "no-token",
@@ -172,6 +173,7 @@ def test_scripted_quota_exceeded_is_429_with_retry_after(fcm: MockFcm) -> None:
         "data-not-string",
         "unknown-field",
         "too-big",
+        "both-spellings",
     ],
 )
 def test_a_malformed_message_is_400_invalid_argument(fcm: MockFcm, message: dict[str, Any]) -> None:
