@@ -64,8 +64,9 @@ class Cluster:
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
         self._pg("pg_ctl", "-D", str(self.root / "data"), "-l", str(self.root / "log"), "-o", opts, "-w", "start")
 
-    def stop(self) -> None:
-        self._pg("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """``mode`` as ``pg_ctl -m`` takes it: ``immediate`` is a crash (no checkpoint, clients cut)."""
+        self._pg("pg_ctl", "-D", str(self.root / "data"), "-m", mode, "-w", "stop")
 
     def destroy(self) -> None:
         try:

@@ -328,23 +328,6 @@ class MockApns(LoopServer["RecordedRequest"]):
     def _protocol(self) -> asyncio.Protocol:
         return _ApnsConnection(self, next(self._connection_ids))
 
-    def refuse(self, mode: str | None) -> None:
-        """Make new connections fail as a network or TLS fault would: ``"connect"`` refuses the TCP
-        connection, ``"tls"`` accepts it but answers the handshake with bytes that are not TLS;
-        ``None`` listens normally again. Open connections are aborted in both fault modes."""
-        assert mode in ("connect", "tls", None)
-        self._call(self._relisten(mode))
-
-    async def _relisten(self, mode: str | None) -> None:
-        assert self._server is not None
-        self._server.close()
-        if mode is not None:
-            self._abort_all()
-        if mode == "tls":
-            self._server = await asyncio.get_running_loop().create_server(_NotTls, self.host, self.port)
-        elif mode is None:
-            self._server = await self._listen(self.port)
-
     def release_held(self) -> int:
         """Answer every request held by ``Answer(hold=True)`` now, as a late APNs would; returns how
         many answers went out (a held request whose connection is gone gets none)."""
@@ -537,14 +520,6 @@ class MockApns(LoopServer["RecordedRequest"]):
             if previous is not None and limit is not None and now - self._jwt_first_seen[previous] < limit:
                 return Answer(429, "TooManyProviderTokenUpdates")
         return None
-
-
-class _NotTls(asyncio.Protocol):
-    """A listener that is not a TLS server: the client's handshake fails."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")  # type: ignore[attr-defined]
-        transport.close()
 
 
 def _serve_stdio(mock: MockApns) -> None:

@@ -183,6 +183,11 @@ class MockWebPush(AsgiServer[RecordedRequest]):
         with self._lock:
             self._scripts.set(sub_id, answer)
 
+    def script_default(self, answer: Answer) -> None:
+        """Answer every later request to a subscription not scripted on its own with ``answer``."""
+        with self._lock:
+            self._scripts.default = answer
+
     def unsubscribe(self, subscription: str | Mapping[str, Any]) -> None:
         """Forget a subscription as a browser does on ``unsubscribe()``: its endpoint answers 410."""
         sub_id = self._id_of(subscription)

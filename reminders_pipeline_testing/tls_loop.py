@@ -167,6 +167,23 @@ class LoopServer(ABC, Generic[R]):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def refuse(self, mode: str | None) -> None:
+        """Make new connections fail as a network or TLS fault would: ``"connect"`` refuses the TCP
+        connection, ``"tls"`` accepts it but answers the handshake with bytes that are not TLS;
+        ``None`` listens normally again. Open connections are aborted in both fault modes."""
+        assert mode in ("connect", "tls", None)
+        self._call(self._relisten(mode))
+
+    async def _relisten(self, mode: str | None) -> None:
+        assert self._server is not None
+        self._server.close()
+        if mode is not None:
+            await self._close_connections()
+        if mode == "tls":
+            self._server = await asyncio.get_running_loop().create_server(_NotTls, self.host, self.port)
+        elif mode is None:
+            self._server = await self._listen(self.port)
+
     # -- connections -----------------------------------------------------------------------
 
     def _opened(self, transport: asyncio.BaseTransport) -> None:
@@ -231,6 +248,14 @@ class LoopServer(ABC, Generic[R]):
 
     def _more_stats(self) -> dict[str, Any]:
         return {}
+
+
+class _NotTls(asyncio.Protocol):
+    """A listener that is not a TLS server: the client's handshake fails."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")  # type: ignore[attr-defined]
+        transport.close()
 
 
 def parsed_json(body: bytes) -> Any:
