@@ -182,6 +182,36 @@ def test_done_racing_the_send_of_the_same_reminder_makes_at_most_one_alert(db, c
     assert done.result().json()["acknowledged"] == (0 if settled["outcome"] == "sent" else 1)
 
 
+@pytest.mark.parametrize("claimer", ["waiting for the answer", "died after the send"])
+def test_an_alert_on_the_phone_before_its_settlement_is_written_can_be_snoozed_and_done(db, cli, mock, phone, claimer):
+    """APNs may show the alert before its answer reaches the sender (a slow answer), and a claimer
+    killed between its send and its settlement leaves the row failed ``abandoned`` though the alert
+    went: the alert's token proves it was sent, so the person's Snooze and Done still count."""
+    from reminders_pipeline import ledger
+
+    cli("build", "--all")
+    mock.script_default(hold=True)
+    with ThreadPoolExecutor(1) as pool:
+        draining = pool.submit(cli, "drain")
+        (held,) = mock.wait_for_requests(1, timeout=30)
+        reminder = held.payload["reminder"]
+        assert row_of(db, "lead:1800")["status"] == "claimed"
+        if claimer == "died after the send":
+            with db.write() as conn:
+                assert ledger.fail_abandoned(conn, Instant.now() + 60, Instant.now()) == 1
+        snoozed = act(phone, reminder["id"], "snooze", token=reminder["token"], seconds=120)
+        done = act(phone, reminder["id"], "done", token=reminder["token"])
+        mock.release_held()
+        draining.result(timeout=60)
+    assert snoozed.status_code == 200 and snoozed.json()["snooze"]["rule"] == "snooze:1", snoozed.text
+    assert (done.status_code, done.json().get("acknowledged")) == (200, 2), done.text
+    assert {r["rule"]: r["outcome"] for r in rows(db, device_id="phone")} == {
+        "lead:1800": "sent" if claimer == "waiting for the answer" else "failed",
+        "lead:300": "acknowledged",
+        "snooze:1": "acknowledged",
+    }
+
+
 def test_another_devices_row_is_404_a_wrong_token_401_and_nothing_changes(db, cli, mock, phone):
     payload = sent_alert(cli, mock)
     token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]
