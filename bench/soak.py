@@ -207,11 +207,14 @@ class Supervised:
 
 
 def run_workers(home: str) -> list[psutil.Process]:
-    """Dagster run workers of this drill's instance (``dagster api execute_run``)."""
+    """Dagster run workers of this drill's instance: the code server starts each run in a process
+    of its own (``multiprocessing`` spawn), or ``dagster api execute_run``/``execute_step``."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "execute_run" in " ".join(p.info["cmdline"] or ()) and p.environ().get("DAGSTER_HOME") == home:
+            command = " ".join(p.info["cmdline"] or ())
+            worker = any(mark in command for mark in ("spawn_main", "execute_run", "execute_step"))
+            if worker and p.environ().get("DAGSTER_HOME") == home:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -457,8 +460,10 @@ class Drill:
         end = made + self.args.warmup + self.args.minutes * 60
         feeds = Feeds(self.args.devices // PER_SOURCE, made + self.args.warmup, end, self.rng)
         devices = self.register(db, settings, feeds)
-        first = subprocess.run([sys.executable, "-m", "reminders_pipeline.cli", "build", "--all"], cwd=ROOT,
-                               env=env, capture_output=True, text=True, check=True)  # fmt: skip
+        first = time.time()
+        subprocess.run([sys.executable, "-m", "reminders_pipeline.cli", "build", "--all"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, check=True)  # fmt: skip
+        first_build_seconds = round(time.time() - first, 1)
         procs = self.processes(env)
         started = time.time()
         end = started + self.args.minutes * 60
@@ -511,79 +516,109 @@ class Drill:
             if self.cluster is not None:
                 self.cluster.destroy()
         self.faults += [oracle.Fault("kill", k["target"], k["at"], k["at"] + 1) for k in self.kills]
-        window = (max(started + 60, made + self.args.warmup), end - TAIL)
-        return self.judge(devices, feeds, phone, rows, settings, window, json.loads(first.stdout or "{}"))
-
-    def judge(self, devices: list[dict[str, Any]], feeds: Feeds, phone: Phone, rows: list[dict[str, Any]],
-              settings: Settings, window: tuple[float, float], first_build: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-        sent = phone.deliveries
-        source_of = {d["id"]: d["source"] for d in devices}
-        by_key = {}
-        for row in rows:
-            match = oracle.EVENT.search(row["item_id"])
-            by_key[(row["device_id"], match.group(0) if match else row["item_id"], row["rule"])] = row
-        snooze_until = {(s["device"], s["id"]): s["until"] for s in phone.snoozes}
-        dups = oracle.duplicates(sent, settings.rearm_threshold_seconds)
-        early = oracle.early(sent, snooze_until)
-        stale = oracle.stale(sent, feeds.timelines, source_of, GRACE)
-        late_done = oracle.after_done(sent, phone.dones)
-        owed = oracle.expected(devices, feeds.timelines, window, GRACE, phone.dones, phone.snoozes)
-        accounts = oracle.account(owed, sent, by_key, self.faults, BAR, RECOVER)
-        abandoned = [r for r in rows if r["outcome_detail"] == "abandoned"]
-        claimer_kills = sum(k["target"] != "serve" and k["target"] != "daemon" for k in self.kills)
-        counted = {
-            "kills": len(self.kills),
-            "db_restarts": sum(f.kind == "db_restart" for f in self.faults),
-            "provider_outages": sum(f.kind == "provider_down" for f in self.faults),
-            "provider_slow": sum(f.kind == "provider_slow" for f in self.faults),
-        }
-        postgres = not self.args.sqlite
-        lines = [
-            ("0 duplicates", len(dups), not dups),
-            ("0 early", len(early), not early),
-            (f"0 stale (a version replaced and served more than {GRACE:g} s before)", len(stale), not stale),
-            ("0 after Done", len(late_done), not late_done),
-            (f"owed reminders on time (<= {BAR:g} s) unless a fault excuses it", len(accounts["late_unexcused"]),
-             not accounts["late_unexcused"]),
-            ("0 unaccounted", len(accounts["unaccounted"]), not accounts["unaccounted"]),
-            ("abandoned claims from at most the killed claimers",
-             f"{len({r['claimed_by'] for r in abandoned})} claimers, {claimer_kills} claimer kills",
-             len({r["claimed_by"] for r in abandoned}) <= claimer_kills),
-            (">= 15 kills", counted["kills"], counted["kills"] >= 15 * self.args.minutes / 20),
-            (">= 2 database restarts" if postgres else "database restarts (none on SQLite)", counted["db_restarts"],
-             counted["db_restarts"] >= 2 or not postgres),
-            (">= 3 provider outages", counted["provider_outages"], counted["provider_outages"] >= 3),
-        ]  # fmt: skip
-        result = {
+        records = {
             "database": "sqlite" if self.args.sqlite else "postgresql",
             "minutes": self.args.minutes,
-            "devices": len(devices),
-            "deliveries": len(sent),
-            "owed": accounts["owed"],
-            "outcomes": accounts["outcomes"],
-            "lateness_all_s": accounts["lateness_all_s"],
-            "lateness_no_fault_s": accounts["lateness_no_fault_s"],
-            "counts": counted,
-            "kills_by_target": {t: sum(k["target"] == t for k in self.kills) for t in TARGETS},
-            "restarts": {},
+            "window": [max(started + 60, made + self.args.warmup), end - TAIL],
+            "rearm_seconds": settings.rearm_threshold_seconds,
+            "devices": devices,
+            "timelines": {n: line.__dict__ for n, line in feeds.timelines.items()},
+            "deliveries": [d.__dict__ for d in phone.deliveries],
+            "dones": phone.dones,
+            "snoozes": phone.snoozes,
+            "action_failures": phone.action_failures,
+            "faults": [f.__dict__ for f in self.faults],
+            "kills": self.kills,
             "feed_edits": self.edits,
-            "dones": len(phone.dones),
-            "snoozes": len(phone.snoozes),
-            "action_failures": len(phone.action_failures),
-            "abandoned_rows": len(abandoned),
-            "first_build": {k: first_build.get(k) for k in ("devices", "queued", "seconds") if k in first_build},
+            "first_build_seconds": first_build_seconds,
+            "rows": [{k: row[k] for k in ROW_FIELDS} for row in rows],
             "workdir": str(self.workdir),
-            "bar": [{"line": b, "measured": m, "met": ok} for b, m, ok in lines],
-            "met": all(ok for _, _, ok in lines),
         }
-        detail = {"duplicates": [[a.__dict__, b.__dict__] for a, b in dups], "early": [d.__dict__ for d in early],
-                  "stale": [[d.__dict__, t] for d, t in stale], "after_done": [[d.__dict__, a] for d, a in late_done],
-                  "late_unexcused": accounts["late_unexcused"], "unaccounted": accounts["unaccounted"],
-                  "kills": self.kills, "faults": [f.__dict__ for f in self.faults],
-                  "action_failures": phone.action_failures}  # fmt: skip
-        (self.workdir / "detail.json").write_text(json.dumps(detail, indent=1, default=str))
-        (self.workdir / "result.json").write_text(json.dumps(result, indent=1))
-        return result
+        (self.workdir / "records.json").write_text(json.dumps(records))
+        return judge(records)
+
+
+ROW_FIELDS = ("device_id", "item_id", "rule", "status", "outcome", "outcome_detail", "claimed_by")
+
+
+def judge(records: dict[str, Any]) -> dict[str, Any]:
+    """The oracle's lines over a run's records (``records.json`` in its workdir)."""
+    devices, rows, kills = records["devices"], records["rows"], records["kills"]
+    timelines = {
+        n: oracle.Timeline(line["versions"], line["since"], {int(k): t for k, t in line["served"].items()})
+        for n, line in records["timelines"].items()
+    }
+    sent = [oracle.Delivery(**d) for d in records["deliveries"]]
+    faults = [oracle.Fault(**f) for f in records["faults"]]
+    dones, snoozes = records["dones"], records["snoozes"]
+    source_of = {d["id"]: d["source"] for d in devices}
+    by_key = {}
+    for row in rows:
+        match = oracle.EVENT.search(row["item_id"])
+        by_key[(row["device_id"], match.group(0) if match else row["item_id"], row["rule"])] = row
+    snooze_until = {(s["device"], s["id"]): s["until"] for s in snoozes}
+    dups = oracle.duplicates(sent, records["rearm_seconds"])
+    early = oracle.early(sent, snooze_until)
+    stale = oracle.stale(sent, timelines, source_of, GRACE)
+    late_done = oracle.after_done(sent, dones)
+    owed = oracle.expected(devices, timelines, tuple(records["window"]), GRACE, dones, snoozes)
+    accounts = oracle.account(owed, sent, by_key, faults, BAR, RECOVER)
+    abandoned = [r for r in rows if r["outcome_detail"] == "abandoned"]
+    claimers = len({r["claimed_by"] for r in abandoned})
+    claimer_kills = sum(k["target"] not in ("serve", "daemon") for k in kills)
+    refused = [a for a in records["action_failures"] if '"not_sent"' in a]
+    counted = {
+        "kills": len(kills),
+        "db_restarts": sum(f.kind == "db_restart" for f in faults),
+        "provider_outages": sum(f.kind == "provider_down" for f in faults),
+        "provider_slow": sum(f.kind == "provider_slow" for f in faults),
+    }
+    postgres = records["database"] == "postgresql"
+    lines = [
+        ("0 duplicates", len(dups), not dups),
+        ("0 early", len(early), not early),
+        (f"0 stale (a version replaced and served more than {GRACE:g} s before)", len(stale), not stale),
+        ("0 after Done", len(late_done), not late_done),
+        (f"owed reminders on time (<= {BAR:g} s) unless a fault excuses it", len(accounts["late_unexcused"]),
+         not accounts["late_unexcused"]),
+        ("0 unaccounted", len(accounts["unaccounted"]), not accounts["unaccounted"]),
+        ("abandoned claims from at most the killed claimers", f"{claimers} claimers, {claimer_kills} claimer kills",
+         claimers <= claimer_kills),
+        ("0 Done or Snooze on a delivered alert refused as never sent", len(refused), not refused),
+        (">= 15 kills", counted["kills"], counted["kills"] >= 15 * records["minutes"] / 20),
+        (">= 2 database restarts" if postgres else "database restarts (none on SQLite)", counted["db_restarts"],
+         counted["db_restarts"] >= 2 or not postgres),
+        (">= 3 provider outages", counted["provider_outages"], counted["provider_outages"] >= 3),
+    ]  # fmt: skip
+    result = {
+        "database": records["database"],
+        "minutes": records["minutes"],
+        "devices": len(devices),
+        "deliveries": len(sent),
+        "owed": accounts["owed"],
+        "outcomes": accounts["outcomes"],
+        "lateness_all_s": accounts["lateness_all_s"],
+        "lateness_no_fault_s": accounts["lateness_no_fault_s"],
+        "counts": counted,
+        "kills_by_target": {t: sum(k["target"] == t for k in kills) for t in TARGETS},
+        "feed_edits": records["feed_edits"],
+        "first_build_seconds": records.get("first_build_seconds"),
+        "dones": len(dones),
+        "snoozes": len(snoozes),
+        "actions_refused": len(records["action_failures"]),
+        "abandoned_rows": len(abandoned),
+        "workdir": records["workdir"],
+        "bar": [{"line": b, "measured": m, "met": ok} for b, m, ok in lines],
+        "met": all(ok for _, _, ok in lines),
+    }
+    detail = {"duplicates": [[a.__dict__, b.__dict__] for a, b in dups], "early": [d.__dict__ for d in early],
+              "stale": [[d.__dict__, t] for d, t in stale], "after_done": [[d.__dict__, a] for d, a in late_done],
+              "late_unexcused": accounts["late_unexcused"], "unaccounted": accounts["unaccounted"],
+              "kills": kills, "faults": records["faults"], "action_failures": records["action_failures"]}  # fmt: skip
+    workdir = Path(records["workdir"])
+    (workdir / "detail.json").write_text(json.dumps(detail, indent=1, default=str))
+    (workdir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 def main() -> None:
@@ -595,8 +630,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup", type=float, default=WARMUP, help="seconds before the first reminder comes due")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--judge", metavar="WORKDIR", help="judge a finished run's records.json again")
     args = parser.parse_args()
-    result = Drill(args).run()
+    result = judge(json.loads((Path(args.judge) / "records.json").read_text())) if args.judge else Drill(args).run()
     if args.json:
         print(json.dumps(result))
         return

@@ -184,10 +184,13 @@ def expected(devices: Iterable[Mapping[str, Any]], timelines: Mapping[str, Timel
                     if acked.get((dev["id"], event, start), float("inf")) <= due:
                         continue
                     out.append(Expected(dev["id"], event, rule, start, due, dev["provider"]))
+    source_of = {dev["id"]: dev["source"] for dev in devices}
     for s in snoozes:
         done = acked.get((s["device"], s["event"], s["starts_at"]), float("inf"))
-        if window[0] <= s["until"] <= window[1] and done > s["until"]:
-            out.append(Expected(s["device"], s["event"], s["rule"], s["starts_at"], s["until"], s["provider"]))
+        # A pending snooze follows its event's moves and goes with it when it leaves the feed.
+        start = timelines[source_of[s["device"]]].steady(s["event"], s["until"] - grace, s["until"])
+        if start is not None and window[0] <= s["until"] <= window[1] and done > s["until"]:
+            out.append(Expected(s["device"], s["event"], s["rule"], start, s["until"], s["provider"]))
     return out
 
 
