@@ -206,6 +206,18 @@ class Supervised:
             pass
 
 
+def processes_of(home: str) -> list[psutil.Process]:
+    """Every process of this drill's Dagster instance."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("DAGSTER_HOME") == home:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def run_workers(home: str) -> list[psutil.Process]:
     """Dagster run workers of this drill's instance: the code server starts each run in a process
     of its own (``multiprocessing`` spawn), or ``dagster api execute_run``/``execute_step``."""
@@ -503,8 +515,8 @@ class Drill:
         finally:
             for proc in procs.values():
                 proc.stop()
-            for worker in run_workers(env["DAGSTER_HOME"]):
-                worker.kill()
+            for left in processes_of(env["DAGSTER_HOME"]):  # run workers, and code servers orphaned by a kill
+                left.kill()
             watcher.join(timeout=30)
             phone.poll()
             with db.engine.connect() as conn:
