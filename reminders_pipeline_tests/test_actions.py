@@ -212,6 +212,24 @@ def test_an_alert_on_the_phone_before_its_settlement_is_written_can_be_snoozed_a
     }
 
 
+def test_a_token_for_a_row_that_sent_nothing_acts_on_nothing(db, cli, mock, phone):
+    """Whoever holds the credential can sign a token for any row of the device: one for a row
+    still pending (or voided) names no alert that went, so Snooze and Done are refused."""
+    from sqlalchemy import select
+
+    from reminders_pipeline.ledger.schema import devices
+
+    sent_alert(cli, mock)
+    pending = row_of(db, "lead:300")
+    with db.read() as conn:
+        key = conn.scalar(select(devices.c.credential_hash).where(devices.c.id == "phone"))
+    token = action_token(key, "phone", pending["id"], pending["event_at"])
+    for action, body in (("snooze", {"seconds": 120}), ("done", {})):
+        r = act(phone, pending["id"], action, token=token, **body)
+        assert (r.status_code, r.json()["error"]) == (409, "not_sent"), r.text
+    assert [r["status"] for r in rows(db, device_id="phone")] == ["settled", "pending"]
+
+
 def test_another_devices_row_is_404_a_wrong_token_401_and_nothing_changes(db, cli, mock, phone):
     payload = sent_alert(cli, mock)
     token, row_id = payload["reminder"]["token"], payload["reminder"]["id"]

@@ -71,12 +71,13 @@ class Snoozed:
 
 def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: Instant) -> dict[str, Any]:
     """The row an alert names, with ``shown``, the event's instant the alert showed; or
-    ``ActionError``: 404 for a row of no alert of this device, 401 for a wrong token, 409 for an
-    item already over. ``token`` None: an operator's action (the CLI), which needs none, means the
-    row as it stands and is refused (409) for a row that sent nothing. A token exists only in an
-    alert that went out, so an alert is answered whatever its row's state: its settlement may not
-    be written yet (the provider's answer is slower than the phone) or never will be (its claimer
-    died after the send: ``abandoned``), and the row may since have been re-armed for a move."""
+    ``ActionError``: 404 for a row of no alert of this device, 401 for a wrong token, 409 for a row
+    that sent nothing or an item already over. ``token`` None: an operator's action (the CLI),
+    which needs none and means the row as it stands. A row may have sent its alert without being
+    settled ``sent`` (``ledger.acted_on``'s ``may_have_gone``): its settlement is not written yet
+    (the provider's answer is slower than the phone) or never will be (its claimer died after the
+    send). An alert of an instant the row no longer holds was sent before a build re-armed the
+    row (a sent row's event changes only so): it is answered whatever the re-armed row's state."""
     row = ledger.acted_on(conn, row_id)
     if row is None or row["device_id"] != device_id or not row["registered"]:
         raise ActionError(404, "no_reminder", f"device {device_id!r} has no reminder {row_id}")
@@ -87,8 +88,8 @@ def _acted_on(conn: Any, device_id: str, row_id: int, token: str | None, now: In
             raise ActionError(401, "wrong_action_token", "the action token is not this reminder's")
     if shown is None:
         shown = row["event_at"]
-        if row["outcome"] != "sent":
-            raise ActionError(409, "not_sent", f"reminder {row_id} sent no alert: nothing to act on")
+    if row["outcome"] != "sent" and not row["may_have_gone"] and shown == row["event_at"]:
+        raise ActionError(409, "not_sent", f"reminder {row_id} sent no alert: nothing to act on")
     if now >= row["expires_at"]:
         raise ActionError(409, "event_ended", f"the event of reminder {row_id} is over")
     return {**row, "shown": shown}

@@ -89,7 +89,7 @@ ACTION_ANSWERS: Answers = {
     ),
     404: answer("`no_reminder`: this device has no such reminder (another device's row is not found either)."),
     409: answer(
-        "`not_sent` (an operator's action on a row that sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted; "
+        "`not_sent` (the row sent no alert), `event_ended`, `event_changed` (cancelled, declined or muted; "
         "an agenda: its day left with no event), `unsubscribed`, `event_moved` (snooze only: the event moved since "
         "this alert; snooze its newer one), `snooze_limit` (12 snoozes already) or `busy` (try again). Nothing "
         "was changed."

@@ -6,16 +6,30 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select, text
+from sqlalchemy import Connection, and_, func, or_, select, text
 
+from reminders_pipeline.ledger._common import CLAIMED
 from reminders_pipeline.ledger.schema import device_sources, devices
 from reminders_pipeline.ledger.schema import notification_queue as q
+
+# A row whose alert may be on the phone though it is not settled ``sent``: claimed (the provider's
+# answer has not reached the sender yet), or failed after its request left (``transport:…`` or
+# ``timeout``: the connection died or no answer came) or with its claimer (``abandoned``). A row
+# pending, held, voided, or failed certainly unsent (``not-sent:…``) sent nothing.
+_MAY_HAVE_GONE = or_(
+    q.c.status == CLAIMED,
+    and_(
+        q.c.outcome == "failed",
+        or_(q.c.outcome_detail.in_(("abandoned", "timeout")), q.c.outcome_detail.like("transport:%")),
+    ),
+)
 
 # The acted-on row; its device (registered at all, the token's key, its zone and addresses); its
 # calendar subscription (still there, muted).
 _ACTED_ON = (
     *(q.c[c] for c in ("id", "device_id", "source_id", "item_id", "outcome", "expires_at", "title", "body")),
     q.c.event_at,
+    _MAY_HAVE_GONE.label("may_have_gone"),
     devices.c.id.is_not(None).label("registered"),
     devices.c.credential_hash,
     devices.c.tz_name,
