@@ -22,7 +22,12 @@ word on what was sent, and prints met or MISSED for: no duplicate, none early, n
 after Done, every owed reminder on time unless a fault excuses it, and every one not sent
 accounted for by a fault. Everything is kept in the workdir it prints.
 
-    .venv/bin/python bench/soak.py [--sqlite] [--minutes 20] [--seed 1] [--json]
+    .venv/bin/python bench/soak.py [--sqlite] [--minutes 20] [--devices 3000] [--edits 12]
+        [--warmup 300] [--seed 1] [--json]
+    .venv/bin/python bench/soak.py --judge WORKDIR     # judge a finished run's records again
+
+On PostgreSQL it needs the server's binaries (``initdb``, ``pg_ctl``; as root they run as the
+``postgres`` user), as ``bench/drill_pg_outage.py`` does.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -301,12 +307,13 @@ class Phone:
                 continue
             break
         else:
-            self.action_failures.append(f"{action} {d.device} {d.row_id}: server unreachable")
+            self.action_failures.append(json.dumps({"device": d.device, "row_id": d.row_id, "code": "unreachable"}))
             return
         record = {"device": d.device, "event": d.event, "starts_at": d.starts_at, "row_id": d.row_id,
                   "provider": d.provider, "answered_at": time.time(), "status": answer.status_code}  # fmt: skip
         if answer.status_code != 200:
             record["error"] = answer.text[:200]
+            record["code"] = refusal_code(record)
             self.action_failures.append(json.dumps(record))
         elif action == "done":
             self.dones.append(record)
@@ -319,6 +326,18 @@ class Phone:
             for delivery, token in self.poll():
                 self.act(delivery, token)
             time.sleep(0.5)
+
+
+def refusal_code(record: dict[str, Any]) -> str:
+    """The error code of a refused action (the JSON error's ``error``), or its HTTP status."""
+    try:
+        return str(json.loads(record["error"])["error"])
+    except (KeyError, TypeError, ValueError):
+        return str(record.get("status"))
+
+
+# Refusals that say the alert the phone holds was never sent, or is not the device's: each a break.
+WRONG_REFUSALS = frozenset({"not_sent", "no_reminder", "wrong_action_token", "unreachable"})
 
 
 def fault_plan(t0: float, end: float, rng: random.Random, postgres: bool) -> list[tuple[float, str, str]]:
@@ -569,16 +588,20 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
         match = oracle.EVENT.search(row["item_id"])
         by_key[(row["device_id"], match.group(0) if match else row["item_id"], row["rule"])] = row
     snooze_until = {(s["device"], s["id"]): s["until"] for s in snoozes}
-    dups = oracle.duplicates(sent, records["rearm_seconds"])
+    rearm = records["rearm_seconds"]
+    dups = oracle.duplicates(sent, rearm)
     early = oracle.early(sent, snooze_until)
     stale = oracle.stale(sent, timelines, source_of, GRACE)
-    late_done = oracle.after_done(sent, dones)
-    owed = oracle.expected(devices, timelines, tuple(records["window"]), GRACE, dones, snoozes)
-    accounts = oracle.account(owed, sent, by_key, faults, BAR, RECOVER)
+    replaced = oracle.stale(sent, timelines, source_of, 0.0)
+    late_done = oracle.after_done(sent, dones, rearm)
+    owed = oracle.expected(devices, timelines, tuple(records["window"]), GRACE, dones, snoozes, rearm)
+    accounts = oracle.account(owed, sent, by_key, faults, BAR, RECOVER, rearm)
     abandoned = [r for r in rows if r["outcome_detail"] == "abandoned"]
     claimers = len({r["claimed_by"] for r in abandoned})
     claimer_kills = sum(k["target"] not in ("serve", "daemon") for k in kills)
-    refused = [a for a in records["action_failures"] if '"not_sent"' in a]
+    refusals = [json.loads(a) for a in records["action_failures"]]
+    codes = Counter(a.get("code") or refusal_code(a) for a in refusals)
+    refused = sum(n for code, n in codes.items() if code in WRONG_REFUSALS)
     counted = {
         "kills": len(kills),
         "db_restarts": sum(f.kind == "db_restart" for f in faults),
@@ -596,8 +619,9 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
         ("0 unaccounted", len(accounts["unaccounted"]), not accounts["unaccounted"]),
         ("abandoned claims from at most the killed claimers", f"{claimers} claimers, {claimer_kills} claimer kills",
          claimers <= claimer_kills),
-        ("0 Done or Snooze on a delivered alert refused as never sent", len(refused), not refused),
-        (">= 15 kills", counted["kills"], counted["kills"] >= 15 * records["minutes"] / 20),
+        ("0 Done or Snooze on a delivered alert refused as never sent, not the device's, or unanswered", refused,
+         not refused),
+        (">= 15 kills in 20 minutes", counted["kills"], counted["kills"] >= 15 * records["minutes"] / 20),
         (">= 2 database restarts" if postgres else "database restarts (none on SQLite)", counted["db_restarts"],
          counted["db_restarts"] >= 2 or not postgres),
         (">= 3 provider outages", counted["provider_outages"], counted["provider_outages"] >= 3),
@@ -617,7 +641,8 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
         "first_build_seconds": records.get("first_build_seconds"),
         "dones": len(dones),
         "snoozes": len(snoozes),
-        "actions_refused": len(records["action_failures"]),
+        "actions_refused": dict(codes),
+        "sent_after_a_newer_version_was_served": oracle.spread([d.at - t for d, t in replaced]),
         "abandoned_rows": len(abandoned),
         "workdir": records["workdir"],
         "bar": [{"line": b, "measured": m, "met": ok} for b, m, ok in lines],

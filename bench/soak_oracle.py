@@ -106,18 +106,26 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def duplicates(deliveries: list[Delivery], rearm_seconds: int) -> list[tuple[Delivery, Delivery]]:
-    """Pairs of deliveries of one (device, item, rule) whose starts lie closer than the re-arm
-    threshold: one occurrence alerted twice. A move of at least the threshold is another
-    appointment, and its alert is due again."""
+    """Deliveries of one (device, item, rule) whose start lies closer than the re-arm threshold to
+    the one delivered before it: one occurrence alerted twice. A move of at least the threshold
+    from the last alert is another appointment, and its alert is due again."""
     by_key: dict[tuple[str, str, str], list[Delivery]] = defaultdict(list)
     for d in deliveries:
         by_key[(d.device, d.item_id, d.rule)].append(d)
     pairs = []
     for group in by_key.values():
         group.sort(key=lambda d: d.at)
-        for i, later in enumerate(group):
-            pairs += [(first, later) for first in group[:i] if abs(first.starts_at - later.starts_at) < rearm_seconds]
+        pairs += [(a, b) for a, b in zip(group, group[1:]) if abs(a.starts_at - b.starts_at) < rearm_seconds]
     return pairs
+
+
+def done_on(dones: list[dict[str, Any]], device: str, event: str, starts_at: int, rearm: int) -> dict | None:
+    """The first answered Done of this occurrence on this device: Done settles the reminders of
+    the instant its alert showed and of any start within the re-arm threshold of it."""
+    found = [
+        a for a in dones if (a["device"], a["event"]) == (device, event) and abs(a["starts_at"] - starts_at) < rearm
+    ]
+    return min(found, key=lambda a: a["answered_at"], default=None)
 
 
 def early(deliveries: Iterable[Delivery], snooze_until: Mapping[tuple[str, int], float]) -> list[Delivery]:
@@ -143,13 +151,12 @@ def stale(deliveries: Iterable[Delivery], timelines: Mapping[str, Timeline], sou
     return out
 
 
-def after_done(deliveries: Iterable[Delivery], dones: list[dict[str, Any]]) -> list[tuple[Delivery, dict]]:
+def after_done(deliveries: Iterable[Delivery], dones: list[dict[str, Any]], rearm: int) -> list[tuple[Delivery, dict]]:
     """Deliveries of an occurrence, on the device that marked it Done, received after the Done was
     answered (a claim taken before it may still arrive within ``IN_FLIGHT_SECONDS``)."""
-    acked = {(a["device"], a["event"], a["starts_at"]): a for a in dones}
     out = []
     for d in deliveries:
-        done = acked.get((d.device, d.event, d.starts_at))
+        done = done_on(dones, d.device, d.event, d.starts_at, rearm)
         if done is not None and d.at > done["answered_at"] + IN_FLIGHT_SECONDS and d.row_id != done["row_id"]:
             out.append((d, done))
     return out
@@ -165,12 +172,16 @@ def excused(faults: list[Fault], provider: str, due: float, recover: float) -> F
     return None
 
 
-def expected(devices: Iterable[Mapping[str, Any]], timelines: Mapping[str, Timeline], window: tuple[float, float],
-             grace: float, dones: list[dict[str, Any]], snoozes: list[dict[str, Any]]) -> list[Expected]:  # fmt: skip
+def expected(devices: list[Mapping[str, Any]], timelines: Mapping[str, Timeline], window: tuple[float, float],
+             grace: float, dones: list[dict[str, Any]], snoozes: list[dict[str, Any]], rearm: int) -> list[Expected]:  # fmt: skip
     """Every reminder the drill can say was owed: a rule's reminder due within ``window`` for an
     event whose start no edit touched in the ``grace`` before it was due (a build had read it), and
     each answered snooze. None after a Done on that occurrence."""
-    acked = {(a["device"], a["event"], a["starts_at"]): a["answered_at"] for a in dones}
+
+    def acked(device: str, event: str, start: int) -> float:
+        done = done_on(dones, device, event, start, rearm)
+        return float("inf") if done is None else done["answered_at"]
+
     out = []
     for dev in devices:
         line = timelines[dev["source"]]
@@ -181,12 +192,12 @@ def expected(devices: Iterable[Mapping[str, Any]], timelines: Mapping[str, Timel
                     due = start - (lead_of(rule) or 0)
                     if not window[0] <= due <= window[1] or line.steady(event, due - grace, due) != start:
                         continue
-                    if acked.get((dev["id"], event, start), float("inf")) <= due:
+                    if acked(dev["id"], event, start) <= due:
                         continue
                     out.append(Expected(dev["id"], event, rule, start, due, dev["provider"]))
     source_of = {dev["id"]: dev["source"] for dev in devices}
     for s in snoozes:
-        done = acked.get((s["device"], s["event"], s["starts_at"]), float("inf"))
+        done = acked(s["device"], s["event"], s["starts_at"])
         # A pending snooze follows its event's moves and goes with it when it leaves the feed.
         start = timelines[source_of[s["device"]]].steady(s["event"], s["until"] - grace, s["until"])
         if start is not None and window[0] <= s["until"] <= window[1] and done > s["until"]:
@@ -195,17 +206,20 @@ def expected(devices: Iterable[Mapping[str, Any]], timelines: Mapping[str, Timel
 
 
 def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tuple[str, str, str], Mapping[str, Any]],
-            faults: list[Fault], bar: float, recover: float) -> dict[str, Any]:  # fmt: skip
+            faults: list[Fault], bar: float, recover: float, rearm: int) -> dict[str, Any]:  # fmt: skip
     """Each owed reminder: on time, late with the fault that excuses it, not sent with the ledger's
-    outcome naming a fault, or unaccounted. ``rows`` is the ledger's row by (device, event, rule)."""
-    first: dict[tuple[str, str, str, int], Delivery] = {}
+    outcome naming a fault, or unaccounted. ``rows`` is the ledger's row by (device, event, rule).
+    An owed reminder is met by a delivery of a start within the re-arm threshold of its own: an
+    event moved by less after its alert went is not alerted again."""
+    sent: dict[tuple[str, str, str], list[Delivery]] = defaultdict(list)
     for d in sorted(deliveries, key=lambda d: d.at):
-        first.setdefault((d.device, d.event, d.rule, d.starts_at), d)
+        sent[(d.device, d.event, d.rule)].append(d)
     late_all, late_clean = [], []
     counts: dict[str, int] = defaultdict(int)
     unaccounted, late_unexcused = [], []
     for e in owed:
-        d = first.get((e.device, e.item_id_suffix, e.rule, e.starts_at))
+        near = [d for d in sent[(e.device, e.item_id_suffix, e.rule)] if abs(d.starts_at - e.starts_at) < rearm]
+        d = near[0] if near else None
         fault = excused(faults, e.provider, e.due, recover)
         if d is not None:
             late = d.at - e.due
@@ -221,9 +235,9 @@ def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tupl
             continue
         row = rows.get((e.device, e.item_id_suffix, e.rule))
         outcome = f"{row['outcome'] or row['status']}:{row['outcome_detail'] or ''}" if row else "no row"
-        if row and "abandoned" in outcome:
-            counts["not sent: abandoned (a killed claimer's batch)"] += 1
-        elif row and fault is not None and row["status"] == "settled":
+        if row and (row["outcome_detail"] == "abandoned" or row["status"] == "claimed"):
+            counts["not sent: abandoned, or claimed by a killed claimer not yet swept"] += 1
+        elif row and fault is not None and row["outcome"] == "failed":
             counts[f"not sent: {outcome} during {fault.kind} {fault.target}"] += 1
         else:
             unaccounted.append({**e.__dict__, "ledger": outcome, "fault": fault and fault.kind})
