@@ -1051,16 +1051,7 @@ class ReminderMachine(RuleBasedStateMachine):
     # -- a person's actions on a sent alert ------------------------------------------------------
 
     def _sent_rows(self) -> list[dict[str, Any]]:
-        """Rows whose alert may be on a phone: settled sent, or taken by the double with its token
-        whatever the row says since (a dropped connection's answer lost: the app acts on it all the same)."""
-        taken = {s.row_id for s in self.apns.sent if s.action_token and s.answer in ("200", "dropped")}
-        return sorted((r for r in self._rows() if r["outcome"] == "sent" or r["id"] in taken), key=lambda r: r["id"])
-
-    @staticmethod
-    def _count_unsettled(action: str, row: dict[str, Any]) -> None:
-        if row["outcome"] != "sent":
-            key = f"{action}_of_an_alert_not_settled_sent:{row['outcome']}"
-            STATS[key] = STATS.get(key, 0) + 1
+        return sorted((r for r in self._rows() if r["outcome"] == "sent"), key=lambda r: r["id"])
 
     @rule(which=st.integers(0, 20), seconds=st.sampled_from((1, 60, 300, 900, 3600)), repeat=st.booleans())
     def snooze(self, which: int, seconds: int, repeat: bool) -> None:
@@ -1088,7 +1079,6 @@ class ReminderMachine(RuleBasedStateMachine):
         return token != action_token(key or "", row["device_id"], row["id"], shown_by(token))
 
     def _snooze_row(self, row: dict[str, Any], seconds: int, repeat: bool) -> None:
-        self._count_unsettled("snooze", row)
         day = self._agenda_as_read(row["device_id"], row["item_id"]) if is_agenda(row["rule"]) else None
         if (
             OPEN_AGENDA_SNOOZE
@@ -1179,7 +1169,6 @@ class ReminderMachine(RuleBasedStateMachine):
 
     def _done_row(self, row: dict[str, Any]) -> None:
         """``row`` as the alert showed it: its event's time then, whatever the row says now."""
-        self._count_unsettled("done", row)
         near = self.settings.rearm_threshold_seconds
         pending = [
             r for r in self._rows()
