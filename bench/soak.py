@@ -9,7 +9,7 @@ SQLite instance as ``reminders dev`` has it).
 
 Load: ``--devices`` devices (a third each on APNs, Web Push and FCM), five to a JSON source, each
 with two lead rules between 0 and an hour, and events placed from each source's longest lead on
-(about 800 reminders a minute come due in the first 20 minutes, more as the short leads begin). Every minute ``--edits`` sources change: one event moved, one cancelled, one added. The
+(about 1,500 reminders a minute come due from the first, more as the short leads begin). Every minute ``--edits`` sources change: one event moved, one cancelled, one added. The
 drill's phone answers some alerts with Done (the occurrence's later reminders must not come) or a
 Snooze (one more alert at the time asked), over HTTP.
 
@@ -72,7 +72,7 @@ from reminders_pipeline_testing.stack import BIN, dagster_url, free_port  # noqa
 PROVIDERS = ("apns", "webpush", "fcm")
 LONG_LEADS, SHORT_LEADS = (3600, 1800, 900, 300), (0, 60, 120, 600)
 PER_SOURCE = 5
-DUE_PER_SECOND = 25.0  # both rules' reminders a second, once a source's short lead is reached too
+DUE_PER_SECOND = 50.0  # both rules' reminders a second once short leads are reached; half that before
 BUILD_CRON, DRAIN_CRON, BUILD_CADENCE = "*/2 * * * *", "1-59/2 * * * *", 120
 WARMUP = 300.0  # seconds from the feeds' making to the first reminder due: registration, first build, start-up
 TAIL = 60.0  # quiet seconds at the end: no faults, edits or actions
