@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select, text
 
+from reminders_pipeline.domain.outcomes import MAY_HAVE_GONE, TRANSPORT
 from reminders_pipeline.ledger._common import CLAIMED
 from reminders_pipeline.ledger.schema import device_sources, devices
 from reminders_pipeline.ledger.schema import notification_queue as q
@@ -20,7 +21,7 @@ _MAY_HAVE_GONE = or_(
     q.c.status == CLAIMED,
     and_(
         q.c.outcome == "failed",
-        or_(q.c.outcome_detail.in_(("abandoned", "timeout")), q.c.outcome_detail.like("transport:%")),
+        or_(q.c.outcome_detail.in_(MAY_HAVE_GONE), q.c.outcome_detail.like(f"{TRANSPORT}%")),
     ),
 )
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
+from reminders_pipeline.domain.outcomes import ABANDONED
 from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow, RowSettlement
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.ledger._common import CLAIMED, PENDING, REVIVABLE_VOIDS, now_param, rows_json, rows_text
@@ -63,7 +64,7 @@ def fail_abandoned(conn: Connection, cutoff: Instant, now: Instant) -> int:
     return conn.execute(
         update(q)
         .where(q.c.status == CLAIMED, q.c.claimed_at < cutoff)
-        .values(status="settled", outcome="failed", outcome_detail="abandoned", settled_at=now, updated_at=now)
+        .values(status="settled", outcome="failed", outcome_detail=ABANDONED, settled_at=now, updated_at=now)
     ).rowcount
 
 

@@ -41,6 +41,7 @@ from h2.exceptions import NoAvailableStreamIDError, ProtocolError
 
 from reminders_pipeline.config.log_throttle import RepeatFilter
 from reminders_pipeline.config.settings import Settings
+from reminders_pipeline.domain.outcomes import TIMEOUT, transport
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.wire import Notification
 from reminders_pipeline.providers.apns_config import (
@@ -69,7 +70,6 @@ TOKEN_INVALID_REASONS = frozenset({"BadDeviceToken", "DeviceTokenNotForTopic", "
 CONFIG_FAULT_REASONS = frozenset({"TopicDisallowed", "BadTopic", "MissingTopic", "TooManyProviderTokenUpdates"})
 DEVICE_TOKEN = re.compile(r"[0-9a-fA-F]{16,400}")
 COLLAPSE_ID = re.compile(r"[\x21-\x7e]{1,64}")  # a header value: printable ASCII, APNs' 64 bytes
-TIMEOUT = "timeout"  # sent, no answer in time: it may still be delivered (once)
 TIMEOUT_NOT_SENT = "timeout:not-sent"  # never left this process (no connection in time)
 NOT_SENT = "not-sent"  # reason prefix: certainly never processed by APNs (SendResult.retry)
 # What failing to reach APNs raises before a request is written: no connection, TLS, DNS, a pool
@@ -135,7 +135,7 @@ def result_from_error(row_id: int, exc: BaseException, written: bool) -> SendRes
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{type(exc).__name__}", retry=True)
     if not written:  # anything else before the write: it may fail the same way, and says nothing of APNs
         return SendResult(row_id, False, reason=f"{NOT_WRITTEN}:{type(exc).__name__}", retry=True)
-    return SendResult(row_id, False, reason=f"transport:{type(exc).__name__}")
+    return SendResult(row_id, False, reason=transport(exc))
 
 
 def wire_for(n: Notification, now: float) -> Wire:

@@ -25,10 +25,10 @@ from typing import Any
 
 import httpx
 
+from reminders_pipeline.domain.outcomes import TIMEOUT, transport
 from reminders_pipeline.providers.base import NOT_WRITTEN, POOL_WAIT, SendResult, fence_expired
 from reminders_pipeline.sources.egress import AddressRefused
 
-TIMEOUT = "timeout"  # written, no answer in time: it may have been delivered (once)
 NOT_SENT = "not-sent"  # reason prefix: certainly never reached the endpoint (``SendResult.retry``)
 HEADERS = ".send_request_headers.started"  # httpcore's event, after ``http11`` or ``http2``
 # What failing to reach the other end raises before the request is written: no connection, TLS,
@@ -93,9 +93,7 @@ def transport_failure(
         return SendResult(row_id, False, reason="address_refused")
     if written:
         timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
-        return SendResult(
-            row_id, False, reason=TIMEOUT if timed_out else f"transport:{type(exc).__name__}", outage=outage
-        )
+        return SendResult(row_id, False, reason=TIMEOUT if timed_out else transport(exc), outage=outage)
     if isinstance(exc, UNREACHED):
         return SendResult(row_id, False, reason=f"{NOT_SENT}:{unreached(exc, connecting)}", retry=True, outage=outage)
     return SendResult(row_id, False, reason=f"{NOT_WRITTEN}:{type(exc).__name__}", retry=True, outage=outage)
