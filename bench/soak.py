@@ -562,7 +562,7 @@ class Drill:
             "kills": self.kills,
             "feed_edits": self.edits,
             "first_build_seconds": first_build_seconds,
-            "rows": [{k: row[k] for k in ROW_FIELDS} for row in rows],
+            "rows": [{**{k: row[k] for k in ROW_FIELDS}, "event_at": row["event_at"].unix} for row in rows],
             "workdir": str(self.workdir),
         }
         (self.workdir / "records.json").write_text(json.dumps(records))

@@ -205,6 +205,22 @@ def expected(devices: list[Mapping[str, Any]], timelines: Mapping[str, Timeline]
     return out
 
 
+# What a row held by a fault may settle as instead of sent: failed (its attempts spent, or a send
+# that may have gone), or the send-time policy's answer once the hold outlasted the event's start
+# or the lateness bound.
+HELD_BY_A_FAULT = ("failed", "event_started", "too_late")
+
+
+def _rearmed(row: Mapping[str, Any], delivered: list[Delivery], e: Expected, rearm: int) -> bool:
+    """The key's row now stands for another start of its event: the event moved (by the re-arm
+    threshold or more) after this reminder was due, and the build re-armed the row for the new
+    start, so its outcome says nothing of this one. Read from the row's ``event_at`` where the
+    records have it, else from a delivery of the same key for a start that far away."""
+    if row.get("event_at") is not None:
+        return abs(row["event_at"] - e.starts_at) >= rearm
+    return any(abs(d.starts_at - e.starts_at) >= rearm for d in delivered)
+
+
 def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tuple[str, str, str], Mapping[str, Any]],
             faults: list[Fault], bar: float, recover: float, rearm: int) -> dict[str, Any]:  # fmt: skip
     """Each owed reminder: on time, late with the fault that excuses it, not sent with the ledger's
@@ -237,8 +253,10 @@ def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tupl
         outcome = f"{row['outcome'] or row['status']}:{row['outcome_detail'] or ''}" if row else "no row"
         if row and (row["outcome_detail"] == "abandoned" or row["status"] == "claimed"):
             counts["not sent: abandoned, or claimed by a killed claimer not yet swept"] += 1
-        elif row and fault is not None and row["outcome"] == "failed":
+        elif row and fault is not None and row["outcome"] in HELD_BY_A_FAULT:
             counts[f"not sent: {outcome} during {fault.kind} {fault.target}"] += 1
+        elif row and fault is not None and _rearmed(row, sent[(e.device, e.item_id_suffix, e.rule)], e, rearm):
+            counts[f"not sent during {fault.kind} {fault.target}; its row since re-armed for a move"] += 1
         else:
             unaccounted.append({**e.__dict__, "ledger": outcome, "fault": fault and fault.kind})
     return {
