@@ -45,6 +45,8 @@ from reminders_pipeline.providers import apns_transport  # noqa: E402
 from reminders_pipeline.providers.routing import default_sender_factory  # noqa: E402
 from reminders_pipeline.sending.drain import drain  # noqa: E402
 
+BARS = {"drain_postgresql": 0.85, "drain_sqlite": 0.82}  # the full drain over raw aioapns, paired per round
+
 
 def full_drain(mock: MockHandle, kind: str, n: int, concurrency: int) -> dict:
     db, close = fresh(kind)
@@ -188,6 +190,7 @@ def main() -> None:
         for k, v in runs.items()
         if k != "raw_aioapns"
     }
+    median_paired = {k: statistics.median(v) for k, v in paired.items()}
     print(
         json.dumps(
             {
@@ -200,6 +203,11 @@ def main() -> None:
                     k: round(v / medians["raw_aioapns"], 2) for k, v in medians.items() if k != "raw_aioapns"
                 },
                 "paired_ratio_to_raw": paired,
+                # Issue 40's bars, on the median of the paired ratios.
+                "bars": {
+                    k: {"bar": bar, "median_paired": median_paired[k], "met": median_paired[k] >= bar}
+                    for k, bar in BARS.items()
+                },
                 "runs": runs,
             },
             indent=2,
