@@ -84,18 +84,25 @@ def main() -> None:
     args = parser.parse_args()
     if args.pairs < 1 or args.n < 1:
         parser.error("--pairs and --n must be at least 1")
+    for rev in filter(None, (args.base, args.change)):
+        known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "-q", "--verify", f"{rev}^{{commit}}"],
+                               capture_output=True)  # fmt: skip
+        if known.returncode != 0:
+            parser.error(f"{rev!r} names no commit")
     with tempfile.TemporaryDirectory(prefix="ab-drain-") as tmp:
-        trees = {"base": worktree(args.base, Path(tmp))}
-        trees["change"] = worktree(args.change, Path(tmp)) if args.change else ROOT
+        made: list[Path] = []
         try:
+            made.append(worktree(args.base, Path(tmp)))
+            if args.change:
+                made.append(worktree(args.change, Path(tmp)))
+            trees = {"base": made[0], "change": made[1] if args.change else ROOT}
             rounds: dict[str, list[dict[str, float]]] = {"base": [], "change": []}
             for pair in range(args.pairs):
                 for side in ("base", "change") if pair % 2 == 0 else ("change", "base"):
                     rounds[side].append(one_round(trees[side], args.n))
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees["base"])], check=False)
-            if args.change:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees["change"])])
+            for tree in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
     result = {
         "base": args.base,
         "change": args.change or "working tree",
