@@ -596,7 +596,7 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
     late_done = oracle.after_done(sent, dones, rearm)
     owed = oracle.expected(devices, timelines, tuple(records["window"]), GRACE, dones, snoozes, rearm)
     accounts = oracle.account(owed, sent, by_key, faults, BAR, RECOVER, rearm)
-    abandoned = [r for r in rows if r["outcome_detail"] == "abandoned"]
+    abandoned = [r for r in rows if r["outcome_detail"] == "abandoned" or r["status"] == "claimed"]
     claimers = len({r["claimed_by"] for r in abandoned})
     claimer_kills = sum(k["target"] not in ("serve", "daemon") for k in kills)
     refusals = [json.loads(a) for a in records["action_failures"]]

@@ -206,9 +206,9 @@ def expected(devices: list[Mapping[str, Any]], timelines: Mapping[str, Timeline]
 
 
 # What a row held by a fault may settle as instead of sent: failed (its attempts spent, or a send
-# that may have gone), or the send-time policy's answer once the hold outlasted the event's start
-# or the lateness bound.
-HELD_BY_A_FAULT = ("failed", "event_started", "too_late")
+# that may have gone), the send-time policy's answer once the hold outlasted the event's start or
+# the lateness bound, or voided when its event was cancelled during the hold.
+HELD_BY_A_FAULT = ("failed", "event_started", "too_late", "voided")
 
 
 def _rearmed(row: Mapping[str, Any], delivered: list[Delivery], e: Expected, rearm: int) -> bool:
