@@ -190,7 +190,10 @@ def main() -> None:
         for k, v in runs.items()
         if k != "raw_aioapns"
     }
-    median_paired = {k: statistics.median(v) for k, v in paired.items()}
+    median_paired = {  # unrounded: a ratio of 0.815 must not pass a bar of 0.82 as 0.82
+        k: statistics.median(r["sends_per_s"] / raw["sends_per_s"] for r, raw in zip(runs[k], runs["raw_aioapns"]))
+        for k in BARS
+    }
     print(
         json.dumps(
             {
@@ -205,7 +208,7 @@ def main() -> None:
                 "paired_ratio_to_raw": paired,
                 # Issue 40's bars, on the median of the paired ratios.
                 "bars": {
-                    k: {"bar": bar, "median_paired": median_paired[k], "met": median_paired[k] >= bar}
+                    k: {"bar": bar, "median_paired": round(median_paired[k], 3), "met": median_paired[k] >= bar}
                     for k, bar in BARS.items()
                 },
                 "runs": runs,

@@ -595,7 +595,9 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
     replaced = oracle.stale(sent, timelines, source_of, 0.0)
     late_done = oracle.after_done(sent, dones, rearm)
     owed = oracle.expected(devices, timelines, tuple(records["window"]), GRACE, dones, snoozes, rearm)
-    accounts = oracle.account(owed, sent, by_key, faults, BAR, RECOVER, rearm)
+    accounts = oracle.account(
+        owed, sent, by_key, faults, BAR, RECOVER, rearm, lambda device: timelines[source_of[device]], GRACE
+    )
     abandoned = [r for r in rows if r["outcome_detail"] == "abandoned" or r["status"] == "claimed"]
     claimers = len({r["claimed_by"] for r in abandoned})
     claimer_kills = sum(k["target"] not in ("serve", "daemon") for k in kills)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,24 +205,56 @@ def expected(devices: list[Mapping[str, Any]], timelines: Mapping[str, Timeline]
     return out
 
 
-# What a row held by a fault may settle as instead of sent: failed (its attempts spent, or a send
-# that may have gone), the send-time policy's answer once the hold outlasted the event's start or
-# the lateness bound, or voided when its event was cancelled during the hold.
-HELD_BY_A_FAULT = ("failed", "event_started", "too_late", "voided")
+def held_until(faults: list[Fault], provider: str, due: float, recover: float) -> float | None:
+    """When the outages around a reminder due at ``due`` let it go: the latest end, plus
+    ``recover``, of its provider's outage or the database's crash that covers it. None when none
+    does: a slow provider (2 s answers) holds nothing back for long."""
+    ends = [
+        f.end + recover
+        for f in faults
+        if (f.kind == "db_restart" or (f.kind == "provider_down" and f.target == provider))
+        and f.start - 1 <= due <= f.end + recover
+    ]
+    return max(ends, default=None)
 
 
-def _rearmed(row: Mapping[str, Any], delivered: list[Delivery], e: Expected, rearm: int) -> bool:
-    """The key's row now stands for another start of its event: the event moved (by the re-arm
-    threshold or more) after this reminder was due, and the build re-armed the row for the new
-    start, so its outcome says nothing of this one. Read from the row's ``event_at`` where the
-    records have it, else from a delivery of the same key for a start that far away."""
-    if row.get("event_at") is not None:
-        return abs(row["event_at"] - e.starts_at) >= rearm
-    return any(abs(d.starts_at - e.starts_at) >= rearm for d in delivered)
+def changed_by(line: Timeline, e: Expected, until: float, rearm: int) -> bool:
+    """The reminder's event left the feed, or moved by the re-arm threshold or more, in a version
+    made current between its due time and ``until``."""
+    return any(
+        e.due <= since <= until and (e.item_id_suffix not in v or abs(v[e.item_id_suffix] - e.starts_at) >= rearm)
+        for v, since in zip(line.versions, line.since)
+    )
+
+
+def held_by_a_fault(row: Mapping[str, Any], e: Expected, until: float | None, line: Timeline, grace: float,
+                    rearm: int, delivered: list[Delivery]) -> str | None:  # fmt: skip
+    """Why a row an outage held settled unsent, if the outage explains it; else None. The hold
+    outlasted the event's start (``event_started``), or the event was cancelled or moved during
+    the hold, as the next read after it shows (``voided`` ``left_feed``; or the row re-armed for
+    the new start: its ``event_at`` that far from the owed one, or, in records kept before rows
+    had it, a delivery of the same key, which is the same row, for a start the move made)."""
+    if until is None:
+        return None
+    if row["outcome"] == "event_started" and until >= e.starts_at:
+        return "its event started during the hold"
+    if not changed_by(line, e, until + grace, rearm):
+        return None
+    if row["outcome"] == "voided" and row["outcome_detail"] == "left_feed":
+        return "its event cancelled or moved during the hold"
+    if "event_at" in row:
+        rearmed = abs(row["event_at"] - e.starts_at) >= rearm
+    else:
+        moved_to = {
+            v.get(e.item_id_suffix) for v, since in zip(line.versions, line.since) if e.due <= since <= until + grace
+        }
+        rearmed = any(d.starts_at in moved_to and abs(d.starts_at - e.starts_at) >= rearm for d in delivered)
+    return "its event moved during the hold and the row was re-armed for it" if rearmed else None
 
 
 def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tuple[str, str, str], Mapping[str, Any]],
-            faults: list[Fault], bar: float, recover: float, rearm: int) -> dict[str, Any]:  # fmt: skip
+            faults: list[Fault], bar: float, recover: float, rearm: int, timeline_of: Callable[[str], Timeline],
+            grace: float) -> dict[str, Any]:  # fmt: skip
     """Each owed reminder: on time, late with the fault that excuses it, not sent with the ledger's
     outcome naming a fault, or unaccounted. ``rows`` is the ledger's row by (device, event, rule).
     An owed reminder is met by a delivery of a start within the re-arm threshold of its own: an
@@ -233,6 +265,10 @@ def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tupl
     late_all, late_clean = [], []
     counts: dict[str, int] = defaultdict(int)
     unaccounted, late_unexcused = [], []
+
+    def until(e: Expected) -> float | None:
+        return held_until(faults, e.provider, e.due, recover)
+
     for e in owed:
         near = [d for d in sent[(e.device, e.item_id_suffix, e.rule)] if abs(d.starts_at - e.starts_at) < rearm]
         d = near[0] if near else None
@@ -253,10 +289,14 @@ def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tupl
         outcome = f"{row['outcome'] or row['status']}:{row['outcome_detail'] or ''}" if row else "no row"
         if row and (row["outcome_detail"] == "abandoned" or row["status"] == "claimed"):
             counts["not sent: abandoned, or claimed by a killed claimer not yet swept"] += 1
-        elif row and fault is not None and row["outcome"] in HELD_BY_A_FAULT:
+        elif row and fault is not None and row["outcome"] == "failed":
             counts[f"not sent: {outcome} during {fault.kind} {fault.target}"] += 1
-        elif row and fault is not None and _rearmed(row, sent[(e.device, e.item_id_suffix, e.rule)], e, rearm):
-            counts[f"not sent during {fault.kind} {fault.target}; its row since re-armed for a move"] += 1
+        elif row and (
+            why := held_by_a_fault(
+                row, e, until(e), timeline_of(e.device), grace, rearm, sent[(e.device, e.item_id_suffix, e.rule)]
+            )
+        ):
+            counts[f"not sent: {outcome}, {why}"] += 1
         else:
             unaccounted.append({**e.__dict__, "ledger": outcome, "fault": fault and fault.kind})
     return {
