@@ -598,7 +598,7 @@ def judge(records: dict[str, Any]) -> dict[str, Any]:
     accounts = oracle.account(
         owed, sent, by_key, faults, BAR, RECOVER, rearm, lambda device: timelines[source_of[device]], GRACE
     )
-    abandoned = [r for r in rows if r["outcome_detail"] == "abandoned" or r["status"] == "claimed"]
+    abandoned = [r for r in rows if oracle.lost_with_claimer(r)]
     claimers = len({r["claimed_by"] for r in abandoned})
     claimer_kills = sum(k["target"] not in ("serve", "daemon") for k in kills)
     refusals = [json.loads(a) for a in records["action_failures"]]

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reminders_pipeline.domain.outcomes import ABANDONED
+
 EVENT = re.compile(r"s(?P<source>\d+)-e(?P<event>\d+)")
 IN_FLIGHT_SECONDS = 1.0  # a claim taken just before a Done is on its way: it reaches the mock within this
 
@@ -205,6 +207,11 @@ def expected(devices: list[Mapping[str, Any]], timelines: Mapping[str, Timeline]
     return out
 
 
+def lost_with_claimer(row: Mapping[str, Any]) -> bool:
+    """A row whose claimer died with it: failed by the abandoned sweep, or still claimed at the end."""
+    return row["outcome_detail"] == ABANDONED or row["status"] == "claimed"
+
+
 def held_until(faults: list[Fault], provider: str, due: float, recover: float) -> float | None:
     """When the outages around a reminder due at ``due`` let it go: the latest end, plus
     ``recover``, of its provider's outage or the database's crash that covers it. None when none
@@ -287,7 +294,7 @@ def account(owed: list[Expected], deliveries: list[Delivery], rows: Mapping[tupl
             continue
         row = rows.get((e.device, e.item_id_suffix, e.rule))
         outcome = f"{row['outcome'] or row['status']}:{row['outcome_detail'] or ''}" if row else "no row"
-        if row and (row["outcome_detail"] == "abandoned" or row["status"] == "claimed"):
+        if row and lost_with_claimer(row):
             counts["not sent: abandoned, or claimed by a killed claimer not yet swept"] += 1
         elif row and fault is not None and row["outcome"] == "failed":
             counts[f"not sent: {outcome} during {fault.kind} {fault.target}"] += 1
