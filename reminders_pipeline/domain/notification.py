@@ -28,7 +28,7 @@ from typing import Any
 from reminders_pipeline.domain import phrases
 from reminders_pipeline.domain.action_tokens import CATEGORY, action_token
 from reminders_pipeline.domain.rows import SendRecord
-from reminders_pipeline.domain.rules import Rule, parse_rule
+from reminders_pipeline.domain.rules import Rule, known_rule
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.wire import Notification, PayloadLimit, Provider, payload_limit
 from reminders_pipeline.domain.zones import wall_datetime, zone_of
@@ -151,7 +151,7 @@ def compose(
     ``credential_hash``: the key of the alert's action token, ``actions``), sent at ``now``: its
     words say how far the item's start (or end) is then, not when the row was due.
     ``sent_format``: the format composed (``SENT_FORMAT``; None, as a release before it did)."""
-    rule = parse_rule(row["rule"])
+    rule = known_rule(row["rule"])
     note = _assemble(row, rule, _body(row, rule, now), interruption_level, sound, sent_format)
     return _fit(note, payload_limit(note.provider))
 
@@ -245,5 +245,5 @@ def as_shown(row: Mapping[str, Any]) -> dict[str, Any]:
 def _rerender(row: Mapping[str, Any], body: str) -> str:
     """The row's payload with the given alert body: nothing from the device or the settings."""
     return stored_payload(
-        _assemble({**row, "target": ""}, parse_rule(row["rule"]), body, sent_format=row.get("sent_format"))
+        _assemble({**row, "target": ""}, known_rule(row["rule"]), body, sent_format=row.get("sent_format"))
     )

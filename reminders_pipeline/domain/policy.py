@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from reminders_pipeline.domain.rules import Rule, parse_rule
+from reminders_pipeline.domain.rules import Rule, known_rule
 from reminders_pipeline.domain.times import Instant
 from reminders_pipeline.domain.zones import QuietHours, Zone, ZoneError, parse_quiet_hours, zone_of
 
@@ -41,7 +41,7 @@ Decision = Literal["send", "disabled", "event_started", "event_expired", "too_la
 
 def decide(row: Mapping[str, Any], now: Instant, settings: Settings) -> Decision:
     """``row``: a claimed queue row joined with its device (``tz_name``, ``quiet_hours``, offset)."""
-    rule = parse_rule(row["rule"])
+    rule = known_rule(row["rule"])
     starts, expires = row["event_at"], row["expires_at"]
     if rule.ends_with_item and now >= expires:
         return "event_expired"
@@ -70,7 +70,7 @@ def quiet_end(row: Mapping[str, Any], now: Instant) -> Instant | None:
     """When a row claimed inside its device's quiet hours may go: the window's end, if that is
     still before what the reminder is about (the condition ``held_send_after`` applies). None: the
     row cannot wait (not in quiet hours, a ``!`` rule, or the event would have begun)."""
-    rule = parse_rule(row["rule"])
+    rule = known_rule(row["rule"])
     quiet, zone = _quiet_hours(row), zone_of(row)
     if _breaks_through(row, rule) or quiet is None or not quiet.contains(now, zone):
         return None

@@ -167,7 +167,8 @@ def parse_rule(text: str) -> Rule:
 @lru_cache(maxsize=4096)
 def known_rule(text: str) -> Rule:
     """``parse_rule`` of a rule known to parse (a calendar alarm's, a stored one), cached: a build
-    asks per item and device."""
+    asks per item and device, a drain per row while composing and deciding it. An invalid one
+    raises as ``parse_rule`` does (an error is not cached)."""
     return parse_rule(text)
 
 
