@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import RequestReceived
+from hpack import Encoder
 
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.times import Instant
@@ -760,6 +761,26 @@ def test_the_provider_token_is_sent_once_per_connection_and_per_request_values_e
     assert {"authorization", "host", "apns-topic", "apns-push-type"} <= set(table)
     # the first request's ids enter once, for their names; later ids would only evict the constant entries
     assert sorted(n for n in table if n in PER_REQUEST_HEADERS) == sorted(PER_REQUEST_HEADERS)
+
+
+def test_per_request_values_go_as_plain_literals_that_apns_decodes() -> None:
+    """Patch 16: a device path and collapse id cross the wire as their own text, not Huffman-coded,
+    and an h2 server (APNs' side) reads every header back exactly; h2's own encoder codes them."""
+    token = "bearer " + "t" * 300
+    for encoder_is_ours in (True, False):
+        client = WireH2Connection({})
+        if not encoder_is_ours:
+            client.encoder = Encoder()
+        server = H2Connection(H2Configuration(client_side=False, header_encoding="utf-8"))
+        server.initiate_connection()
+        client.initiate_connection()
+        received = []
+        for i, stream_id in enumerate((1, 3)):
+            client.send_headers(stream_id, aioapns_headers(i + 7, token), end_stream=True)
+            block = client.data_to_send()
+            received += [e.headers for e in server.receive_data(block) if isinstance(e, RequestReceived)]
+            assert (f"/3/device/{i + 7:064x}".encode() in block) is encoder_is_ours, encoder_is_ours
+        assert received == [aioapns_headers(i + 7, token) for i in range(2)]
 
 
 def test_a_burst_of_sends_shares_tls_writes(mock: MockApns, settings: Settings) -> None:

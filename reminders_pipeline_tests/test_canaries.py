@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
-from hpack import HeaderTuple, NeverIndexedHeaderTuple
+from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
 
 from reminders_pipeline.providers import apns_stream_slots
 from reminders_pipeline.providers.apns_stream_slots import StreamSlots
@@ -313,6 +313,25 @@ def test_h2_keeps_the_indexing_each_header_tuple_asks_for() -> None:
         "Decoder.header_table.dynamic_entries (also read by test_apns_sender.py)",
         f"the indexed entries; got {table}",
     )
+
+
+def test_h2_encodes_every_header_block_with_its_encoder_attribute() -> None:
+    """LiteralEncoder (patch 16) is set as ``H2Connection.encoder``: h2 must still encode header
+    blocks by calling that attribute's ``encode(headers)``, and hpack must keep its ``huffman``
+    switch, so that the values go out plain."""
+    calls: list[bool] = []
+
+    class Recording(Encoder):
+        def encode(self, headers, huffman=True):  # type: ignore[no-untyped-def]
+            calls.append(huffman)
+            return super().encode(headers, huffman=False)
+
+    client = H2Connection(H2Configuration(client_side=True))
+    client.encoder = Recording()
+    client.initiate_connection()
+    client.send_headers(1, [(":method", "POST"), (":scheme", "https"), (":path", "/plain-path"), (":authority", "a")])
+    assert calls == [True], changed("h2", "H2Connection.encoder", "what send_headers encodes with")
+    assert b"/plain-path" in client.data_to_send(), changed("hpack", "Encoder.encode(huffman=False)", "plain literals")
 
 
 # -- asyncio ----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ fixed in aioapns 4.0, the pinned release; some canaries fail when upstream fixes
 can go. "No upstream issue found" means none turned up in a search of the issue trackers.
 
 Patches (what changes / the upstream bug or cost / the test that proves it, in
-``reminders_pipeline_tests/test_apns_sender.py`` unless named otherwise). 10 to 13 only save CPU:
+``reminders_pipeline_tests/test_apns_sender.py`` unless named otherwise). 10 to 13 and 16 only save CPU:
 each can be switched off (``enabled_speed_patches``) and stays only while
 ``bench/bench_drain.py --patch-worth`` finds it worth at least 5% of the drain's throughput
 (docs/benchmarks.md, "Which speed patches earn their place"). Every other patch fixes a behaviour, and its test fails without it.
@@ -88,6 +88,12 @@ each can be switched off (``enabled_speed_patches``) and stays only while
     its stream slot released, and it certainly never reached APNs. Not an upstream bug: the drain's
     at-most-once rule (``base.fence_deadline``). Tests: ``test_a_send_whose_fence_passes_while_it_waits_for_a_stream_is_never_written``
     (test_apns_sender.py), ``test_a_paused_sender_never_sends_a_row_another_claimer_sent`` (test_apns_drain.py).
+16. Header values as plain literals (``LiteralEncoder``, set as h2's ``H2Connection.encoder``):
+    hpack Huffman-codes every literal in pure Python, a byte at a time, and the values that change
+    per request (device path, collapse id, apns-id, expiration) are the only literals after the
+    first request. Sent plain they cost about 45 bytes more per request and no Huffman pass (RFC
+    7541 5.2: every decoder reads both). Cost: CPU per request.
+    Test: ``test_per_request_values_go_as_plain_literals_that_apns_decodes``.
 
 Longer than 350 lines because its job is the complete list of patches to aioapns, h2 and hpack, each
 documented above with its reason and test; spread over modules, it would hide which internals an
@@ -110,13 +116,13 @@ from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.errors import ErrorCodes
 from h2.events import ConnectionTerminated, DataReceived, RemoteSettingsChanged, StreamReset, WindowUpdated
-from hpack import HeaderTuple, NeverIndexedHeaderTuple
+from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
 
 from reminders_pipeline.providers.apns_stream_slots import StreamSlots
 
 CONNECTION_IDLE_SECONDS = 60  # aioapns closes after 10 s; a drain's batches can be further apart
 
-SPEED_PATCHES = frozenset({"hpack_indexing", "tls_writes", "h2_checks_off", "one_serialisation"})
+SPEED_PATCHES = frozenset({"hpack_indexing", "tls_writes", "h2_checks_off", "one_serialisation", "literal_headers"})
 enabled_speed_patches: set[str] = set(SPEED_PATCHES)
 """The speed patches in force (all of them in production). ``bench/bench_drain.py --patch-worth``
 turns one off at a time to measure what it is worth; read when a connection class or connection
@@ -182,6 +188,8 @@ class WireH2Connection(H2Connection):
             H2Configuration(client_side=True, normalize_outbound_headers=checks, validate_outbound_headers=checks)
         )
         self._index = hpack_headers if "hpack_indexing" in enabled_speed_patches else h2_default_indexing
+        if "literal_headers" in enabled_speed_patches:
+            self.encoder = LiteralEncoder()
         self._wire = wire
         self._bodies: dict[int, bytes] = {}
         self._stream_requests: dict[int, str] = {}
@@ -250,6 +258,14 @@ class WireH2Connection(H2Connection):
             super().send_data(stream_id, self._bodies.pop(stream_id, data), *args, **kwargs)
         finally:
             self.release_window(self._stream_requests.pop(stream_id, ""))
+
+
+class LiteralEncoder(Encoder):
+    """hpack's encoder, never Huffman-coding a literal: its coder is a Python loop per byte, paid
+    on every per-request value, to save a quarter of about 180 bytes."""
+
+    def encode(self, headers: Any, huffman: bool = True) -> bytes:
+        return super().encode(headers, huffman=False)
 
 
 PER_REQUEST_HEADERS = frozenset({":path", "apns-id", "apns-expiration", "apns-collapse-id"})
