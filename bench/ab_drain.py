@@ -9,8 +9,8 @@ against that round's mock. The trees alternate, the order flipped every pair, so
 drift hits both alike, and each drain is read over the raw aioapns of its own round.
 
 Per database it prints both trees' ratios and medians, the paired difference (change - base),
-how many pairs the change is ahead, a two-sided sign test, and a verdict: ``behind`` when the
-sign test says so (p < 0.05 with the change behind in most pairs), ``too few pairs`` when no
+how many pairs the change is ahead, a two-sided sign test, and a verdict: ``behind`` or ``ahead`` when the
+sign test says so (p < 0.05, the change behind or ahead in most pairs), ``too few pairs`` when no
 split of them could (fewer than 6), else ``within noise``. At the default 12 pairs the change is
 behind from 10 of 12; with rounds that range ±0.15 here, a step of a few per cent needs more. The
 issue's rule: every change to ``sending/``, ``providers/`` or the claims records this on both
@@ -63,6 +63,14 @@ def sign_test(ahead: int, behind: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def _verdict(p: float, ahead: int, behind: int, pairs: int) -> str:
+    if pairs < 6:
+        return "too few pairs"
+    if p < 0.05:
+        return "behind" if behind > ahead else "ahead"
+    return "within noise"
+
+
 def verdict(base: list[float], change: list[float]) -> dict[str, object]:
     diffs = [c - b for b, c in zip(base, change)]
     ahead, behind = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
@@ -75,7 +83,7 @@ def verdict(base: list[float], change: list[float]) -> dict[str, object]:
         "paired_difference_median": round(statistics.median(diffs), 3),
         "change_ahead": f"{ahead} of {len(diffs)}",
         "sign_test_p": round(p, 3),
-        "verdict": "behind" if p < 0.05 and behind > ahead else "too few pairs" if len(diffs) < 6 else "within noise",
+        "verdict": _verdict(p, ahead, behind, len(diffs)),
     }
 
 
