@@ -212,6 +212,42 @@ def test_an_alert_on_the_phone_before_its_settlement_is_written_can_be_snoozed_a
     }
 
 
+class LosesItsAnswers:
+    """The APNs sender, but no result comes back: the drain fails each row it sent ``no_result``."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    async def send_many(self, notifications):
+        await self.inner.send_many(notifications)
+        return []
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_an_alert_whose_send_lost_its_result_can_be_snoozed_and_done(db, cli, mock, phone, settings):
+    """A row failed ``no_result`` may have sent its alert (the request was made, its answer lost),
+    so the alert's Snooze and Done count as on any sent one."""
+    from reminders_pipeline.providers.routing import default_sender_factory
+    from reminders_pipeline.sending.drain import drain
+
+    cli("build", "--all")
+    live = settings.with_(**mock.apns_settings(), enabled=True)
+    summary = drain(db, live, lambda: LosesItsAnswers(default_sender_factory(live)()))
+    assert summary.details == {"failed:no_result": 1}, summary.as_dict()
+    reminder = mock.wait_for_requests(1)[0].payload["reminder"]
+    snoozed = act(phone, reminder["id"], "snooze", token=reminder["token"], seconds=120)
+    done = act(phone, reminder["id"], "done", token=reminder["token"])
+    assert snoozed.status_code == 200 and snoozed.json()["snooze"]["rule"] == "snooze:1", snoozed.text
+    assert (done.status_code, done.json().get("acknowledged")) == (200, 2), done.text
+    assert {r["rule"]: (r["outcome"], r["outcome_detail"]) for r in rows(db, device_id="phone")} == {
+        "lead:1800": ("failed", "no_result"),
+        "lead:300": ("acknowledged", "done"),
+        "snooze:1": ("acknowledged", "done"),
+    }
+
+
 def test_a_token_for_a_row_that_sent_nothing_acts_on_nothing(db, cli, mock, phone):
     """Whoever holds the credential can sign a token for any row of the device: one for a row
     still pending (or voided) names no alert that went, so Snooze and Done are refused."""

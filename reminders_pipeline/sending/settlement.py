@@ -20,6 +20,7 @@ from reminders_pipeline import ledger
 from reminders_pipeline.config.log_throttle import first_line
 from reminders_pipeline.config.settings import Settings
 from reminders_pipeline.domain.notification import compose, record_of_send
+from reminders_pipeline.domain.outcomes import NO_RESULT
 from reminders_pipeline.domain.policy import decide, quiet_end
 from reminders_pipeline.domain.rows import ClaimedRow, ReturnedRow, RowSettlement, SendRecord
 from reminders_pipeline.domain.rules import rule_kind
@@ -151,7 +152,7 @@ def settlement_of(
             )  # fmt: skip
     for note in plan.to_send:  # a sender that lost a result must not leave a row claimed
         if note.row_id not in answered:
-            out.rows.append({"id": note.row_id, "outcome": "failed", "outcome_detail": "no_result"})
+            out.rows.append({"id": note.row_id, "outcome": "failed", "outcome_detail": NO_RESULT})
     return out
 
 
