@@ -15,8 +15,9 @@ from reminders_pipeline.ledger.schema import notification_queue as q
 
 # A row whose alert may be on the phone though it is not settled ``sent``: claimed (the provider's
 # answer has not reached the sender yet), or failed after its request left (``transport:…`` or
-# ``timeout``: the connection died or no answer came) or with its claimer (``abandoned``). A row
-# pending, held, voided, or failed certainly unsent (``not-sent:…``) sent nothing.
+# ``timeout``: the connection died or no answer came), with its claimer (``abandoned``) or with its
+# answer lost by the sender (``no_result``). A row pending, held, voided, or failed certainly
+# unsent (``not-sent:…``) sent nothing.
 _MAY_HAVE_GONE = or_(
     q.c.status == CLAIMED,
     and_(
