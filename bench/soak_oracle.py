@@ -225,12 +225,17 @@ def held_until(faults: list[Fault], provider: str, due: float, recover: float) -
     return max(ends, default=None)
 
 
+def versions_between(line: Timeline, start: float, end: float) -> list[Mapping[str, Any]]:
+    """The feed versions made current from ``start`` to ``end``."""
+    return [v for v, since in zip(line.versions, line.since) if start <= since <= end]
+
+
 def changed_by(line: Timeline, e: Expected, until: float, rearm: int) -> bool:
     """The reminder's event left the feed, or moved by the re-arm threshold or more, in a version
     made current between its due time and ``until``."""
     return any(
-        e.due <= since <= until and (e.item_id_suffix not in v or abs(v[e.item_id_suffix] - e.starts_at) >= rearm)
-        for v, since in zip(line.versions, line.since)
+        e.item_id_suffix not in v or abs(v[e.item_id_suffix] - e.starts_at) >= rearm
+        for v in versions_between(line, e.due, until)
     )
 
 
@@ -252,9 +257,7 @@ def held_by_a_fault(row: Mapping[str, Any], e: Expected, until: float | None, li
     if "event_at" in row:
         rearmed = abs(row["event_at"] - e.starts_at) >= rearm
     else:
-        moved_to = {
-            v.get(e.item_id_suffix) for v, since in zip(line.versions, line.since) if e.due <= since <= until + grace
-        }
+        moved_to = {v.get(e.item_id_suffix) for v in versions_between(line, e.due, until + grace)}
         rearmed = any(d.starts_at in moved_to and abs(d.starts_at - e.starts_at) >= rearm for d in delivered)
     return "its event moved during the hold and the row was re-armed for it" if rearmed else None
 
