@@ -40,10 +40,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import ConnectionTerminated, DataReceived, RequestReceived, StreamReset
-from hpack import Encoder, HeaderTuple, NeverIndexedHeaderTuple
+from hpack import HeaderTuple, NeverIndexedHeaderTuple
 
 from reminders_pipeline.providers import apns_stream_slots
 from reminders_pipeline.providers.apns_stream_slots import StreamSlots
+from reminders_pipeline.providers.apns_transport import LiteralEncoder
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHED = ("aioapns", "h2", "hpack")
@@ -321,10 +322,10 @@ def test_h2_encodes_every_header_block_with_its_encoder_attribute() -> None:
     switch, so that the values go out plain."""
     calls: list[bool] = []
 
-    class Recording(Encoder):
+    class Recording(LiteralEncoder):
         def encode(self, headers, huffman=True):  # type: ignore[no-untyped-def]
             calls.append(huffman)
-            return super().encode(headers, huffman=False)
+            return super().encode(headers, huffman)
 
     client = H2Connection(H2Configuration(client_side=True))
     client.encoder = Recording()

@@ -14,9 +14,8 @@ from reminders_pipeline.ledger.schema import device_sources, devices
 from reminders_pipeline.ledger.schema import notification_queue as q
 
 # A row whose alert may be on the phone though it is not settled ``sent``: claimed (the provider's
-# answer has not reached the sender yet), or failed after its request left (``transport:…`` or
-# ``timeout``: the connection died or no answer came), with its claimer (``abandoned``) or with its
-# answer lost by the sender (``no_result``). A row pending, held, voided, or failed certainly
+# answer has not reached the sender yet), or failed for a reason ``domain/outcomes.py`` lists as
+# one after which the request may have left. A row pending, held, voided, or failed certainly
 # unsent (``not-sent:…``) sent nothing.
 _MAY_HAVE_GONE = or_(
     q.c.status == CLAIMED,

@@ -262,7 +262,7 @@ class WireH2Connection(H2Connection):
 
 class LiteralEncoder(Encoder):
     """hpack's encoder, never Huffman-coding a literal: its coder is a Python loop per byte, paid
-    on every per-request value, to save a quarter of about 180 bytes."""
+    on every per-request value, to save about 65 bytes a request (patch 16)."""
 
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
         return super().encode(headers, huffman=False)
